@@ -1,0 +1,696 @@
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use vnet_core::MacMatch;
+use vnet_wire::{MacAddr, VNI_MAX, VXLAN_PORT};
+
+/// Longest accepted command line, in bytes.
+pub const MAX_LINE_LEN: usize = 4096;
+/// Most lines in one script (config file or batch).
+pub const MAX_SCRIPT_LINES: usize = 100_000;
+
+/// A parsed command of the control language.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    InterfaceAdd(InterfaceSpec),
+    InterfaceDel(String),
+    LinkAdd(LinkSpec),
+    LinkDel(String),
+    ListenAdd(SocketAddr),
+    ListenDel(SocketAddr),
+    Route(RouteOp, RouteSpec),
+    SetLearn(bool),
+    Show(ShowWhat, bool),
+}
+
+impl Command {
+    /// Queries change nothing and are answered from the running state.
+    pub fn is_query(&self) -> bool {
+        matches!(self, Command::Show(..))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterfaceSpec {
+    pub name: String,
+    pub ifname: Option<String>,
+    pub mac: Option<MacAddr>,
+    pub mtu: Option<u32>,
+    pub netns: Option<String>,
+    pub vni: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LinkKind {
+    /// VXLAN over UDP to this address.
+    Udp(SocketAddr),
+    /// A framed TCP stream that this host dials.
+    TcpDial(SocketAddr),
+    /// A framed TCP stream that the peer at this address dials to one of our listeners.
+    TcpAccept(IpAddr),
+    /// Raw Ethernet on this host device.
+    Direct(String),
+}
+
+impl LinkKind {
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            LinkKind::Udp(_) => "udp",
+            LinkKind::TcpDial(_) => "tcp",
+            LinkKind::TcpAccept(_) => "tcp-accept",
+            LinkKind::Direct(_) => "direct",
+        }
+    }
+}
+
+impl fmt::Display for LinkKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LinkKind::Udp(a) => write!(f, "udp {a}"),
+            LinkKind::TcpDial(a) => write!(f, "tcp {a}"),
+            LinkKind::TcpAccept(ip) => write!(f, "tcp accept {ip}"),
+            LinkKind::Direct(dev) => write!(f, "direct {dev}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkSpec {
+    pub name: String,
+    pub kind: LinkKind,
+    pub vni: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteOp {
+    Add,
+    Replace,
+    Del,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DestKind {
+    Interface,
+    Link,
+}
+
+impl fmt::Display for DestKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DestKind::Interface => "interface",
+            DestKind::Link => "link",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DestRef {
+    pub kind: DestKind,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteSpec {
+    pub src: MacMatch,
+    pub dst: MacMatch,
+    pub to: DestRef,
+}
+
+impl fmt::Display for RouteSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {} {}",
+            self.src, self.dst, self.to.kind, self.to.name
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShowWhat {
+    Interfaces,
+    Links,
+    Routes,
+    Listeners,
+    Stats,
+    Matrix,
+    Config,
+}
+
+/// A command line that is not valid in the language.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParseError(pub String);
+
+/// A script that was refused, with the 1-based line number of the first bad line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {message}")]
+pub struct ScriptError {
+    pub line: usize,
+    pub message: String,
+}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ParseError> {
+    Err(ParseError(msg.into()))
+}
+
+/// Shortens untrusted text before quoting it back in an error.
+fn quote(s: &str) -> String {
+    let t: String = s.chars().take(40).collect();
+    format!("{t:?}")
+}
+
+struct Words<'a> {
+    words: Vec<&'a str>,
+    pos: usize,
+}
+
+impl<'a> Words<'a> {
+    fn next(&mut self, what: &str) -> Result<&'a str, ParseError> {
+        let w = self.words.get(self.pos).copied();
+        self.pos += 1;
+        w.ok_or_else(|| ParseError(format!("missing {what}")))
+    }
+
+    fn peek(&self) -> Option<&'a str> {
+        self.words.get(self.pos).copied()
+    }
+
+    fn end(&self) -> Result<(), ParseError> {
+        match self.peek() {
+            None => Ok(()),
+            Some(w) => err(format!("unexpected {}", quote(w))),
+        }
+    }
+}
+
+/// Parses one line. Blank lines and comments give `Ok(None)`.
+pub fn parse_line(line: &str) -> Result<Option<Command>, ParseError> {
+    if line.len() > MAX_LINE_LEN {
+        return err(format!("line longer than {MAX_LINE_LEN} bytes"));
+    }
+    let code = match line.find('#') {
+        Some(i) => &line[..i],
+        None => line,
+    };
+    let words: Vec<&str> = code.split_whitespace().collect();
+    if words.is_empty() {
+        return Ok(None);
+    }
+    let mut w = Words { words, pos: 0 };
+    let cmd = match w.next("command")? {
+        "interface" => match w.next("interface action (add, del)")? {
+            "add" => Command::InterfaceAdd(parse_interface(&mut w)?),
+            "del" => Command::InterfaceDel(name(w.next("interface name")?)?),
+            o => return err(format!("unknown interface action {} (add, del)", quote(o))),
+        },
+        "link" => match w.next("link action (add, del)")? {
+            "add" => Command::LinkAdd(parse_link(&mut w)?),
+            "del" => Command::LinkDel(name(w.next("link name")?)?),
+            o => return err(format!("unknown link action {} (add, del)", quote(o))),
+        },
+        "listen" => {
+            let mut del = false;
+            match w.peek() {
+                Some("add") => w.pos += 1,
+                Some("del") => {
+                    w.pos += 1;
+                    del = true;
+                }
+                _ => {}
+            }
+            match w.next("listener protocol (tcp)")? {
+                "tcp" => {}
+                o => return err(format!("unknown listener protocol {} (tcp)", quote(o))),
+            }
+            let addr = socket_addr(w.next("IP:PORT")?, None)?;
+            if del {
+                Command::ListenDel(addr)
+            } else {
+                Command::ListenAdd(addr)
+            }
+        }
+        "route" => {
+            let op = match w.next("route action (add, replace, del)")? {
+                "add" => RouteOp::Add,
+                "replace" => RouteOp::Replace,
+                "del" => RouteOp::Del,
+                o => {
+                    return err(format!(
+                        "unknown route action {} (add, replace, del)",
+                        quote(o)
+                    ))
+                }
+            };
+            Command::Route(op, parse_route(&mut w)?)
+        }
+        "set" => match w.next("setting (learn)")? {
+            "learn" => Command::SetLearn(on_off(w.next("on or off")?)?),
+            o => return err(format!("unknown setting {} (learn)", quote(o))),
+        },
+        "show" => {
+            let what = match w.next("what to show")? {
+                "interfaces" => ShowWhat::Interfaces,
+                "links" => ShowWhat::Links,
+                "routes" => ShowWhat::Routes,
+                "listeners" => ShowWhat::Listeners,
+                "stats" => ShowWhat::Stats,
+                "matrix" => ShowWhat::Matrix,
+                "config" => ShowWhat::Config,
+                o => {
+                    return err(format!(
+                    "cannot show {} (interfaces, links, routes, listeners, stats, matrix, config)",
+                    quote(o)
+                ))
+                }
+            };
+            let json = match w.peek() {
+                Some("json") if what != ShowWhat::Config => {
+                    w.pos += 1;
+                    true
+                }
+                _ => false,
+            };
+            Command::Show(what, json)
+        }
+        o => {
+            return err(format!(
+                "unknown command {} (interface, link, listen, route, set, show)",
+                quote(o)
+            ))
+        }
+    };
+    w.end()?;
+    Ok(Some(cmd))
+}
+
+/// Parses a whole script. Refuses it at the first bad line (1-based) or when it is too long.
+pub fn parse_script(text: &str) -> Result<Vec<(usize, Command)>, ScriptError> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if i >= MAX_SCRIPT_LINES {
+            return Err(ScriptError {
+                line: i + 1,
+                message: format!("script longer than {MAX_SCRIPT_LINES} lines"),
+            });
+        }
+        match parse_line(line) {
+            Ok(Some(c)) => out.push((i + 1, c)),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(ScriptError {
+                    line: i + 1,
+                    message: e.0,
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn parse_interface(w: &mut Words) -> Result<InterfaceSpec, ParseError> {
+    let name = name(w.next("interface name")?)?;
+    match w.next("interface type (tap)")? {
+        "tap" => {}
+        o => return err(format!("unknown interface type {} (tap)", quote(o))),
+    }
+    let mut spec = InterfaceSpec {
+        name,
+        ifname: None,
+        mac: None,
+        mtu: None,
+        netns: None,
+        vni: None,
+    };
+    while let Some(opt) = w.peek() {
+        w.pos += 1;
+        match opt {
+            "ifname" => set_once(&mut spec.ifname, ifname(w.next("device name")?)?, opt)?,
+            "mac" => set_once(&mut spec.mac, mac(w.next("MAC")?)?, opt)?,
+            "mtu" => set_once(&mut spec.mtu, mtu(w.next("MTU")?)?, opt)?,
+            "netns" => set_once(&mut spec.netns, netns(w.next("namespace name")?)?, opt)?,
+            "vni" => set_once(&mut spec.vni, vni(w.next("VNI")?)?, opt)?,
+            o => {
+                return err(format!(
+                    "unknown interface option {} (ifname, mac, mtu, netns, vni)",
+                    quote(o)
+                ))
+            }
+        }
+    }
+    Ok(spec)
+}
+
+fn parse_link(w: &mut Words) -> Result<LinkSpec, ParseError> {
+    let name = name(w.next("link name")?)?;
+    let kind = match w.next("link type (udp, tcp, direct)")? {
+        "udp" => LinkKind::Udp(socket_addr(w.next("IP[:PORT]")?, Some(VXLAN_PORT))?),
+        "tcp" => match w.next("IP:PORT or accept")? {
+            "accept" => LinkKind::TcpAccept(ip(w.next("peer IP")?)?),
+            a => LinkKind::TcpDial(socket_addr(a, None)?),
+        },
+        "direct" => LinkKind::Direct(ifname(w.next("host device")?)?),
+        o => return err(format!("unknown link type {} (udp, tcp, direct)", quote(o))),
+    };
+    let mut v = None;
+    while let Some(opt) = w.peek() {
+        w.pos += 1;
+        match opt {
+            "vni" => set_once(&mut v, vni(w.next("VNI")?)?, opt)?,
+            o => return err(format!("unknown link option {} (vni)", quote(o))),
+        }
+    }
+    Ok(LinkSpec { name, kind, vni: v })
+}
+
+fn parse_route(w: &mut Words) -> Result<RouteSpec, ParseError> {
+    let src = mac_match(w, "source", false)?;
+    let dst = mac_match(w, "destination", true)?;
+    let kind = match w.next("destination kind (interface, link)")? {
+        "interface" => DestKind::Interface,
+        "link" => DestKind::Link,
+        o => {
+            return err(format!(
+                "route destination must be interface or link, not {}",
+                quote(o)
+            ))
+        }
+    };
+    let to = DestRef {
+        kind,
+        name: name(w.next("destination name")?)?,
+    };
+    Ok(RouteSpec { src, dst, to })
+}
+
+fn mac_match(w: &mut Words, what: &str, allow_broadcast: bool) -> Result<MacMatch, ParseError> {
+    let one = |s: &str| -> Result<MacAddr, ParseError> {
+        if allow_broadcast && s == "broadcast" {
+            Ok(MacAddr::BROADCAST)
+        } else {
+            mac(s)
+        }
+    };
+    match w.next(&format!("{what} (MAC, any, not MAC)"))? {
+        "any" => Ok(MacMatch::Any),
+        "not" => Ok(MacMatch::Not(one(
+            w.next(&format!("{what} MAC after not"))?
+        )?)),
+        s => Ok(MacMatch::Exact(one(s)?)),
+    }
+}
+
+fn set_once<T>(slot: &mut Option<T>, v: T, opt: &str) -> Result<(), ParseError> {
+    if slot.is_some() {
+        return err(format!("option {opt} given twice"));
+    }
+    *slot = Some(v);
+    Ok(())
+}
+
+fn name(s: &str) -> Result<String, ParseError> {
+    let ok = !s.is_empty()
+        && s.len() <= 32
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"_-.".contains(&c))
+        && !matches!(
+            s,
+            "add" | "del" | "any" | "not" | "broadcast" | "interface" | "link"
+        );
+    if ok {
+        Ok(s.to_string())
+    } else {
+        err(format!(
+            "invalid name {} (1 to 32 of A-Z a-z 0-9 _ - ., not a keyword)",
+            quote(s)
+        ))
+    }
+}
+
+fn ifname(s: &str) -> Result<String, ParseError> {
+    let ok = !s.is_empty()
+        && s.len() <= 15
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|c| c.is_ascii_graphic() && c != b'/' && c != b':');
+    if ok {
+        Ok(s.to_string())
+    } else {
+        err(format!(
+            "invalid device name {} (1 to 15 printable characters, no / or :)",
+            quote(s)
+        ))
+    }
+}
+
+fn netns(s: &str) -> Result<String, ParseError> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s != "."
+        && s != ".."
+        && s.bytes().all(|c| c.is_ascii_graphic() && c != b'/');
+    if ok {
+        Ok(s.to_string())
+    } else {
+        err(format!("invalid namespace name {}", quote(s)))
+    }
+}
+
+fn mac(s: &str) -> Result<MacAddr, ParseError> {
+    s.parse::<MacAddr>().map_err(|e| ParseError(e.to_string()))
+}
+
+fn number(s: &str, what: &str, lo: u32, hi: u32) -> Result<u32, ParseError> {
+    match s.parse::<u32>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => err(format!(
+            "invalid {what} {} (must be {lo} to {hi})",
+            quote(s)
+        )),
+    }
+}
+
+fn mtu(s: &str) -> Result<u32, ParseError> {
+    number(s, "MTU", 68, 65535)
+}
+
+fn vni(s: &str) -> Result<u32, ParseError> {
+    number(s, "VNI", 1, VNI_MAX)
+}
+
+fn on_off(s: &str) -> Result<bool, ParseError> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        o => err(format!("expected on or off, not {}", quote(o))),
+    }
+}
+
+fn ip(s: &str) -> Result<IpAddr, ParseError> {
+    let t = s.trim_start_matches('[').trim_end_matches(']');
+    match t.parse::<IpAddr>() {
+        Ok(a) if !a.is_unspecified() && !a.is_multicast() => Ok(a),
+        _ => err(format!("invalid IP address {}", quote(s))),
+    }
+}
+
+/// `IP:PORT`, or `IP` alone when a default port is given.
+fn socket_addr(s: &str, default_port: Option<u16>) -> Result<SocketAddr, ParseError> {
+    let addr = match (s.parse::<SocketAddr>(), default_port) {
+        (Ok(a), _) => a,
+        (Err(_), Some(p)) => SocketAddr::new(ip(s)?, p),
+        (Err(_), None) => return err(format!("invalid address {} (expected IP:PORT)", quote(s))),
+    };
+    if addr.port() == 0 || addr.ip().is_multicast() {
+        return err(format!(
+            "invalid address {} (port 0 or multicast IP)",
+            quote(s)
+        ));
+    }
+    Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn p(s: &str) -> Command {
+        parse_line(s).unwrap().unwrap()
+    }
+
+    fn e(s: &str) -> String {
+        parse_line(s).unwrap_err().0
+    }
+
+    #[test]
+    fn interfaces() {
+        assert_eq!(
+            p("interface add vm1 tap mac 52:54:00:00:00:01 mtu 9000 netns g1 vni 7 ifname tap-x # hi"),
+            Command::InterfaceAdd(InterfaceSpec {
+                name: "vm1".into(),
+                ifname: Some("tap-x".into()),
+                mac: Some("52:54:00:00:00:01".parse().unwrap()),
+                mtu: Some(9000),
+                netns: Some("g1".into()),
+                vni: Some(7),
+            })
+        );
+        assert_eq!(p("interface del vm1"), Command::InterfaceDel("vm1".into()));
+        assert!(e("interface add vm1 tap mtu 70000").contains("MTU"));
+        assert!(e("interface add vm1 tap mtu 9000 mtu 1500").contains("twice"));
+        assert!(e("interface add vm1 tap ifname abcdefghijklmnop").contains("device name"));
+        assert!(e("interface add vm1 vhost").contains("interface type"));
+        assert!(e("interface add any tap").contains("invalid name"));
+        assert!(e("interface add vm1 tap vni 0").contains("VNI"));
+        assert!(e("interface add vm1 tap vni 16777216").contains("VNI"));
+        assert!(e("interface add vm1 tap netns ../x").contains("namespace"));
+    }
+
+    #[test]
+    fn links() {
+        assert_eq!(
+            p("link add b udp 10.0.0.2"),
+            Command::LinkAdd(LinkSpec {
+                name: "b".into(),
+                kind: LinkKind::Udp("10.0.0.2:4789".parse().unwrap()),
+                vni: None
+            })
+        );
+        assert_eq!(
+            p("link add b udp [fd00::2]:5000 vni 3"),
+            Command::LinkAdd(LinkSpec {
+                name: "b".into(),
+                kind: LinkKind::Udp("[fd00::2]:5000".parse().unwrap()),
+                vni: Some(3)
+            })
+        );
+        assert!(
+            matches!(p("link add b udp fd00::2"), Command::LinkAdd(LinkSpec { kind: LinkKind::Udp(a), .. }) if a.port() == 4789)
+        );
+        assert!(matches!(
+            p("link add t tcp 10.0.0.2:7000"),
+            Command::LinkAdd(LinkSpec {
+                kind: LinkKind::TcpDial(_),
+                ..
+            })
+        ));
+        assert!(matches!(
+            p("link add t tcp accept 10.0.0.2 vni 2"),
+            Command::LinkAdd(LinkSpec {
+                kind: LinkKind::TcpAccept(_),
+                vni: Some(2),
+                ..
+            })
+        ));
+        assert!(matches!(
+            p("link add l direct eth0"),
+            Command::LinkAdd(LinkSpec {
+                kind: LinkKind::Direct(_),
+                ..
+            })
+        ));
+        assert!(e("link add t tcp 10.0.0.2").contains("IP:PORT"));
+        assert!(e("link add b udp 0.0.0.0").contains("IP address"));
+        assert!(e("link add b udp 10.0.0.2:0").contains("port 0"));
+        assert!(e("link add b udp 10.0.0.2 mtu 5").contains("unknown link option"));
+        assert_eq!(p("link del b"), Command::LinkDel("b".into()));
+    }
+
+    #[test]
+    fn routes() {
+        let m: MacAddr = "52:54:00:00:00:01".parse().unwrap();
+        assert_eq!(
+            p("route add not 52:54:00:00:00:01 broadcast link b"),
+            Command::Route(
+                RouteOp::Add,
+                RouteSpec {
+                    src: MacMatch::Not(m),
+                    dst: MacMatch::Exact(MacAddr::BROADCAST),
+                    to: DestRef {
+                        kind: DestKind::Link,
+                        name: "b".into()
+                    }
+                }
+            )
+        );
+        assert!(matches!(
+            p("route replace any any interface vm1"),
+            Command::Route(RouteOp::Replace, _)
+        ));
+        assert!(matches!(
+            p("route del any 52:54:00:00:00:01 interface vm1"),
+            Command::Route(RouteOp::Del, _)
+        ));
+        assert!(e("route add broadcast any link b").contains("MAC"));
+        assert!(e("route add any any host b").contains("interface or link"));
+        assert!(e("route add any any link b extra").contains("unexpected"));
+        assert!(e("route add any").contains("missing"));
+        // a route renders as it parses
+        let spec = RouteSpec {
+            src: MacMatch::Not(m),
+            dst: MacMatch::Exact(MacAddr::BROADCAST),
+            to: DestRef {
+                kind: DestKind::Link,
+                name: "b".into(),
+            },
+        };
+        assert_eq!(
+            p(&format!("route add {spec}")),
+            Command::Route(RouteOp::Add, spec)
+        );
+    }
+
+    #[test]
+    fn misc() {
+        assert_eq!(parse_line("   # nothing").unwrap(), None);
+        assert_eq!(parse_line("").unwrap(), None);
+        assert_eq!(p("set learn on"), Command::SetLearn(true));
+        assert_eq!(p("show stats json"), Command::Show(ShowWhat::Stats, true));
+        assert_eq!(p("show config"), Command::Show(ShowWhat::Config, false));
+        assert!(e("show config json").contains("unexpected"));
+        assert_eq!(
+            p("listen tcp 10.0.0.1:7000"),
+            Command::ListenAdd("10.0.0.1:7000".parse().unwrap())
+        );
+        assert_eq!(
+            p("listen del tcp 10.0.0.1:7000"),
+            Command::ListenDel("10.0.0.1:7000".parse().unwrap())
+        );
+        assert!(e("frobnicate").contains("unknown command"));
+        assert!(e(&"x".repeat(5000)).contains("longer"));
+    }
+
+    #[test]
+    fn script_reports_line() {
+        let s = "# config\ninterface add a tap\n\nlink add b udp 10.0.0.300\n";
+        let err = parse_script(s).unwrap_err();
+        assert_eq!(err.line, 4);
+        assert!(err.to_string().starts_with("line 4: invalid IP"));
+        assert_eq!(
+            parse_script("interface add a tap\nset learn off")
+                .unwrap()
+                .len(),
+            2
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(s in ".{0,120}") {
+            let _ = parse_line(&s);
+        }
+
+        #[test]
+        fn never_panics_on_plausible_words(words in proptest::collection::vec(
+            prop_oneof![
+                Just("interface"), Just("link"), Just("route"), Just("add"), Just("del"), Just("tap"),
+                Just("udp"), Just("tcp"), Just("accept"), Just("not"), Just("any"), Just("broadcast"),
+                Just("mac"), Just("vni"), Just("52:54:00:00:00:01"), Just("10.0.0.1:5"), Just("x"),
+                Just("show"), Just("listen"), Just("json"), Just("1")
+            ], 0..10)) {
+            let _ = parse_line(&words.join(" "));
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! The vnet control language (docs/control-language.md): parsing text into [`Command`]s,
+//! the configuration model [`Config`] that validates every command before anything changes
+//! and says what must change in the data path ([`Change`]), and rendering the configuration
+//! back into a script. Pure: no I/O.
+
+mod command;
+mod model;
+
+pub use command::{
+    parse_line, parse_script, Command, DestKind, DestRef, InterfaceSpec, LinkKind, LinkSpec,
+    ParseError, RouteOp, RouteSpec, ScriptError, ShowWhat, MAX_LINE_LEN, MAX_SCRIPT_LINES,
+};
+pub use model::{Change, Config, ConfigError, Interface, Link, Route};

@@ -1,0 +1,479 @@
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+
+use vnet_core::MacMatch;
+use vnet_wire::MacAddr;
+
+use crate::command::{
+    Command, DestKind, DestRef, InterfaceSpec, LinkKind, LinkSpec, RouteOp, RouteSpec,
+};
+
+const DEFAULT_VNI: u32 = 1;
+const DEFAULT_MTU: u32 = 1500;
+const MAX_PORTS: usize = 4096;
+const MAX_ROUTES: usize = 100_000;
+const MAX_LISTENERS: usize = 64;
+
+/// A configured interface, with every default filled in.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Interface {
+    pub name: String,
+    pub kind: &'static str,
+    pub ifname: String,
+    #[serde(serialize_with = "ser_display")]
+    pub mac: MacAddr,
+    pub mtu: u32,
+    pub netns: Option<String>,
+    pub vni: u32,
+}
+
+/// A configured link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub name: String,
+    pub kind: LinkKind,
+    pub vni: u32,
+}
+
+/// A configured route; its VNI is its destination's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub src: MacMatch,
+    pub dst: MacMatch,
+    pub to: DestRef,
+}
+
+fn ser_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+/// What the data path must do to follow a configuration change. Every change has an inverse,
+/// so a script that fails half-way in the OS can be undone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    AddInterface(Interface),
+    DelInterface(Interface),
+    AddLink(Link),
+    DelLink(Link),
+    AddListener(SocketAddr),
+    DelListener(SocketAddr),
+    /// The route set changed: rebuild the forwarding table.
+    Routes,
+    Learn(bool),
+}
+
+impl Change {
+    pub fn inverse(&self) -> Change {
+        match self {
+            Change::AddInterface(i) => Change::DelInterface(i.clone()),
+            Change::DelInterface(i) => Change::AddInterface(i.clone()),
+            Change::AddLink(l) => Change::DelLink(l.clone()),
+            Change::DelLink(l) => Change::AddLink(l.clone()),
+            Change::AddListener(a) => Change::DelListener(*a),
+            Change::DelListener(a) => Change::AddListener(*a),
+            Change::Routes => Change::Routes,
+            Change::Learn(b) => Change::Learn(!b),
+        }
+    }
+}
+
+/// A command refused by validation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn refuse<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+/// The whole desired configuration of one daemon.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Config {
+    pub interfaces: Vec<Interface>,
+    pub links: Vec<Link>,
+    pub listeners: Vec<SocketAddr>,
+    pub routes: Vec<Route>,
+    pub learn: bool,
+}
+
+impl Config {
+    pub fn interface(&self, name: &str) -> Option<&Interface> {
+        self.interfaces.iter().find(|i| i.name == name)
+    }
+
+    pub fn link(&self, name: &str) -> Option<&Link> {
+        self.links.iter().find(|l| l.name == name)
+    }
+
+    /// The VNI of a destination, if it exists.
+    pub fn dest_vni(&self, d: &DestRef) -> Option<u32> {
+        match d.kind {
+            DestKind::Interface => self.interface(&d.name).map(|i| i.vni),
+            DestKind::Link => self.link(&d.name).map(|l| l.vni),
+        }
+    }
+
+    /// Validates `cmd` against the current state and applies it; on error nothing changed.
+    /// `random_mac` supplies a MAC for interfaces given none.
+    pub fn apply(
+        &mut self,
+        cmd: &Command,
+        random_mac: &mut dyn FnMut() -> MacAddr,
+    ) -> Result<Vec<Change>, ConfigError> {
+        match cmd {
+            Command::InterfaceAdd(spec) => self.add_interface(spec, random_mac),
+            Command::InterfaceDel(name) => {
+                let Some(pos) = self.interfaces.iter().position(|i| &i.name == name) else {
+                    return refuse(format!("no interface {name}"));
+                };
+                let iface = self.interfaces.remove(pos);
+                let mut ch = self.drop_routes_to(DestKind::Interface, name);
+                ch.push(Change::DelInterface(iface));
+                Ok(ch)
+            }
+            Command::LinkAdd(spec) => self.add_link(spec),
+            Command::LinkDel(name) => {
+                let Some(pos) = self.links.iter().position(|l| &l.name == name) else {
+                    return refuse(format!("no link {name}"));
+                };
+                let link = self.links.remove(pos);
+                let mut ch = self.drop_routes_to(DestKind::Link, name);
+                ch.push(Change::DelLink(link));
+                Ok(ch)
+            }
+            Command::ListenAdd(a) => {
+                if self.listeners.contains(a) {
+                    return refuse(format!("already listening on {a}"));
+                }
+                if self.listeners.len() >= MAX_LISTENERS {
+                    return refuse(format!("at most {MAX_LISTENERS} listeners"));
+                }
+                self.listeners.push(*a);
+                Ok(vec![Change::AddListener(*a)])
+            }
+            Command::ListenDel(a) => {
+                let Some(pos) = self.listeners.iter().position(|l| l == a) else {
+                    return refuse(format!("not listening on {a}"));
+                };
+                self.listeners.remove(pos);
+                Ok(vec![Change::DelListener(*a)])
+            }
+            Command::Route(op, spec) => self.route(*op, spec),
+            Command::SetLearn(on) => {
+                if self.learn == *on {
+                    return Ok(vec![]);
+                }
+                self.learn = *on;
+                Ok(vec![Change::Learn(*on)])
+            }
+            Command::Show(..) => refuse("show changes nothing"),
+        }
+    }
+
+    fn add_interface(
+        &mut self,
+        spec: &InterfaceSpec,
+        random_mac: &mut dyn FnMut() -> MacAddr,
+    ) -> Result<Vec<Change>, ConfigError> {
+        if self.interface(&spec.name).is_some() {
+            return refuse(format!("interface {} exists", spec.name));
+        }
+        if self.interfaces.len() + self.links.len() >= MAX_PORTS {
+            return refuse(format!("at most {MAX_PORTS} interfaces and links"));
+        }
+        let ifname = spec.ifname.clone().unwrap_or_else(|| {
+            let mut n = format!("vn-{}", spec.name);
+            n.truncate(15);
+            n
+        });
+        if let Some(o) = self.interfaces.iter().find(|i| i.ifname == ifname) {
+            return refuse(format!(
+                "device {ifname} is already used by interface {}",
+                o.name
+            ));
+        }
+        if let Some(l) = self
+            .links
+            .iter()
+            .find(|l| matches!(&l.kind, LinkKind::Direct(d) if *d == ifname))
+        {
+            return refuse(format!(
+                "device {ifname} is already used by link {}",
+                l.name
+            ));
+        }
+        let vni = spec.vni.unwrap_or(DEFAULT_VNI);
+        let mac = match spec.mac {
+            Some(m) => m,
+            None => random_mac(),
+        };
+        if !mac.is_unicast() || mac == MacAddr::ZERO {
+            return refuse(format!(
+                "interface MAC {mac} must be a non-zero unicast address"
+            ));
+        }
+        if let Some(o) = self
+            .interfaces
+            .iter()
+            .find(|i| i.mac == mac && i.vni == vni)
+        {
+            return refuse(format!(
+                "MAC {mac} is already used by interface {} in VNI {vni}",
+                o.name
+            ));
+        }
+        let iface = Interface {
+            name: spec.name.clone(),
+            kind: "tap",
+            ifname,
+            mac,
+            mtu: spec.mtu.unwrap_or(DEFAULT_MTU),
+            netns: spec.netns.clone(),
+            vni,
+        };
+        self.interfaces.push(iface.clone());
+        Ok(vec![Change::AddInterface(iface)])
+    }
+
+    fn add_link(&mut self, spec: &LinkSpec) -> Result<Vec<Change>, ConfigError> {
+        if self.link(&spec.name).is_some() {
+            return refuse(format!("link {} exists", spec.name));
+        }
+        if self.interfaces.len() + self.links.len() >= MAX_PORTS {
+            return refuse(format!("at most {MAX_PORTS} interfaces and links"));
+        }
+        let vni = spec.vni.unwrap_or(DEFAULT_VNI);
+        for l in &self.links {
+            let clash = match (&l.kind, &spec.kind) {
+                // UDP datagrams are assigned to links by (source IP, VNI).
+                (LinkKind::Udp(a), LinkKind::Udp(b)) => a.ip() == b.ip() && l.vni == vni,
+                (LinkKind::TcpDial(a), LinkKind::TcpDial(b)) => a == b && l.vni == vni,
+                (LinkKind::TcpAccept(a), LinkKind::TcpAccept(b)) => a == b && l.vni == vni,
+                // One direct link per device: two would each take every LAN frame.
+                (LinkKind::Direct(a), LinkKind::Direct(b)) => a == b,
+                _ => false,
+            };
+            if clash {
+                return refuse(format!(
+                    "link {} already covers {} in VNI {}",
+                    l.name, l.kind, l.vni
+                ));
+            }
+        }
+        if let LinkKind::Direct(dev) = &spec.kind {
+            if let Some(i) = self.interfaces.iter().find(|i| &i.ifname == dev) {
+                return refuse(format!("device {dev} is interface {}'s TAP", i.name));
+            }
+        }
+        let link = Link {
+            name: spec.name.clone(),
+            kind: spec.kind.clone(),
+            vni,
+        };
+        self.links.push(link.clone());
+        Ok(vec![Change::AddLink(link)])
+    }
+
+    fn drop_routes_to(&mut self, kind: DestKind, name: &str) -> Vec<Change> {
+        let before = self.routes.len();
+        self.routes
+            .retain(|r| !(r.to.kind == kind && r.to.name == name));
+        if self.routes.len() != before {
+            vec![Change::Routes]
+        } else {
+            vec![]
+        }
+    }
+
+    fn route(&mut self, op: RouteOp, spec: &RouteSpec) -> Result<Vec<Change>, ConfigError> {
+        let route = Route {
+            src: spec.src,
+            dst: spec.dst,
+            to: spec.to.clone(),
+        };
+        let Some(vni) = self.dest_vni(&spec.to) else {
+            return refuse(format!("no {} {}", spec.to.kind, spec.to.name));
+        };
+        match op {
+            RouteOp::Add => {
+                if self.routes.contains(&route) {
+                    return refuse(format!("route {spec} exists"));
+                }
+                if self.routes.len() >= MAX_ROUTES {
+                    return refuse(format!("at most {MAX_ROUTES} routes"));
+                }
+                self.routes.push(route);
+            }
+            RouteOp::Replace => {
+                let same_key = |r: &Route, cfg: &Config| {
+                    r.src == route.src && r.dst == route.dst && cfg.dest_vni(&r.to) == Some(vni)
+                };
+                let keep: Vec<Route> = self
+                    .routes
+                    .iter()
+                    .filter(|r| !same_key(r, self))
+                    .cloned()
+                    .collect();
+                if keep.len() >= MAX_ROUTES {
+                    return refuse(format!("at most {MAX_ROUTES} routes"));
+                }
+                self.routes = keep;
+                self.routes.push(route);
+            }
+            RouteOp::Del => {
+                let Some(pos) = self.routes.iter().position(|r| *r == route) else {
+                    return refuse(format!("no route {spec}"));
+                };
+                self.routes.remove(pos);
+            }
+        }
+        Ok(vec![Change::Routes])
+    }
+
+    /// The configuration as a script of the control language, which `apply` accepts back.
+    pub fn to_script(&self) -> String {
+        let mut s = String::new();
+        if self.learn {
+            s.push_str("set learn on\n");
+        }
+        for a in &self.listeners {
+            let _ = writeln!(s, "listen tcp {a}");
+        }
+        for i in &self.interfaces {
+            let _ = write!(
+                s,
+                "interface add {} tap ifname {} mac {} mtu {}",
+                i.name, i.ifname, i.mac, i.mtu
+            );
+            if let Some(ns) = &i.netns {
+                let _ = write!(s, " netns {ns}");
+            }
+            let _ = writeln!(s, " vni {}", i.vni);
+        }
+        for l in &self.links {
+            let _ = writeln!(s, "link add {} {} vni {}", l.name, l.kind, l.vni);
+        }
+        for r in &self.routes {
+            let _ = writeln!(
+                s,
+                "route add {} {} {} {}",
+                r.src, r.dst, r.to.kind, r.to.name
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{parse_line, parse_script};
+
+    fn mac_gen() -> impl FnMut() -> MacAddr {
+        let mut n = 0u8;
+        move || {
+            n += 1;
+            MacAddr([2, 0, 0, 0, 0, n])
+        }
+    }
+
+    fn run(cfg: &mut Config, line: &str) -> Result<Vec<Change>, ConfigError> {
+        let cmd = parse_line(line).unwrap().unwrap();
+        cfg.apply(&cmd, &mut mac_gen())
+    }
+
+    #[test]
+    fn defaults_and_duplicates() {
+        let mut c = Config::default();
+        let ch = run(&mut c, "interface add vm1 tap").unwrap();
+        let Change::AddInterface(i) = &ch[0] else {
+            panic!()
+        };
+        assert_eq!((i.ifname.as_str(), i.mtu, i.vni), ("vn-vm1", 1500, 1));
+        assert!(i.mac.is_unicast());
+        assert!(run(&mut c, "interface add vm1 tap")
+            .unwrap_err()
+            .0
+            .contains("exists"));
+        assert!(run(&mut c, "interface add vm2 tap ifname vn-vm1")
+            .unwrap_err()
+            .0
+            .contains("already used"));
+        assert!(run(&mut c, "interface add vm2 tap mac 02:00:00:00:00:01")
+            .unwrap_err()
+            .0
+            .contains("MAC"));
+        // same MAC in another VNI is fine
+        run(&mut c, "interface add vm2 tap mac 02:00:00:00:00:01 vni 2").unwrap();
+        assert!(run(&mut c, "interface add vm3 tap mac 01:00:5e:00:00:01")
+            .unwrap_err()
+            .0
+            .contains("unicast"));
+        let long = run(
+            &mut c,
+            "interface add averyveryverylongname tap mac 02:00:00:00:00:0f",
+        )
+        .unwrap();
+        let Change::AddInterface(i) = &long[0] else {
+            panic!()
+        };
+        assert_eq!(i.ifname.len(), 15);
+    }
+
+    #[test]
+    fn link_clashes() {
+        let mut c = Config::default();
+        run(&mut c, "link add b udp 10.0.0.2").unwrap();
+        assert!(run(&mut c, "link add b2 udp 10.0.0.2:5000")
+            .unwrap_err()
+            .0
+            .contains("already covers"));
+        run(&mut c, "link add b2 udp 10.0.0.2 vni 2").unwrap();
+        run(&mut c, "link add l direct eth0").unwrap();
+        assert!(run(&mut c, "link add l2 direct eth0 vni 2").is_err());
+        assert!(run(&mut c, "interface add x tap ifname eth0").is_err());
+    }
+
+    #[test]
+    fn routes_follow_their_destinations() {
+        let mut c = Config::default();
+        run(&mut c, "interface add vm1 tap mac 02:00:00:00:00:01").unwrap();
+        run(&mut c, "link add b udp 10.0.0.2").unwrap();
+        assert!(run(&mut c, "route add any any link nope")
+            .unwrap_err()
+            .0
+            .contains("no link"));
+        run(&mut c, "route add any 02:00:00:00:00:01 interface vm1").unwrap();
+        assert!(run(&mut c, "route add any 02:00:00:00:00:01 interface vm1")
+            .unwrap_err()
+            .0
+            .contains("exists"));
+        run(&mut c, "route add any 02:00:00:00:00:09 link b").unwrap();
+        // replace moves the MAC to the link in one step
+        run(&mut c, "route replace any 02:00:00:00:00:01 link b").unwrap();
+        assert_eq!(c.routes.len(), 2);
+        assert!(c.routes.iter().all(|r| r.to.kind == DestKind::Link));
+        assert!(run(&mut c, "route del any 02:00:00:00:00:01 interface vm1").is_err());
+        // deleting a link takes its routes with it
+        let ch = run(&mut c, "link del b").unwrap();
+        assert_eq!(ch[0], Change::Routes);
+        assert!(c.routes.is_empty());
+        assert!(run(&mut c, "link del b").is_err());
+    }
+
+    #[test]
+    fn script_roundtrip_and_inverse() {
+        let script = "set learn on\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000\nlink add b udp 10.0.0.2 vni 1\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
+        let mut c = Config::default();
+        for (_, cmd) in parse_script(script).unwrap() {
+            c.apply(&cmd, &mut mac_gen()).unwrap();
+        }
+        let mut c2 = Config::default();
+        for (_, cmd) in parse_script(&c.to_script()).unwrap() {
+            c2.apply(&cmd, &mut mac_gen()).unwrap();
+        }
+        assert_eq!(c, c2);
+        let ch = Change::AddListener("10.0.0.1:1".parse().unwrap());
+        assert_eq!(ch.inverse().inverse(), ch);
+    }
+}

@@ -1,0 +1,22 @@
+//! The routing core of vnet (paper 001, section 4.2): route rules on (source MAC, destination
+//! MAC), the hash route cache over them, the forwarding decision for a frame (route, flood,
+//! learn or drop), per-port counters with drop reasons, and the traffic matrix.
+//!
+//! Ports (interfaces and links) are known here only by a [`PortId`], their VNI and their
+//! [`PortKind`]; everything that touches the OS lives in `vnet-dataplane`.
+
+mod forward;
+mod learn;
+mod matrix;
+mod route;
+mod stats;
+
+pub use forward::{Decision, ForwardingTable, PortInfo, PortKind, RouteCache, Targets};
+pub use learn::{LearnTable, LEARN_AGE_MS, LEARN_CAPACITY};
+pub use matrix::{MatrixEntry, TrafficMatrix, MATRIX_CAPACITY};
+pub use route::{MacMatch, RouteRule, RouteTable};
+pub use stats::{DropReason, PortCounters, PortCountersSnapshot};
+
+/// A port of the switch: an interface or a link, numbered by the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct PortId(pub u32);

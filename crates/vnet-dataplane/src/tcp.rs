@@ -1,0 +1,391 @@
+//! TCP links: a framed stream (see `vnet_wire::StreamDecoder`) for networks that block UDP.
+//!
+//! A link owns a bounded queue of outgoing records and one writer thread. The dialing side's
+//! writer also (re)connects with exponential backoff; the accepting side's writer waits for a
+//! listener to hand it a connection. Each connection gets a reader thread that feeds the
+//! forwarding engine and, on end of stream or a protocol error, retires the connection.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+use vnet_core::{DropReason, PortId};
+use vnet_wire::{
+    stream_record_prefix, StreamDecoder, StreamHello, VxlanPacket, VxlanRepr, STREAM_HELLO_LEN,
+};
+
+use crate::engine::{RxCtx, Shared};
+use crate::sys::{wait_readable, EventFd, Wake};
+use crate::worker::Worker;
+
+/// Records waiting while the peer is unreachable; beyond this they are dropped (`queue_full`).
+pub const TCP_QUEUE_LEN: usize = 1024;
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+const MAX_PENDING_HANDSHAKES: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpRole {
+    Dial(SocketAddr),
+    Accept,
+}
+
+const DOWN: u8 = 0;
+const CONNECTING: u8 = 1;
+const UP: u8 = 2;
+
+struct Conn {
+    stream: Arc<TcpStream>,
+    id: u64,
+}
+
+pub struct TcpLink {
+    port: PortId,
+    vni: u32,
+    role: TcpRole,
+    queue: Mutex<VecDeque<Vec<u8>>>,
+    wake: Condvar,
+    conn: Mutex<Option<Conn>>,
+    next_conn: AtomicU64,
+    state: AtomicU8,
+    stop: AtomicBool,
+    shared: Arc<Shared>,
+}
+
+impl TcpLink {
+    /// Starts the link's writer thread.
+    pub fn start(
+        shared: Arc<Shared>,
+        port: PortId,
+        vni: u32,
+        role: TcpRole,
+    ) -> io::Result<(Arc<TcpLink>, Worker)> {
+        let link = Arc::new(TcpLink {
+            port,
+            vni,
+            role,
+            queue: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            conn: Mutex::new(None),
+            next_conn: AtomicU64::new(1),
+            state: AtomicU8::new(if matches!(role, TcpRole::Dial(_)) {
+                CONNECTING
+            } else {
+                DOWN
+            }),
+            stop: AtomicBool::new(false),
+            shared,
+        });
+        let l = link.clone();
+        let stopper = link.clone();
+        let worker = Worker::spawn_with_stopper(
+            format!("tcp-link-{}", port.0),
+            move |_stop| l.writer_loop(),
+            move || stopper.shutdown(),
+        )?;
+        Ok((link, worker))
+    }
+
+    pub fn state(&self) -> &'static str {
+        match self.state.load(Relaxed) {
+            UP => "up",
+            CONNECTING => "connecting",
+            _ => "down",
+        }
+    }
+
+    /// Queues one frame for the peer.
+    pub fn send(&self, frame: &[u8]) -> Result<(), DropReason> {
+        let mut record = Vec::with_capacity(4 + 8 + frame.len());
+        record.extend_from_slice(&stream_record_prefix(8 + frame.len()));
+        record.extend_from_slice(&VxlanRepr { vni: self.vni }.header());
+        record.extend_from_slice(frame);
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() >= TCP_QUEUE_LEN {
+            return Err(DropReason::QueueFull);
+        }
+        q.push_back(record);
+        drop(q);
+        self.wake.notify_all();
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        self.stop.store(true, SeqCst);
+        if let Some(c) = self.conn.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = c.stream.shutdown(Shutdown::Both);
+        }
+        self.wake.notify_all();
+    }
+
+    /// Hands an accepted, greeted connection to this link, replacing any older one.
+    pub fn attach(self: &Arc<Self>, stream: TcpStream) {
+        let stream = Arc::new(stream);
+        let id = self.next_conn.fetch_add(1, Relaxed);
+        {
+            let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(old) = c.replace(Conn {
+                stream: stream.clone(),
+                id,
+            }) {
+                let _ = old.stream.shutdown(Shutdown::Both);
+            }
+        }
+        self.state.store(UP, Relaxed);
+        self.wake.notify_all();
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("tcp-rx-{}", self.port.0))
+            .spawn(move || me.reader_loop(stream, id));
+        if spawned.is_err() {
+            warn!(port = self.port.0, "could not start a TCP reader thread");
+            self.retire(id);
+        }
+    }
+
+    /// Forgets connection `id` if it is still the current one.
+    fn retire(&self, id: u64) {
+        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if c.as_ref().map(|c| c.id) == Some(id) {
+            if let Some(old) = c.take() {
+                let _ = old.stream.shutdown(Shutdown::Both);
+            }
+            self.state.store(
+                if matches!(self.role, TcpRole::Dial(_)) {
+                    CONNECTING
+                } else {
+                    DOWN
+                },
+                Relaxed,
+            );
+        }
+        drop(c);
+        self.wake.notify_all();
+    }
+
+    fn current(&self) -> Option<(Arc<TcpStream>, u64)> {
+        self.conn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|c| (c.stream.clone(), c.id))
+    }
+
+    fn writer_loop(self: Arc<Self>) {
+        let mut backoff = BACKOFF_MIN;
+        let mut batch: Vec<Vec<u8>> = Vec::new();
+        while !self.stop.load(SeqCst) {
+            let Some((stream, id)) = self.current() else {
+                match self.role {
+                    TcpRole::Dial(addr) => match self.dial(addr) {
+                        Ok(s) => {
+                            info!(port = self.port.0, %addr, "tcp link connected");
+                            backoff = BACKOFF_MIN;
+                            self.attach(s);
+                        }
+                        Err(e) => {
+                            debug!(port = self.port.0, %addr, "tcp link connect failed: {e}");
+                            self.sleep(backoff);
+                            backoff = (backoff * 2).min(BACKOFF_MAX);
+                        }
+                    },
+                    TcpRole::Accept => self.sleep(Duration::from_millis(200)),
+                }
+                continue;
+            };
+            {
+                let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                if q.is_empty() {
+                    q = self
+                        .wake
+                        .wait_timeout(q, Duration::from_millis(200))
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|p| p.into_inner().0);
+                }
+                let take = q.len().min(64);
+                batch.extend(q.drain(..take));
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            let slices: Vec<IoSlice> = batch.iter().map(|r| IoSlice::new(r)).collect();
+            if let Err(e) = write_all_vectored(&stream, slices) {
+                debug!(port = self.port.0, "tcp link write failed: {e}");
+                if let Some(c) = self.shared.port_counters(self.port) {
+                    for _ in 0..batch.len() {
+                        c.count_drop(DropReason::TxError);
+                    }
+                }
+                self.retire(id);
+            }
+            batch.clear();
+        }
+    }
+
+    /// Sleeps for `d` (traffic notifications do not cut it short), or until the link stops.
+    fn sleep(&self, d: Duration) {
+        let deadline = Instant::now() + d;
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let now = Instant::now();
+            if self.stop.load(SeqCst) || now >= deadline || self.current().is_some() {
+                return;
+            }
+            q = match self.wake.wait_timeout(q, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+
+    fn dial(&self, addr: SocketAddr) -> io::Result<TcpStream> {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        s.write_all(&StreamHello { vni: self.vni }.emit())?;
+        let mut hello = [0u8; STREAM_HELLO_LEN];
+        s.read_exact(&mut hello)?;
+        match StreamHello::parse(&hello) {
+            Ok(h) if h.vni == self.vni => {}
+            _ => {
+                self.shared.daemon.count_drop(DropReason::BadStream);
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "bad greeting from peer",
+                ));
+            }
+        }
+        s.set_read_timeout(None)?;
+        Ok(s)
+    }
+
+    fn reader_loop(self: Arc<Self>, stream: Arc<TcpStream>, id: u64) {
+        let mut ctx = RxCtx::new();
+        let mut dec = StreamDecoder::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut s: &TcpStream = &stream;
+        'conn: loop {
+            let n = match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            dec.push(&buf[..n]);
+            loop {
+                match dec.next_record() {
+                    Ok(Some(rec)) => match VxlanPacket::new_checked(rec) {
+                        Ok(p) if p.vni() == self.vni => {
+                            self.shared.forward(&mut ctx, self.port, p.payload())
+                        }
+                        Ok(_) => self.count(DropReason::UnknownVni),
+                        Err(_) => self.count(DropReason::BadVxlan),
+                    },
+                    Ok(None) => break,
+                    Err(e) => {
+                        warn!(port = self.port.0, "tcp link stream error: {e}; closing");
+                        self.count(DropReason::BadStream);
+                        break 'conn;
+                    }
+                }
+            }
+            ctx.flush(&self.shared);
+        }
+        ctx.flush(&self.shared);
+        if dec.pending() > 0 {
+            // The peer closed mid-frame.
+            self.count(DropReason::Truncated);
+        }
+        self.retire(id);
+    }
+
+    fn count(&self, r: DropReason) {
+        if let Some(c) = self.shared.port_counters(self.port) {
+            c.count_drop(r);
+        }
+    }
+}
+
+fn write_all_vectored(mut s: &TcpStream, mut slices: Vec<IoSlice>) -> io::Result<()> {
+    let mut bufs: &mut [IoSlice] = &mut slices;
+    while !bufs.is_empty() {
+        match s.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A `listen tcp` socket: greets incoming connections and hands them to their `tcp accept` link.
+pub fn start_listener(shared: Arc<Shared>, addr: SocketAddr) -> io::Result<Worker> {
+    let listener = TcpListener::bind(addr)
+        .map_err(|e| io::Error::new(e.kind(), format!("listen on {addr}: {e}")))?;
+    listener.set_nonblocking(true)?;
+    let pending = Arc::new(AtomicUsize::new(0));
+    Worker::spawn(
+        format!("tcp-listen-{}", addr.port()),
+        move |stop: Arc<EventFd>| loop {
+            match wait_readable(listener.as_raw_fd(), &stop, None) {
+                Ok(Wake::Stop) | Err(_) => break,
+                Ok(_) => {}
+            }
+            while let Ok((s, peer)) = listener.accept() {
+                if pending.load(SeqCst) >= MAX_PENDING_HANDSHAKES {
+                    shared.daemon.count_drop(DropReason::BadStream);
+                    continue;
+                }
+                pending.fetch_add(1, SeqCst);
+                let (sh, pend) = (shared.clone(), pending.clone());
+                let r = std::thread::Builder::new()
+                    .name("tcp-handshake".into())
+                    .spawn(move || {
+                        handshake(&sh, s, peer);
+                        pend.fetch_sub(1, SeqCst);
+                    });
+                if r.is_err() {
+                    pending.fetch_sub(1, SeqCst);
+                }
+            }
+        },
+    )
+}
+
+fn handshake(shared: &Shared, mut s: TcpStream, peer: SocketAddr) {
+    let setup = s
+        .set_nonblocking(false)
+        .and_then(|_| s.set_read_timeout(Some(HANDSHAKE_TIMEOUT)))
+        .and_then(|_| s.set_nodelay(true));
+    if setup.is_err() {
+        return;
+    }
+    let mut hello = [0u8; STREAM_HELLO_LEN];
+    let Ok(h) = s
+        .read_exact(&mut hello)
+        .map_err(|_| ())
+        .and_then(|_| StreamHello::parse(&hello).map_err(|_| ()))
+    else {
+        warn!(%peer, "tcp listener: bad or missing greeting; closing");
+        shared.daemon.count_drop(DropReason::BadStream);
+        return;
+    };
+    let Some(link) = shared.tcp_accept_link(peer.ip().to_canonical(), h.vni) else {
+        warn!(%peer, vni = h.vni, "tcp listener: no tcp accept link for this peer; closing");
+        shared.daemon.count_drop(DropReason::UnknownPeer);
+        return;
+    };
+    if s.write_all(&StreamHello { vni: h.vni }.emit()).is_err() || s.set_read_timeout(None).is_err()
+    {
+        return;
+    }
+    info!(%peer, "tcp link accepted");
+    link.attach(s);
+}

@@ -1,0 +1,105 @@
+//! `vnetctl`: sends control-language commands to a running vnetd and prints the answer.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Parser;
+
+/// Send a command to vnetd, e.g. `vnetctl show stats` or `vnetctl --file topology.vnet`.
+#[derive(Parser, Debug)]
+#[command(version, about, trailing_var_arg = true)]
+struct Args {
+    /// Address of vnetd's control port.
+    #[arg(long, default_value = "127.0.0.1:7600")]
+    control: SocketAddr,
+    /// A file holding the control port's shared token.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Apply this script atomically (`-` reads standard input).
+    #[arg(long, short = 'f', conflicts_with = "command")]
+    file: Option<PathBuf>,
+    /// Seconds to wait for vnetd.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    /// The command, e.g. `show stats json`.
+    #[arg(allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+fn main() {
+    match run(Args::parse()) {
+        Ok(out) => print!("{out}"),
+        Err(e) => {
+            eprintln!("vnetctl: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn run(args: Args) -> Result<String> {
+    let request = match (&args.file, args.command.is_empty()) {
+        (Some(path), _) => {
+            let text = if path.as_os_str() == "-" {
+                let mut s = String::new();
+                std::io::stdin().read_to_string(&mut s)?;
+                s
+            } else {
+                std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?
+            };
+            let lines: Vec<&str> = text.lines().collect();
+            let mut req = format!("batch {}\n", lines.len());
+            for l in lines {
+                req.push_str(l);
+                req.push('\n');
+            }
+            req
+        }
+        (None, false) => {
+            let cmd = args.command.join(" ");
+            if cmd.contains('\n') {
+                bail!("a command is one line");
+            }
+            format!("{cmd}\n")
+        }
+        (None, true) => bail!("no command given (try `vnetctl show stats`, or --help)"),
+    };
+    let timeout = Duration::from_secs(args.timeout.max(1));
+    let stream = TcpStream::connect_timeout(&args.control, timeout)
+        .with_context(|| format!("cannot reach vnetd at {}", args.control))?;
+    stream.set_read_timeout(Some(timeout))?;
+    let mut w = stream.try_clone()?;
+    let mut r = BufReader::new(stream);
+    if let Some(path) = &args.token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("token file {}", path.display()))?;
+        w.write_all(format!("auth {}\n", token.trim()).as_bytes())?;
+        read_reply(&mut r)?;
+    }
+    w.write_all(request.as_bytes())?;
+    read_reply(&mut r)
+}
+
+fn read_reply(r: &mut impl BufRead) -> Result<String> {
+    let mut status = String::new();
+    if r.read_line(&mut status)? == 0 {
+        bail!("vnetd closed the connection");
+    }
+    let status = status.trim_end();
+    if let Some(msg) = status.strip_prefix("error ") {
+        return Err(anyhow!("{msg}"));
+    }
+    let n: usize = status
+        .strip_prefix("ok ")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| anyhow!("unexpected reply from vnetd: {status:?}"))?;
+    let mut out = String::new();
+    for _ in 0..n {
+        if r.read_line(&mut out)? == 0 {
+            bail!("vnetd closed the connection mid-reply");
+        }
+    }
+    Ok(out)
+}
