@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs each cargo-fuzz target for SECONDS (default 60). Needs the nightly toolchain; installs
+# cargo-fuzz if missing. Usage: scripts/fuzz.sh [SECONDS] [TARGET...]
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+secs=${1:-60}
+shift || true
+command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+rustup toolchain list | grep -q nightly || rustup toolchain install nightly --profile minimal
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(wire_datagram stream_decoder control_script)
+for t in "${targets[@]}"; do
+    mkdir -p "corpus/$t"
+    [ -d "corpus_seed/$t" ] && cp -n corpus_seed/"$t"/* "corpus/$t/" 2>/dev/null || true
+    echo "==> fuzzing $t for ${secs}s"
+    cargo +nightly fuzz run "$t" "corpus/$t" -- -max_total_time="$secs" -max_len=70000
+done

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite: unit and property tests of every crate, lints, and the system tests
+# that build real hosts and guests from network namespaces. Run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+say "format and lint"
+cargo fmt --all -- --check
+cargo clippy --release --workspace --all-targets --quiet -- -D warnings
+
+say "unit and property tests"
+cargo test --release --workspace --quiet 2>&1 | tail -n 40
+
+say "system tests (real namespaces, TAP devices, kernel VXLAN)"
+python3 -m pytest -q -p no:cacheprovider tests/system "$@"
