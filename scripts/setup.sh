@@ -13,7 +13,7 @@ fi
 
 # Debian packages: iproute2 (ip, bridge), ping, iperf3 for the demo and tests.
 need=()
-for pkg in iproute2 iputils-ping iperf3 procps; do
+for pkg in iproute2 iputils-ping iperf3 procps ethtool; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

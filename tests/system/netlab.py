@@ -1,0 +1,875 @@
+"""netlab: throw-away network topologies built from real Linux objects.
+
+Used by vnet's system tests (tests/system) and by scripts/demo.py.
+
+The model (everything lives in network namespaces this module creates; nothing
+is ever added to, or changed in, the root namespace):
+
+* a *wire* namespace holds a Linux bridge ``br0``: the physical underlay;
+* every *host* namespace is joined to that bridge by a veth pair, its end being
+  ``eth0`` with an address of the underlay subnet (10.99.0.0/24 by default);
+* *guest* namespaces play the VMs: a TAP created by vnetd (``interface add ...
+  netns GUEST``) or a veth from a kernel-VXLAN host ends up inside them;
+* vnetd processes run in host namespaces (``ip netns exec HOST vnetd ...``,
+  control port 127.0.0.1:7600 on the host's own loopback), are tracked by PID,
+  log to files under the lab's work directory and are stopped by PID only
+  (SIGTERM, then SIGKILL).
+
+Names are unique per run (``vl<5 hex>-<role>``). ``Lab.close()`` always removes
+every process and namespace the lab created; it runs from the pytest fixture
+finalizer, from ``with Lab(...)``, and from ``atexit``. A state file per lab
+(``/tmp/vnetlab-state``) lets a later run sweep what a killed run left behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bin(env: str, default: str) -> Path:
+    p = Path(os.environ.get(env, default))
+    return p if p.is_absolute() else REPO / p
+
+
+VNETD = _bin("VNETD", "target/release/vnetd")
+VNETCTL = _bin("VNETCTL", "target/release/vnetctl")
+CONTROL = "127.0.0.1:7600"
+VXLAN_PORT = 4789
+STATE_DIR = Path(tempfile.gettempdir()) / "vnetlab-state"
+CLONE_NEWNET = 0x40000000
+
+_live_labs: list["Lab"] = []
+
+
+class LabError(RuntimeError):
+    pass
+
+
+class CtlError(RuntimeError):
+    """vnetctl exited non-zero; ``.stderr`` holds the daemon's error message."""
+
+    def __init__(self, words, rc, stdout, stderr):
+        super().__init__(f"vnetctl {' '.join(map(str, words))!r} failed (rc={rc}): {stderr.strip()}")
+        self.rc, self.stdout, self.stderr = rc, stdout, stderr
+
+
+def sh(*args, check=True, timeout=30, input=None) -> subprocess.CompletedProcess:
+    """Run a command (list of words), capture text output, raise on failure."""
+    args = [str(a) for a in args]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input)
+    if check and r.returncode != 0:
+        raise LabError(f"command failed (rc={r.returncode}): {' '.join(args)}\n{r.stderr.strip()}")
+    return r
+
+
+def wait_until(pred: Callable[[], object], timeout: float, interval: float = 0.1, what: str = "condition"):
+    """Poll ``pred`` until it returns a true value (returned) or raise after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child is not alive
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop_pid(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 5.0) -> Optional[int]:
+    """Stop one process we started: ``sig``, wait, then SIGKILL. Returns its exit code."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(sig)
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        except ProcessLookupError:
+            pass
+    return proc.returncode
+
+
+# --- entering a namespace from Python (for raw/UDP/TCP sockets in tests) -----------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@contextlib.contextmanager
+def in_netns(name: str):
+    """Run the body with the *calling thread* inside network namespace ``name``.
+
+    Sockets created in the body stay in that namespace after the block ends."""
+    orig = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"setns({name}): {os.strerror(e)}")
+        try:
+            yield
+        finally:
+            if _libc.setns(orig, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back to the original namespace failed")
+    finally:
+        os.close(orig)
+        os.close(target)
+
+
+# --- results --------------------------------------------------------------------------------
+
+@dataclass
+class PingResult:
+    sent: int
+    received: int
+    loss: float  # percent
+    avg_ms: Optional[float]
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.received > 0
+
+
+@dataclass
+class IperfResult:
+    gbps: float  # receiver-side goodput, Gbit/s
+    bytes: int  # bytes received by the server
+    retransmits: Optional[int]
+    raw: dict = field(repr=False, default_factory=dict)
+
+
+_PING_COUNTS = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
+_PING_LOSS = re.compile(r"([\d.]+)% packet loss")
+_PING_RTT = re.compile(r"= [\d.]+/([\d.]+)/[\d.]+")
+
+
+def parse_ping(out: str) -> PingResult:
+    m = _PING_COUNTS.search(out)
+    sent, recv = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    m = _PING_LOSS.search(out)
+    loss = float(m.group(1)) if m else 100.0
+    m = _PING_RTT.search(out)
+    return PingResult(sent, recv, loss, float(m.group(1)) if m else None, out)
+
+
+def parse_iperf(out: str) -> IperfResult:
+    j = json.loads(out)
+    if "error" in j:
+        raise LabError(f"iperf3: {j['error']}")
+    end = j["end"]
+    recv = end.get("sum_received") or end["sum"]
+    sent = end.get("sum_sent", {})
+    return IperfResult(recv["bits_per_second"] / 1e9, int(recv["bytes"]), sent.get("retransmits"), j)
+
+
+# --- namespaces -----------------------------------------------------------------------------
+
+class Netns:
+    """A network namespace made by this lab (``/run/netns/<name>``)."""
+
+    def __init__(self, lab: "Lab", role: str):
+        self.lab, self.role = lab, role
+        self.name = f"{lab.prefix}-{role}"
+        sh("ip", "netns", "add", self.name)
+        lab._namespaces.append(self.name)
+        lab._save_state()
+        self.ip_link("set", "lo", "up")
+        # no IPv6 chatter (router solicitations, MLD): keeps frame counters deterministic
+        self.sysctl("net.ipv6.conf.all.disable_ipv6", 1)
+        self.sysctl("net.ipv6.conf.default.disable_ipv6", 1)
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name}>"
+
+    def exec(self, *args, check=True, timeout=30, input=None) -> subprocess.CompletedProcess:
+        """Run a command inside the namespace."""
+        return sh("ip", "netns", "exec", self.name, *args, check=check, timeout=timeout, input=input)
+
+    def popen(self, *args, **kw) -> subprocess.Popen:
+        """Start a background process inside the namespace; the lab stops it by PID at close."""
+        p = subprocess.Popen(["ip", "netns", "exec", self.name, *map(str, args)], **kw)
+        self.lab._procs.append(p)
+        return p
+
+    def ip(self, *args, check=True) -> subprocess.CompletedProcess:
+        return sh("ip", "-n", self.name, *args, check=check)
+
+    def ip_link(self, *args, check=True):
+        return self.ip("link", *args, check=check)
+
+    def sysctl(self, key: str, value) -> None:
+        self.exec("sysctl", "-qw", f"{key}={value}")
+
+    def links(self) -> dict:
+        """Interfaces of the namespace: ifname -> ``ip -j link`` entry."""
+        return {l["ifname"]: l for l in json.loads(self.ip("-j", "link", "show").stdout)}
+
+    def link_counters(self, dev: str) -> dict:
+        """Kernel counters of one device as seen in this namespace (rx/tx packets, bytes...)."""
+        j = json.loads(self.ip("-j", "-s", "link", "show", "dev", dev).stdout)[0]
+        return {"rx_packets": j["stats64"]["rx"]["packets"], "tx_packets": j["stats64"]["tx"]["packets"],
+                "rx_bytes": j["stats64"]["rx"]["bytes"], "tx_bytes": j["stats64"]["tx"]["bytes"]}
+
+    def socket(self, family=socket.AF_INET, type=socket.SOCK_DGRAM, proto=0) -> socket.socket:
+        """A socket that lives in this namespace."""
+        with in_netns(self.name):
+            return socket.socket(family, type, proto)
+
+    def ping(self, dst: str, count: int = 2, interval: float = 0.2, wait: float = 1.0) -> PingResult:
+        return self.lab.ping(self, dst, count=count, interval=interval, wait=wait)
+
+
+class Guest(Netns):
+    """A namespace that plays a VM: one NIC (``ifname``), one overlay address."""
+
+    def __init__(self, lab, role, ip: Optional[str] = None, mac: Optional[str] = None, prefix_len: int = 24):
+        super().__init__(lab, role)
+        self.ip_addr, self.mac, self.prefix_len = ip, mac, prefix_len
+        self.ifname: Optional[str] = None
+
+    def configure(self, ifname: str, mtu: Optional[int] = None) -> None:
+        """(Re)assign the guest's overlay address to ``ifname`` and bring it up."""
+        wait_until(lambda: ifname in self.links(), 10, what=f"{ifname} to appear in {self.name}")
+        self.ifname = ifname
+        if mtu:
+            self.ip_link("set", ifname, "mtu", mtu)
+        self.ip_link("set", ifname, "up")
+        if self.ip_addr:
+            self.ip("addr", "replace", f"{self.ip_addr}/{self.prefix_len}", "dev", ifname)
+
+    def neigh_flush(self) -> None:
+        if self.ifname:
+            self.ip("neigh", "flush", "dev", self.ifname, check=False)
+
+
+class Vnetd:
+    """One vnetd process in a host namespace (the Popen pid is vnetd itself: ``ip netns exec`` execs)."""
+
+    def __init__(self, host: "Host", proc: subprocess.Popen, log: Path, args: list):
+        self.host, self.proc, self.log, self.args = host, proc, log, args
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 5.0) -> Optional[int]:
+        return stop_pid(self.proc, sig, timeout)
+
+
+class Host(Netns):
+    """A machine on the underlay: ``eth0`` with ``underlay_ip``; may run vnetd."""
+
+    def __init__(self, lab, role, underlay_ip: Optional[str]):
+        super().__init__(lab, role)
+        self.underlay_ip = underlay_ip
+        self.control = CONTROL
+        self.token_file: Optional[Path] = None
+        self.vnetd: Optional[Vnetd] = None
+        self.config_path: Optional[Path] = None
+        self.all_vnetd: list[Vnetd] = []
+
+    # -- the daemon --
+    def start_vnetd(self, config: Optional[str] = None, config_path: Optional[Path] = None,
+                    args: Iterable = (), token: Optional[str] = None, wait: bool = True,
+                    control: Optional[str] = None) -> Vnetd:
+        """Start vnetd here. ``config`` is written to a file (kept in ``config_path`` so a
+        restart can reuse it). With ``wait``, returns once the control port answers."""
+        if not VNETD.exists():
+            raise LabError(f"vnetd binary not found at {VNETD} (build with `cargo build --release` or set VNETD)")
+        if config is not None:
+            config_path = self.lab.workdir / f"{self.role}.conf"
+            config_path.write_text(config)
+        if config_path is not None:
+            self.config_path = Path(config_path)
+        if control:
+            self.control = control
+        if token is not None:
+            self.token_file = self.lab.workdir / f"{self.role}.token"
+            self.token_file.write_text(token + "\n")
+        argv = [VNETD, "--control", self.control]
+        if self.config_path is not None:
+            argv += ["--config", self.config_path]
+        if self.token_file is not None:
+            argv += ["--token-file", self.token_file]
+        argv += list(args)
+        n = len(self.all_vnetd)
+        log = self.lab.workdir / f"vnetd-{self.role}{'-' + str(n) if n else ''}.log"
+        env = dict(os.environ, RUST_LOG=os.environ.get("VNET_LOG", os.environ.get("RUST_LOG", "info")))
+        with open(log, "wb") as f:
+            proc = self.popen(*argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env)
+        self.vnetd = Vnetd(self, proc, log, [str(a) for a in argv])
+        self.all_vnetd.append(self.vnetd)
+        if wait:
+            self.wait_ready()
+        return self.vnetd
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        def ready():
+            if not self.vnetd.alive():
+                raise LabError(f"vnetd in {self.name} exited (rc={self.vnetd.proc.returncode}):\n"
+                               f"{self.vnetd.log_text()[-3000:]}")
+            return self.ctl("show", "stats", check=False, timeout=5).returncode == 0
+        wait_until(ready, timeout, 0.05, what=f"vnetd control port in {self.name}")
+
+    def stop_vnetd(self, sig=signal.SIGTERM, timeout: float = 5.0) -> Optional[int]:
+        return self.vnetd.stop(sig, timeout) if self.vnetd else None
+
+    def restart_vnetd(self, **kw) -> Vnetd:
+        """SIGTERM the daemon and start it again with the same config file and arguments."""
+        old = self.vnetd
+        old.stop()
+        extra = old.args[old.args.index(str(VNETD)) + 1:]
+        for opt in ("--control", "--config", "--token-file"):  # re-added by start_vnetd
+            while opt in extra:
+                i = extra.index(opt)
+                del extra[i:i + 2]
+        return self.start_vnetd(args=extra, **kw)
+
+    # -- the control port --
+    def _ctl_argv(self) -> list:
+        if not VNETCTL.exists():
+            raise LabError(f"vnetctl binary not found at {VNETCTL} (build with `cargo build --release` or set VNETCTL)")
+        argv = [VNETCTL, "--control", self.control]
+        if self.token_file is not None:
+            argv += ["--token-file", self.token_file]
+        return argv
+
+    def ctl(self, *words, check=True, timeout=15):
+        """``vnetctl COMMAND...`` inside this host. With ``check`` returns stdout or raises
+        CtlError; without, returns the CompletedProcess."""
+        r = self.exec(*self._ctl_argv(), *words, check=False, timeout=timeout)
+        if not check:
+            return r
+        if r.returncode != 0:
+            raise CtlError(words, r.returncode, r.stdout, r.stderr)
+        return r.stdout
+
+    def ctl_json(self, *words):
+        return json.loads(self.ctl(*words))
+
+    def script(self, text: str, check=True):
+        """Apply a script atomically (``vnetctl --file -``)."""
+        r = self.exec(*self._ctl_argv(), "--file", "-", check=False, input=text)
+        if not check:
+            return r
+        if r.returncode != 0:
+            raise CtlError(["--file", "-"], r.returncode, r.stdout, r.stderr)
+        return r.stdout
+
+    def stats(self) -> dict:
+        return self.ctl_json("show", "stats", "json")
+
+    def port(self, name: str, stats: Optional[dict] = None) -> dict:
+        """Stats entry of the interface or link ``name``."""
+        for p in (stats or self.stats())["ports"]:
+            if p["name"] == name:
+                return p
+        raise KeyError(f"no port {name!r} in show stats of {self.name}")
+
+    def add_vm(self, guest: Guest, name: str, mac: str, vni: int = 1, mtu: Optional[int] = None,
+               ifname: Optional[str] = None, route: bool = True) -> str:
+        """``interface add NAME tap mac MAC netns GUEST [vni] [mtu]``, route the MAC to it,
+        then give the guest its address. Returns the TAP's ifname."""
+        words = ["interface", "add", name, "tap", "mac", mac, "netns", guest.name, "vni", vni]
+        if mtu:
+            words += ["mtu", mtu]
+        if ifname:
+            words += ["ifname", ifname]
+        self.ctl(*words)
+        if route:
+            self.ctl("route", "add", "any", mac, "interface", name)
+        ifname = self.interface(name)["ifname"]
+        guest.mac = mac
+        guest.configure(ifname, mtu)
+        return ifname
+
+    def interface(self, name: str) -> dict:
+        for i in self.ctl_json("show", "interfaces", "json"):
+            if i["name"] == name:
+                return i
+        raise KeyError(f"no interface {name!r} on {self.name}")
+
+    def link_state(self, name: str) -> Optional[str]:
+        for l in self.ctl_json("show", "links", "json"):
+            if l["name"] == name:
+                return l["state"]
+        return None
+
+
+class KernelVxlanHost(Host):
+    """A host running only the Linux kernel VXLAN: ``vx<VNI>`` + bridge ``br0``; guests are
+    attached to the bridge with veth pairs (guest side ``eth0``). Made by Lab.kernel_vxlan_host."""
+
+    def setup_vxlan(self, vni: int = 1, peers: Iterable[str] = ()) -> None:
+        """Create the VXLAN device (needs the underlay address to exist) and the bridge."""
+        self.vni, self.vxdev, self._nguests = vni, f"vx{vni}", 0
+        self.ip_link("add", self.vxdev, "type", "vxlan", "id", vni, "dstport", VXLAN_PORT,
+                     "local", self.underlay_ip, "dev", "eth0", "nolearning")
+        # A guest's TCP stack leaves checksums partial for veth to "offload"; nothing on a veth
+        # underlay ever completes them, so the datagrams vnet reads from its UDP socket would carry
+        # unfinished inner checksums. A real NIC completes them; here the VXLAN device must.
+        self.exec("ethtool", "-K", self.vxdev, "tx", "off")
+        self.ip_link("add", "br0", "type", "bridge")
+        self.ip_link("set", self.vxdev, "master", "br0")
+        self.ip_link("set", self.vxdev, "up")
+        self.ip_link("set", "br0", "up")
+        for p in peers:
+            self.add_peer(p)
+
+    def add_peer(self, ip: str) -> None:
+        """Head-end replication: floods and unknown unicast go to ``ip`` too."""
+        self.exec("bridge", "fdb", "append", "00:00:00:00:00:00", "dev", self.vxdev, "dst", ip)
+
+    def add_vm(self, guest: Guest, name: str = "", mac: str = "", vni: int = 1, mtu: Optional[int] = 1450,
+               ifname: Optional[str] = None, route: bool = True) -> str:
+        """Attach ``guest`` to the bridge through a veth (MTU 1450 fits the kernel VXLAN)."""
+        self._nguests += 1
+        port = f"vg{self._nguests}"
+        self.ip_link("add", port, "type", "veth", "peer", "name", "eth0", "netns", guest.name)
+        self.ip_link("set", port, "mtu", mtu or 1450)
+        self.ip_link("set", port, "master", "br0")
+        self.ip_link("set", port, "up")
+        guest.ip_link("set", "eth0", "address", mac)
+        guest.mac = mac
+        guest.configure("eth0", mtu or 1450)
+        return "eth0"
+
+
+# --- the lab --------------------------------------------------------------------------------
+
+class Lab:
+    """A set of namespaces, devices and processes with one owner and one guaranteed cleanup."""
+
+    def __init__(self, tag: str = "lab", subnet: str = "10.99.0", keep_workdir: bool = False):
+        sweep_stale()
+        self.id = secrets.token_hex(3)[:5]
+        self.prefix = f"vl{self.id}"
+        self.tag, self.subnet = tag, subnet
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"vnetlab-{tag[:40]}-{self.id}-"))
+        self.keep_workdir = keep_workdir
+        self._namespaces: list[str] = []
+        self._procs: list[subprocess.Popen] = []
+        self._next_host = 1
+        self.wire: Optional[Netns] = None
+        self.hosts: list[Host] = []
+        self.closed = False
+        self.failed = False  # set by the test harness: keep logs when true
+        _live_labs.append(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.failed = True
+        self.close()
+
+    # -- building --
+    def _underlay(self) -> Netns:
+        if self.wire is None:
+            self.wire = Netns(self, "wire")
+            self.wire.ip_link("add", "br0", "type", "bridge")
+            self.wire.ip_link("set", "br0", "up")
+        return self.wire
+
+    def _attach(self, host: Host, ip: Optional[str]) -> str:
+        """veth from the wire bridge to ``eth0`` of ``host``, address ``ip`` (next free if None)."""
+        wire = self._underlay()
+        n = self._next_host
+        self._next_host += 1
+        ip = ip or f"{self.subnet}.{n}"
+        port = f"h{n}"
+        wire.ip_link("add", port, "type", "veth", "peer", "name", "eth0", "netns", host.name)
+        wire.ip_link("set", port, "master", "br0")
+        wire.ip_link("set", port, "up")
+        host.ip("addr", "add", f"{ip}/24", "dev", "eth0")
+        host.ip_link("set", "eth0", "up")
+        return ip
+
+    def host(self, role: str, ip: Optional[str] = None) -> Host:
+        """A new host namespace on the underlay."""
+        h = Host(self, role, None)
+        h.underlay_ip = self._attach(h, ip)
+        self.hosts.append(h)
+        return h
+
+    def kernel_vxlan_host(self, role: str, vni: int = 1, peers: Iterable[str] = (), ip: Optional[str] = None) -> KernelVxlanHost:
+        """A host namespace running the kernel VXLAN + bridge (created after its underlay address)."""
+        # The vxlan device needs its `local` address to exist first, so build the namespace
+        # and underlay, then the VXLAN parts.
+        h = KernelVxlanHost(self, role, None)
+        h.underlay_ip = self._attach(h, ip)
+        h.setup_vxlan(vni, peers)
+        self.hosts.append(h)
+        return h
+
+    def netns(self, role: str) -> Netns:
+        return Netns(self, role)
+
+    def guest(self, role: str, ip: Optional[str] = None, mac: Optional[str] = None) -> Guest:
+        return Guest(self, role, ip, mac)
+
+    def veth(self, a: Netns, a_dev: str, b: Netns, b_dev: str, up: bool = True) -> None:
+        """A veth pair between two of the lab's namespaces (created directly inside ``a``)."""
+        a.ip_link("add", a_dev, "type", "veth", "peer", "name", b_dev, "netns", b.name)
+        if up:
+            a.ip_link("set", a_dev, "up")
+            b.ip_link("set", b_dev, "up")
+
+    # -- measuring --
+    def ping(self, src: Netns, dst: str, count: int = 2, interval: float = 0.2, wait: float = 1.0) -> PingResult:
+        r = src.exec("ping", "-c", count, "-i", interval, "-W", wait, "-q", dst, check=False,
+                     timeout=count * (interval + wait) + 15)
+        return parse_ping(r.stdout + r.stderr)
+
+    def ping_many(self, pairs: Iterable[tuple], count: int = 2, interval: float = 0.2, wait: float = 1.0) -> dict:
+        """Ping several (src_ns, dst_ip) pairs concurrently; returns {(src, dst): PingResult}."""
+        procs = {}
+        for src, dst in pairs:
+            procs[(src, dst)] = subprocess.Popen(
+                ["ip", "netns", "exec", src.name, "ping", "-c", str(count), "-i", str(interval),
+                 "-W", str(wait), "-q", dst], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self._procs.append(procs[(src, dst)])
+        out = {}
+        for k, p in procs.items():
+            try:
+                o, _ = p.communicate(timeout=count * (interval + wait) + 20)
+            except subprocess.TimeoutExpired:
+                stop_pid(p, signal.SIGKILL)
+                o = ""
+            out[k] = parse_ping(o)
+        return out
+
+    def wait_ping(self, src: Netns, dst: str, timeout: float = 15.0) -> float:
+        """Ping once per attempt until a reply comes back; returns seconds it took."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        while True:
+            if self.ping(src, dst, count=1, wait=1).ok:
+                return time.monotonic() - t0
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no ping reply from {dst} (in {src.name}) within {timeout}s")
+            time.sleep(0.2)
+
+    def iperf(self, server: Netns, server_ip: str, client: Netns, seconds: float = 3,
+              reverse: bool = False, port: int = 5201, extra: Iterable = ()) -> IperfResult:
+        """iperf3 TCP test: a one-shot server (``-s -1``, tracked PID) in ``server``, the client
+        in ``client``. Returns the receiver's goodput."""
+        srv = server.popen("iperf3", "-s", "-1", "-p", port, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: f":{port} " in server.exec("ss", "-Htln").stdout, 10,
+                       what=f"iperf3 server in {server.name}")
+            args = ["iperf3", "-c", server_ip, "-p", port, "-t", seconds, "-J", *extra]
+            if reverse:
+                args.append("-R")
+            r = client.exec(*args, check=False, timeout=seconds + 30)
+            try:
+                res = parse_iperf(r.stdout)
+            except (ValueError, KeyError) as e:
+                raise LabError(f"iperf3 failed ({e}): {r.stdout[-2000:]} {r.stderr[-2000:]}")
+            return res
+        finally:
+            stop_pid(srv, timeout=3)
+
+    # -- teardown --
+    def logs(self, tail: int = 4000) -> str:
+        """Tail of every vnetd log of this lab (for failure reports)."""
+        parts = []
+        for h in self.hosts:
+            for d in getattr(h, "all_vnetd", []):
+                parts.append(f"--- {d.log.name} (pid {d.pid}, rc {d.proc.returncode}) ---\n{d.log_text()[-tail:]}")
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        # 1. our processes, by PID: vnetd first (so it removes its TAPs), then the rest
+        daemons = {d.proc.pid for h in self.hosts for d in getattr(h, "all_vnetd", [])}
+        for p in sorted(self._procs, key=lambda p: p.pid not in daemons):
+            try:
+                stop_pid(p, timeout=5)
+            except Exception:
+                pass
+        # 2. namespaces (deleting one deletes its devices; veth peers go with them)
+        _delete_namespaces(self._namespaces)
+        self._namespaces.clear()
+        try:
+            (STATE_DIR / f"{self.id}.json").unlink()
+        except OSError:
+            pass
+        if not (self.failed or self.keep_workdir):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        if self in _live_labs:
+            _live_labs.remove(self)
+
+    def _save_state(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = STATE_DIR / f".{self.id}.tmp"
+        tmp.write_text(json.dumps({"owner": os.getpid(), "namespaces": self._namespaces}))
+        tmp.replace(STATE_DIR / f"{self.id}.json")
+
+
+def _netns_pids(name: str) -> list[int]:
+    r = sh("ip", "netns", "pids", name, check=False)
+    return [int(x) for x in r.stdout.split()] if r.returncode == 0 else []
+
+
+def _delete_namespaces(names: Iterable[str]) -> None:
+    """Delete namespaces; any process still inside one (necessarily started by us there)
+    is killed by its PID first."""
+    names = list(names)
+    for n in names:
+        for pid in _netns_pids(n):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    for n in reversed(names):  # guests/hosts before the wire
+        if os.path.exists(f"/run/netns/{n}"):
+            sh("ip", "netns", "del", n, check=False)
+
+
+def sweep_stale() -> None:
+    """Remove namespaces left by earlier labs whose owning process is gone."""
+    if not STATE_DIR.is_dir():
+        return
+    for f in STATE_DIR.glob("*.json"):
+        try:
+            st = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if pid_alive(int(st.get("owner", 0))):
+            continue
+        _delete_namespaces(st.get("namespaces", []))
+        try:
+            f.unlink()
+        except OSError:
+            pass
+
+
+def close_all() -> None:
+    for lab in list(_live_labs):
+        try:
+            lab.close()
+        except Exception:
+            pass
+
+
+atexit.register(close_all)
+
+
+def install_signal_cleanup() -> None:
+    """Make SIGTERM/SIGHUP behave like Ctrl-C so finalizers and atexit run."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(s, handler)
+        except ValueError:  # not the main thread
+            pass
+
+
+# --- stats and packet helpers ---------------------------------------------------------------
+
+def drops(stats: dict, reason: str) -> int:
+    """Total of one drop reason over the daemon and all its ports."""
+    n = stats.get("daemon", {}).get("drops", {}).get(reason, 0)
+    return n + sum(p.get("drops", {}).get(reason, 0) for p in stats.get("ports", []))
+
+
+def port_of(stats: dict, name: str) -> dict:
+    for p in stats["ports"]:
+        if p["name"] == name:
+            return p
+    raise KeyError(name)
+
+
+def delta(before: dict, after: dict, name: str, key: str) -> int:
+    """Growth of counter ``key`` (rx_frames, tx_bytes, ...) of port ``name`` between two stats."""
+    return port_of(after, name)[key] - port_of(before, name)[key]
+
+
+def mac_bytes(mac: str) -> bytes:
+    return bytes(int(x, 16) for x in mac.split(":"))
+
+
+def ether(dst: str, src: str, ethertype: int = 0x88B5, payload: bytes = b"") -> bytes:
+    """An Ethernet frame (no FCS). 0x88B5 is the IEEE 'local experimental' ethertype."""
+    return mac_bytes(dst) + mac_bytes(src) + struct.pack("!H", ethertype) + payload
+
+
+def vxlan(vni: int, frame: bytes, flags: int = 0x08) -> bytes:
+    """A VXLAN header (RFC 7348: flags, 3 reserved, VNI << 8) followed by ``frame``."""
+    return struct.pack("!B3xI", flags, vni << 8) + frame
+
+
+def mac(vni: int, host: int, guest: int) -> str:
+    """Deterministic locally administered unicast MAC for a test guest."""
+    return f"52:54:00:{vni:02x}:{host:02x}:{guest:02x}"
+
+
+def stream_hello(vni: int) -> bytes:
+    """Greeting of a vnet TCP link stream: b"VNET", version 1, 24-bit VNI
+    (the framing is defined in crates/vnet-wire/src/stream.rs)."""
+    return b"VNET" + bytes([1]) + vni.to_bytes(3, "big")
+
+
+def stream_record(vni: int, frame: bytes) -> bytes:
+    """One record of a TCP link stream: 4-byte big-endian length, VXLAN header, frame."""
+    body = vxlan(vni, frame)
+    return struct.pack("!I", len(body)) + body
+
+
+# --- the control port, spoken directly (for malformed input) -------------------------------
+
+class ControlClient:
+    """A raw connection to a vnetd control port from inside its host namespace."""
+
+    def __init__(self, host: Host, timeout: float = 5.0):
+        addr, port = host.control.rsplit(":", 1)
+        self.sock = host.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect((addr, int(port)))
+        self.buf = b""
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def readline(self) -> Optional[str]:
+        """One line of the answer, or None when the daemon closed the connection."""
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def answer(self) -> tuple[Optional[str], list]:
+        """(status line, output lines) of one answer: ``ok N`` + N lines, or ``error MSG``."""
+        status = self.readline()
+        lines = []
+        if status and status.startswith("ok "):
+            for _ in range(int(status.split()[1])):
+                lines.append(self.readline())
+        return status, lines
+
+    def command(self, line: str) -> tuple[Optional[str], list]:
+        self.send_raw(line.encode() + b"\n")
+        return self.answer()
+
+    def closed_by_peer(self, timeout: float = 3.0) -> bool:
+        """True once the daemon has closed the connection (EOF or reset)."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                d = self.sock.recv(65536)
+                if not d:
+                    return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# --- ready-made topologies ------------------------------------------------------------------
+
+@dataclass
+class Mesh:
+    """Hosts running vnetd, joined by links of one kind, each with guests on one VNI."""
+    hosts: list
+    guests: dict  # host role -> [Guest]
+    vni: int
+
+    def all_guests(self) -> list:
+        return [g for gs in self.guests.values() for g in gs]
+
+    def host_of(self, guest: Guest) -> Host:
+        for h in self.hosts:
+            if guest in self.guests[h.role]:
+                return h
+        raise KeyError(guest)
+
+    @staticmethod
+    def link_name(to: Host) -> str:
+        return f"to-{to.role.lower()}"
+
+    @staticmethod
+    def vm_name(guest: Guest) -> str:
+        return f"vm-{guest.role}"
+
+
+def udp_mesh(lab: Lab, roles=("A", "B", "C"), guests_per_host: int = 2, vni: int = 1,
+             subnet: str = "192.168.50", mtu: Optional[int] = None) -> Mesh:
+    """The spec's worked example: every host has ``guests_per_host`` guests (MAC
+    52:54:00:VNI:HOST:N, IP SUBNET.<10*host+N>) and a udp link to every other host; each
+    guest MAC is routed to its interface or to the link of its host. Every vnetd starts from
+    a config file (kept for restarts)."""
+    hosts = [lab.host(r) for r in roles]
+    guests = {}
+    for hi, h in enumerate(hosts, 1):
+        guests[h.role] = [lab.guest(f"{h.role.lower()}{j}", ip=f"{subnet}.{10 * hi + j}",
+                                    mac=mac(vni, hi, j)) for j in range(1, guests_per_host + 1)]
+    m = Mesh(hosts, guests, vni)
+    for h in hosts:
+        lines = [f"# host {h.role} ({h.underlay_ip}), VNI {vni}"]
+        for g in guests[h.role]:
+            lines.append(f"interface add {m.vm_name(g)} tap mac {g.mac} netns {g.name} vni {vni}"
+                         + (f" mtu {mtu}" if mtu else ""))
+        for o in hosts:
+            if o is not h:
+                lines.append(f"link add {m.link_name(o)} udp {o.underlay_ip} vni {vni}")
+        for o in hosts:
+            for g in guests[o.role]:
+                dest = f"interface {m.vm_name(g)}" if o is h else f"link {m.link_name(o)}"
+                lines.append(f"route add any {g.mac} {dest}")
+        h.start_vnetd(config="\n".join(lines) + "\n")
+        for g in guests[h.role]:
+            g.configure(h.interface(m.vm_name(g))["ifname"], mtu)
+    return m

@@ -1,0 +1,247 @@
+"""Bad input sent for real at running daemons: malformed VXLAN datagrams, strangers, garbage
+on the control port, wrong tokens, broken TCP link streams, a bad config file. The daemon
+must count what it drops, stay alive and keep forwarding."""
+
+import random
+import socket
+import struct
+import subprocess
+import time
+
+import netlab
+from netlab import ControlClient, delta, drops, port_of, vxlan, ether, stream_hello, stream_record
+
+
+def expect_drop(host, reason: str, n: int, send, timeout: float = 5.0) -> int:
+    """Run ``send()``, then wait until ``reason`` drops on ``host`` grew by at least ``n``."""
+    before = drops(host.stats(), reason)
+    send()
+    try:
+        netlab.wait_until(lambda: drops(host.stats(), reason) - before >= n, timeout, what=f"{reason} drops")
+        return drops(host.stats(), reason) - before
+    except TimeoutError:
+        raise AssertionError(f"{reason} drops on {host.role} grew by {drops(host.stats(), reason) - before}, "
+                             f"expected >= {n}") from None
+
+
+def test_bad_vxlan_datagrams(lab):
+    m = netlab.udp_mesh(lab, ("A", "B"), guests_per_host=1)
+    A, B = m.hosts
+    a1, b1 = m.guests["A"][0], m.guests["B"][0]
+    X = lab.host("X")  # on the underlay, but no link points at it
+    assert a1.ping(b1.ip_addr, count=2).received == 2
+    dst = (A.underlay_ip, netlab.VXLAN_PORT)
+    good = ether(a1.mac, b1.mac, payload=b"vnet-test" * 6)
+
+    # B's address is a known peer; any source port is fine (as with the kernel's flow hash)
+    tx = B.socket()
+    tx.bind((B.underlay_ip, 0))
+
+    def send(*pkts, sock=tx, gap=0.0):
+        def f():
+            for p in pkts:
+                sock.sendto(p, dst)
+                time.sleep(gap)
+        return f
+
+    # control: a well-formed datagram from that socket is accepted and delivered to a1
+    s0 = A.stats()
+    send(vxlan(1, good))()
+    netlab.wait_until(lambda: delta(s0, A.stats(), "vm-a1", "tx_frames") >= 1, 3, what="injected frame delivery")
+    assert delta(s0, A.stats(), "to-b", "rx_frames") >= 1
+
+    expect_drop(A, "bad_vxlan", 3, send(b"", b"\x08", b"\x08\x00\x00\x00\x00\x00\x01"))
+    expect_drop(A, "bad_vxlan", 2, send(vxlan(1, good, flags=0x00), vxlan(1, good, flags=0x80)))
+    expect_drop(A, "unknown_vni", 3, send(*[vxlan(4242, good)] * 3))
+    expect_drop(A, "truncated", 3, send(vxlan(1, b""), vxlan(1, b"\x01" * 10), vxlan(1, good[:13])))
+    # 3000-byte frame to a guest whose MTU is 1500 (the datagram arrives IP-fragmented)
+    expect_drop(A, "oversize", 2, send(*[vxlan(1, ether(a1.mac, b1.mac, payload=bytes(3000)))] * 2))
+
+    stranger = X.socket()
+    stranger.bind((X.underlay_ip, 0))
+    expect_drop(A, "unknown_peer", 3, send(*[vxlan(1, good)] * 3, sock=stranger))
+
+    # random garbage (seeded): count what must be refused for which reason
+    rng = random.Random(7348)
+    junk = [bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 200))) for _ in range(150)]
+    n_bad = sum(1 for j in junk if len(j) < 8 or not j[0] & 0x08)
+    n_vni = sum(1 for j in junk if len(j) >= 8 and j[0] & 0x08 and int.from_bytes(j[4:7], "big") != 1)
+    before = A.stats()
+    send(*junk, gap=0.001)()
+    netlab.wait_until(lambda: drops(A.stats(), "bad_vxlan") - drops(before, "bad_vxlan") >= n_bad and
+                      drops(A.stats(), "unknown_vni") - drops(before, "unknown_vni") >= n_vni, 5,
+                      what=f"{n_bad} bad_vxlan + {n_vni} unknown_vni drops for random garbage")
+
+    tx.close()
+    stranger.close()
+    assert A.vnetd.alive() and B.vnetd.alive()
+    for src, d in ((a1, b1), (b1, a1)):
+        r = src.ping(d.ip_addr, count=2)
+        assert r.received == 2, f"after bad datagrams {src.role} -> {d.role}: {r.output}"
+
+
+def test_control_port_garbage_and_token(lab):
+    A = lab.host("A")
+    A.start_vnetd()
+    errors0 = A.stats()["daemon"]["control_errors"]
+
+    c = ControlClient(A)
+    status, out = c.command("show stats json")
+    assert status.startswith("ok"), status
+    n_bad = 0
+    for line in (b"\x00\xff\xfe\x01 binary junk", b"frobnicate widgets", b"interface add",
+                 b"route add any zz:zz:zz:zz:zz:zz link nowhere", b"link add x udp 10.0.0.1 vni 0"):
+        c.send_raw(line + b"\n")
+        status, _ = c.answer()
+        if status is None:  # the daemon may hang up on garbage; that is fine too
+            c = ControlClient(A)
+        else:
+            assert status.startswith("error"), f"{line!r} -> {status}"
+        n_bad += 1
+    # an over-long line (limit 4096 bytes): refused, or the connection is closed
+    c.send_raw(b"show " + b"x" * 6000 + b"\n")
+    status, _ = c.answer()
+    assert status is None or status.startswith("error"), status
+    # a 2 MB line: the daemon must not buffer it all; it answers an error or hangs up
+    c = ControlClient(A)
+    try:
+        c.send_raw(b"a" * (2 << 20) + b"\n")
+        status, _ = c.answer()
+        assert status is None or status.startswith("error"), status
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    except socket.timeout:
+        raise AssertionError("no answer to a 2 MB control line within 5 s") from None
+    # a batch with a bad second line applies nothing
+    c = ControlClient(A)
+    c.send_raw(b"batch 2\nlink add ok1 udp 10.99.0.50\nlink add ok2 udp 10.99.0.300\n")
+    status, _ = c.answer()
+    assert status and status.startswith("error") and "line 2" in status, status
+    assert A.ctl_json("show", "links", "json") == []
+
+    assert A.vnetd.alive()
+    st = A.stats()
+    assert st["daemon"]["control_errors"] - errors0 >= n_bad, st["daemon"]
+
+    # a daemon with --token-file
+    T = lab.host("T")
+    T.start_vnetd(token="s3cret-token")
+    T.ctl("show", "stats")  # vnetctl --token-file with the right token works
+    for first in ("auth wrong-token", "show stats"):
+        c = ControlClient(T)
+        status, _ = c.command(first)
+        assert status == "error authentication failed", f"{first!r} -> {status}"
+        assert c.closed_by_peer(), "connection not closed after failed authentication"
+    c = ControlClient(T)
+    assert c.command("auth s3cret-token")[0].startswith("ok")
+    assert c.command("show stats")[0].startswith("ok")
+    wrong = lab.workdir / "wrong.token"
+    wrong.write_text("not-it\n")
+    r = T.exec(netlab.VNETCTL, "--control", T.control, "--token-file", wrong, "show", "stats", check=False)
+    assert r.returncode != 0 and "auth" in r.stderr.lower(), (r.returncode, r.stderr)
+    r = T.exec(netlab.VNETCTL, "--control", T.control, "show", "stats", check=False)
+    assert r.returncode != 0, r.stdout
+    assert T.vnetd.alive()
+    assert "auth" in T.vnetd.log_text().lower(), "failed authentication was not logged"
+
+
+def test_bad_tcp_link_peers(lab):
+    m = netlab.udp_mesh(lab, ("A", "B"), guests_per_host=1)
+    A, B = m.hosts
+    a1, b1 = m.guests["A"][0], m.guests["B"][0]
+    X = lab.host("X")
+    X.ip("addr", "add", f"{lab.subnet}.200/24", "dev", "eth0")  # an address with no link
+    A.ctl("listen", "tcp", f"{A.underlay_ip}:7700")
+    A.ctl("link", "add", "evil", "tcp", "accept", X.underlay_ip)
+
+    def connect(src_ip=X.underlay_ip):
+        s = X.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind((src_ip, 0))
+        s.settimeout(5)
+        s.connect((A.underlay_ip, 7700))
+        return s
+
+    def closed(s, timeout=3.0):
+        s.settimeout(timeout)
+        try:
+            while s.recv(65536):
+                pass
+            return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+
+    conns = {}
+
+    def bad_greeting():
+        conns["g"] = connect()
+        conns["g"].sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    expect_drop(A, "bad_stream", 1, bad_greeting)
+    assert closed(conns["g"]), "connection with a bad greeting was not closed"
+
+    def stranger():
+        conns["s"] = connect(f"{lab.subnet}.200")
+        conns["s"].sendall(stream_hello(1))
+    expect_drop(A, "unknown_peer", 1, stranger)
+    assert closed(conns["s"]), "connection from an unknown address was not closed"
+
+    def bad_length():
+        conns["l"] = connect()
+        conns["l"].sendall(stream_hello(1) + struct.pack("!I", 5) + b"12345")
+    expect_drop(A, "bad_stream", 1, bad_length)
+    assert closed(conns["l"]), "connection with a bad frame length was not closed"
+
+    def huge_length():
+        conns["h"] = connect()
+        conns["h"].sendall(stream_hello(1) + struct.pack("!I", 0xFFFFFFF0))
+    expect_drop(A, "bad_stream", 1, huge_length)
+    assert closed(conns["h"])
+
+    # a good greeting and a good frame, then the peer dies in the middle of the next frame
+    s0 = A.stats()
+    s = connect()
+    s.sendall(stream_hello(1) + stream_record(1, ether(a1.mac, "02:00:00:00:00:99", payload=bytes(46))))
+    netlab.wait_until(lambda: delta(s0, A.stats(), "evil", "rx_frames") >= 1, 5, what="frame over the tcp link")
+    assert A.link_state("evil") == "up"
+    assert delta(s0, A.stats(), "vm-a1", "tx_frames") >= 1
+    s1 = A.stats()
+    rec = stream_record(1, ether(a1.mac, "02:00:00:00:00:99", payload=bytes(200)))
+    s.sendall(rec[:60])
+    time.sleep(0.3)
+    s.close()
+    netlab.wait_until(lambda: A.link_state("evil") != "up", 5, what="evil link to go down after the peer left")
+    # the half frame was not delivered
+    s2 = A.stats()
+    assert delta(s1, s2, "evil", "rx_frames") == 0 and delta(s1, s2, "vm-a1", "tx_frames") == 0
+
+    for c in conns.values():
+        c.close()
+    assert A.vnetd.alive()
+    for src, d in ((a1, b1), (b1, a1)):
+        r = src.ping(d.ip_addr, count=2)
+        assert r.received == 2, f"after bad tcp peers {src.role} -> {d.role}: {r.output}"
+
+
+def test_config_with_bad_line_is_refused_whole(lab):
+    C = lab.host("C")
+    g = lab.guest("c1")
+    before_host, before_guest = set(C.links()), set(g.links())
+    cfg = f"""# a config whose 5th line is wrong
+interface add vm-c1 tap mac 52:54:00:00:0c:01 netns {g.name}
+link add to-a udp 10.99.0.2
+route add any 52:54:00:00:0c:01 interface vm-c1
+route add any 52:54:00:zz:00:01 link to-a
+listen tcp {C.underlay_ip}:7700
+"""
+    d = C.start_vnetd(config=cfg, wait=False)
+    try:
+        rc = d.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("vnetd accepted a config file with a bad line (still running)")
+    assert rc != 0
+    log = d.log_text()
+    assert "line 5" in log, f"error does not name line 5:\n{log}"
+    assert set(C.links()) == before_host, "vnetd left devices in its host namespace"
+    assert set(g.links()) == before_guest, "vnetd left a TAP in the guest namespace"
+    assert ":7700" not in C.exec("ss", "-Htln").stdout
