@@ -19,8 +19,69 @@ pub enum Command {
     ListenAdd(SocketAddr),
     ListenDel(SocketAddr),
     Route(RouteOp, RouteSpec),
-    SetLearn(bool),
+    Set(Setting),
     Show(ShowWhat, bool),
+}
+
+/// How dispatcher threads wait for work (VNET/P section 4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DispatchMode {
+    /// Block until a descriptor is ready (the guest's notification wakes us): lowest latency
+    /// for sparse traffic, no CPU when idle.
+    GuestDriven,
+    /// Busy-poll every descriptor: most frames per wake-up, a core per dispatcher.
+    Polling,
+    /// Guest-driven below `adaptive-low` pkt/s, polling above `adaptive-high`, measured over
+    /// `adaptive-window-ms`.
+    Adaptive,
+}
+
+impl fmt::Display for DispatchMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DispatchMode::GuestDriven => "guest-driven",
+            DispatchMode::Polling => "polling",
+            DispatchMode::Adaptive => "adaptive",
+        })
+    }
+}
+
+/// What a polling loop does when a pass found no work (VNET/P section 4.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum YieldStrategy {
+    /// `sched_yield`: give the core away only if someone else wants it.
+    Immediate,
+    /// Sleep `yield-sleep-us`.
+    Timed,
+    /// Immediate until idle for `yield-nowork-us`, then timed.
+    Adaptive,
+}
+
+impl fmt::Display for YieldStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            YieldStrategy::Immediate => "immediate",
+            YieldStrategy::Timed => "timed",
+            YieldStrategy::Adaptive => "adaptive",
+        })
+    }
+}
+
+/// One `set` command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Setting {
+    Learn(bool),
+    Mode(DispatchMode),
+    Dispatchers(u32),
+    Yield(YieldStrategy),
+    YieldSleepUs(u32),
+    YieldNoworkUs(u32),
+    AdaptiveLow(u32),
+    AdaptiveHigh(u32),
+    AdaptiveWindowMs(u32),
+    Cpus(Vec<u32>),
 }
 
 impl Command {
@@ -38,6 +99,8 @@ pub struct InterfaceSpec {
     pub mtu: Option<u32>,
     pub netns: Option<String>,
     pub vni: Option<u32>,
+    pub queues: Option<u32>,
+    pub offload: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -244,10 +307,7 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, ParseError> {
             };
             Command::Route(op, parse_route(&mut w)?)
         }
-        "set" => match w.next("setting (learn)")? {
-            "learn" => Command::SetLearn(on_off(w.next("on or off")?)?),
-            o => return err(format!("unknown setting {} (learn)", quote(o))),
-        },
+        "set" => Command::Set(parse_setting(&mut w)?),
         "show" => {
             let what = match w.next("what to show")? {
                 "interfaces" => ShowWhat::Interfaces,
@@ -308,6 +368,74 @@ pub fn parse_script(text: &str) -> Result<Vec<(usize, Command)>, ScriptError> {
     Ok(out)
 }
 
+fn parse_setting(w: &mut Words) -> Result<Setting, ParseError> {
+    const SETTINGS: &str = "learn, mode, dispatchers, yield, yield-sleep-us, yield-nowork-us, adaptive-low, adaptive-high, adaptive-window-ms, cpus";
+    let s = match w.next("setting")? {
+        "learn" => Setting::Learn(on_off(w.next("on or off")?)?),
+        "mode" => Setting::Mode(match w.next("mode")? {
+            "guest-driven" => DispatchMode::GuestDriven,
+            "polling" => DispatchMode::Polling,
+            "adaptive" => DispatchMode::Adaptive,
+            o => {
+                return err(format!(
+                    "unknown mode {} (guest-driven, polling, adaptive)",
+                    quote(o)
+                ))
+            }
+        }),
+        "dispatchers" => Setting::Dispatchers(number(w.next("count")?, "dispatcher count", 1, 64)?),
+        "yield" => Setting::Yield(match w.next("yield strategy")? {
+            "immediate" => YieldStrategy::Immediate,
+            "timed" => YieldStrategy::Timed,
+            "adaptive" => YieldStrategy::Adaptive,
+            o => {
+                return err(format!(
+                    "unknown yield strategy {} (immediate, timed, adaptive)",
+                    quote(o)
+                ))
+            }
+        }),
+        "yield-sleep-us" => {
+            Setting::YieldSleepUs(number(w.next("microseconds")?, "T_sleep", 1, 1_000_000)?)
+        }
+        "yield-nowork-us" => {
+            Setting::YieldNoworkUs(number(w.next("microseconds")?, "T_nowork", 1, 10_000_000)?)
+        }
+        "adaptive-low" => Setting::AdaptiveLow(number(
+            w.next("packets per second")?,
+            "alpha_l",
+            1,
+            100_000_000,
+        )?),
+        "adaptive-high" => Setting::AdaptiveHigh(number(
+            w.next("packets per second")?,
+            "alpha_u",
+            1,
+            100_000_000,
+        )?),
+        "adaptive-window-ms" => {
+            Setting::AdaptiveWindowMs(number(w.next("milliseconds")?, "window", 1, 10_000)?)
+        }
+        "cpus" => {
+            let v = w.next("CPU list or none")?;
+            if v == "none" {
+                Setting::Cpus(vec![])
+            } else {
+                let mut cpus = Vec::new();
+                for c in v.split(',') {
+                    cpus.push(number(c, "CPU number", 0, 4095)?);
+                }
+                if cpus.len() > 64 {
+                    return err("at most 64 CPUs in the list");
+                }
+                Setting::Cpus(cpus)
+            }
+        }
+        o => return err(format!("unknown setting {} ({SETTINGS})", quote(o))),
+    };
+    Ok(s)
+}
+
 fn parse_interface(w: &mut Words) -> Result<InterfaceSpec, ParseError> {
     let name = name(w.next("interface name")?)?;
     match w.next("interface type (tap)")? {
@@ -321,6 +449,8 @@ fn parse_interface(w: &mut Words) -> Result<InterfaceSpec, ParseError> {
         mtu: None,
         netns: None,
         vni: None,
+        queues: None,
+        offload: None,
     };
     while let Some(opt) = w.peek() {
         w.pos += 1;
@@ -330,9 +460,15 @@ fn parse_interface(w: &mut Words) -> Result<InterfaceSpec, ParseError> {
             "mtu" => set_once(&mut spec.mtu, mtu(w.next("MTU")?)?, opt)?,
             "netns" => set_once(&mut spec.netns, netns(w.next("namespace name")?)?, opt)?,
             "vni" => set_once(&mut spec.vni, vni(w.next("VNI")?)?, opt)?,
+            "queues" => set_once(
+                &mut spec.queues,
+                number(w.next("queue count")?, "queue count", 1, 16)?,
+                opt,
+            )?,
+            "offload" => set_once(&mut spec.offload, on_off(w.next("on or off")?)?, opt)?,
             o => {
                 return err(format!(
-                    "unknown interface option {} (ifname, mac, mtu, netns, vni)",
+                    "unknown interface option {} (ifname, mac, mtu, netns, vni, queues, offload)",
                     quote(o)
                 ))
             }
@@ -535,6 +671,8 @@ mod tests {
                 mtu: Some(9000),
                 netns: Some("g1".into()),
                 vni: Some(7),
+                queues: None,
+                offload: None,
             })
         );
         assert_eq!(p("interface del vm1"), Command::InterfaceDel("vm1".into()));
@@ -646,7 +784,32 @@ mod tests {
     fn misc() {
         assert_eq!(parse_line("   # nothing").unwrap(), None);
         assert_eq!(parse_line("").unwrap(), None);
-        assert_eq!(p("set learn on"), Command::SetLearn(true));
+        assert_eq!(p("set learn on"), Command::Set(Setting::Learn(true)));
+        assert_eq!(
+            p("set mode polling"),
+            Command::Set(Setting::Mode(DispatchMode::Polling))
+        );
+        assert_eq!(
+            p("set yield adaptive"),
+            Command::Set(Setting::Yield(YieldStrategy::Adaptive))
+        );
+        assert_eq!(p("set cpus 0,1"), Command::Set(Setting::Cpus(vec![0, 1])));
+        assert_eq!(p("set cpus none"), Command::Set(Setting::Cpus(vec![])));
+        assert_eq!(
+            p("set adaptive-window-ms 5"),
+            Command::Set(Setting::AdaptiveWindowMs(5))
+        );
+        assert!(e("set dispatchers 0").contains("dispatcher count"));
+        assert!(e("set cpus 0,,1").contains("CPU"));
+        assert!(e("set mode fast").contains("unknown mode"));
+        assert!(matches!(
+            p("interface add v tap queues 4 offload off"),
+            Command::InterfaceAdd(InterfaceSpec {
+                queues: Some(4),
+                offload: Some(false),
+                ..
+            })
+        ));
         assert_eq!(p("show stats json"), Command::Show(ShowWhat::Stats, true));
         assert_eq!(p("show config"), Command::Show(ShowWhat::Config, false));
         assert!(e("show config json").contains("unexpected"));

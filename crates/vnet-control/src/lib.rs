@@ -7,7 +7,8 @@ mod command;
 mod model;
 
 pub use command::{
-    parse_line, parse_script, Command, DestKind, DestRef, InterfaceSpec, LinkKind, LinkSpec,
-    ParseError, RouteOp, RouteSpec, ScriptError, ShowWhat, MAX_LINE_LEN, MAX_SCRIPT_LINES,
+    parse_line, parse_script, Command, DestKind, DestRef, DispatchMode, InterfaceSpec, LinkKind,
+    LinkSpec, ParseError, RouteOp, RouteSpec, ScriptError, Setting, ShowWhat, YieldStrategy,
+    MAX_LINE_LEN, MAX_SCRIPT_LINES,
 };
-pub use model::{Change, Config, ConfigError, Interface, Link, Route};
+pub use model::{Change, Config, ConfigError, DataPathSettings, Interface, Link, Route};

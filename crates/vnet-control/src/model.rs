@@ -5,7 +5,8 @@ use vnet_core::MacMatch;
 use vnet_wire::MacAddr;
 
 use crate::command::{
-    Command, DestKind, DestRef, InterfaceSpec, LinkKind, LinkSpec, RouteOp, RouteSpec,
+    Command, DestKind, DestRef, DispatchMode, InterfaceSpec, LinkKind, LinkSpec, RouteOp,
+    RouteSpec, Setting, YieldStrategy,
 };
 
 const DEFAULT_VNI: u32 = 1;
@@ -25,6 +26,45 @@ pub struct Interface {
     pub mtu: u32,
     pub netns: Option<String>,
     pub vni: u32,
+    /// TAP queues (`IFF_MULTI_QUEUE`), one descriptor each.
+    pub queues: u32,
+    /// Virtio-net header offloads (TSO, checksum) on the TAP.
+    pub offload: bool,
+}
+
+/// The data path's tuning knobs (VNET/P sections 4.5-4.6), with the paper's published defaults.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DataPathSettings {
+    pub mode: DispatchMode,
+    pub dispatchers: u32,
+    #[serde(rename = "yield")]
+    pub yield_strategy: YieldStrategy,
+    pub yield_sleep_us: u32,
+    pub yield_nowork_us: u32,
+    /// alpha_l, packets per second.
+    pub adaptive_low: u32,
+    /// alpha_u, packets per second.
+    pub adaptive_high: u32,
+    /// omega.
+    pub adaptive_window_ms: u32,
+    /// Pin dispatcher i to `cpus[i % len]`; empty: no pinning.
+    pub cpus: Vec<u32>,
+}
+
+impl Default for DataPathSettings {
+    fn default() -> Self {
+        DataPathSettings {
+            mode: DispatchMode::Adaptive,
+            dispatchers: 1,
+            yield_strategy: YieldStrategy::Immediate,
+            yield_sleep_us: 50,
+            yield_nowork_us: 1000,
+            adaptive_low: 1_000,
+            adaptive_high: 10_000,
+            adaptive_window_ms: 5,
+            cpus: Vec::new(),
+        }
+    }
 }
 
 /// A configured link.
@@ -60,6 +100,10 @@ pub enum Change {
     /// The route set changed: rebuild the forwarding table.
     Routes,
     Learn(bool),
+    Settings {
+        old: DataPathSettings,
+        new: DataPathSettings,
+    },
 }
 
 impl Change {
@@ -73,6 +117,10 @@ impl Change {
             Change::DelListener(a) => Change::AddListener(*a),
             Change::Routes => Change::Routes,
             Change::Learn(b) => Change::Learn(!b),
+            Change::Settings { old, new } => Change::Settings {
+                old: new.clone(),
+                new: old.clone(),
+            },
         }
     }
 }
@@ -94,6 +142,7 @@ pub struct Config {
     pub listeners: Vec<SocketAddr>,
     pub routes: Vec<Route>,
     pub learn: bool,
+    pub settings: DataPathSettings,
 }
 
 impl Config {
@@ -159,15 +208,44 @@ impl Config {
                 Ok(vec![Change::DelListener(*a)])
             }
             Command::Route(op, spec) => self.route(*op, spec),
-            Command::SetLearn(on) => {
+            Command::Set(Setting::Learn(on)) => {
                 if self.learn == *on {
                     return Ok(vec![]);
                 }
                 self.learn = *on;
                 Ok(vec![Change::Learn(*on)])
             }
+            Command::Set(s) => self.set(s),
             Command::Show(..) => refuse("show changes nothing"),
         }
+    }
+
+    fn set(&mut self, s: &Setting) -> Result<Vec<Change>, ConfigError> {
+        let old = self.settings.clone();
+        let mut new = old.clone();
+        match s {
+            Setting::Learn(_) => {}
+            Setting::Mode(m) => new.mode = *m,
+            Setting::Dispatchers(n) => new.dispatchers = *n,
+            Setting::Yield(y) => new.yield_strategy = *y,
+            Setting::YieldSleepUs(n) => new.yield_sleep_us = *n,
+            Setting::YieldNoworkUs(n) => new.yield_nowork_us = *n,
+            Setting::AdaptiveLow(n) => new.adaptive_low = *n,
+            Setting::AdaptiveHigh(n) => new.adaptive_high = *n,
+            Setting::AdaptiveWindowMs(n) => new.adaptive_window_ms = *n,
+            Setting::Cpus(c) => new.cpus = c.clone(),
+        }
+        if new.adaptive_low > new.adaptive_high {
+            return refuse(format!(
+                "adaptive-low ({}) must not exceed adaptive-high ({})",
+                new.adaptive_low, new.adaptive_high
+            ));
+        }
+        if new == old {
+            return Ok(vec![]);
+        }
+        self.settings = new.clone();
+        Ok(vec![Change::Settings { old, new }])
     }
 
     fn add_interface(
@@ -230,6 +308,8 @@ impl Config {
             mtu: spec.mtu.unwrap_or(DEFAULT_MTU),
             netns: spec.netns.clone(),
             vni,
+            queues: spec.queues.unwrap_or(1),
+            offload: spec.offload.unwrap_or(true),
         };
         self.interfaces.push(iface.clone());
         Ok(vec![Change::AddInterface(iface)])
@@ -336,6 +416,43 @@ impl Config {
         if self.learn {
             s.push_str("set learn on\n");
         }
+        let (d, c) = (DataPathSettings::default(), &self.settings);
+        if c.mode != d.mode {
+            let _ = writeln!(s, "set mode {}", c.mode);
+        }
+        if c.dispatchers != d.dispatchers {
+            let _ = writeln!(s, "set dispatchers {}", c.dispatchers);
+        }
+        if c.yield_strategy != d.yield_strategy {
+            let _ = writeln!(s, "set yield {}", c.yield_strategy);
+        }
+        if c.yield_sleep_us != d.yield_sleep_us {
+            let _ = writeln!(s, "set yield-sleep-us {}", c.yield_sleep_us);
+        }
+        if c.yield_nowork_us != d.yield_nowork_us {
+            let _ = writeln!(s, "set yield-nowork-us {}", c.yield_nowork_us);
+        }
+        // Order the pair so every line keeps adaptive-low <= adaptive-high: lowering alpha_l
+        // first always works unless the new alpha_l exceeds the old alpha_u.
+        let low = (c.adaptive_low != d.adaptive_low)
+            .then(|| format!("set adaptive-low {}\n", c.adaptive_low));
+        let high = (c.adaptive_high != d.adaptive_high)
+            .then(|| format!("set adaptive-high {}\n", c.adaptive_high));
+        let pair = if c.adaptive_low <= d.adaptive_high {
+            [low, high]
+        } else {
+            [high, low]
+        };
+        for line in pair.into_iter().flatten() {
+            s.push_str(&line);
+        }
+        if c.adaptive_window_ms != d.adaptive_window_ms {
+            let _ = writeln!(s, "set adaptive-window-ms {}", c.adaptive_window_ms);
+        }
+        if !c.cpus.is_empty() {
+            let list: Vec<String> = c.cpus.iter().map(|c| c.to_string()).collect();
+            let _ = writeln!(s, "set cpus {}", list.join(","));
+        }
         for a in &self.listeners {
             let _ = writeln!(s, "listen tcp {a}");
         }
@@ -347,6 +464,12 @@ impl Config {
             );
             if let Some(ns) = &i.netns {
                 let _ = write!(s, " netns {ns}");
+            }
+            if i.queues != 1 {
+                let _ = write!(s, " queues {}", i.queues);
+            }
+            if !i.offload {
+                s.push_str(" offload off");
             }
             let _ = writeln!(s, " vni {}", i.vni);
         }
@@ -463,7 +586,7 @@ mod tests {
 
     #[test]
     fn script_roundtrip_and_inverse() {
-        let script = "set learn on\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000\nlink add b udp 10.0.0.2 vni 1\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
+        let script = "set learn on\nset mode polling\nset adaptive-low 20\nset adaptive-high 50\nset cpus 1\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000 queues 2 offload off\nlink add b udp 10.0.0.2 vni 1\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
         let mut c = Config::default();
         for (_, cmd) in parse_script(script).unwrap() {
             c.apply(&cmd, &mut mac_gen()).unwrap();
@@ -473,6 +596,19 @@ mod tests {
             c2.apply(&cmd, &mut mac_gen()).unwrap();
         }
         assert_eq!(c, c2);
+        // raising both thresholds renders in an order that applies line by line
+        let mut c3 = Config::default();
+        run(&mut c3, "set adaptive-high 90000").unwrap();
+        run(&mut c3, "set adaptive-low 50000").unwrap();
+        let mut c4 = Config::default();
+        for (_, cmd) in parse_script(&c3.to_script()).unwrap() {
+            c4.apply(&cmd, &mut mac_gen()).unwrap();
+        }
+        assert_eq!(c3, c4);
+        assert!(run(&mut c4, "set adaptive-high 10")
+            .unwrap_err()
+            .0
+            .contains("must not exceed"));
         let ch = Change::AddListener("10.0.0.1:1".parse().unwrap());
         assert_eq!(ch.inverse().inverse(), ch);
     }

@@ -14,10 +14,11 @@ pub enum DropReason {
     NotForOverlay,
     QueueFull,
     TxError,
+    BadOffload,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 10] = [
+    pub const ALL: [DropReason; 11] = [
         DropReason::Truncated,
         DropReason::Oversize,
         DropReason::BadVxlan,
@@ -28,6 +29,7 @@ impl DropReason {
         DropReason::NotForOverlay,
         DropReason::QueueFull,
         DropReason::TxError,
+        DropReason::BadOffload,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -42,6 +44,7 @@ impl DropReason {
             DropReason::NotForOverlay => "not_for_overlay",
             DropReason::QueueFull => "queue_full",
             DropReason::TxError => "tx_error",
+            DropReason::BadOffload => "bad_offload",
         }
     }
 

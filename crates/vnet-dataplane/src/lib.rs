@@ -1,8 +1,11 @@
 //! The vnet data path: the OS edge. TAP devices ([`tap`]), the VXLAN/UDP socket ([`udp`]),
-//! TCP links ([`tcp`]), direct links on a host NIC ([`packet`]), and the [`Engine`] that joins
-//! them through the routing core of `vnet-core`.
+//! TCP links ([`tcp`]), direct links on a host NIC ([`packet`]), the dispatcher threads that
+//! read them ([`dispatch`]), the forwarding of each frame with software offloads
+//! ([`forward`]), and the [`Engine`] that owns it all.
 
+pub mod dispatch;
 pub mod engine;
+pub mod forward;
 pub mod netns;
 pub mod packet;
 pub mod sys;

@@ -116,9 +116,10 @@ impl PacketSocket {
         }
     }
 
-    pub fn send(&self, frame: &[u8]) -> Result<(), DropReason> {
-        // SAFETY: sends from a live slice of its true length.
-        let r = unsafe { libc::send(self.fd(), frame.as_ptr().cast(), frame.len(), 0) };
-        cvt_size(r).map(|_| ()).map_err(|_| DropReason::TxError)
+    /// Sends one frame gathered from `parts`.
+    pub fn send(&self, parts: &[&[u8]]) -> Result<(), DropReason> {
+        sys::writev(self.fd(), parts)
+            .map(|_| ())
+            .map_err(|_| DropReason::TxError)
     }
 }

@@ -19,7 +19,8 @@ use vnet_wire::{
     stream_record_prefix, StreamDecoder, StreamHello, VxlanPacket, VxlanRepr, STREAM_HELLO_LEN,
 };
 
-use crate::engine::{RxCtx, Shared};
+use crate::engine::Shared;
+use crate::forward::FwdCtx as RxCtx;
 use crate::sys::{wait_readable, EventFd, Wake};
 use crate::worker::Worker;
 
@@ -100,12 +101,15 @@ impl TcpLink {
         }
     }
 
-    /// Queues one frame for the peer.
-    pub fn send(&self, frame: &[u8]) -> Result<(), DropReason> {
-        let mut record = Vec::with_capacity(4 + 8 + frame.len());
-        record.extend_from_slice(&stream_record_prefix(8 + frame.len()));
+    /// Queues one frame, gathered from `parts`, for the peer.
+    pub fn send(&self, parts: &[&[u8]]) -> Result<(), DropReason> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut record = Vec::with_capacity(4 + 8 + len);
+        record.extend_from_slice(&stream_record_prefix(8 + len));
         record.extend_from_slice(&VxlanRepr { vni: self.vni }.header());
-        record.extend_from_slice(frame);
+        for p in parts {
+            record.extend_from_slice(p);
+        }
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if q.len() >= TCP_QUEUE_LEN {
             return Err(DropReason::QueueFull);
@@ -282,7 +286,7 @@ impl TcpLink {
                 match dec.next_record() {
                     Ok(Some(rec)) => match VxlanPacket::new_checked(rec) {
                         Ok(p) if p.vni() == self.vni => {
-                            self.shared.forward(&mut ctx, self.port, p.payload())
+                            self.shared.receive(&mut ctx, self.port, p.payload())
                         }
                         Ok(_) => self.count(DropReason::UnknownVni),
                         Err(_) => self.count(DropReason::BadVxlan),

@@ -1,120 +1,45 @@
-//! The VXLAN/UDP socket shared by all udp links of a daemon.
+//! The VXLAN/UDP socket shared by all udp links of a daemon: batched receive (`recvmmsg`,
+//! with `UDP_GRO` so one message can hold tens of datagrams) and send (`sendmmsg` for small
+//! frames, `UDP_SEGMENT` so one `sendmsg` carries all the segments of a 64 KB frame, each
+//! assembled by the kernel from an iovec of [VXLAN header, inner headers, payload]).
 
-use std::io::{self, IoSlice};
+use std::io;
+use std::mem::{size_of, zeroed};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use tracing::warn;
 use vnet_core::DropReason;
-use vnet_wire::VXLAN_HEADER_LEN;
+
+use crate::sys::cvt;
 
 /// Socket buffers large enough to ride out a scheduling hiccup at 10 Gbit/s.
-const SOCKET_BUFFER: usize = 4 << 20;
+const SOCKET_BUFFER: usize = 8 << 20;
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+/// Segments per `UDP_SEGMENT` send; the kernel allows 64 on older versions.
+pub const GSO_MAX_SEGMENTS: usize = 64;
+/// Bytes per `UDP_SEGMENT` send (the UDP length field is 16 bits).
+pub const GSO_MAX_BYTES: usize = 65000;
 
 #[derive(Debug)]
 pub struct VxlanSocket {
     sock: UdpSocket,
     local: SocketAddr,
+    gro: bool,
+    /// Cleared (once, with a log line) when the kernel refuses UDP_SEGMENT.
+    gso: AtomicBool,
 }
 
-impl VxlanSocket {
-    pub fn bind(addr: SocketAddr) -> io::Result<VxlanSocket> {
-        let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-        if addr.is_ipv6() {
-            sock.set_only_v6(false)?;
-        }
-        // Large frames over a smaller underlay MTU are fragmented by IP (kernel VXLAN peers
-        // reassemble them), so never set DF on what we send.
-        let (level, opt, val) = if addr.is_ipv4() {
-            (
-                libc::IPPROTO_IP,
-                libc::IP_MTU_DISCOVER,
-                libc::IP_PMTUDISC_DONT,
-            )
-        } else {
-            (
-                libc::IPPROTO_IPV6,
-                libc::IPV6_MTU_DISCOVER,
-                libc::IPV6_PMTUDISC_DONT,
-            )
-        };
-        setsockopt_int(sock.as_raw_fd(), level, opt, val)?;
-        // As root, the *FORCE variants exceed net.core.{r,w}mem_max; fall back quietly.
-        if setsockopt_int(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            SOCKET_BUFFER as i32,
-        )
-        .is_err()
-        {
-            let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
-        }
-        if setsockopt_int(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUFFORCE,
-            SOCKET_BUFFER as i32,
-        )
-        .is_err()
-        {
-            let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
-        }
-        sock.bind(&SockAddr::from(addr))
-            .map_err(|e| io::Error::new(e.kind(), format!("bind UDP {addr}: {e}")))?;
-        sock.set_nonblocking(true)?;
-        let local = sock
-            .local_addr()?
-            .as_socket()
-            .ok_or_else(|| io::Error::other("UDP socket has no address"))?;
-        Ok(VxlanSocket {
-            sock: sock.into(),
-            local,
-        })
-    }
-
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local
-    }
-
-    pub fn fd(&self) -> RawFd {
-        self.sock.as_raw_fd()
-    }
-
-    /// Sends one VXLAN datagram: the header and the frame are gathered by the kernel, the frame
-    /// is not copied here.
-    pub fn send(
-        &self,
-        to: &SockAddr,
-        header: &[u8; VXLAN_HEADER_LEN],
-        frame: &[u8],
-    ) -> Result<(), DropReason> {
-        let parts = [IoSlice::new(header), IoSlice::new(frame)];
-        loop {
-            match SockRef::from(&self.sock).send_to_vectored(&parts, to) {
-                Ok(_) => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // The send buffer is full: wait for room rather than drop (back-pressure
-                    // to the guest, as a NIC's full ring would give).
-                    if wait_writable(self.fd()).is_err() {
-                        return Err(DropReason::TxError);
-                    }
-                }
-                Err(_) => return Err(DropReason::TxError),
-            }
-        }
-    }
-
-    /// Receives one datagram, or `None` when nothing is waiting.
-    pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(usize, SocketAddr)>> {
-        match self.sock.recv_from(buf) {
-            Ok((n, from)) => Ok(Some((n, from))),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
+/// One received message: `len` bytes from `from`, made of datagrams of `seg` bytes (the last
+/// may be shorter); `seg == len` without GRO.
+#[derive(Debug, Clone, Copy)]
+pub struct Received {
+    pub len: usize,
+    pub seg: usize,
+    pub from: SocketAddr,
 }
 
 fn setsockopt_int(
@@ -130,10 +55,291 @@ fn setsockopt_int(
             level,
             opt,
             (&val as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    crate::sys::cvt(r).map(|_| ())
+    cvt(r).map(|_| ())
+}
+
+impl VxlanSocket {
+    pub fn bind(addr: SocketAddr) -> io::Result<VxlanSocket> {
+        let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+        if addr.is_ipv6() {
+            sock.set_only_v6(false)?;
+        }
+        let fd = sock.as_raw_fd();
+        // Large frames over a smaller underlay MTU are fragmented by IP (kernel VXLAN peers
+        // reassemble them), so never set DF on what we send.
+        let (level, opt, val) = if addr.is_ipv4() {
+            (
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DONT,
+            )
+        } else {
+            (
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DONT,
+            )
+        };
+        setsockopt_int(fd, level, opt, val)?;
+        // As root, the *FORCE variants exceed net.core.{r,w}mem_max; fall back quietly.
+        if setsockopt_int(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            SOCKET_BUFFER as i32,
+        )
+        .is_err()
+        {
+            let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
+        }
+        if setsockopt_int(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            SOCKET_BUFFER as i32,
+        )
+        .is_err()
+        {
+            let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
+        }
+        let gro = setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        if !gro {
+            warn!("UDP_GRO is not available; receiving one datagram per message");
+        }
+        sock.bind(&SockAddr::from(addr))
+            .map_err(|e| io::Error::new(e.kind(), format!("bind UDP {addr}: {e}")))?;
+        sock.set_nonblocking(true)?;
+        let local = sock
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::other("UDP socket has no address"))?;
+        Ok(VxlanSocket {
+            sock: sock.into(),
+            local,
+            gro,
+            gso: AtomicBool::new(true),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    pub fn gso_enabled(&self) -> bool {
+        self.gso.load(Relaxed)
+    }
+
+    pub fn gro_enabled(&self) -> bool {
+        self.gro
+    }
+
+    /// Sends one datagram, or with `gso_size` a run of datagrams of that size cut by the kernel,
+    /// gathered from `parts`. Returns `Err(None)` when the kernel refused segmentation (the
+    /// caller sends the segments one by one), `Err(Some(reason))` for other failures.
+    pub fn send_parts(
+        &self,
+        to: &SockAddr,
+        parts: &[&[u8]],
+        gso_size: Option<u16>,
+    ) -> Result<(), Option<DropReason>> {
+        let iov: Vec<libc::iovec> = parts
+            .iter()
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
+            })
+            .collect();
+        // Room for one cmsg carrying a u16 (CMSG_SPACE(2) is 24 on 64-bit Linux).
+        let mut cbuf = [0u64; 4];
+        // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_name = to.as_ptr() as *mut libc::c_void;
+        msg.msg_namelen = to.len();
+        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = iov.len();
+        if let Some(g) = gso_size {
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            // SAFETY: CMSG_SPACE only computes a size.
+            msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+            // SAFETY: msg_control points at cbuf, which is large enough for one cmsg with a u16
+            // (checked by the size computation above); CMSG_FIRSTHDR/CMSG_DATA stay inside it.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, g);
+            }
+        }
+        loop {
+            // SAFETY: msg points at live iovecs (borrowing `parts`), a live address and a live
+            // control buffer, all outliving the call; the kernel only reads them.
+            let r = unsafe { libc::sendmsg(self.fd(), &msg, 0) };
+            if r >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => {
+                    // The send buffer is full: wait for room rather than drop (back-pressure to
+                    // the guest, as a NIC's full ring would give).
+                    if wait_writable(self.fd()).is_err() {
+                        return Err(Some(DropReason::TxError));
+                    }
+                }
+                // Segments larger than the path MTU: this run must go as IP fragments.
+                Some(libc::EMSGSIZE) if gso_size.is_some() => return Err(None),
+                Some(libc::EINVAL) | Some(libc::EIO) if gso_size.is_some() => {
+                    if self.gso.swap(false, Relaxed) {
+                        warn!("UDP segmentation offload refused ({e}); sending segments one by one from now on");
+                    }
+                    return Err(None);
+                }
+                _ => return Err(Some(DropReason::TxError)),
+            }
+        }
+    }
+
+    /// Sends several datagrams, each gathered from its parts, in one `sendmmsg`; returns how
+    /// many were sent.
+    pub fn send_many<const P: usize>(&self, msgs: &[(&SockAddr, [&[u8]; P])]) -> usize {
+        if msgs.is_empty() {
+            return 0;
+        }
+        let mut iovs: Vec<libc::iovec> = Vec::with_capacity(msgs.len() * P);
+        for (_, parts) in msgs {
+            for p in parts {
+                iovs.push(libc::iovec {
+                    iov_base: p.as_ptr() as *mut libc::c_void,
+                    iov_len: p.len(),
+                });
+            }
+        }
+        let mut hdrs: Vec<libc::mmsghdr> = msgs
+            .iter()
+            .enumerate()
+            .map(|(i, (to, _))| {
+                // SAFETY: mmsghdr is plain data; zeroed is a valid empty header.
+                let mut m: libc::mmsghdr = unsafe { zeroed() };
+                m.msg_hdr.msg_name = to.as_ptr() as *mut libc::c_void;
+                m.msg_hdr.msg_namelen = to.len();
+                m.msg_hdr.msg_iov = iovs[i * P..].as_ptr() as *mut libc::iovec;
+                m.msg_hdr.msg_iovlen = P;
+                m
+            })
+            .collect();
+        let mut sent = 0;
+        while sent < hdrs.len() {
+            let rest = &mut hdrs[sent..];
+            // SAFETY: every mmsghdr points at live iovecs and addresses borrowed from `msgs`
+            // and `iovs`, which outlive the call; we pass the true count.
+            let r = unsafe { libc::sendmmsg(self.fd(), rest.as_mut_ptr(), rest.len() as u32, 0) };
+            if r > 0 {
+                sent += r as usize;
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) if wait_writable(self.fd()).is_ok() => continue,
+                // Skip the datagram the kernel refused and go on with the rest.
+                _ => return sent,
+            }
+        }
+        sent
+    }
+
+    /// Receives up to `bufs.len()` messages without blocking; fills `out` (cleared first).
+    pub fn recv_batch(&self, bufs: &mut [Vec<u8>], out: &mut Vec<Received>) -> io::Result<()> {
+        out.clear();
+        let n = bufs.len();
+        let mut iovs: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: sockaddr_storage and the cmsg buffers are plain data; zeroed is valid.
+        let mut addrs: Vec<libc::sockaddr_storage> = (0..n).map(|_| unsafe { zeroed() }).collect();
+        let mut cbufs: Vec<[u64; 8]> = vec![[0; 8]; n];
+        let mut hdrs: Vec<libc::mmsghdr> = (0..n)
+            .map(|i| {
+                // SAFETY: as above.
+                let mut m: libc::mmsghdr = unsafe { zeroed() };
+                m.msg_hdr.msg_name = (&mut addrs[i] as *mut libc::sockaddr_storage).cast();
+                m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
+                m.msg_hdr.msg_iov = &mut iovs[i];
+                m.msg_hdr.msg_iovlen = 1;
+                m.msg_hdr.msg_control = cbufs[i].as_mut_ptr().cast();
+                m.msg_hdr.msg_controllen = size_of::<[u64; 8]>();
+                m
+            })
+            .collect();
+        // SAFETY: every header points at a live buffer, address and control area of the sizes
+        // given; the kernel writes only within them.
+        let r = unsafe {
+            libc::recvmmsg(
+                self.fd(),
+                hdrs.as_mut_ptr(),
+                n as u32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(()),
+                _ => Err(e),
+            };
+        }
+        for (i, h) in hdrs.iter().take(r as usize).enumerate() {
+            let len = h.msg_len as usize;
+            if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                continue; // larger than our buffer: cannot be a valid VXLAN datagram of ours
+            }
+            let mut seg = len;
+            // SAFETY: walks the control messages the kernel wrote into cbufs[i], within
+            // msg_controllen, reading a c_int payload of the UDP_GRO message.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                        let g = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                        if g > 0 {
+                            seg = g as usize;
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
+                }
+            }
+            let Some(from) = sockaddr_to_std(&addrs[i]) else {
+                continue;
+            };
+            out.push(Received {
+                len,
+                seg: seg.max(1),
+                from,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    // SAFETY: the storage was filled by the kernel for the socket's family; SockAddr::new takes
+    // a copy of it with its full size.
+    let sa = unsafe { SockAddr::new(*ss, size_of::<libc::sockaddr_storage>() as u32) };
+    sa.as_socket()
 }
 
 fn wait_writable(fd: RawFd) -> io::Result<()> {

@@ -232,8 +232,9 @@ impl Daemon {
                 }
                 let daemon = st.engine.daemon_counters();
                 let control_errors = self.control_errors.load(Relaxed);
+                let dispatch = st.engine.dispatch_status();
                 if *json {
-                    out = json!({"ports": ports, "daemon": {"rx_datagrams": daemon.rx_frames, "rx_bytes": daemon.rx_bytes, "drops": daemon.drops, "control_errors": control_errors}}).to_string();
+                    out = json!({"ports": ports, "daemon": {"rx_datagrams": daemon.rx_frames, "rx_bytes": daemon.rx_bytes, "drops": daemon.drops, "control_errors": control_errors}, "dispatch": dispatch}).to_string();
                 } else {
                     let _ = writeln!(
                         out,
@@ -280,6 +281,7 @@ impl Daemon {
                         },
                         control_errors
                     );
+                    render_dispatch(&mut out, &dispatch);
                 }
             }
             ShowWhat::Matrix => {
@@ -321,4 +323,56 @@ impl Daemon {
     pub fn shutdown(&self) {
         self.lock().engine.shutdown();
     }
+}
+
+/// The text form of the data path's state in `show stats`.
+fn render_dispatch(out: &mut String, d: &serde_json::Value) {
+    let s = &d["settings"];
+    let onoff = |v: &serde_json::Value| {
+        if v.as_bool() == Some(true) {
+            "on"
+        } else {
+            "off"
+        }
+    };
+    let _ = writeln!(
+        out,
+        "data path: mode {} ({} dispatchers, yield {}, T_sleep {} us, T_nowork {} us, adaptive {}..{} pkt/s over {} ms); UDP GSO {}, GRO {}",
+        s["mode"].as_str().unwrap_or("?"),
+        s["dispatchers"],
+        s["yield"].as_str().unwrap_or("?"),
+        s["yield_sleep_us"],
+        s["yield_nowork_us"],
+        s["adaptive_low"],
+        s["adaptive_high"],
+        s["adaptive_window_ms"],
+        onoff(&d["udp_gso"]),
+        onoff(&d["udp_gro"]),
+    );
+    for x in d["dispatchers"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "  dispatcher {}: now {}, {} switches, {} wake-ups, {} frames, {} frames per wake-up, {} descriptors",
+            x["index"],
+            x["mode"].as_str().unwrap_or("?"),
+            x["switches"],
+            x["wakeups"],
+            x["frames"],
+            x["frames_per_wakeup"],
+            x["sources"]
+        );
+    }
+    let o = &d["offload"];
+    let _ = writeln!(
+        out,
+        "  offload: {} guest frames cut into {} segments ({} UDP_SEGMENT sends, {} sendmmsg calls); {} segments merged into {} frames for guests; {} checksums completed, {} partial ones passed on",
+        o["gso_frames"],
+        o["gso_segments"],
+        o["udp_gso_sends"],
+        o["udp_batch_sends"],
+        o["gro_merged"],
+        o["gro_frames"],
+        o["csum_completed"],
+        o["partial_csum"]
+    );
 }

@@ -1,0 +1,673 @@
+//! Dispatcher threads (VNET/P sections 4.5-4.6): each reads a share of the descriptors (TAP
+//! queues, the VXLAN socket, packet sockets) and forwards what it reads.
+//!
+//! - guest-driven: block in `epoll_wait` until a descriptor is ready;
+//! - polling: read every descriptor in turn without blocking; a pass that found nothing yields
+//!   the core as the yield strategy says (immediate `sched_yield`, timed sleep, or adaptive:
+//!   immediate until idle for T_nowork, then timed);
+//! - adaptive: measure the frame rate over a window ω and switch with hysteresis, to polling
+//!   above α_u and back below α_l.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use tracing::{info, warn};
+use vnet_control::{DataPathSettings, DispatchMode, YieldStrategy};
+use vnet_core::{DropReason, PortId};
+use vnet_offload::{complete_checksum, PayloadRef, VirtioNetHdr, VIRTIO_NET_HDR_LEN};
+use vnet_wire::{VxlanPacket, MAX_FRAME_LEN, VXLAN_HEADER_LEN};
+
+use crate::engine::{Shared, Snapshot};
+use crate::forward::{flush_coalescers, process, FwdCtx, Origin, TxBatch, IDLE_TICK};
+use crate::packet::PacketSocket;
+use crate::sys::{self, cvt, EventFd};
+use crate::tap::Tap;
+use crate::udp::{Received, VxlanSocket};
+
+/// Frames (or UDP messages) read from one descriptor per pass.
+const BATCH: usize = 32;
+const RX_BUF: usize = VIRTIO_NET_HDR_LEN + MAX_FRAME_LEN + 64;
+const WAKE_TOKEN: u64 = u64::MAX;
+
+static NEXT_SOURCE: AtomicU64 = AtomicU64::new(1);
+
+pub enum SourceKind {
+    Tap { tap: Arc<Tap>, queue: usize },
+    Udp(Arc<VxlanSocket>),
+    Direct(Arc<PacketSocket>),
+}
+
+/// A descriptor a dispatcher reads, and the port its frames enter by (none for the shared
+/// UDP socket: each datagram's port is found from its source address and VNI).
+pub struct Source {
+    id: u64,
+    port: Option<PortId>,
+    kind: SourceKind,
+}
+
+impl Source {
+    pub fn new(port: Option<PortId>, kind: SourceKind) -> Source {
+        Source {
+            id: NEXT_SOURCE.fetch_add(1, Relaxed),
+            port,
+            kind,
+        }
+    }
+
+    fn fd(&self) -> RawFd {
+        match &self.kind {
+            SourceKind::Tap { tap, queue } => tap.queue_fd(*queue),
+            SourceKind::Udp(s) => s.fd(),
+            SourceKind::Direct(p) => p.fd(),
+        }
+    }
+}
+
+/// One dispatcher's shared state: its sources, and counters for `show stats`.
+struct DState {
+    index: usize,
+    epoll: OwnedFd,
+    wake: EventFd,
+    stop: AtomicBool,
+    sources: Mutex<Vec<Arc<Source>>>,
+    gen: AtomicU64,
+    seen: AtomicU64,
+    polling: AtomicBool,
+    switches: AtomicU64,
+    wakeups: AtomicU64,
+    frames: AtomicU64,
+}
+
+fn epoll_ctl(ep: RawFd, op: libc::c_int, fd: RawFd, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: token,
+    };
+    // SAFETY: epoll_ctl with a live epoll_event; for EPOLL_CTL_DEL the event is ignored.
+    cvt(unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) }).map(|_| ())
+}
+
+impl DState {
+    fn new(index: usize) -> io::Result<DState> {
+        // SAFETY: epoll_create1 takes no pointers; the result is a new descriptor we own.
+        let ep = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: ep is fresh and valid.
+        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        let wake = EventFd::new()?;
+        epoll_ctl(
+            epoll.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            wake.fd(),
+            WAKE_TOKEN,
+        )?;
+        Ok(DState {
+            index,
+            epoll,
+            wake,
+            stop: AtomicBool::new(false),
+            sources: Mutex::new(Vec::new()),
+            gen: AtomicU64::new(0),
+            seen: AtomicU64::new(0),
+            polling: AtomicBool::new(false),
+            switches: AtomicU64::new(0),
+            wakeups: AtomicU64::new(0),
+            frames: AtomicU64::new(0),
+        })
+    }
+
+    fn count(&self) -> usize {
+        self.sources.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    fn add(&self, s: Arc<Source>) {
+        if let Err(e) = epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, s.fd(), s.id) {
+            warn!(dispatcher = self.index, "epoll add: {e}");
+        }
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(s);
+        self.gen.fetch_add(1, SeqCst);
+        self.wake.signal();
+    }
+
+    /// Removes a source and waits (up to 2 s) until the thread no longer uses it.
+    fn remove(&self, s: &Arc<Source>) -> bool {
+        let mut v = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(pos) = v.iter().position(|x| x.id == s.id) else {
+            return false;
+        };
+        v.remove(pos);
+        drop(v);
+        let _ = epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, s.fd(), 0);
+        let g = self.gen.fetch_add(1, SeqCst) + 1;
+        self.wake.signal();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.seen.load(SeqCst) < g && Instant::now() < deadline && !self.stop.load(SeqCst) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        true
+    }
+}
+
+struct Slot {
+    state: Arc<DState>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The dispatcher threads, and which sources each reads.
+pub struct DispatcherSet {
+    shared: Arc<Shared>,
+    settings: Arc<ArcSwap<DataPathSettings>>,
+    slots: Vec<Slot>,
+    sources: Vec<Arc<Source>>,
+}
+
+impl DispatcherSet {
+    pub fn new(shared: Arc<Shared>, settings: DataPathSettings) -> io::Result<DispatcherSet> {
+        let mut d = DispatcherSet {
+            shared,
+            settings: Arc::new(ArcSwap::from_pointee(settings)),
+            slots: Vec::new(),
+            sources: Vec::new(),
+        };
+        d.start()?;
+        Ok(d)
+    }
+
+    fn start(&mut self) -> io::Result<()> {
+        let n = self.settings.load().dispatchers.max(1) as usize;
+        for i in 0..n {
+            let state = Arc::new(DState::new(i)?);
+            let (st, sh, se) = (state.clone(), self.shared.clone(), self.settings.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("dispatch-{i}"))
+                .spawn(move || run(st, sh, se))?;
+            self.slots.push(Slot {
+                state,
+                thread: Some(thread),
+            });
+        }
+        let sources = std::mem::take(&mut self.sources);
+        for s in sources {
+            self.add(s);
+        }
+        Ok(())
+    }
+
+    pub fn stop(&mut self) {
+        for s in &self.slots {
+            s.state.stop.store(true, SeqCst);
+            s.state.wake.signal();
+        }
+        for s in self.slots.iter_mut() {
+            if let Some(t) = s.thread.take() {
+                let _ = t.join();
+            }
+        }
+        self.slots.clear();
+    }
+
+    /// Gives a source to the dispatcher with the fewest.
+    pub fn add(&mut self, s: Arc<Source>) {
+        if let Some(slot) = self
+            .slots
+            .iter()
+            .min_by_key(|sl| (sl.state.count(), sl.state.index))
+        {
+            slot.state.add(s.clone());
+        }
+        self.sources.push(s);
+    }
+
+    pub fn remove(&mut self, s: &Arc<Source>) {
+        self.sources.retain(|x| x.id != s.id);
+        for slot in &self.slots {
+            if slot.state.remove(s) {
+                break;
+            }
+        }
+    }
+
+    pub fn contains(&self, s: &Arc<Source>) -> bool {
+        self.sources.iter().any(|x| x.id == s.id)
+    }
+
+    pub fn settings(&self) -> DataPathSettings {
+        (**self.settings.load()).clone()
+    }
+
+    /// Applies new settings; the number of dispatchers and their CPUs take a restart of the
+    /// threads (a few milliseconds without forwarding), everything else applies at once.
+    pub fn configure(&mut self, new: DataPathSettings) -> io::Result<()> {
+        let old = self.settings.load_full();
+        let restart = old.dispatchers != new.dispatchers || old.cpus != new.cpus;
+        self.settings.store(Arc::new(new));
+        if restart {
+            info!("restarting dispatchers");
+            self.stop();
+            self.start()?;
+        }
+        Ok(())
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        let v: Vec<serde_json::Value> = self
+            .slots
+            .iter()
+            .map(|s| {
+                let st = &s.state;
+                let (w, f) = (st.wakeups.load(Relaxed), st.frames.load(Relaxed));
+                serde_json::json!({
+                    "index": st.index,
+                    "mode": if st.polling.load(Relaxed) { "polling" } else { "guest-driven" },
+                    "switches": st.switches.load(Relaxed),
+                    "wakeups": w,
+                    "frames": f,
+                    "frames_per_wakeup": if w > 0 { (f as f64 / w as f64 * 100.0).round() / 100.0 } else { 0.0 },
+                    "sources": st.count(),
+                })
+            })
+            .collect();
+        serde_json::Value::Array(v)
+    }
+}
+
+impl Drop for DispatcherSet {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn pin_to_cpu(cpu: u32) {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            warn!(
+                cpu,
+                "could not pin dispatcher: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Per-thread buffers and forwarding state.
+struct Work {
+    bufs: Vec<Vec<u8>>,
+    recvd: Vec<Received>,
+    ctx: FwdCtx,
+    read_errors: u64,
+}
+
+fn run(st: Arc<DState>, shared: Arc<Shared>, settings: Arc<ArcSwap<DataPathSettings>>) {
+    let first = settings.load_full();
+    if !first.cpus.is_empty() {
+        pin_to_cpu(first.cpus[st.index % first.cpus.len()]);
+    }
+    let mut w = Work {
+        bufs: (0..BATCH).map(|_| vec![0u8; RX_BUF]).collect(),
+        recvd: Vec::with_capacity(BATCH),
+        ctx: FwdCtx::with_queue(st.index),
+        read_errors: 0,
+    };
+    let mut local: Vec<Arc<Source>> = Vec::new();
+    let mut local_gen = u64::MAX;
+    // SAFETY: epoll_event is plain data.
+    let mut events: Vec<libc::epoll_event> =
+        (0..64).map(|_| unsafe { std::mem::zeroed() }).collect();
+    let mut polling = first.mode == DispatchMode::Polling;
+    let mut window_start = Instant::now();
+    let mut window_frames = 0u64;
+    let mut idle_since = Instant::now();
+    let mut last_expire = Instant::now();
+    while !st.stop.load(Relaxed) {
+        let g = st.gen.load(SeqCst);
+        if g != local_gen {
+            local = st.sources.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            local_gen = g;
+            st.seen.store(g, SeqCst);
+        }
+        let s = settings.load();
+        match s.mode {
+            DispatchMode::GuestDriven => polling = false,
+            DispatchMode::Polling => polling = true,
+            DispatchMode::Adaptive => {}
+        }
+        let mut n = 0u64;
+        if polling {
+            for src in &local {
+                n += w.drain(&shared, src) as u64;
+            }
+            if n > 0 {
+                st.wakeups.fetch_add(1, Relaxed);
+                idle_since = Instant::now();
+            } else {
+                let sleep = Duration::from_micros(s.yield_sleep_us as u64);
+                match s.yield_strategy {
+                    YieldStrategy::Immediate => std::thread::yield_now(),
+                    YieldStrategy::Timed => std::thread::sleep(sleep),
+                    YieldStrategy::Adaptive => {
+                        if idle_since.elapsed() < Duration::from_micros(s.yield_nowork_us as u64) {
+                            std::thread::yield_now()
+                        } else {
+                            std::thread::sleep(sleep)
+                        }
+                    }
+                }
+            }
+        } else {
+            let timeout = if s.mode == DispatchMode::Adaptive {
+                s.adaptive_window_ms as i32
+            } else {
+                IDLE_TICK.as_millis() as i32
+            };
+            // SAFETY: events is a live array of epoll_event and we pass its true length.
+            let k = unsafe {
+                libc::epoll_wait(
+                    st.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    timeout,
+                )
+            };
+            if k > 0 {
+                for ev in &events[..k as usize] {
+                    let token = ev.u64;
+                    if token == WAKE_TOKEN {
+                        let mut b = [0u8; 8];
+                        let _ = sys::read(st.wake.fd(), &mut b);
+                        continue;
+                    }
+                    if let Some(src) = local.iter().find(|x| x.id == token) {
+                        n += w.drain(&shared, src) as u64;
+                    }
+                }
+                if n > 0 {
+                    st.wakeups.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        st.frames.fetch_add(n, Relaxed);
+        window_frames += n;
+        if s.mode == DispatchMode::Adaptive {
+            let el = window_start.elapsed();
+            if el >= Duration::from_millis(s.adaptive_window_ms as u64) {
+                let rate = window_frames as f64 / el.as_secs_f64();
+                if !polling && rate > s.adaptive_high as f64 {
+                    polling = true;
+                    st.switches.fetch_add(1, Relaxed);
+                } else if polling && rate < s.adaptive_low as f64 {
+                    polling = false;
+                    st.switches.fetch_add(1, Relaxed);
+                }
+                window_start = Instant::now();
+                window_frames = 0;
+            }
+        }
+        st.polling.store(polling, Relaxed);
+        if n == 0 && w.ctx_idle() {
+            w.ctx.flush(&shared);
+        }
+        if st.index == 0 && last_expire.elapsed() >= Duration::from_secs(10) {
+            last_expire = Instant::now();
+            shared.expire_learned();
+        }
+    }
+    w.ctx.flush(&shared);
+}
+
+impl Work {
+    fn ctx_idle(&self) -> bool {
+        true
+    }
+
+    /// Reads and forwards what one source has waiting; returns frames handled.
+    fn drain(&mut self, shared: &Shared, src: &Source) -> usize {
+        let snap = shared.snapshot.load_full();
+        let r = match (&src.kind, src.port) {
+            (SourceKind::Tap { tap, queue }, Some(port)) => {
+                self.drain_tap(shared, &snap, tap, *queue, port)
+            }
+            (SourceKind::Direct(p), Some(port)) => self.drain_direct(shared, &snap, p, port),
+            (SourceKind::Udp(sock), _) => self.drain_udp(shared, &snap, sock),
+            _ => Ok(0),
+        };
+        match r {
+            Ok(n) => n,
+            Err(e) => {
+                self.read_errors += 1;
+                if self.read_errors == 1 || self.read_errors.is_multiple_of(1000) {
+                    warn!("read: {e} ({} errors)", self.read_errors);
+                }
+                // Back off so a descriptor that errors persistently cannot spin a core.
+                std::thread::sleep(Duration::from_millis(1));
+                0
+            }
+        }
+    }
+
+    fn drain_tap(
+        &mut self,
+        shared: &Shared,
+        snap: &Snapshot,
+        tap: &Tap,
+        q: usize,
+        port: PortId,
+    ) -> io::Result<usize> {
+        let fd = tap.queue_fd(q);
+        let hl = if tap.has_vnet_hdr() {
+            VIRTIO_NET_HDR_LEN
+        } else {
+            0
+        };
+        let mut lens = [0usize; BATCH];
+        let mut vhs = [VirtioNetHdr::default(); BATCH];
+        let mut n = 0;
+        let mut err = None;
+        for buf in self.bufs.iter_mut() {
+            match sys::read(fd, buf) {
+                Ok(len) => {
+                    lens[n] = len;
+                    n += 1;
+                }
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::Interrupted =>
+                {
+                    break
+                }
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        // The guest leaves checksums of ordinary frames partial (checksum offload); complete
+        // them here, in place, so every port downstream gets an honest frame.
+        for i in 0..n {
+            if lens[i] < hl {
+                lens[i] = usize::MAX; // too short for the virtio-net header
+                continue;
+            }
+            if hl == 0 {
+                continue;
+            }
+            let Ok(mut vh) = VirtioNetHdr::parse(&self.bufs[i]) else {
+                continue;
+            };
+            if vh.gso_kind() == VirtioNetHdr::GSO_NONE && vh.needs_csum() {
+                if complete_checksum(&mut self.bufs[i][hl..lens[i]], &vh).is_ok() {
+                    shared.offload.csum_completed.fetch_add(1, Relaxed);
+                    vh.flags = VirtioNetHdr::F_DATA_VALID;
+                } else {
+                    lens[i] = usize::MAX - 1; // a header pointing outside the frame
+                }
+            }
+            vhs[i] = vh;
+        }
+        let bufs: &[Vec<u8>] = &self.bufs;
+        let mut batch = TxBatch::default();
+        for i in 0..n {
+            if lens[i] >= usize::MAX - 1 {
+                if let Some(p) = snap.ports.get(&port) {
+                    p.counters.rx(0);
+                    p.counters.count_drop(if lens[i] == usize::MAX {
+                        DropReason::Truncated
+                    } else {
+                        DropReason::BadOffload
+                    });
+                }
+                continue;
+            }
+            process(
+                shared,
+                snap,
+                &mut self.ctx,
+                port,
+                vhs[i],
+                &bufs[i][hl..lens[i]],
+                Origin::Local,
+                &mut batch,
+            );
+        }
+        batch.flush(shared, &snap.udp);
+        match err {
+            Some(e) if n == 0 => Err(e),
+            _ => Ok(n),
+        }
+    }
+
+    fn drain_direct(
+        &mut self,
+        shared: &Shared,
+        snap: &Snapshot,
+        p: &PacketSocket,
+        port: PortId,
+    ) -> io::Result<usize> {
+        let mut lens = [0usize; BATCH];
+        let mut n = 0;
+        for buf in self.bufs.iter_mut() {
+            match p.recv(buf)? {
+                Some(len) => {
+                    lens[n] = len;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        let bufs: &[Vec<u8>] = &self.bufs;
+        let mut batch = TxBatch::default();
+        for i in 0..n {
+            if lens[i] > bufs[i].len() {
+                // MSG_TRUNC: the frame was larger than anything vnet carries.
+                if let Some(e) = snap.ports.get(&port) {
+                    e.counters.rx(lens[i]);
+                    e.counters.count_drop(DropReason::Oversize);
+                }
+                continue;
+            }
+            process(
+                shared,
+                snap,
+                &mut self.ctx,
+                port,
+                VirtioNetHdr::default(),
+                &bufs[i][..lens[i]],
+                Origin::Local,
+                &mut batch,
+            );
+        }
+        batch.flush(shared, &snap.udp);
+        Ok(n)
+    }
+
+    fn drain_udp(
+        &mut self,
+        shared: &Shared,
+        snap: &Snapshot,
+        sock: &VxlanSocket,
+    ) -> io::Result<usize> {
+        sock.recv_batch(&mut self.bufs, &mut self.recvd)?;
+        let bufs: &[Vec<u8>] = &self.bufs;
+        let mut batch = TxBatch::default();
+        let mut frames = 0;
+        for (i, m) in self.recvd.iter().enumerate() {
+            // Datagrams of `seg` bytes, the last shorter; an empty datagram is one too.
+            let mut off = 0;
+            loop {
+                let end = (off + m.seg).min(m.len);
+                frames += 1;
+                receive_datagram(
+                    shared,
+                    snap,
+                    &mut self.ctx,
+                    bufs,
+                    i,
+                    off,
+                    end,
+                    m.from,
+                    &mut batch,
+                );
+                off = end;
+                if off >= m.len {
+                    break;
+                }
+            }
+        }
+        flush_coalescers(shared, snap, &mut self.ctx, bufs);
+        batch.flush(shared, &snap.udp);
+        Ok(frames)
+    }
+}
+
+/// One VXLAN datagram: only from a link's peer, only with a VNI that peer has a link for.
+#[allow(clippy::too_many_arguments)]
+fn receive_datagram<'a>(
+    shared: &Shared,
+    snap: &'a Snapshot,
+    ctx: &mut FwdCtx,
+    bufs: &'a [Vec<u8>],
+    i: usize,
+    off: usize,
+    end: usize,
+    from: std::net::SocketAddr,
+    batch: &mut TxBatch<'a>,
+) {
+    let data = &bufs[i][off..end];
+    shared.daemon.rx(data.len());
+    let ip = from.ip().to_canonical();
+    if !snap.udp_ips.contains(&ip) {
+        return shared.daemon.count_drop(DropReason::UnknownPeer);
+    }
+    let pkt = match VxlanPacket::new_checked(data) {
+        Ok(p) => p,
+        Err(_) => return shared.daemon.count_drop(DropReason::BadVxlan),
+    };
+    let Some(&port) = snap.udp_peers.get(&(ip, pkt.vni())) else {
+        return shared.daemon.count_drop(DropReason::UnknownVni);
+    };
+    let at = PayloadRef {
+        buf: i as u32,
+        start: (off + VXLAN_HEADER_LEN) as u32,
+        end: end as u32,
+    };
+    let frame = &data[VXLAN_HEADER_LEN..];
+    process(
+        shared,
+        snap,
+        ctx,
+        port,
+        VirtioNetHdr::default(),
+        frame,
+        Origin::Wire { at, bufs },
+        batch,
+    );
+}

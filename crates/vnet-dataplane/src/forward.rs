@@ -1,0 +1,430 @@
+//! Moving frames: the decision for each frame (route cache over the snapshot's table) and its
+//! transmission on every egress port, with software offloads where a port needs them.
+//!
+//! Frames from a TAP arrive with a virtio-net header: a 64 KB TCP segment stays whole on its
+//! way to another local TAP, is cut into wire segments (with checksums) only when it leaves by
+//! UDP, TCP or a direct link, and UDP sends a whole segment run in one `UDP_SEGMENT` call.
+//! Frames from the wire that go to a TAP are merged per flow ([`Coalescer`]) and handed to the
+//! guest 64 KB at a time.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use socket2::SockAddr;
+use vnet_core::{Decision, DropReason, PortCounters, PortId, RouteCache, TrafficMatrix};
+use vnet_offload::{segment, Coalescer, GroOutput, Offered, PayloadRef, SegmentList, VirtioNetHdr};
+use vnet_wire::{EthernetFrame, WireError, VXLAN_HEADER_LEN};
+
+use crate::engine::{PortTx, Shared, Snapshot, UdpLinkTx};
+use crate::udp::{VxlanSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+
+/// Largest frame a UDP link carries whole: one UDP datagram holds at most 65507 bytes (IPv4).
+pub const UDP_MAX_FRAME: usize = 65507 - VXLAN_HEADER_LEN;
+const ROUTE_CACHE_SIZE: usize = 4096;
+/// How often a thread's traffic-matrix slice is merged into the shared one.
+pub const IDLE_TICK: Duration = Duration::from_millis(100);
+
+/// Offload and batching counters, shared by all forwarding threads.
+#[derive(Debug, Default)]
+pub struct OffloadCounters {
+    /// Frames from guests that vnet cut into wire segments, and the segments.
+    pub gso_frames: AtomicU64,
+    pub gso_segments: AtomicU64,
+    /// `sendmsg` calls with `UDP_SEGMENT`, and `sendmmsg` calls.
+    pub udp_gso_sends: AtomicU64,
+    pub udp_batch_sends: AtomicU64,
+    /// Received segments merged into a larger frame for a guest, and frames so delivered.
+    pub gro_merged: AtomicU64,
+    pub gro_frames: AtomicU64,
+    /// Frames whose checksum a local sender left partial (veth), passed on as partial.
+    pub partial_csum: AtomicU64,
+    /// Partial checksums completed in user space.
+    pub csum_completed: AtomicU64,
+}
+
+impl OffloadCounters {
+    pub fn snapshot(&self) -> serde_json::Value {
+        serde_json::json!({
+            "gso_frames": self.gso_frames.load(Relaxed),
+            "gso_segments": self.gso_segments.load(Relaxed),
+            "udp_gso_sends": self.udp_gso_sends.load(Relaxed),
+            "udp_batch_sends": self.udp_batch_sends.load(Relaxed),
+            "gro_merged": self.gro_merged.load(Relaxed),
+            "gro_frames": self.gro_frames.load(Relaxed),
+            "partial_csum": self.partial_csum.load(Relaxed),
+            "csum_completed": self.csum_completed.load(Relaxed),
+        })
+    }
+}
+
+/// Per-thread forwarding state: the route cache, a local slice of the traffic matrix, scratch
+/// space for segmentation, and one coalescer per TAP this thread delivers to.
+pub struct FwdCtx {
+    cache: RouteCache,
+    matrix: TrafficMatrix,
+    pending: u32,
+    last_flush: Instant,
+    seg: SegmentList,
+    coalescers: HashMap<PortId, Coalescer>,
+    scratch: Vec<u8>,
+    /// Which TAP queue this thread writes to.
+    pub queue: usize,
+}
+
+impl Default for FwdCtx {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FwdCtx {
+    pub fn new() -> Self {
+        Self::with_queue(0)
+    }
+
+    pub fn with_queue(queue: usize) -> Self {
+        FwdCtx {
+            cache: RouteCache::new(ROUTE_CACHE_SIZE),
+            matrix: TrafficMatrix::new(ROUTE_CACHE_SIZE),
+            pending: 0,
+            last_flush: Instant::now(),
+            seg: SegmentList::new(),
+            coalescers: HashMap::new(),
+            scratch: Vec::new(),
+            queue,
+        }
+    }
+
+    /// Merges this thread's traffic-matrix counts into the shared matrix.
+    pub fn flush(&mut self, shared: &Shared) {
+        if self.pending > 0 {
+            let mut m = shared.matrix.lock().unwrap_or_else(|p| p.into_inner());
+            m.merge_from(&mut self.matrix);
+            self.pending = 0;
+        }
+        self.last_flush = Instant::now();
+    }
+
+    fn maybe_flush(&mut self, shared: &Shared) {
+        if self.pending >= 256 || self.last_flush.elapsed() >= IDLE_TICK {
+            self.flush(shared);
+        }
+    }
+}
+
+/// Small datagrams waiting for one `sendmmsg`, borrowing the frames they carry.
+#[derive(Default)]
+pub struct TxBatch<'a> {
+    udp: Vec<(&'a SockAddr, [&'a [u8]; 3])>,
+}
+
+impl<'a> TxBatch<'a> {
+    pub fn flush(&mut self, shared: &Shared, sock: &VxlanSocket) {
+        if self.udp.is_empty() {
+            return;
+        }
+        let sent = sock.send_many(&self.udp);
+        shared.offload.udp_batch_sends.fetch_add(1, Relaxed);
+        for _ in sent..self.udp.len() {
+            shared.daemon.count_drop(DropReason::TxError);
+        }
+        self.udp.clear();
+    }
+}
+
+/// Where a frame came from, for the coalescer.
+#[derive(Clone, Copy)]
+pub enum Origin<'a> {
+    /// A TAP, a direct link or a TCP link: the frame is in a buffer of its own.
+    Local,
+    /// A UDP datagram at `at` inside the receive buffers `bufs`.
+    Wire { at: PayloadRef, bufs: &'a [Vec<u8>] },
+}
+
+fn gso_count(shared: &Shared, segs: usize) {
+    shared.offload.gso_frames.fetch_add(1, Relaxed);
+    shared.offload.gso_segments.fetch_add(segs as u64, Relaxed);
+}
+
+/// Decides and transmits one frame that arrived on `ingress`. `vh` must already be honest:
+/// a partial checksum on a non-GSO frame has been completed by the caller.
+#[allow(clippy::too_many_arguments)]
+pub fn process<'a>(
+    shared: &Shared,
+    snap: &'a Snapshot,
+    ctx: &mut FwdCtx,
+    ingress: PortId,
+    vh: VirtioNetHdr,
+    frame: &'a [u8],
+    origin: Origin<'a>,
+    batch: &mut TxBatch<'a>,
+) {
+    let Some(inp) = snap.ports.get(&ingress) else {
+        return; // the port was removed while this frame was in flight
+    };
+    inp.counters.rx(frame.len());
+    let eth = match EthernetFrame::new_checked(frame) {
+        Ok(e) => e,
+        Err(WireError::Truncated { .. }) => return inp.counters.count_drop(DropReason::Truncated),
+        Err(_) => return inp.counters.count_drop(DropReason::Oversize),
+    };
+    if !matches!(
+        vh.gso_kind(),
+        VirtioNetHdr::GSO_NONE
+            | VirtioNetHdr::GSO_TCPV4
+            | VirtioNetHdr::GSO_TCPV6
+            | VirtioNetHdr::GSO_UDP_L4
+    ) {
+        return inp.counters.count_drop(DropReason::BadOffload);
+    }
+    let (src, dst) = (eth.src(), eth.dst());
+    let vni = inp.info.vni;
+    let learn_gen = shared.learn_observe(vni, src, ingress);
+    let learning = learn_gen.is_some();
+    ctx.matrix.record(vni, src, dst, 1, frame.len() as u64);
+    ctx.pending += 1;
+    let FwdCtx {
+        cache,
+        seg,
+        coalescers,
+        scratch,
+        queue,
+        ..
+    } = ctx;
+    let decision = cache.lookup(
+        (snap.table.generation(), learn_gen.unwrap_or(0)),
+        (ingress, src, dst),
+        || {
+            let learned = if learning && dst.is_unicast() {
+                shared.learned(vni, dst)
+            } else {
+                None
+            };
+            snap.table.decide(ingress, src, dst, learning, learned)
+        },
+    );
+    let targets = match decision {
+        Decision::Drop(r) => {
+            inp.counters.count_drop(*r);
+            return ctx.maybe_flush(shared);
+        }
+        Decision::Forward(t) => t,
+    };
+    for t in targets {
+        let Some(out) = snap.ports.get(t) else {
+            continue;
+        };
+        let r = match (&*out.tx, origin) {
+            (PortTx::Tap(tap), Origin::Wire { at, bufs })
+                if tap.has_vnet_hdr() && targets.len() == 1 =>
+            {
+                let c = coalescers.entry(*t).or_default();
+                let mut emit =
+                    |g: GroOutput<'_>| emit_to_tap(shared, tap, *queue, &out.counters, g, bufs);
+                match c.offer(frame, at, &mut emit) {
+                    Offered::Held => Ok(()),
+                    Offered::Plain => tap.write(*queue, &VirtioNetHdr::default(), &[frame]),
+                    Offered::Partial(pvh) => {
+                        shared.offload.partial_csum.fetch_add(1, Relaxed);
+                        tap.write(*queue, &pvh, &[frame])
+                    }
+                }
+            }
+            (PortTx::Tap(tap), Origin::Wire { .. }) => {
+                // Without a virtio-net header the guest needs complete checksums.
+                match vnet_offload::partial_checksum_hint(frame) {
+                    Some(pvh) if !tap.has_vnet_hdr() => {
+                        scratch.clear();
+                        scratch.extend_from_slice(frame);
+                        let _ = vnet_offload::complete_checksum(scratch, &pvh);
+                        shared.offload.csum_completed.fetch_add(1, Relaxed);
+                        tap.write(*queue, &VirtioNetHdr::default(), &[scratch])
+                    }
+                    Some(pvh) => tap.write(*queue, &pvh, &[frame]),
+                    None => tap.write(*queue, &VirtioNetHdr::default(), &[frame]),
+                }
+            }
+            (PortTx::Tap(tap), Origin::Local) => {
+                if tap.has_vnet_hdr() || vh.is_plain() {
+                    tap.write(*queue, &vh, &[frame])
+                } else {
+                    each_segment(shared, frame, &vh, seg, |parts| {
+                        tap.write(*queue, &VirtioNetHdr::default(), parts)
+                    })
+                }
+            }
+            (PortTx::Udp(link), _) => {
+                if vh.gso_kind() == VirtioNetHdr::GSO_NONE {
+                    if frame.len() > UDP_MAX_FRAME {
+                        Err(DropReason::Oversize)
+                    } else {
+                        batch.udp.push((&link.to, [&link.header[..], frame, &[]]));
+                        Ok(())
+                    }
+                } else {
+                    send_udp_gso(shared, link, frame, &vh, seg)
+                }
+            }
+            (PortTx::Tcp(link), _) => {
+                each_segment(shared, frame, &vh, seg, |parts| link.send(parts))
+            }
+            (PortTx::Direct(p), _) => each_segment(shared, frame, &vh, seg, |parts| p.send(parts)),
+        };
+        match r {
+            Ok(()) => out.counters.tx(frame.len()),
+            Err(reason) => out.counters.count_drop(reason),
+        }
+    }
+    ctx.maybe_flush(shared);
+}
+
+/// Writes a coalesced (or single, verified) frame to a guest.
+fn emit_to_tap(
+    shared: &Shared,
+    tap: &crate::tap::Tap,
+    queue: usize,
+    counters: &Arc<PortCounters>,
+    g: GroOutput<'_>,
+    bufs: &[Vec<u8>],
+) {
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + g.payloads.len());
+    parts.push(g.headers);
+    for p in g.payloads {
+        let b = &bufs[p.buf as usize];
+        parts.push(&b[p.start as usize..p.end as usize]);
+    }
+    if g.payloads.len() > 1 {
+        shared.offload.gro_frames.fetch_add(1, Relaxed);
+        shared
+            .offload
+            .gro_merged
+            .fetch_add(g.payloads.len() as u64, Relaxed);
+    }
+    if let Err(r) = tap.write(queue, &g.vhdr, &parts) {
+        counters.count_drop(r);
+    }
+}
+
+/// Hands every coalesced run this thread holds to its guest; call at the end of a receive
+/// batch, before the buffers are reused.
+pub fn flush_coalescers(shared: &Shared, snap: &Snapshot, ctx: &mut FwdCtx, bufs: &[Vec<u8>]) {
+    let queue = ctx.queue;
+    for (port, c) in ctx.coalescers.iter_mut() {
+        if c.is_empty() {
+            continue;
+        }
+        match snap.ports.get(port).map(|e| (&*e.tx, &e.counters)) {
+            Some((PortTx::Tap(tap), counters)) => {
+                c.flush(&mut |g| emit_to_tap(shared, tap, queue, counters, g, bufs));
+            }
+            _ => c.flush(&mut |_| {}),
+        }
+    }
+}
+
+/// Calls `send` with the parts of each wire frame of `frame` (the frame itself when it needs
+/// no segmentation and no checksum).
+fn each_segment(
+    shared: &Shared,
+    frame: &[u8],
+    vh: &VirtioNetHdr,
+    seg: &mut SegmentList,
+    mut send: impl FnMut(&[&[u8]]) -> Result<(), DropReason>,
+) -> Result<(), DropReason> {
+    if vh.is_plain() || (vh.gso_kind() == VirtioNetHdr::GSO_NONE && !vh.needs_csum()) {
+        return send(&[frame]);
+    }
+    segment(frame, vh, seg).map_err(|_| DropReason::BadOffload)?;
+    if seg.len() > 1 {
+        gso_count(shared, seg.len());
+    }
+    for i in 0..seg.len() {
+        send(&seg.parts(frame, i))?;
+    }
+    Ok(())
+}
+
+/// Sends a guest's large segment as VXLAN datagrams: cut in user space (headers only; the
+/// payload is gathered from the guest's buffer), then one `UDP_SEGMENT` send per run of up to
+/// 64 segments.
+fn send_udp_gso(
+    shared: &Shared,
+    link: &UdpLinkTx,
+    frame: &[u8],
+    vh: &VirtioNetHdr,
+    seg: &mut SegmentList,
+) -> Result<(), DropReason> {
+    let UdpLinkTx {
+        sock,
+        to,
+        header,
+        gso_refused,
+    } = link;
+    segment(frame, vh, seg).map_err(|_| DropReason::BadOffload)?;
+    gso_count(shared, seg.len());
+    let n = seg.len();
+    let dgram = |k: usize| VXLAN_HEADER_LEN + seg.segs[k].hdr.len() + seg.segs[k].payload.len();
+    // segment() makes every datagram the same size but the last, so any run of consecutive
+    // segments is a valid UDP_SEGMENT send; runs are bounded by count and by bytes.
+    let per = (GSO_MAX_BYTES / dgram(0)).clamp(1, GSO_MAX_SEGMENTS);
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(per * 3);
+    for i in (0..n).step_by(per) {
+        let j = (i + per).min(n);
+        parts.clear();
+        for k in i..j {
+            let [h, p] = seg.parts(frame, k);
+            parts.extend_from_slice(&[&header[..], h, p]);
+        }
+        let size = dgram(i);
+        let gso = (j - i > 1 && sock.gso_enabled() && size < gso_refused.load(Relaxed))
+            .then_some(size as u16);
+        let result = match gso {
+            Some(_) => sock.send_parts(to, &parts, gso),
+            None => Err(None),
+        };
+        match result {
+            Ok(()) => {
+                shared.offload.udp_gso_sends.fetch_add(1, Relaxed);
+            }
+            Err(None) => {
+                if gso.is_some() {
+                    gso_refused.fetch_min(size, Relaxed);
+                }
+                // No segmentation offload for this run: its datagrams go in one sendmmsg.
+                let msgs: Vec<(&SockAddr, [&[u8]; 3])> = (i..j)
+                    .map(|k| {
+                        let [h, p] = seg.parts(frame, k);
+                        (to, [&header[..], h, p])
+                    })
+                    .collect();
+                if sock.send_many(&msgs) < msgs.len() {
+                    return Err(DropReason::TxError);
+                }
+                shared.offload.udp_batch_sends.fetch_add(1, Relaxed);
+            }
+            Err(Some(r)) => return Err(r),
+        }
+    }
+    Ok(())
+}
+
+impl Shared {
+    /// Forwards one plain frame from a TCP link (no batching across calls).
+    pub fn receive(&self, ctx: &mut FwdCtx, ingress: PortId, frame: &[u8]) {
+        let snap = self.snapshot.load_full();
+        let mut batch = TxBatch::default();
+        process(
+            self,
+            &snap,
+            ctx,
+            ingress,
+            VirtioNetHdr::default(),
+            frame,
+            Origin::Local,
+            &mut batch,
+        );
+        batch.flush(self, &snap.udp);
+    }
+}

@@ -1,0 +1,444 @@
+//! Coalescing (software GRO): consecutive segments of one TCP flow become one large frame with
+//! a virtio-net header, so the receiving guest's stack handles 64 KB at a time.
+
+use crate::checksum::{checksum, fold, sum};
+use crate::headers::{parse_l3l4, Layout, L3, L4};
+use crate::virtio::VirtioNetHdr;
+
+/// Most payload bytes in one coalesced frame (its IP length must fit 16 bits).
+pub const MAX_GRO_PAYLOAD: usize = 65535 - 60 - 60;
+/// Most segments merged into one frame.
+const MAX_SEGS: usize = 64;
+
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_PSH: u8 = 0x08;
+const TCP_ACK: u8 = 0x10;
+
+/// Where a payload lives: buffer `buf` of the caller, bytes `start..end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadRef {
+    pub buf: u32,
+    pub start: u32,
+    pub end: u32,
+}
+
+/// A frame to deliver: virtio-net header, headers, then the payloads in order.
+#[derive(Debug)]
+pub struct GroOutput<'a> {
+    pub vhdr: VirtioNetHdr,
+    pub headers: &'a [u8],
+    pub payloads: &'a [PayloadRef],
+}
+
+#[derive(Debug)]
+struct Run {
+    layout: Layout,
+    mss: usize,
+    next_seq: u32,
+    payload: usize,
+    psh: bool,
+    ended: bool,
+}
+
+/// Merges TCP segments offered in order into runs; a run is handed to `emit` when the next
+/// frame does not continue it, when it is full or ends (short segment, PSH), or on `flush`.
+/// Only segments whose IPv4 and TCP checksums verify are merged (as the kernel's GRO does), so
+/// a merged frame can be delivered with the checksum marked as already handled.
+#[derive(Debug, Default)]
+pub struct Coalescer {
+    run: Option<Run>,
+    headers: Vec<u8>,
+    payloads: Vec<PayloadRef>,
+    merged: u64,
+    runs: u64,
+}
+
+struct SegInfo {
+    layout: Layout,
+    seq: u32,
+    flags: u8,
+    payload_len: usize,
+}
+
+/// What [`Coalescer::offer`] did with a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offered {
+    /// Taken into a run; it will reach the guest through `emit`.
+    Held,
+    /// Not mergeable: deliver it as it is (with a plain virtio-net header).
+    Plain,
+    /// Its checksum was left partial by a local sender (a veth underlay never completes it):
+    /// deliver it with this header, which marks it partial, as the kernel itself treats it.
+    Partial(VirtioNetHdr),
+}
+
+enum Inspected {
+    Mergeable(SegInfo),
+    Plain,
+    Partial(VirtioNetHdr),
+}
+
+/// Whether the L4 checksum of a TCP/UDP frame verifies; if not, whether the field holds just
+/// the pseudo-header sum (a partial checksum nobody completed).
+fn check_l4(frame: &[u8], l: &Layout) -> Result<(), Option<VirtioNetHdr>> {
+    let l4 = l.l4_off();
+    let field = l4 + l.csum_offset();
+    let csum = u16::from_be_bytes([frame[field], frame[field + 1]]);
+    if l.l4 == L4::Udp && csum == 0 && l.l3 == L3::V4 {
+        return Ok(()); // IPv4 UDP without a checksum
+    }
+    let pseudo = l.pseudo_sum(frame, l.ip_end - l4);
+    if fold(pseudo + sum(&frame[l4..l.ip_end], 0)) == 0xffff {
+        return Ok(());
+    }
+    let p = fold(pseudo);
+    if csum == p || (p == 0xffff && csum == 0) || (p == 0 && csum == 0xffff) {
+        return Err(Some(VirtioNetHdr {
+            flags: VirtioNetHdr::F_NEEDS_CSUM,
+            csum_start: l4 as u16,
+            csum_offset: l.csum_offset() as u16,
+            ..Default::default()
+        }));
+    }
+    Err(None)
+}
+
+/// For a frame from the wire bound to a guest: `Some` header marking its checksum partial when
+/// a local sender left it so, `None` otherwise (valid, not TCP/UDP, or simply corrupt).
+pub fn partial_checksum_hint(frame: &[u8]) -> Option<VirtioNetHdr> {
+    let l = parse_l3l4(frame).ok()?;
+    check_l4(frame, &l).err().flatten()
+}
+
+fn inspect(frame: &[u8]) -> Inspected {
+    let Ok(l) = parse_l3l4(frame) else {
+        return Inspected::Plain;
+    };
+    if l.l3 == L3::V4 && checksum(&frame[l.l2_len..l.l4_off()]) != 0 {
+        return Inspected::Plain;
+    }
+    match check_l4(frame, &l) {
+        Ok(()) => {}
+        Err(Some(vh)) => return Inspected::Partial(vh),
+        Err(None) => return Inspected::Plain,
+    }
+    if l.l4 != L4::Tcp {
+        return Inspected::Plain;
+    }
+    let t = &frame[l.l4_off()..];
+    let flags = t[13];
+    let payload_len = l.ip_end.saturating_sub(l.hdr_len());
+    if flags & (TCP_FIN | TCP_SYN | TCP_RST) != 0
+        || flags & !(TCP_ACK | TCP_PSH) != 0
+        || flags & TCP_ACK == 0
+        || payload_len == 0
+    {
+        return Inspected::Plain;
+    }
+    Inspected::Mergeable(SegInfo {
+        layout: l,
+        seq: u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
+        flags,
+        payload_len,
+    })
+}
+
+/// Whether two segments' headers agree on everything but lengths, IDs, sequence numbers,
+/// checksums and PSH.
+fn same_flow(a: &[u8], b: &[u8], l: &Layout) -> bool {
+    let (l3, l4, hl) = (l.l2_len, l.l4_off(), l.hdr_len());
+    if a.len() < hl || b.len() < hl || a[..l3] != b[..l3] {
+        return false;
+    }
+    let ip_same = match l.l3 {
+        L3::V4 => {
+            a[l3..l3 + 2] == b[l3..l3 + 2]
+                && a[l3 + 6..l3 + 10] == b[l3 + 6..l3 + 10]
+                && a[l3 + 12..l4] == b[l3 + 12..l4]
+        }
+        L3::V6 => a[l3..l3 + 4] == b[l3..l3 + 4] && a[l3 + 6..l4] == b[l3 + 6..l4],
+    };
+    ip_same
+        && a[l4..l4 + 4] == b[l4..l4 + 4]
+        && a[l4 + 8..l4 + 13] == b[l4 + 8..l4 + 13]
+        && a[l4 + 14..l4 + 16] == b[l4 + 14..l4 + 16]
+        && a[l4 + 18..hl] == b[l4 + 18..hl]
+}
+
+impl Coalescer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Segments merged into an earlier one, and runs emitted, so far.
+    pub fn stats(&self) -> (u64, u64) {
+        (self.merged, self.runs)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.run.is_none()
+    }
+
+    /// Offers the frame at `at` (whose bytes are `frame`). Unless it is `Held`, any run has
+    /// been emitted first and the caller delivers the frame itself, as the answer says.
+    pub fn offer(
+        &mut self,
+        frame: &[u8],
+        at: PayloadRef,
+        emit: &mut dyn FnMut(GroOutput<'_>),
+    ) -> Offered {
+        let seg = match inspect(frame) {
+            Inspected::Mergeable(s) => s,
+            Inspected::Plain => {
+                self.flush(emit);
+                return Offered::Plain;
+            }
+            Inspected::Partial(vh) => {
+                self.flush(emit);
+                return Offered::Partial(vh);
+            }
+        };
+        let hl = seg.layout.hdr_len();
+        let continues = match &self.run {
+            Some(r) => {
+                !r.ended
+                    && r.layout
+                        == Layout {
+                            ip_end: r.layout.ip_end,
+                            ..seg.layout
+                        }
+                    && seg.seq == r.next_seq
+                    && seg.payload_len <= r.mss
+                    && r.payload + seg.payload_len <= MAX_GRO_PAYLOAD
+                    && self.payloads.len() < MAX_SEGS
+                    && same_flow(&self.headers, frame, &seg.layout)
+            }
+            None => false,
+        };
+        if !continues {
+            self.flush(emit);
+            self.headers.clear();
+            self.headers.extend_from_slice(&frame[..hl]);
+            self.run = Some(Run {
+                layout: seg.layout,
+                mss: seg.payload_len,
+                next_seq: seg.seq,
+                payload: 0,
+                psh: false,
+                ended: false,
+            });
+        } else {
+            self.merged += 1;
+        }
+        let start = at.start + hl as u32;
+        self.payloads.push(PayloadRef {
+            buf: at.buf,
+            start,
+            end: start + seg.payload_len as u32,
+        });
+        if let Some(r) = self.run.as_mut() {
+            r.next_seq = seg.seq.wrapping_add(seg.payload_len as u32);
+            r.payload += seg.payload_len;
+            r.psh |= seg.flags & TCP_PSH != 0;
+            r.ended = r.psh || seg.payload_len < r.mss;
+            if r.ended || r.payload + r.mss > MAX_GRO_PAYLOAD || self.payloads.len() >= MAX_SEGS {
+                self.flush(emit);
+            }
+        }
+        Offered::Held
+    }
+
+    /// Emits the current run, if any.
+    pub fn flush(&mut self, emit: &mut dyn FnMut(GroOutput<'_>)) {
+        let Some(r) = self.run.take() else {
+            return;
+        };
+        self.runs += 1;
+        let l = r.layout;
+        let (l3, l4, hl) = (l.l2_len, l.l4_off(), l.hdr_len());
+        let vhdr = if self.payloads.len() == 1 {
+            // A single segment keeps its own (verified) headers.
+            VirtioNetHdr {
+                flags: VirtioNetHdr::F_DATA_VALID,
+                ..Default::default()
+            }
+        } else {
+            let h = &mut self.headers[..hl];
+            let l4_total = l.l4_len + r.payload;
+            match l.l3 {
+                L3::V4 => {
+                    h[l3 + 2..l3 + 4]
+                        .copy_from_slice(&((l.l3_len + l4_total) as u16).to_be_bytes());
+                    h[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
+                    let c = checksum(&h[l3..l4]);
+                    h[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+                }
+                L3::V6 => h[l3 + 4..l3 + 6].copy_from_slice(&(l4_total as u16).to_be_bytes()),
+            }
+            if r.psh {
+                h[l4 + 13] |= TCP_PSH;
+            }
+            // CHECKSUM_PARTIAL convention: the field holds the pseudo-header sum.
+            let ps = fold(l.pseudo_sum(h, l4_total));
+            h[l4 + 16..l4 + 18].copy_from_slice(&ps.to_be_bytes());
+            VirtioNetHdr {
+                flags: VirtioNetHdr::F_NEEDS_CSUM,
+                gso_type: if l.l3 == L3::V4 {
+                    VirtioNetHdr::GSO_TCPV4
+                } else {
+                    VirtioNetHdr::GSO_TCPV6
+                },
+                hdr_len: hl as u16,
+                gso_size: r.mss as u16,
+                csum_start: l4 as u16,
+                csum_offset: 16,
+            }
+        };
+        emit(GroOutput {
+            vhdr,
+            headers: &self.headers[..hl],
+            payloads: &self.payloads,
+        });
+        self.payloads.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gso::tests::{tso_frame, valid};
+    use crate::gso::{segment, SegmentList};
+
+    /// Segments a TSO frame into one buffer of wire frames and offers them all.
+    fn run(
+        payload: usize,
+        v6: bool,
+        corrupt: Option<usize>,
+    ) -> (Vec<(VirtioNetHdr, Vec<u8>)>, Vec<u8>) {
+        let (f, vh) = tso_frame(payload, v6);
+        let mut segs = SegmentList::new();
+        segment(&f, &vh, &mut segs).unwrap();
+        let mut buf = Vec::new();
+        let mut refs = Vec::new();
+        for i in 0..segs.len() {
+            let s = segs.parts(&f, i).concat();
+            refs.push((buf.len(), s.len()));
+            buf.extend_from_slice(&s);
+        }
+        if let Some(i) = corrupt {
+            let (off, len) = refs[i];
+            buf[off + len - 1] ^= 0xff;
+        }
+        let out = std::cell::RefCell::new(Vec::new());
+        let mut c = Coalescer::new();
+        {
+            let bufr = &buf;
+            let mut emit = |g: GroOutput<'_>| {
+                let mut frame = g.headers.to_vec();
+                for p in g.payloads {
+                    frame.extend_from_slice(&bufr[p.start as usize..p.end as usize]);
+                }
+                out.borrow_mut().push((g.vhdr, frame));
+            };
+            for (off, len) in &refs {
+                let held = c.offer(
+                    &buf[*off..off + len],
+                    PayloadRef {
+                        buf: 0,
+                        start: *off as u32,
+                        end: (off + len) as u32,
+                    },
+                    &mut emit,
+                );
+                if held != Offered::Held {
+                    out.borrow_mut()
+                        .push((VirtioNetHdr::default(), buf[*off..off + len].to_vec()));
+                }
+            }
+            c.flush(&mut emit);
+        }
+        (out.into_inner(), f)
+    }
+
+    #[test]
+    fn merges_segments_back() {
+        for v6 in [false, true] {
+            let (out, orig) = run(20_000, v6, None);
+            assert_eq!(out.len(), 1, "v6={v6}");
+            let (vh, frame) = &out[0];
+            assert_eq!(vh.gso_size, 1448);
+            assert!(vh.needs_csum());
+            assert_eq!(frame.len(), orig.len());
+            assert_eq!(frame[frame.len() - 20_000..], orig[orig.len() - 20_000..]);
+            // completing the partial checksum gives a valid frame
+            let mut f = frame.clone();
+            crate::gso::complete_checksum(&mut f, vh).unwrap();
+            assert!(valid(&f));
+        }
+    }
+
+    #[test]
+    fn a_bad_checksum_breaks_the_run() {
+        let (out, _) = run(5000, false, Some(1));
+        // seg 0 alone, seg 1 plain (not merged), segs 2..3 merged
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[0].0.flags, VirtioNetHdr::F_DATA_VALID);
+        assert_eq!(out[1].0, VirtioNetHdr::default());
+        assert!(out[2].0.needs_csum());
+    }
+
+    #[test]
+    fn non_tcp_passes() {
+        let mut c = Coalescer::new();
+        let arp = [0xffu8; 42];
+        assert_eq!(
+            c.offer(
+                &arp,
+                PayloadRef {
+                    buf: 0,
+                    start: 0,
+                    end: 42
+                },
+                &mut |_| panic!()
+            ),
+            Offered::Plain
+        );
+    }
+
+    #[test]
+    fn partial_checksums_are_recognised() {
+        // a single TCP segment as a local sender leaves it: pseudo-header sum in the field
+        let (mut f, vh) = tso_frame(100, false);
+        let tl = (f.len() - 14) as u16;
+        f[16..18].copy_from_slice(&tl.to_be_bytes());
+        let c = checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        let hint = partial_checksum_hint(&f).unwrap();
+        assert_eq!(
+            (hint.csum_start, hint.csum_offset),
+            (vh.csum_start, vh.csum_offset)
+        );
+        let mut co = Coalescer::new();
+        assert!(matches!(
+            co.offer(
+                &f,
+                PayloadRef {
+                    buf: 0,
+                    start: 0,
+                    end: f.len() as u32
+                },
+                &mut |_| panic!()
+            ),
+            Offered::Partial(_)
+        ));
+        // completed, it verifies and is no longer partial
+        crate::gso::complete_checksum(&mut f, &hint).unwrap();
+        assert!(valid(&f));
+        assert_eq!(partial_checksum_hint(&f), None);
+        // corrupt, it is neither
+        f[60] ^= 1;
+        assert_eq!(partial_checksum_hint(&f), None);
+    }
+}

@@ -1,0 +1,301 @@
+//! Segmentation (software GSO) and checksum completion, for frames leaving toward a network.
+
+use std::ops::Range;
+
+use crate::checksum::{fold, sum};
+use crate::headers::{parse_l3l4, L3, L4};
+use crate::virtio::VirtioNetHdr;
+use crate::OffloadError;
+
+/// Fewest bytes per segment a guest may ask for: a hostile `gso_size` of 1 would otherwise
+/// turn one 64 KB frame into 65536 segments.
+const MIN_MSS: usize = 64;
+
+/// One wire frame: headers from [`SegmentList::headers`], payload from the original frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub hdr: Range<usize>,
+    pub payload: Range<usize>,
+}
+
+/// Reusable output of [`segment`].
+#[derive(Debug, Default)]
+pub struct SegmentList {
+    pub headers: Vec<u8>,
+    pub segs: Vec<Segment>,
+}
+
+impl SegmentList {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.segs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.segs.is_empty()
+    }
+
+    /// The bytes of segment `i`: its headers and its payload (a slice of `frame`).
+    pub fn parts<'a>(&'a self, frame: &'a [u8], i: usize) -> [&'a [u8]; 2] {
+        let s = &self.segs[i];
+        [&self.headers[s.hdr.clone()], &frame[s.payload.clone()]]
+    }
+}
+
+/// Sum of `data` as if it started at an odd offset of the checksummed region when `odd`.
+fn sum_at(data: &[u8], odd: bool) -> u64 {
+    let s = fold(sum(data, 0));
+    (if odd { s.swap_bytes() } else { s }) as u64
+}
+
+/// Completes a partial checksum in place (`NEEDS_CSUM` without segmentation): the sum from
+/// `csum_start` to the end, with the field holding the pseudo-header sum, goes into the field.
+pub fn complete_checksum(frame: &mut [u8], vh: &VirtioNetHdr) -> Result<(), OffloadError> {
+    let start = vh.csum_start as usize;
+    let field = start + vh.csum_offset as usize;
+    if field + 2 > frame.len() {
+        return Err(OffloadError::BadHeader);
+    }
+    let c = !fold(sum(&frame[start..], 0));
+    frame[field..field + 2].copy_from_slice(&c.to_be_bytes());
+    Ok(())
+}
+
+/// Cuts a frame the guest handed over with a virtio-net header into wire frames, each with
+/// complete checksums. Headers are written into `out.headers`; payloads stay in `frame`.
+/// A frame that needs nothing gives one segment covering it.
+pub fn segment(frame: &[u8], vh: &VirtioNetHdr, out: &mut SegmentList) -> Result<(), OffloadError> {
+    out.headers.clear();
+    out.segs.clear();
+    let kind = vh.gso_kind();
+    if kind == VirtioNetHdr::GSO_NONE {
+        if !vh.needs_csum() {
+            out.segs.push(Segment {
+                hdr: 0..0,
+                payload: 0..frame.len(),
+            });
+            return Ok(());
+        }
+        // Copy up to and including the checksum field, sum the rest in place.
+        let start = vh.csum_start as usize;
+        let field = start + vh.csum_offset as usize;
+        if field + 2 > frame.len() {
+            return Err(OffloadError::BadHeader);
+        }
+        out.headers.extend_from_slice(&frame[..field + 2]);
+        let s = sum(&out.headers[start..], 0)
+            + sum_at(&frame[field + 2..], (field + 2 - start) % 2 == 1);
+        let c = !fold(s);
+        out.headers[field..field + 2].copy_from_slice(&c.to_be_bytes());
+        out.segs.push(Segment {
+            hdr: 0..field + 2,
+            payload: field + 2..frame.len(),
+        });
+        return Ok(());
+    }
+    let layout = parse_l3l4(frame)?;
+    let expect = match kind {
+        VirtioNetHdr::GSO_TCPV4 => (L3::V4, L4::Tcp),
+        VirtioNetHdr::GSO_TCPV6 => (L3::V6, L4::Tcp),
+        VirtioNetHdr::GSO_UDP_L4 => (layout.l3, L4::Udp),
+        _ => return Err(OffloadError::Unsupported),
+    };
+    if (layout.l3, layout.l4) != expect {
+        return Err(OffloadError::BadHeader);
+    }
+    let mss = vh.gso_size as usize;
+    if mss < MIN_MSS {
+        return Err(OffloadError::BadHeader);
+    }
+    let hl = layout.hdr_len();
+    let l3o = layout.l2_len;
+    let l4o = layout.l4_off();
+    let payload_total = frame.len() - hl;
+    let n = payload_total.div_ceil(mss).max(1);
+    out.headers.reserve(n * hl);
+    let ip_id = u16::from_be_bytes([frame[l3o + 4], frame[l3o + 5]]);
+    let seq0 = u32::from_be_bytes([
+        frame[l4o + 4],
+        frame[l4o + 5],
+        frame[l4o + 6],
+        frame[l4o + 7],
+    ]);
+    for i in 0..n {
+        let p0 = hl + i * mss;
+        let p1 = (p0 + mss).min(frame.len());
+        let len = p1 - p0;
+        let h0 = out.headers.len();
+        out.headers.extend_from_slice(&frame[..hl]);
+        let h = &mut out.headers[h0..h0 + hl];
+        let l4_total = layout.l4_len + len;
+        match layout.l3 {
+            L3::V4 => {
+                let ip = &mut h[l3o..l3o + layout.l3_len];
+                ip[2..4].copy_from_slice(&((layout.l3_len + l4_total) as u16).to_be_bytes());
+                ip[4..6].copy_from_slice(&ip_id.wrapping_add(i as u16).to_be_bytes());
+                ip[10..12].copy_from_slice(&[0, 0]);
+                let c = !fold(sum(ip, 0));
+                ip[10..12].copy_from_slice(&c.to_be_bytes());
+            }
+            L3::V6 => {
+                h[l3o + 4..l3o + 6].copy_from_slice(&(l4_total as u16).to_be_bytes());
+            }
+        }
+        let last = i + 1 == n;
+        match layout.l4 {
+            L4::Tcp => {
+                let t = &mut h[l4o..l4o + layout.l4_len];
+                t[4..8].copy_from_slice(&seq0.wrapping_add((i * mss) as u32).to_be_bytes());
+                if !last {
+                    t[13] &= !(0x01 | 0x08); // FIN, PSH only on the last segment
+                }
+                if i > 0 {
+                    t[13] &= !0x80; // CWR only on the first
+                }
+            }
+            L4::Udp => {
+                h[l4o + 4..l4o + 6].copy_from_slice(&(l4_total as u16).to_be_bytes());
+            }
+        }
+        let co = l4o + layout.csum_offset();
+        h[co..co + 2].copy_from_slice(&[0, 0]);
+        let s =
+            layout.pseudo_sum(h, l4_total) + sum(&h[l4o..hl], 0) + sum_at(&frame[p0..p1], false);
+        let mut c = !fold(s);
+        if c == 0 && layout.l4 == L4::Udp {
+            c = 0xffff;
+        }
+        h[co..co + 2].copy_from_slice(&c.to_be_bytes());
+        out.segs.push(Segment {
+            hdr: h0..h0 + hl,
+            payload: p0..p1,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::checksum::checksum;
+
+    /// A TCP/IPv4 frame as a guest's TSO hands it over: pseudo-header sum in the checksum field.
+    pub fn tso_frame(payload: usize, v6: bool) -> (Vec<u8>, VirtioNetHdr) {
+        let mut f = vec![0x52, 0x54, 0, 0, 0, 2, 0x52, 0x54, 0, 0, 0, 1];
+        let l3_len = if v6 { 40 } else { 20 };
+        if v6 {
+            f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+            f.extend_from_slice(&((32 + payload) as u16).to_be_bytes());
+            f.extend_from_slice(&[6, 64]);
+            f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+            f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        } else {
+            f.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
+            f.extend_from_slice(&0u16.to_be_bytes()); // as TSO leaves it
+            f.extend_from_slice(&[
+                0x12, 0x34, 0x40, 0, 64, 6, 0, 0, 192, 168, 1, 1, 192, 168, 1, 2,
+            ]);
+        }
+        // TCP: ports, seq, ack, doff 8 (12 bytes of options), flags ACK|PSH, window
+        f.extend_from_slice(&[
+            0x13, 0x88, 0xc0, 0x00, 0, 0, 0x10, 0, 0, 0, 0, 1, 0x80, 0x18, 0x01, 0xf5, 0, 0, 0, 0,
+        ]);
+        f.extend_from_slice(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]);
+        for i in 0..payload {
+            f.push((i * 7 + 3) as u8);
+        }
+        let hl = 14 + l3_len + 32;
+        let layout = parse_l3l4(&f).unwrap();
+        let ps = fold(layout.pseudo_sum(&f, 32 + payload));
+        f[14 + l3_len + 16..14 + l3_len + 18].copy_from_slice(&ps.to_be_bytes());
+        let vh = VirtioNetHdr {
+            flags: VirtioNetHdr::F_NEEDS_CSUM,
+            gso_type: if v6 {
+                VirtioNetHdr::GSO_TCPV6
+            } else {
+                VirtioNetHdr::GSO_TCPV4
+            },
+            hdr_len: hl as u16,
+            gso_size: 1448,
+            csum_start: (14 + l3_len) as u16,
+            csum_offset: 16,
+        };
+        (f, vh)
+    }
+
+    /// Checks a wire frame's IPv4 header and TCP checksums the way a receiver would.
+    pub fn valid(frame: &[u8]) -> bool {
+        let l = parse_l3l4(frame).unwrap();
+        let ip_ok = l.l3 == L3::V6 || checksum(&frame[14..14 + l.l3_len]) == 0;
+        let s = l.pseudo_sum(frame, l.ip_end - l.l4_off()) + sum(&frame[l.l4_off()..l.ip_end], 0);
+        ip_ok && fold(s) == 0xffff
+    }
+
+    fn join(list: &SegmentList, frame: &[u8], i: usize) -> Vec<u8> {
+        list.parts(frame, i).concat()
+    }
+
+    #[test]
+    fn segments_tcp_v4_and_v6() {
+        for v6 in [false, true] {
+            let (f, vh) = tso_frame(10_000, v6);
+            let mut out = SegmentList::new();
+            segment(&f, &vh, &mut out).unwrap();
+            assert_eq!(out.len(), 7);
+            let mut payload = Vec::new();
+            let mut seq = 0x1000u32;
+            for i in 0..out.len() {
+                let s = join(&out, &f, i);
+                assert!(valid(&s), "segment {i} v6={v6}");
+                let l = parse_l3l4(&s).unwrap();
+                let t = &s[l.l4_off()..];
+                assert_eq!(u32::from_be_bytes([t[4], t[5], t[6], t[7]]), seq);
+                let psh = t[13] & 0x08 != 0;
+                assert_eq!(psh, i == out.len() - 1);
+                seq += (s.len() - l.hdr_len()) as u32;
+                payload.extend_from_slice(&s[l.hdr_len()..]);
+            }
+            assert_eq!(payload, f[f.len() - 10_000..]);
+        }
+    }
+
+    #[test]
+    fn completes_a_plain_partial_checksum() {
+        let (mut f, mut vh) = tso_frame(500, false);
+        // fix the IP length and checksum as a non-TSO frame would have them
+        let tl = (f.len() - 14) as u16;
+        f[16..18].copy_from_slice(&tl.to_be_bytes());
+        let c = checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        vh.gso_type = 0;
+        let mut out = SegmentList::new();
+        segment(&f, &vh, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert!(valid(&join(&out, &f, 0)));
+        complete_checksum(&mut f, &vh).unwrap();
+        assert!(valid(&f));
+    }
+
+    #[test]
+    fn refuses_hostile_headers() {
+        let (f, mut vh) = tso_frame(3000, false);
+        let mut out = SegmentList::new();
+        vh.gso_size = 1;
+        assert_eq!(segment(&f, &vh, &mut out), Err(OffloadError::BadHeader));
+        vh.gso_size = 1448;
+        vh.gso_type = VirtioNetHdr::GSO_TCPV6;
+        assert_eq!(segment(&f, &vh, &mut out), Err(OffloadError::BadHeader));
+        let plain = VirtioNetHdr {
+            flags: 1,
+            csum_start: 60000,
+            csum_offset: 16,
+            ..Default::default()
+        };
+        assert_eq!(segment(&f, &plain, &mut out), Err(OffloadError::BadHeader));
+        vh.gso_type = VirtioNetHdr::GSO_TCPV4;
+        assert!(segment(&f[..40], &vh, &mut out).is_err());
+    }
+}

@@ -1,0 +1,29 @@
+//! Software offloads, as in wireguard-go's Linux offload code: guests hand vnet 64 KB TCP
+//! segments with a partial checksum (TSO through the TAP's virtio-net header); vnet cuts them
+//! into wire-sized segments with complete checksums only where a frame leaves for a network
+//! that needs them ([`segment`]), and on receive merges consecutive segments of a TCP flow back
+//! into one large frame for the guest ([`Coalescer`]), so both guests' stacks see 64 KB at a time.
+//!
+//! Pure: no I/O. Every parser treats its input as hostile and returns an [`OffloadError`].
+
+mod checksum;
+mod gro;
+mod gso;
+mod headers;
+mod virtio;
+
+pub use checksum::{checksum, fold, sum};
+pub use gro::{partial_checksum_hint, Coalescer, GroOutput, Offered, PayloadRef, MAX_GRO_PAYLOAD};
+pub use gso::{complete_checksum, segment, Segment, SegmentList};
+pub use headers::{parse_l3l4, Layout, L3, L4};
+pub use virtio::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OffloadError {
+    #[error("frame too short for its headers")]
+    Truncated,
+    #[error("not an IPv4/IPv6 TCP or UDP frame")]
+    Unsupported,
+    #[error("virtio-net header fields out of range")]
+    BadHeader,
+}
