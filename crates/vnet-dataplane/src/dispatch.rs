@@ -19,7 +19,9 @@ use arc_swap::ArcSwap;
 use tracing::{info, warn};
 use vnet_control::{DataPathSettings, DispatchMode, YieldStrategy};
 use vnet_core::{DropReason, PortId};
-use vnet_offload::{complete_checksum, PayloadRef, VirtioNetHdr, VIRTIO_NET_HDR_LEN};
+use vnet_offload::{
+    claimed_frame_len, complete_checksum, gso_header, PayloadRef, VirtioNetHdr, VIRTIO_NET_HDR_LEN,
+};
 use vnet_wire::{VxlanPacket, MAX_FRAME_LEN, VXLAN_HEADER_LEN};
 
 use crate::engine::{Shared, Snapshot};
@@ -600,6 +602,23 @@ impl Work {
         let mut batch = TxBatch::default();
         let mut frames = 0;
         for (i, m) in self.recvd.iter().enumerate() {
+            if m.seg < m.len && is_tunnel_gso(&bufs[i][..m.len], m.seg) {
+                // One VXLAN datagram whose inner frame a local kernel sender never segmented.
+                frames += 1;
+                let whole = (0, m.len);
+                receive_datagram(
+                    shared,
+                    snap,
+                    &mut self.ctx,
+                    bufs,
+                    i,
+                    whole,
+                    m.from,
+                    Some(m.seg),
+                    &mut batch,
+                );
+                continue;
+            }
             // Datagrams of `seg` bytes, the last shorter; an empty datagram is one too.
             let mut off = 0;
             loop {
@@ -611,9 +630,9 @@ impl Work {
                     &mut self.ctx,
                     bufs,
                     i,
-                    off,
-                    end,
+                    (off, end),
                     m.from,
+                    None,
                     &mut batch,
                 );
                 off = end;
@@ -636,9 +655,9 @@ fn receive_datagram<'a>(
     ctx: &mut FwdCtx,
     bufs: &'a [Vec<u8>],
     i: usize,
-    off: usize,
-    end: usize,
+    (off, end): (usize, usize),
     from: std::net::SocketAddr,
+    tunnel_mss: Option<usize>,
     batch: &mut TxBatch<'a>,
 ) {
     let data = &bufs[i][off..end];
@@ -660,6 +679,18 @@ fn receive_datagram<'a>(
         end: end as u32,
     };
     let frame = &data[VXLAN_HEADER_LEN..];
+    if let Some(mss) = tunnel_mss {
+        // A large frame with a partial checksum: forward it as a guest's TSO frame would go.
+        let Some(vh) = gso_header(frame, mss.min(u16::MAX as usize) as u16) else {
+            if let Some(p) = snap.ports.get(&port) {
+                p.counters.rx(frame.len());
+                p.counters.count_drop(DropReason::BadOffload);
+            }
+            return;
+        };
+        shared.offload.tunnel_gso.fetch_add(1, Relaxed);
+        return process(shared, snap, ctx, port, vh, frame, Origin::Local, batch);
+    }
     process(
         shared,
         snap,
@@ -670,4 +701,15 @@ fn receive_datagram<'a>(
         Origin::Wire { at, bufs },
         batch,
     );
+}
+
+/// Whether a received message with a GRO segment size is really one VXLAN datagram carrying
+/// an unsegmented large frame (a kernel sender on a veth underlay hands over its tunnel GSO
+/// packet whole; the "segment size" is then the inner MSS). A batch of real datagrams has a
+/// first inner frame that ends exactly at the segment boundary.
+fn is_tunnel_gso(msg: &[u8], seg: usize) -> bool {
+    match msg.get(VXLAN_HEADER_LEN..).and_then(claimed_frame_len) {
+        Some(n) => VXLAN_HEADER_LEN + n > seg,
+        None => false,
+    }
 }

@@ -42,6 +42,8 @@ pub struct OffloadCounters {
     pub partial_csum: AtomicU64,
     /// Partial checksums completed in user space.
     pub csum_completed: AtomicU64,
+    /// Unsegmented large frames received from a kernel VXLAN peer (tunnel GSO over veth).
+    pub tunnel_gso: AtomicU64,
 }
 
 impl OffloadCounters {
@@ -55,6 +57,7 @@ impl OffloadCounters {
             "gro_frames": self.gro_frames.load(Relaxed),
             "partial_csum": self.partial_csum.load(Relaxed),
             "csum_completed": self.csum_completed.load(Relaxed),
+            "tunnel_gso": self.tunnel_gso.load(Relaxed),
         })
     }
 }
@@ -228,7 +231,7 @@ pub fn process<'a>(
                     Offered::Plain => tap.write(*queue, &VirtioNetHdr::default(), &[frame]),
                     Offered::Partial(pvh) => {
                         shared.offload.partial_csum.fetch_add(1, Relaxed);
-                        tap.write(*queue, &pvh, &[frame])
+                        tap.write(*queue, &partial_for_tap(tap, frame, pvh), &[frame])
                     }
                 }
             }
@@ -242,7 +245,7 @@ pub fn process<'a>(
                         shared.offload.csum_completed.fetch_add(1, Relaxed);
                         tap.write(*queue, &VirtioNetHdr::default(), &[scratch])
                     }
-                    Some(pvh) => tap.write(*queue, &pvh, &[frame]),
+                    Some(pvh) => tap.write(*queue, &partial_for_tap(tap, frame, pvh), &[frame]),
                     None => tap.write(*queue, &VirtioNetHdr::default(), &[frame]),
                 }
             }
@@ -278,6 +281,23 @@ pub fn process<'a>(
         }
     }
     ctx.maybe_flush(shared);
+}
+
+/// A frame with a partial checksum larger than the guest's MTU is a kernel sender's
+/// unsegmented GSO frame (a veth underlay passes those whole): describe it to the guest as
+/// one, with segments that fit its MTU.
+fn partial_for_tap(tap: &crate::tap::Tap, frame: &[u8], partial: VirtioNetHdr) -> VirtioNetHdr {
+    if frame.len() <= tap.max_frame() {
+        return partial;
+    }
+    let Ok(l) = vnet_offload::parse_l3l4(frame) else {
+        return partial;
+    };
+    let mss = tap
+        .max_frame()
+        .saturating_sub(18 + l.l3_len + l.l4_len)
+        .max(536);
+    vnet_offload::gso_header(frame, mss as u16).unwrap_or(partial)
 }
 
 /// Writes a coalesced (or single, verified) frame to a guest.

@@ -124,6 +124,11 @@ impl Tap {
         })
     }
 
+    /// The largest ordinary (non-GSO) frame the guest takes: MTU, Ethernet header, VLAN tag.
+    pub fn max_frame(&self) -> usize {
+        self.max_frame
+    }
+
     pub fn queue_fd(&self, q: usize) -> RawFd {
         self.queues[q % self.queues.len()].as_raw_fd()
     }

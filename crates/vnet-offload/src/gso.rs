@@ -51,6 +51,25 @@ fn sum_at(data: &[u8], odd: bool) -> u64 {
     (if odd { s.swap_bytes() } else { s }) as u64
 }
 
+/// The virtio-net header that describes `frame`, a large TCP or UDP frame with a partial
+/// checksum (as a local sender leaves it), as one to be cut into `mss`-byte segments.
+pub fn gso_header(frame: &[u8], mss: u16) -> Option<VirtioNetHdr> {
+    let l = parse_l3l4(frame).ok()?;
+    let gso_type = match (l.l3, l.l4) {
+        (L3::V4, L4::Tcp) => VirtioNetHdr::GSO_TCPV4,
+        (L3::V6, L4::Tcp) => VirtioNetHdr::GSO_TCPV6,
+        (_, L4::Udp) => VirtioNetHdr::GSO_UDP_L4,
+    };
+    Some(VirtioNetHdr {
+        flags: VirtioNetHdr::F_NEEDS_CSUM,
+        gso_type,
+        hdr_len: l.hdr_len() as u16,
+        gso_size: mss,
+        csum_start: l.l4_off() as u16,
+        csum_offset: l.csum_offset() as u16,
+    })
+}
+
 /// Completes a partial checksum in place (`NEEDS_CSUM` without segmentation): the sum from
 /// `csum_start` to the end, with the field holding the pseudo-header sum, goes into the field.
 pub fn complete_checksum(frame: &mut [u8], vh: &VirtioNetHdr) -> Result<(), OffloadError> {
@@ -277,6 +296,27 @@ pub(crate) mod tests {
         assert!(valid(&join(&out, &f, 0)));
         complete_checksum(&mut f, &vh).unwrap();
         assert!(valid(&f));
+    }
+
+    #[test]
+    fn describes_a_large_frame_for_segmentation() {
+        let (f, vh) = tso_frame(5000, false);
+        let g = gso_header(&f, 1448).unwrap();
+        assert_eq!(
+            (
+                g.gso_type,
+                g.gso_size,
+                g.csum_start,
+                g.csum_offset,
+                g.hdr_len
+            ),
+            (vh.gso_type, 1448, vh.csum_start, 16, vh.hdr_len)
+        );
+        let mut out = SegmentList::new();
+        segment(&f, &g, &mut out).unwrap();
+        assert_eq!(out.len(), 4);
+        assert!((0..4).all(|i| valid(&join(&out, &f, i))));
+        assert_eq!(crate::headers::claimed_frame_len(&[0u8; 10]), None);
     }
 
     #[test]

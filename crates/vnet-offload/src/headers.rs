@@ -136,3 +136,22 @@ pub fn parse_l3l4(frame: &[u8]) -> Result<Layout, OffloadError> {
         ip_end,
     })
 }
+
+/// The length an IPv4/IPv6 frame's own headers claim for it (L2 header plus the IP length
+/// field), whatever the buffer holds; `None` for other frames.
+pub fn claimed_frame_len(frame: &[u8]) -> Option<usize> {
+    let (l2, et) = match frame.get(12..14)? {
+        [0x81, 0x00] => (18, u16::from_be_bytes([*frame.get(16)?, *frame.get(17)?])),
+        b => (14, u16::from_be_bytes([b[0], b[1]])),
+    };
+    let ip = frame.get(l2..)?;
+    match et {
+        0x0800 if ip.len() >= 4 && ip[0] >> 4 == 4 => {
+            Some(l2 + u16::from_be_bytes([ip[2], ip[3]]) as usize)
+        }
+        0x86dd if ip.len() >= 6 && ip[0] >> 4 == 6 => {
+            Some(l2 + 40 + u16::from_be_bytes([ip[4], ip[5]]) as usize)
+        }
+        _ => None,
+    }
+}
