@@ -1,8 +1,6 @@
-use std::collections::HashMap;
-
 use vnet_wire::MacAddr;
 
-use crate::{DropReason, PortId, RouteRule, RouteTable};
+use crate::{DropReason, FastMap, PortId, RouteRule, RouteTable};
 
 /// What a port is, as far as forwarding cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,8 +34,8 @@ pub enum Decision {
 #[derive(Debug, Clone, Default)]
 pub struct ForwardingTable {
     generation: u64,
-    ports: HashMap<PortId, PortInfo>,
-    vni_ports: HashMap<u32, Vec<PortId>>,
+    ports: FastMap<PortId, PortInfo>,
+    vni_ports: FastMap<u32, Vec<PortId>>,
     routes: RouteTable,
 }
 
@@ -158,7 +156,7 @@ impl ForwardingTable {
 pub struct RouteCache {
     generation: (u64, u64),
     capacity: usize,
-    map: HashMap<(PortId, MacAddr, MacAddr), Decision>,
+    map: FastMap<(PortId, MacAddr, MacAddr), Decision>,
     hits: u64,
     misses: u64,
 }
@@ -168,7 +166,7 @@ impl RouteCache {
         RouteCache {
             generation: (u64::MAX, u64::MAX),
             capacity: capacity.max(1),
-            map: HashMap::new(),
+            map: FastMap::default(),
             hits: 0,
             misses: 0,
         }

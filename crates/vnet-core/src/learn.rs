@@ -1,8 +1,6 @@
-use std::collections::HashMap;
-
 use vnet_wire::MacAddr;
 
-use crate::PortId;
+use crate::{FastMap, PortId};
 
 /// How long a learned MAC stays without being seen again.
 pub const LEARN_AGE_MS: u64 = 300_000;
@@ -13,7 +11,7 @@ pub const LEARN_CAPACITY: usize = 65536;
 /// Time comes in as milliseconds from the caller, so this stays pure and testable.
 #[derive(Debug)]
 pub struct LearnTable {
-    map: HashMap<(u32, MacAddr), (PortId, u64)>,
+    map: FastMap<(u32, MacAddr), (PortId, u64)>,
     capacity: usize,
     generation: u64,
     refused: u64,
@@ -28,7 +26,7 @@ impl Default for LearnTable {
 impl LearnTable {
     pub fn new(capacity: usize) -> Self {
         LearnTable {
-            map: HashMap::new(),
+            map: FastMap::default(),
             capacity,
             generation: 0,
             refused: 0,

@@ -17,6 +17,11 @@ pub use matrix::{MatrixEntry, TrafficMatrix, MATRIX_CAPACITY};
 pub use route::{MacMatch, RouteRule, RouteTable};
 pub use stats::{DropReason, PortCounters, PortCountersSnapshot};
 
+/// Hash maps on the forwarding path: aHash (fast, and keyed per process so a guest choosing
+/// MACs cannot aim collisions at a table).
+pub type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
+pub type FastSet<K> = std::collections::HashSet<K, ahash::RandomState>;
+
 /// A port of the switch: an interface or a link, numbered by the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct PortId(pub u32);

@@ -1,6 +1,6 @@
-use std::collections::HashMap;
-
 use vnet_wire::MacAddr;
+
+use crate::FastMap;
 
 /// At most this many (VNI, source, destination) pairs are tracked; frames of further pairs are
 /// counted in `overflow` so a guest spraying MACs cannot grow memory.
@@ -25,7 +25,7 @@ fn ser_mac<S: serde::Serializer>(m: &MacAddr, s: S) -> Result<S::Ok, S::Error> {
 /// through the overlay. The raw material for inferring a parallel application's topology.
 #[derive(Debug, Clone)]
 pub struct TrafficMatrix {
-    map: HashMap<(u32, MacAddr, MacAddr), (u64, u64)>,
+    map: FastMap<(u32, MacAddr, MacAddr), (u64, u64)>,
     capacity: usize,
     overflow: u64,
 }
@@ -39,7 +39,7 @@ impl Default for TrafficMatrix {
 impl TrafficMatrix {
     pub fn new(capacity: usize) -> Self {
         TrafficMatrix {
-            map: HashMap::new(),
+            map: FastMap::default(),
             capacity,
             overflow: 0,
         }

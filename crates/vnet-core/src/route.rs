@@ -62,7 +62,7 @@ impl RouteRule {
 /// lookup O(1).
 #[derive(Debug, Clone, Default)]
 pub struct RouteTable {
-    by_vni: std::collections::HashMap<u32, Vec<RouteRule>>,
+    by_vni: crate::FastMap<u32, Vec<RouteRule>>,
 }
 
 impl RouteTable {

@@ -415,9 +415,7 @@ fn run(st: Arc<DState>, shared: Arc<Shared>, settings: Arc<ArcSwap<DataPathSetti
             }
         }
         st.polling.store(polling, Relaxed);
-        if n == 0 && w.ctx_idle() {
-            w.ctx.flush(&shared);
-        }
+        w.ctx.flush_if_stale(&shared);
         if st.index == 0 && last_expire.elapsed() >= Duration::from_secs(10) {
             last_expire = Instant::now();
             shared.expire_learned();
@@ -427,10 +425,6 @@ fn run(st: Arc<DState>, shared: Arc<Shared>, settings: Arc<ArcSwap<DataPathSetti
 }
 
 impl Work {
-    fn ctx_idle(&self) -> bool {
-        true
-    }
-
     /// Reads and forwards what one source has waiting; returns frames handled.
     fn drain(&mut self, shared: &Shared, src: &Source) -> usize {
         let snap = shared.snapshot.load_full();

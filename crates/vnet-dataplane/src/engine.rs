@@ -2,7 +2,7 @@
 //! of the route table for the forwarding threads, and hands the ports' descriptors to the
 //! dispatcher threads ([`crate::dispatch`]) that move the frames ([`crate::forward`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
@@ -14,8 +14,8 @@ use socket2::SockAddr;
 use tracing::info;
 use vnet_control::{Change, Config, DataPathSettings, DestKind, Interface, Link, LinkKind};
 use vnet_core::{
-    ForwardingTable, LearnTable, MatrixEntry, PortCounters, PortCountersSnapshot, PortId, PortInfo,
-    PortKind, RouteRule, TrafficMatrix,
+    FastMap, FastSet, ForwardingTable, LearnTable, MatrixEntry, PortCounters, PortCountersSnapshot,
+    PortId, PortInfo, PortKind, RouteRule, TrafficMatrix,
 };
 use vnet_wire::{MacAddr, VxlanRepr, VXLAN_HEADER_LEN};
 
@@ -71,10 +71,10 @@ pub struct PortEntry {
 /// An immutable view of the ports and routes, swapped whole on every change.
 pub struct Snapshot {
     pub table: ForwardingTable,
-    pub ports: HashMap<PortId, PortEntry>,
-    pub udp_peers: HashMap<(IpAddr, u32), PortId>,
-    pub udp_ips: HashSet<IpAddr>,
-    pub tcp_accept: HashMap<(IpAddr, u32), Arc<TcpLink>>,
+    pub ports: FastMap<PortId, PortEntry>,
+    pub udp_peers: FastMap<(IpAddr, u32), PortId>,
+    pub udp_ips: FastSet<IpAddr>,
+    pub tcp_accept: FastMap<(IpAddr, u32), Arc<TcpLink>>,
     pub udp: Arc<VxlanSocket>,
 }
 
@@ -82,10 +82,10 @@ impl Snapshot {
     fn empty(udp: Arc<VxlanSocket>) -> Snapshot {
         Snapshot {
             table: ForwardingTable::default(),
-            ports: HashMap::new(),
-            udp_peers: HashMap::new(),
-            udp_ips: HashSet::new(),
-            tcp_accept: HashMap::new(),
+            ports: FastMap::default(),
+            udp_peers: FastMap::default(),
+            udp_ips: FastSet::default(),
+            tcp_accept: FastMap::default(),
             udp,
         }
     }

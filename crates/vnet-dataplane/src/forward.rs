@@ -7,13 +7,12 @@
 //! Frames from the wire that go to a TAP are merged per flow ([`Coalescer`]) and handed to the
 //! guest 64 KB at a time.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use socket2::SockAddr;
-use vnet_core::{Decision, DropReason, PortCounters, PortId, RouteCache, TrafficMatrix};
+use vnet_core::{Decision, DropReason, FastMap, PortCounters, PortId, RouteCache, TrafficMatrix};
 use vnet_offload::{segment, Coalescer, GroOutput, Offered, PayloadRef, SegmentList, VirtioNetHdr};
 use vnet_wire::{EthernetFrame, WireError, VXLAN_HEADER_LEN};
 
@@ -70,7 +69,7 @@ pub struct FwdCtx {
     pending: u32,
     last_flush: Instant,
     seg: SegmentList,
-    coalescers: HashMap<PortId, Coalescer>,
+    coalescers: FastMap<PortId, Coalescer>,
     scratch: Vec<u8>,
     /// Which TAP queue this thread writes to.
     pub queue: usize,
@@ -94,7 +93,7 @@ impl FwdCtx {
             pending: 0,
             last_flush: Instant::now(),
             seg: SegmentList::new(),
-            coalescers: HashMap::new(),
+            coalescers: FastMap::default(),
             scratch: Vec::new(),
             queue,
         }
@@ -111,7 +110,15 @@ impl FwdCtx {
     }
 
     fn maybe_flush(&mut self, shared: &Shared) {
-        if self.pending >= 256 || self.last_flush.elapsed() >= IDLE_TICK {
+        if self.pending >= 256 {
+            self.flush(shared);
+        }
+    }
+
+    /// Flushes if the last flush is older than `IDLE_TICK` (called once per dispatcher pass,
+    /// not per frame, to keep clock reads off the per-frame path).
+    pub fn flush_if_stale(&mut self, shared: &Shared) {
+        if self.pending > 0 && self.last_flush.elapsed() >= IDLE_TICK {
             self.flush(shared);
         }
     }
