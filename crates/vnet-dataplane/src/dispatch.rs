@@ -254,6 +254,11 @@ impl DispatcherSet {
             info!("restarting dispatchers");
             self.stop();
             self.start()?;
+        } else {
+            // Wake dispatchers blocked in epoll_wait so a new mode applies at once.
+            for sl in &self.slots {
+                sl.state.wake.signal();
+            }
         }
         Ok(())
     }
@@ -415,7 +420,11 @@ fn run(st: Arc<DState>, shared: Arc<Shared>, settings: Arc<ArcSwap<DataPathSetti
             }
         }
         st.polling.store(polling, Relaxed);
-        w.ctx.flush_if_stale(&shared);
+        // Publish this pass's traffic-matrix counts (a short uncontended lock per pass with
+        // work, so `show matrix` lags by one pass at most).
+        if n > 0 {
+            w.ctx.flush(&shared);
+        }
         if st.index == 0 && last_expire.elapsed() >= Duration::from_secs(10) {
             last_expire = Instant::now();
             shared.expire_learned();

@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use socket2::SockAddr;
 use vnet_core::{Decision, DropReason, FastMap, PortCounters, PortId, RouteCache, TrafficMatrix};
@@ -67,7 +67,6 @@ pub struct FwdCtx {
     cache: RouteCache,
     matrix: TrafficMatrix,
     pending: u32,
-    last_flush: Instant,
     seg: SegmentList,
     coalescers: FastMap<PortId, Coalescer>,
     scratch: Vec<u8>,
@@ -91,7 +90,6 @@ impl FwdCtx {
             cache: RouteCache::new(ROUTE_CACHE_SIZE),
             matrix: TrafficMatrix::new(ROUTE_CACHE_SIZE),
             pending: 0,
-            last_flush: Instant::now(),
             seg: SegmentList::new(),
             coalescers: FastMap::default(),
             scratch: Vec::new(),
@@ -106,19 +104,10 @@ impl FwdCtx {
             m.merge_from(&mut self.matrix);
             self.pending = 0;
         }
-        self.last_flush = Instant::now();
     }
 
     fn maybe_flush(&mut self, shared: &Shared) {
         if self.pending >= 256 {
-            self.flush(shared);
-        }
-    }
-
-    /// Flushes if the last flush is older than `IDLE_TICK` (called once per dispatcher pass,
-    /// not per frame, to keep clock reads off the per-frame path).
-    pub fn flush_if_stale(&mut self, shared: &Shared) {
-        if self.pending > 0 && self.last_flush.elapsed() >= IDLE_TICK {
             self.flush(shared);
         }
     }
