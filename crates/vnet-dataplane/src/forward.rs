@@ -425,22 +425,3 @@ fn send_udp_gso(
     }
     Ok(())
 }
-
-impl Shared {
-    /// Forwards one plain frame from a TCP link (no batching across calls).
-    pub fn receive(&self, ctx: &mut FwdCtx, ingress: PortId, frame: &[u8]) {
-        let snap = self.snapshot.load_full();
-        let mut batch = TxBatch::default();
-        process(
-            self,
-            &snap,
-            ctx,
-            ingress,
-            VirtioNetHdr::default(),
-            frame,
-            Origin::Local,
-            &mut batch,
-        );
-        batch.flush(self, &snap.udp);
-    }
-}

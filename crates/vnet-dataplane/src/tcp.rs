@@ -15,12 +15,14 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 use vnet_core::{DropReason, PortId};
+use vnet_offload::VirtioNetHdr;
 use vnet_wire::{
     stream_record_prefix, StreamDecoder, StreamHello, VxlanPacket, VxlanRepr, STREAM_HELLO_LEN,
+    VXLAN_HEADER_LEN,
 };
 
 use crate::engine::Shared;
-use crate::forward::FwdCtx as RxCtx;
+use crate::forward::{process, FwdCtx as RxCtx, Origin, TxBatch};
 use crate::sys::{wait_readable, EventFd, Wake};
 use crate::worker::Worker;
 
@@ -274,7 +276,8 @@ impl TcpLink {
         let mut dec = StreamDecoder::new();
         let mut buf = vec![0u8; 256 * 1024];
         let mut s: &TcpStream = &stream;
-        'conn: loop {
+        let mut ranges = Vec::new();
+        loop {
             let n = match s.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => n,
@@ -282,24 +285,48 @@ impl TcpLink {
                 Err(_) => break,
             };
             dec.push(&buf[..n]);
+            // Every record of this read, forwarded as one batch (one snapshot, one sendmmsg).
+            ranges.clear();
+            let mut broken = false;
             loop {
-                match dec.next_record() {
-                    Ok(Some(rec)) => match VxlanPacket::new_checked(rec) {
-                        Ok(p) if p.vni() == self.vni => {
-                            self.shared.receive(&mut ctx, self.port, p.payload())
-                        }
-                        Ok(_) => self.count(DropReason::UnknownVni),
-                        Err(_) => self.count(DropReason::BadVxlan),
-                    },
+                match dec.next_range() {
+                    Ok(Some(r)) => ranges.push(r),
                     Ok(None) => break,
                     Err(e) => {
                         warn!(port = self.port.0, "tcp link stream error: {e}; closing");
                         self.count(DropReason::BadStream);
-                        break 'conn;
+                        broken = true;
+                        break;
                     }
                 }
             }
+            let data = dec.buffer();
+            let snap = self.shared.snapshot.load_full();
+            let mut batch = TxBatch::default();
+            for r in &ranges {
+                match VxlanPacket::new_checked(&data[r.clone()]) {
+                    Ok(p) if p.vni() == self.vni => {
+                        let frame = &data[r.start + VXLAN_HEADER_LEN..r.end];
+                        process(
+                            &self.shared,
+                            &snap,
+                            &mut ctx,
+                            self.port,
+                            VirtioNetHdr::default(),
+                            frame,
+                            Origin::Local,
+                            &mut batch,
+                        );
+                    }
+                    Ok(_) => self.count(DropReason::UnknownVni),
+                    Err(_) => self.count(DropReason::BadVxlan),
+                }
+            }
+            batch.flush(&self.shared, &snap.udp);
             ctx.flush(&self.shared);
+            if broken {
+                break;
+            }
         }
         ctx.flush(&self.shared);
         if dec.pending() > 0 {

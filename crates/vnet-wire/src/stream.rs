@@ -70,6 +70,12 @@ impl StreamDecoder {
 
     /// The next complete record, if any. The returned slice is valid until the next call.
     pub fn next_record(&mut self) -> Result<Option<&[u8]>, WireError> {
+        Ok(self.next_range()?.map(|r| &self.buf[r]))
+    }
+
+    /// Like [`Self::next_record`], as a range of [`Self::buffer`]; ranges stay valid until the
+    /// next `push`, so a reader can take every record of one read and forward them as a batch.
+    pub fn next_range(&mut self) -> Result<Option<std::ops::Range<usize>>, WireError> {
         let avail = &self.buf[self.start..];
         if avail.len() < STREAM_LEN_PREFIX {
             return Ok(None);
@@ -84,7 +90,12 @@ impl StreamDecoder {
         }
         let s = self.start + STREAM_LEN_PREFIX;
         self.start += total;
-        Ok(Some(&self.buf[s..s + len as usize]))
+        Ok(Some(s..s + len as usize))
+    }
+
+    /// The bytes the ranges of [`Self::next_range`] index.
+    pub fn buffer(&self) -> &[u8] {
+        &self.buf
     }
 
     /// Bytes held that do not yet form a record.
