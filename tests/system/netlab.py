@@ -459,7 +459,8 @@ class KernelVxlanHost(Host):
 
     def add_vm(self, guest: Guest, name: str = "", mac: str = "", vni: int = 1, mtu: Optional[int] = 1450,
                ifname: Optional[str] = None, route: bool = True) -> str:
-        """Attach ``guest`` to the bridge through a veth (MTU 1450 fits the kernel VXLAN)."""
+        """Attach ``guest`` to the bridge through a veth (MTU 1450 fits the kernel VXLAN).
+        Same signature as Host.add_vm; ``name``, ``vni``, ``ifname`` and ``route`` are unused."""
         self._nguests += 1
         port = f"vg{self._nguests}"
         self.ip_link("add", port, "type", "veth", "peer", "name", "eth0", "netns", guest.name)
@@ -714,6 +715,17 @@ def drops(stats: dict, reason: str) -> int:
     """Total of one drop reason over the daemon and all its ports."""
     n = stats.get("daemon", {}).get("drops", {}).get(reason, 0)
     return n + sum(p.get("drops", {}).get(reason, 0) for p in stats.get("ports", []))
+
+
+def new_drops(before: dict, after: dict) -> dict:
+    """Drop counters that grew between two ``show stats json``: {"port:reason": n}."""
+    def flat(st):
+        d = {f"daemon:{r}": n for r, n in st.get("daemon", {}).get("drops", {}).items()}
+        for p in st.get("ports", []):
+            d.update({f"{p['name']}:{r}": n for r, n in p.get("drops", {}).items()})
+        return d
+    b, a = flat(before), flat(after)
+    return {k: n - b.get(k, 0) for k, n in a.items() if n > b.get(k, 0)}
 
 
 def port_of(stats: dict, name: str) -> dict:

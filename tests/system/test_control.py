@@ -1,8 +1,6 @@
 """The control plane on a real daemon: `show config` round trip through a fresh vnetd, and
 atomic scripts (a bad line or a failure half-way changes nothing)."""
 
-import netlab
-
 
 def _links_without_state(host):
     return sorted(({k: v for k, v in l.items() if k != "state"} for l in host.ctl_json("show", "links", "json")),

@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import netlab
-from netlab import ControlClient, delta, drops, port_of, vxlan, ether, stream_hello, stream_record
+from netlab import ControlClient, delta, drops, vxlan, ether, stream_hello, stream_record
 
 
 def expect_drop(host, reason: str, n: int, send, timeout: float = 5.0) -> int:

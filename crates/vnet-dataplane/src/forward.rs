@@ -224,26 +224,15 @@ pub fn process<'a>(
                     |g: GroOutput<'_>| emit_to_tap(shared, tap, *queue, &out.counters, g, bufs);
                 match c.offer(frame, at, &mut emit) {
                     Offered::Held => Ok(()),
-                    Offered::Plain => tap.write(*queue, &VirtioNetHdr::default(), &[frame]),
-                    Offered::Partial(pvh) => {
-                        shared.offload.partial_csum.fetch_add(1, Relaxed);
-                        tap.write(*queue, &partial_for_tap(tap, frame, pvh), &[frame])
+                    Offered::Plain => wire_to_tap(shared, tap, *queue, frame, None, scratch),
+                    Offered::Partial(p) => {
+                        wire_to_tap(shared, tap, *queue, frame, Some(p), scratch)
                     }
                 }
             }
             (PortTx::Tap(tap), Origin::Wire { .. }) => {
-                // Without a virtio-net header the guest needs complete checksums.
-                match vnet_offload::partial_checksum_hint(frame) {
-                    Some(pvh) if !tap.has_vnet_hdr() => {
-                        scratch.clear();
-                        scratch.extend_from_slice(frame);
-                        let _ = vnet_offload::complete_checksum(scratch, &pvh);
-                        shared.offload.csum_completed.fetch_add(1, Relaxed);
-                        tap.write(*queue, &VirtioNetHdr::default(), &[scratch])
-                    }
-                    Some(pvh) => tap.write(*queue, &partial_for_tap(tap, frame, pvh), &[frame]),
-                    None => tap.write(*queue, &VirtioNetHdr::default(), &[frame]),
-                }
+                let hint = vnet_offload::partial_checksum_hint(frame);
+                wire_to_tap(shared, tap, *queue, frame, hint, scratch)
             }
             (PortTx::Tap(tap), Origin::Local) => {
                 if tap.has_vnet_hdr() || vh.is_plain() {
@@ -279,6 +268,57 @@ pub fn process<'a>(
     ctx.maybe_flush(shared);
 }
 
+/// A frame from the wire that no coalescer took, to a guest. `partial` says its checksum was
+/// left partial by a local sender.
+fn wire_to_tap(
+    shared: &Shared,
+    tap: &crate::tap::Tap,
+    queue: usize,
+    frame: &[u8],
+    partial: Option<VirtioNetHdr>,
+    scratch: &mut Vec<u8>,
+) -> Result<(), DropReason> {
+    match partial {
+        Some(p) if !tap.has_vnet_hdr() => {
+            // Without a virtio-net header the guest needs complete checksums.
+            scratch.clear();
+            scratch.extend_from_slice(frame);
+            vnet_offload::complete_checksum(scratch, &p).map_err(|_| DropReason::BadOffload)?;
+            shared.offload.csum_completed.fetch_add(1, Relaxed);
+            tap.write(queue, &VirtioNetHdr::default(), &[scratch])
+        }
+        Some(p) => {
+            shared.offload.partial_csum.fetch_add(1, Relaxed);
+            tap.write(queue, &partial_for_tap(tap, frame, p), &[frame])
+        }
+        None if frame.len() > tap.max_frame()
+            && tap.has_vnet_hdr()
+            && vnet_offload::l4_checksum_ok(frame) =>
+        {
+            // An unsegmented frame a kernel sender did checksum in full (say one carrying FIN):
+            // the guest takes a frame above its MTU only as a GSO frame.
+            let Ok(l) = vnet_offload::parse_l3l4(frame) else {
+                return tap.write(queue, &VirtioNetHdr::default(), &[frame]);
+            };
+            let hl = l.hdr_len();
+            let mut h = [0u8; 128];
+            if hl > h.len() {
+                return Err(DropReason::Oversize);
+            }
+            h[..hl].copy_from_slice(&frame[..hl]);
+            let mss = tap
+                .max_frame()
+                .saturating_sub(18 + l.l3_len + l.l4_len)
+                .max(536) as u16;
+            match vnet_offload::as_partial_gso(&mut h[..hl], frame.len(), mss) {
+                Some(vh) => tap.write(queue, &vh, &[&h[..hl], &frame[hl..]]),
+                None => Err(DropReason::Oversize),
+            }
+        }
+        None => tap.write(queue, &VirtioNetHdr::default(), &[frame]),
+    }
+}
+
 /// A frame with a partial checksum larger than the guest's MTU is a kernel sender's
 /// unsegmented GSO frame (a veth underlay passes those whole): describe it to the guest as
 /// one, with segments that fit its MTU.
@@ -311,6 +351,25 @@ fn emit_to_tap(
         let b = &bufs[p.buf as usize];
         parts.push(&b[p.start as usize..p.end as usize]);
     }
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut vhdr = g.vhdr;
+    let mut patched = [0u8; 128];
+    if total > tap.max_frame()
+        && vhdr.gso_kind() == VirtioNetHdr::GSO_NONE
+        && g.headers.len() <= patched.len()
+    {
+        // A single large segment (a kernel sender's unsegmented frame whose checksum it did
+        // complete): the guest takes it only as a GSO frame.
+        let h = &mut patched[..g.headers.len()];
+        h.copy_from_slice(g.headers);
+        let mss = (tap.max_frame() + 14)
+            .saturating_sub(18 + g.headers.len())
+            .max(536) as u16;
+        if let Some(v) = vnet_offload::as_partial_gso(h, total, mss) {
+            vhdr = v;
+            parts[0] = &patched[..g.headers.len()];
+        }
+    }
     if g.payloads.len() > 1 {
         shared.offload.gro_frames.fetch_add(1, Relaxed);
         shared
@@ -318,7 +377,7 @@ fn emit_to_tap(
             .gro_merged
             .fetch_add(g.payloads.len() as u64, Relaxed);
     }
-    if let Err(r) = tap.write(queue, &g.vhdr, &parts) {
+    if let Err(r) = tap.write(queue, &vhdr, &parts) {
         counters.count_drop(r);
     }
 }

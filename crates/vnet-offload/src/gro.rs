@@ -105,6 +105,17 @@ fn check_l4(frame: &[u8], l: &Layout) -> Result<(), Option<VirtioNetHdr>> {
     Err(None)
 }
 
+/// Whether a TCP/UDP frame's IPv4 header and L4 checksums are complete and correct.
+pub fn l4_checksum_ok(frame: &[u8]) -> bool {
+    match parse_l3l4(frame) {
+        Ok(l) => {
+            (l.l3 == L3::V6 || checksum(&frame[l.l2_len..l.l4_off()]) == 0)
+                && check_l4(frame, &l).is_ok()
+        }
+        Err(_) => false,
+    }
+}
+
 /// For a frame from the wire bound to a guest: `Some` header marking its checksum partial when
 /// a local sender left it so, `None` otherwise (valid, not TCP/UDP, or simply corrupt).
 pub fn partial_checksum_hint(frame: &[u8]) -> Option<VirtioNetHdr> {

@@ -70,6 +70,19 @@ pub fn gso_header(frame: &[u8], mss: u16) -> Option<VirtioNetHdr> {
     })
 }
 
+/// Turns the headers of a large frame whose checksum is complete (`total_len` bytes in all)
+/// into those of a GSO frame with a partial checksum, as a guest must receive a frame larger
+/// than its MTU: the L4 checksum field gets the pseudo-header sum, and the returned header
+/// asks for `mss`-byte segments.
+pub fn as_partial_gso(headers: &mut [u8], total_len: usize, mss: u16) -> Option<VirtioNetHdr> {
+    let l = parse_l3l4(headers).ok()?;
+    let l4_total = total_len.checked_sub(l.l4_off())?;
+    let field = l.l4_off() + l.csum_offset();
+    let ps = fold(l.pseudo_sum(headers, l4_total));
+    headers[field..field + 2].copy_from_slice(&ps.to_be_bytes());
+    gso_header(headers, mss)
+}
+
 /// Completes a partial checksum in place (`NEEDS_CSUM` without segmentation): the sum from
 /// `csum_start` to the end, with the field holding the pseudo-header sum, goes into the field.
 pub fn complete_checksum(frame: &mut [u8], vh: &VirtioNetHdr) -> Result<(), OffloadError> {
@@ -317,6 +330,27 @@ pub(crate) mod tests {
         assert_eq!(out.len(), 4);
         assert!((0..4).all(|i| valid(&join(&out, &f, i))));
         assert_eq!(crate::headers::claimed_frame_len(&[0u8; 10]), None);
+    }
+
+    #[test]
+    fn a_complete_large_frame_becomes_partial_gso() {
+        let (f, vh) = tso_frame(5000, false);
+        // complete its checksum as a software sender would have
+        let mut full = f.clone();
+        let tl = (full.len() - 14) as u16;
+        full[16..18].copy_from_slice(&tl.to_be_bytes());
+        let c = checksum(&full[14..34]);
+        full[24..26].copy_from_slice(&c.to_be_bytes());
+        complete_checksum(&mut full, &VirtioNetHdr { gso_type: 0, ..vh }).unwrap();
+        assert!(valid(&full));
+        let hl = vh.hdr_len as usize;
+        let mut h = full[..hl].to_vec();
+        let g = as_partial_gso(&mut h, full.len(), 1400).unwrap();
+        assert_eq!((g.gso_size, g.flags), (1400, VirtioNetHdr::F_NEEDS_CSUM));
+        let mut again = h.clone();
+        again.extend_from_slice(&full[hl..]);
+        complete_checksum(&mut again, &g).unwrap();
+        assert_eq!(again, full);
     }
 
     #[test]
