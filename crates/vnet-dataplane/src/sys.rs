@@ -107,15 +107,25 @@ pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     cvt_size(unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) })
 }
 
+/// The iovecs of `parts`, for system calls that only read them (the kernel never writes
+/// through these pointers, hence the `*mut` cast is sound).
+pub fn iovecs(parts: &[&[u8]]) -> Vec<libc::iovec> {
+    let mut v = Vec::with_capacity(parts.len());
+    push_iovecs(&mut v, parts);
+    v
+}
+
+/// Appends the iovecs of `parts` to `out` (see [`iovecs`]).
+pub fn push_iovecs(out: &mut Vec<libc::iovec>, parts: &[&[u8]]) {
+    out.extend(parts.iter().map(|p| libc::iovec {
+        iov_base: p.as_ptr() as *mut libc::c_void,
+        iov_len: p.len(),
+    }));
+}
+
 /// `writev(2)` of several slices as one frame.
 pub fn writev(fd: RawFd, parts: &[&[u8]]) -> io::Result<usize> {
-    let iov: Vec<libc::iovec> = parts
-        .iter()
-        .map(|p| libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        })
-        .collect();
+    let iov = iovecs(parts);
     // SAFETY: every iovec points into a slice borrowed for the duration of the call; the kernel
     // only reads from them.
     cvt_size(unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) })

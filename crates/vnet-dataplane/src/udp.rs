@@ -149,13 +149,7 @@ impl VxlanSocket {
         parts: &[&[u8]],
         gso_size: Option<u16>,
     ) -> Result<(), Option<DropReason>> {
-        let iov: Vec<libc::iovec> = parts
-            .iter()
-            .map(|p| libc::iovec {
-                iov_base: p.as_ptr() as *mut libc::c_void,
-                iov_len: p.len(),
-            })
-            .collect();
+        let iov = crate::sys::iovecs(parts);
         // Room for one cmsg carrying a u16 (CMSG_SPACE(2) is 24 on 64-bit Linux).
         let mut cbuf = [0u64; 4];
         // SAFETY: msghdr is plain data; zeroed is a valid empty header.
@@ -216,12 +210,7 @@ impl VxlanSocket {
         }
         let mut iovs: Vec<libc::iovec> = Vec::with_capacity(msgs.len() * P);
         for (_, parts) in msgs {
-            for p in parts {
-                iovs.push(libc::iovec {
-                    iov_base: p.as_ptr() as *mut libc::c_void,
-                    iov_len: p.len(),
-                });
-            }
+            crate::sys::push_iovecs(&mut iovs, parts);
         }
         let mut hdrs: Vec<libc::mmsghdr> = msgs
             .iter()
