@@ -474,7 +474,6 @@ impl Work {
             0
         };
         let mut lens = [0usize; BATCH];
-        let mut vhs = [VirtioNetHdr::default(); BATCH];
         let mut n = 0;
         let mut err = None;
         for buf in self.bufs.iter_mut() {
@@ -497,47 +496,36 @@ impl Work {
         }
         // The guest leaves checksums of ordinary frames partial (checksum offload); complete
         // them here, in place, so every port downstream gets an honest frame.
+        let mut frames: [Result<VirtioNetHdr, DropReason>; BATCH] =
+            [Ok(VirtioNetHdr::default()); BATCH];
         for i in 0..n {
-            if lens[i] < hl {
-                lens[i] = usize::MAX; // too short for the virtio-net header
-                continue;
-            }
-            if hl == 0 {
-                continue;
-            }
-            let Ok(mut vh) = VirtioNetHdr::parse(&self.bufs[i]) else {
-                continue;
+            frames[i] = if lens[i] < hl {
+                Err(DropReason::Truncated)
+            } else if hl == 0 {
+                Ok(VirtioNetHdr::default())
+            } else {
+                ingress_header(shared, &mut self.bufs[i][..lens[i]])
             };
-            if vh.gso_kind() == VirtioNetHdr::GSO_NONE && vh.needs_csum() {
-                if complete_checksum(&mut self.bufs[i][hl..lens[i]], &vh).is_ok() {
-                    shared.offload.csum_completed.fetch_add(1, Relaxed);
-                    vh.flags = VirtioNetHdr::F_DATA_VALID;
-                } else {
-                    lens[i] = usize::MAX - 1; // a header pointing outside the frame
-                }
-            }
-            vhs[i] = vh;
         }
         let bufs: &[Vec<u8>] = &self.bufs;
         let mut batch = TxBatch::default();
         for i in 0..n {
-            if lens[i] >= usize::MAX - 1 {
-                if let Some(p) = snap.ports.get(&port) {
-                    p.counters.rx(0);
-                    p.counters.count_drop(if lens[i] == usize::MAX {
-                        DropReason::Truncated
-                    } else {
-                        DropReason::BadOffload
-                    });
+            let vh = match frames[i] {
+                Ok(vh) => vh,
+                Err(reason) => {
+                    if let Some(p) = snap.ports.get(&port) {
+                        p.counters.rx(lens[i]);
+                        p.counters.count_drop(reason);
+                    }
+                    continue;
                 }
-                continue;
-            }
+            };
             process(
                 shared,
                 snap,
                 &mut self.ctx,
                 port,
-                vhs[i],
+                vh,
                 &bufs[i][hl..lens[i]],
                 Origin::Local,
                 &mut batch,
@@ -648,6 +636,19 @@ impl Work {
         batch.flush(shared, &snap.udp);
         Ok(frames)
     }
+}
+
+/// Reads the virtio-net header in front of a frame from a TAP and completes a partial checksum
+/// of an ordinary (non-GSO) frame in place.
+fn ingress_header(shared: &Shared, buf: &mut [u8]) -> Result<VirtioNetHdr, DropReason> {
+    let mut vh = VirtioNetHdr::parse(buf).map_err(|_| DropReason::Truncated)?;
+    if vh.gso_kind() == VirtioNetHdr::GSO_NONE && vh.needs_csum() {
+        complete_checksum(&mut buf[VIRTIO_NET_HDR_LEN..], &vh)
+            .map_err(|_| DropReason::BadOffload)?;
+        shared.offload.csum_completed.fetch_add(1, Relaxed);
+        vh.flags = VirtioNetHdr::F_DATA_VALID;
+    }
+    Ok(vh)
 }
 
 /// One VXLAN datagram: only from a link's peer, only with a VNI that peer has a link for.
