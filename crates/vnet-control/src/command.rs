@@ -101,6 +101,10 @@ pub struct InterfaceSpec {
     pub vni: Option<u32>,
     pub queues: Option<u32>,
     pub offload: Option<bool>,
+    /// `Some(path)` for a vhost-user interface (absent for a TAP).
+    pub vhost_socket: Option<String>,
+    /// vhost-user: connect to a VMM that listens, instead of listening.
+    pub client: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -438,10 +442,17 @@ fn parse_setting(w: &mut Words) -> Result<Setting, ParseError> {
 
 fn parse_interface(w: &mut Words) -> Result<InterfaceSpec, ParseError> {
     let name = name(w.next("interface name")?)?;
-    match w.next("interface type (tap)")? {
-        "tap" => {}
-        o => return err(format!("unknown interface type {} (tap)", quote(o))),
-    }
+    let vhost_socket = match w.next("interface type (tap, vhost-user)")? {
+        "tap" => None,
+        "vhost-user" => Some(socket_path(w.next("socket path")?)?),
+        o => {
+            return err(format!(
+                "unknown interface type {} (tap, vhost-user)",
+                quote(o)
+            ))
+        }
+    };
+    let vhost = vhost_socket.is_some();
     let mut spec = InterfaceSpec {
         name,
         ifname: None,
@@ -451,10 +462,16 @@ fn parse_interface(w: &mut Words) -> Result<InterfaceSpec, ParseError> {
         vni: None,
         queues: None,
         offload: None,
+        vhost_socket,
+        client: false,
     };
     while let Some(opt) = w.peek() {
         w.pos += 1;
         match opt {
+            "ifname" | "netns" | "offload" if vhost => {
+                return err(format!("option {opt} is for tap interfaces"))
+            }
+            "client" if vhost => spec.client = true,
             "ifname" => set_once(&mut spec.ifname, ifname(w.next("device name")?)?, opt)?,
             "mac" => set_once(&mut spec.mac, mac(w.next("MAC")?)?, opt)?,
             "mtu" => set_once(&mut spec.mtu, mtu(w.next("MTU")?)?, opt)?,
@@ -468,7 +485,7 @@ fn parse_interface(w: &mut Words) -> Result<InterfaceSpec, ParseError> {
             "offload" => set_once(&mut spec.offload, on_off(w.next("on or off")?)?, opt)?,
             o => {
                 return err(format!(
-                    "unknown interface option {} (ifname, mac, mtu, netns, vni, queues, offload)",
+                    "unknown interface option {} (ifname, mac, mtu, netns, vni, queues, offload; vhost-user: mac, mtu, vni, queues, client)",
                     quote(o)
                 ))
             }
@@ -580,6 +597,21 @@ fn ifname(s: &str) -> Result<String, ParseError> {
     }
 }
 
+fn socket_path(s: &str) -> Result<String, ParseError> {
+    let ok = s.starts_with('/')
+        && s.len() <= 107
+        && !s.split('/').any(|c| c == "..")
+        && s.bytes().all(|c| c.is_ascii_graphic());
+    if ok {
+        Ok(s.to_string())
+    } else {
+        err(format!(
+            "invalid socket path {} (absolute, at most 107 bytes, no ..)",
+            quote(s)
+        ))
+    }
+}
+
 fn netns(s: &str) -> Result<String, ParseError> {
     let ok = !s.is_empty()
         && s.len() <= 64
@@ -673,8 +705,16 @@ mod tests {
                 vni: Some(7),
                 queues: None,
                 offload: None,
+                vhost_socket: None,
+                client: false,
             })
         );
+        assert!(
+            matches!(p("interface add vm1 vhost-user /run/vnet/vm1.sock mac 52:54:00:00:00:09 queues 2 client"),
+            Command::InterfaceAdd(InterfaceSpec { vhost_socket: Some(ref s), client: true, queues: Some(2), .. }) if s == "/run/vnet/vm1.sock")
+        );
+        assert!(e("interface add vm1 vhost-user relative.sock").contains("socket path"));
+        assert!(e("interface add vm1 vhost-user /tmp/a.sock netns x").contains("for tap"));
         assert_eq!(p("interface del vm1"), Command::InterfaceDel("vm1".into()));
         assert!(e("interface add vm1 tap mtu 70000").contains("MTU"));
         assert!(e("interface add vm1 tap mtu 9000 mtu 1500").contains("twice"));

@@ -30,6 +30,9 @@ pub struct Interface {
     pub queues: u32,
     /// Virtio-net header offloads (TSO, checksum) on the TAP.
     pub offload: bool,
+    /// vhost-user: the socket, and whether vnet connects to the VMM (`client`).
+    pub socket: Option<String>,
+    pub client: bool,
 }
 
 /// The data path's tuning knobs (VNET/P sections 4.5-4.6), with the paper's published defaults.
@@ -259,12 +262,32 @@ impl Config {
         if self.interfaces.len() + self.links.len() >= MAX_PORTS {
             return refuse(format!("at most {MAX_PORTS} interfaces and links"));
         }
-        let ifname = spec.ifname.clone().unwrap_or_else(|| {
-            let mut n = format!("vn-{}", spec.name);
-            n.truncate(15);
-            n
-        });
-        if let Some(o) = self.interfaces.iter().find(|i| i.ifname == ifname) {
+        let ifname = match (&spec.vhost_socket, &spec.ifname) {
+            (Some(_), _) => String::new(),
+            (None, Some(n)) => n.clone(),
+            (None, None) => {
+                let mut n = format!("vn-{}", spec.name);
+                n.truncate(15);
+                n
+            }
+        };
+        if let Some(sock) = &spec.vhost_socket {
+            if let Some(o) = self
+                .interfaces
+                .iter()
+                .find(|i| i.socket.as_ref() == Some(sock))
+            {
+                return refuse(format!(
+                    "socket {sock} is already used by interface {}",
+                    o.name
+                ));
+            }
+        }
+        if let Some(o) = self
+            .interfaces
+            .iter()
+            .find(|i| !ifname.is_empty() && i.ifname == ifname)
+        {
             return refuse(format!(
                 "device {ifname} is already used by interface {}",
                 o.name
@@ -302,7 +325,11 @@ impl Config {
         }
         let iface = Interface {
             name: spec.name.clone(),
-            kind: "tap",
+            kind: if spec.vhost_socket.is_some() {
+                "vhost-user"
+            } else {
+                "tap"
+            },
             ifname,
             mac,
             mtu: spec.mtu.unwrap_or(DEFAULT_MTU),
@@ -310,6 +337,8 @@ impl Config {
             vni,
             queues: spec.queues.unwrap_or(1),
             offload: spec.offload.unwrap_or(true),
+            socket: spec.vhost_socket.clone(),
+            client: spec.client,
         };
         self.interfaces.push(iface.clone());
         Ok(vec![Change::AddInterface(iface)])
@@ -457,19 +486,33 @@ impl Config {
             let _ = writeln!(s, "listen tcp {a}");
         }
         for i in &self.interfaces {
-            let _ = write!(
-                s,
-                "interface add {} tap ifname {} mac {} mtu {}",
-                i.name, i.ifname, i.mac, i.mtu
-            );
-            if let Some(ns) = &i.netns {
-                let _ = write!(s, " netns {ns}");
+            match &i.socket {
+                Some(sock) => {
+                    let _ = write!(
+                        s,
+                        "interface add {} vhost-user {sock} mac {} mtu {}",
+                        i.name, i.mac, i.mtu
+                    );
+                    if i.client {
+                        s.push_str(" client");
+                    }
+                }
+                None => {
+                    let _ = write!(
+                        s,
+                        "interface add {} tap ifname {} mac {} mtu {}",
+                        i.name, i.ifname, i.mac, i.mtu
+                    );
+                    if let Some(ns) = &i.netns {
+                        let _ = write!(s, " netns {ns}");
+                    }
+                    if !i.offload {
+                        s.push_str(" offload off");
+                    }
+                }
             }
             if i.queues != 1 {
                 let _ = write!(s, " queues {}", i.queues);
-            }
-            if !i.offload {
-                s.push_str(" offload off");
             }
             let _ = writeln!(s, " vni {}", i.vni);
         }
@@ -586,7 +629,7 @@ mod tests {
 
     #[test]
     fn script_roundtrip_and_inverse() {
-        let script = "set learn on\nset mode polling\nset adaptive-low 20\nset adaptive-high 50\nset cpus 1\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000 queues 2 offload off\nlink add b udp 10.0.0.2 vni 1\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
+        let script = "set learn on\nset mode polling\nset adaptive-low 20\nset adaptive-high 50\nset cpus 1\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000 queues 2 offload off\ninterface add vm2 vhost-user /run/vm2.sock mac 02:00:00:00:00:02 queues 2 client\nlink add b udp 10.0.0.2 vni 1\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
         let mut c = Config::default();
         for (_, cmd) in parse_script(script).unwrap() {
             c.apply(&cmd, &mut mac_gen()).unwrap();

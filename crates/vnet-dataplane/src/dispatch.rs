@@ -26,6 +26,7 @@ use vnet_wire::{VxlanPacket, MAX_FRAME_LEN, VXLAN_HEADER_LEN};
 
 use crate::engine::{Shared, Snapshot};
 use crate::forward::{flush_coalescers, process, FwdCtx, Origin, TxBatch, IDLE_TICK};
+use crate::nic::GuestNic;
 use crate::packet::PacketSocket;
 use crate::sys::{self, cvt, EventFd};
 use crate::tap::Tap;

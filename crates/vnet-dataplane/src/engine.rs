@@ -17,10 +17,12 @@ use vnet_core::{
     FastMap, FastSet, ForwardingTable, LearnTable, MatrixEntry, PortCounters, PortCountersSnapshot,
     PortId, PortInfo, PortKind, RouteRule, TrafficMatrix,
 };
+use vnet_offload::VirtioNetHdr;
 use vnet_wire::{MacAddr, VxlanRepr, VXLAN_HEADER_LEN};
 
 use crate::dispatch::{DispatcherSet, Source, SourceKind};
-use crate::forward::OffloadCounters;
+use crate::forward::{process, FwdCtx, OffloadCounters, Origin, TxBatch};
+use crate::nic::GuestNic;
 use crate::packet::PacketSocket;
 use crate::tap::Tap;
 use crate::tcp::{self, TcpLink, TcpRole};
@@ -44,7 +46,8 @@ pub enum EngineError {
 
 /// How a frame leaves through a port.
 pub enum PortTx {
-    Tap(Arc<Tap>),
+    /// A guest's NIC: a TAP, or a vhost-user device.
+    Nic(Arc<dyn GuestNic>),
     Udp(UdpLinkTx),
     Tcp(Arc<TcpLink>),
     Direct(Arc<PacketSocket>),
@@ -189,9 +192,78 @@ pub struct Engine {
     dispatchers: DispatcherSet,
     next_id: u32,
     generation: u64,
+    /// Makes the guest NICs that are not TAPs (vhost-user), when the daemon provides one.
+    nic_factory: Option<Box<dyn NicFactory>>,
+}
+
+/// Creates guest NICs of kinds this crate does not implement itself (vhost-user, in
+/// `vnet-vhost`). The NIC feeds its guest's frames into the overlay through `ingress`.
+pub trait NicFactory: Send + Sync {
+    fn create(&self, iface: &Interface, ingress: Ingress) -> io::Result<Arc<dyn GuestNic>>;
+}
+
+/// How a NIC that is not read by the dispatchers (vhost-user) hands its guest's frames to the
+/// overlay, on its own thread.
+#[derive(Clone)]
+pub struct Ingress {
+    shared: Arc<Shared>,
+    port: PortId,
+}
+
+impl Ingress {
+    /// Forwards frames the guest sent, each with its virtio-net header, as one batch. A
+    /// partial checksum of an ordinary frame is completed in place first.
+    pub fn forward(&self, ctx: &mut FwdCtx, frames: &mut [(VirtioNetHdr, Vec<u8>)]) {
+        let snap = self.shared.snapshot.load_full();
+        for (vh, f) in frames.iter_mut() {
+            if vh.gso_kind() == VirtioNetHdr::GSO_NONE && vh.needs_csum() {
+                match vnet_offload::complete_checksum(f, vh) {
+                    Ok(()) => vh.flags = VirtioNetHdr::F_DATA_VALID,
+                    Err(_) => {
+                        if let Some(p) = snap.ports.get(&self.port) {
+                            p.counters.rx(f.len());
+                            p.counters.count_drop(vnet_core::DropReason::BadOffload);
+                        }
+                        f.clear();
+                        continue;
+                    }
+                }
+            }
+        }
+        let mut batch = TxBatch::default();
+        for (vh, f) in frames.iter() {
+            if !f.is_empty() {
+                process(
+                    &self.shared,
+                    &snap,
+                    ctx,
+                    self.port,
+                    *vh,
+                    f,
+                    Origin::Local,
+                    &mut batch,
+                );
+            }
+        }
+        batch.flush(&self.shared, &snap.udp);
+        ctx.flush(&self.shared);
+    }
+
+    /// Counts a frame from the guest that never became a frame (a bad descriptor chain).
+    pub fn count_drop(&self, reason: vnet_core::DropReason) {
+        if let Some(c) = self.shared.port_counters(self.port) {
+            c.rx(0);
+            c.count_drop(reason);
+        }
+    }
 }
 
 impl Engine {
+    /// Lets the engine create NICs of kinds other than `tap`.
+    pub fn set_nic_factory(&mut self, f: Box<dyn NicFactory>) {
+        self.nic_factory = Some(f);
+    }
+
     /// Binds the VXLAN socket and starts the dispatchers with default settings.
     pub fn new(udp_bind: SocketAddr) -> io::Result<Engine> {
         let udp = Arc::new(VxlanSocket::bind(udp_bind)?);
@@ -215,6 +287,7 @@ impl Engine {
             dispatchers,
             next_id: 1,
             generation: 0,
+            nic_factory: None,
         })
     }
 
@@ -272,6 +345,9 @@ impl Engine {
             name: i.name.clone(),
             source,
         };
+        if i.kind != "tap" {
+            return self.add_external_interface(i);
+        }
         let tap = Arc::new(Tap::open(i).map_err(err)?);
         let id = self.alloc_id();
         let entry = PortEntry {
@@ -279,7 +355,7 @@ impl Engine {
                 vni: i.vni,
                 kind: PortKind::Interface,
             },
-            tx: Arc::new(PortTx::Tap(tap.clone())),
+            tx: Arc::new(PortTx::Nic(tap.clone())),
             counters: Arc::new(PortCounters::default()),
         };
         let sources: Vec<Arc<Source>> = (0..tap.queues())
@@ -301,6 +377,51 @@ impl Engine {
                 id,
                 entry,
                 sources,
+                workers: vec![],
+                tcp: None,
+                udp_peer: None,
+                tcp_accept_peer: None,
+            },
+        );
+        Ok(())
+    }
+
+    fn add_external_interface(&mut self, i: &Interface) -> Result<(), EngineError> {
+        let err = |source| EngineError::Interface {
+            name: i.name.clone(),
+            source,
+        };
+        let Some(factory) = &self.nic_factory else {
+            return Err(err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{} interfaces are not available", i.kind),
+            )));
+        };
+        let id = PortId(self.next_id);
+        let nic = factory
+            .create(
+                i,
+                Ingress {
+                    shared: self.shared.clone(),
+                    port: id,
+                },
+            )
+            .map_err(err)?;
+        self.next_id += 1;
+        info!(name = %i.name, kind = i.kind, socket = ?i.socket, mac = %i.mac, vni = i.vni, "interface added");
+        self.ports.insert(
+            (DestKind::Interface, i.name.clone()),
+            PortRuntime {
+                id,
+                entry: PortEntry {
+                    info: PortInfo {
+                        vni: i.vni,
+                        kind: PortKind::Interface,
+                    },
+                    tx: Arc::new(PortTx::Nic(nic)),
+                    counters: Arc::new(PortCounters::default()),
+                },
+                sources: vec![],
                 workers: vec![],
                 tcp: None,
                 udp_peer: None,

@@ -17,6 +17,7 @@ use vnet_offload::{segment, Coalescer, GroOutput, Offered, PayloadRef, SegmentLi
 use vnet_wire::{EthernetFrame, WireError, VXLAN_HEADER_LEN};
 
 use crate::engine::{PortTx, Shared, Snapshot, UdpLinkTx};
+use crate::nic::GuestNic;
 use crate::udp::{VxlanSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 
 /// Largest frame a UDP link carries whole: one UDP datagram holds at most 65507 bytes (IPv4).
@@ -216,25 +217,25 @@ pub fn process<'a>(
             continue;
         };
         let r = match (&*out.tx, origin) {
-            (PortTx::Tap(tap), Origin::Wire { at, bufs })
+            (PortTx::Nic(tap), Origin::Wire { at, bufs })
                 if tap.has_vnet_hdr() && targets.len() == 1 =>
             {
                 let c = coalescers.entry(*t).or_default();
                 let mut emit =
-                    |g: GroOutput<'_>| emit_to_tap(shared, tap, *queue, &out.counters, g, bufs);
+                    |g: GroOutput<'_>| emit_to_tap(shared, &**tap, *queue, &out.counters, g, bufs);
                 match c.offer(frame, at, &mut emit) {
                     Offered::Held => Ok(()),
-                    Offered::Plain => wire_to_tap(shared, tap, *queue, frame, None, scratch),
+                    Offered::Plain => wire_to_tap(shared, &**tap, *queue, frame, None, scratch),
                     Offered::Partial(p) => {
-                        wire_to_tap(shared, tap, *queue, frame, Some(p), scratch)
+                        wire_to_tap(shared, &**tap, *queue, frame, Some(p), scratch)
                     }
                 }
             }
-            (PortTx::Tap(tap), Origin::Wire { .. }) => {
+            (PortTx::Nic(tap), Origin::Wire { .. }) => {
                 let hint = vnet_offload::partial_checksum_hint(frame);
-                wire_to_tap(shared, tap, *queue, frame, hint, scratch)
+                wire_to_tap(shared, &**tap, *queue, frame, hint, scratch)
             }
-            (PortTx::Tap(tap), Origin::Local) => {
+            (PortTx::Nic(tap), Origin::Local) => {
                 if tap.has_vnet_hdr() || vh.is_plain() {
                     tap.write(*queue, &vh, &[frame])
                 } else {
@@ -272,7 +273,7 @@ pub fn process<'a>(
 /// left partial by a local sender.
 fn wire_to_tap(
     shared: &Shared,
-    tap: &crate::tap::Tap,
+    tap: &dyn GuestNic,
     queue: usize,
     frame: &[u8],
     partial: Option<VirtioNetHdr>,
@@ -322,7 +323,7 @@ fn wire_to_tap(
 /// A frame with a partial checksum larger than the guest's MTU is a kernel sender's
 /// unsegmented GSO frame (a veth underlay passes those whole): describe it to the guest as
 /// one, with segments that fit its MTU.
-fn partial_for_tap(tap: &crate::tap::Tap, frame: &[u8], partial: VirtioNetHdr) -> VirtioNetHdr {
+fn partial_for_tap(tap: &dyn GuestNic, frame: &[u8], partial: VirtioNetHdr) -> VirtioNetHdr {
     if frame.len() <= tap.max_frame() {
         return partial;
     }
@@ -339,7 +340,7 @@ fn partial_for_tap(tap: &crate::tap::Tap, frame: &[u8], partial: VirtioNetHdr) -
 /// Writes a coalesced (or single, verified) frame to a guest.
 fn emit_to_tap(
     shared: &Shared,
-    tap: &crate::tap::Tap,
+    tap: &dyn GuestNic,
     queue: usize,
     counters: &Arc<PortCounters>,
     g: GroOutput<'_>,
@@ -391,8 +392,8 @@ pub fn flush_coalescers(shared: &Shared, snap: &Snapshot, ctx: &mut FwdCtx, bufs
             continue;
         }
         match snap.ports.get(port).map(|e| (&*e.tx, &e.counters)) {
-            Some((PortTx::Tap(tap), counters)) => {
-                c.flush(&mut |g| emit_to_tap(shared, tap, queue, counters, g, bufs));
+            Some((PortTx::Nic(tap), counters)) => {
+                c.flush(&mut |g| emit_to_tap(shared, &**tap, queue, counters, g, bufs));
             }
             _ => c.flush(&mut |_| {}),
         }

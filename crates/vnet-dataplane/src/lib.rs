@@ -7,6 +7,7 @@ pub mod dispatch;
 pub mod engine;
 pub mod forward;
 pub mod netns;
+pub mod nic;
 pub mod packet;
 pub mod sys;
 pub mod tap;
@@ -14,4 +15,5 @@ pub mod tcp;
 pub mod udp;
 mod worker;
 
-pub use engine::{Engine, EngineError, PortStatus};
+pub use engine::{Engine, EngineError, Ingress, NicFactory, PortStatus};
+pub use nic::GuestNic;

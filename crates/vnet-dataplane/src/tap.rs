@@ -17,6 +17,7 @@ use vnet_offload::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 use vnet_wire::MAX_FRAME_LEN;
 
 use crate::netns;
+use crate::nic::GuestNic;
 use crate::sys::{self, IfReq};
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
@@ -124,11 +125,6 @@ impl Tap {
         })
     }
 
-    /// The largest ordinary (non-GSO) frame the guest takes: MTU, Ethernet header, VLAN tag.
-    pub fn max_frame(&self) -> usize {
-        self.max_frame
-    }
-
     pub fn queue_fd(&self, q: usize) -> RawFd {
         self.queues[q % self.queues.len()].as_raw_fd()
     }
@@ -140,15 +136,12 @@ impl Tap {
     pub fn ifname(&self) -> &str {
         &self.ifname
     }
+}
 
-    /// Whether frames carry a virtio-net header (offload on).
-    pub fn has_vnet_hdr(&self) -> bool {
-        self.vnet_hdr
-    }
-
+impl GuestNic for Tap {
     /// Delivers a frame (given in parts, gathered by the kernel) to the guest on queue `q`.
     /// `vh` must be plain when the TAP has no virtio-net header.
-    pub fn write(&self, q: usize, vh: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
+    fn write(&self, q: usize, vh: &VirtioNetHdr, parts: &[&[u8]]) -> Result<(), DropReason> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let limit = if vh.gso_kind() != VirtioNetHdr::GSO_NONE {
             MAX_FRAME_LEN
@@ -179,5 +172,13 @@ impl Tap {
             sys::writev(fd, &v)
         };
         r.map(|_| ()).map_err(|_| DropReason::TxError)
+    }
+
+    fn has_vnet_hdr(&self) -> bool {
+        self.vnet_hdr
+    }
+
+    fn max_frame(&self) -> usize {
+        self.max_frame
     }
 }
