@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The system suite also runs the benchmark suite in quick mode and boots real QEMU guests;
+# both install what they need (idempotent).
+bash scripts/bench.sh --install-only
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 

@@ -1,0 +1,1 @@
+"""vnet test guest tooling: see guest/README.md."""
