@@ -8,7 +8,7 @@ bash scripts/setup.sh
 # both install what they need (idempotent).
 bash scripts/bench.sh --install-only
 
-say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+. scripts/lib.sh
 
 say "format and lint"
 cargo fmt --all -- --check

@@ -1,0 +1,282 @@
+"""The measurements: iperf3 (TCP, UDP), sockperf ping-pong, CPU accounting.
+
+Every function runs one test of one configuration on a Testbed and returns a list of
+samples (dicts with metric, value, unit, extra) plus the evidence that the traffic took the
+configuration's path (counters before/after). It never decides whether a number is good."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Optional
+
+from testbed import Testbed, check_path, dispatch_delta, is_vnet
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class MeasureError(RuntimeError):
+    pass
+
+
+# --- CPU ------------------------------------------------------------------------------------
+
+def machine_cpu() -> tuple:
+    """(busy CPU seconds, wall time) of the whole machine from /proc/stat: user + nice +
+    system + irq + softirq + steal over all CPUs. Softirq is where the kernel does the
+    network work of veth, bridges and the kernel VXLAN, so this charges every configuration
+    for all of the work it causes."""
+    with open("/proc/stat") as f:
+        parts = f.readline().split()
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in parts[1:9])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK, time.monotonic()
+
+
+def proc_cpu(pid: int) -> float:
+    """utime + stime (all threads) of one process, seconds; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class CpuMeter:
+    def __init__(self, pids=()):
+        self.pids = list(pids)
+
+    def __enter__(self):
+        self.m0, self.t0 = machine_cpu()
+        self.p0 = {p: proc_cpu(p) for p in self.pids}
+        return self
+
+    def __exit__(self, *exc):
+        self.m1, self.t1 = machine_cpu()
+        self.p1 = {p: proc_cpu(p) for p in self.pids}
+        return False
+
+    @property
+    def machine_s(self) -> float:
+        return self.m1 - self.m0
+
+    @property
+    def wall_s(self) -> float:
+        return self.t1 - self.t0
+
+    @property
+    def procs_s(self) -> float:
+        return sum(self.p1[p] - self.p0[p] for p in self.pids)
+
+
+def background_cpu(seconds: float = 1.0) -> float:
+    """Busy CPUs (0..ncpu) of the machine while the suite does nothing: other people's
+    builds and tests skew CPU-per-GB and everything else; the summary reports it."""
+    m0, t0 = machine_cpu()
+    time.sleep(seconds)
+    m1, t1 = machine_cpu()
+    return (m1 - m0) / (t1 - t0)
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+def _run(ns, argv, timeout):
+    return ns.exec(*argv, check=False, timeout=timeout)
+
+
+def _json(out: str, what: str) -> dict:
+    try:
+        j = json.loads(out)
+    except ValueError:
+        raise MeasureError(f"{what}: no JSON output: {out[-800:]!r}")
+    if "error" in j:
+        raise MeasureError(f"{what}: {j['error']}")
+    return j
+
+
+def _evidence(tb: Testbed, config: str, before: dict, after: dict, ab: int, ba: int = 0) -> dict:
+    ev = {"check": check_path(config, before, after, ab, ba)}
+    if is_vnet(config):
+        ev["dispatch"] = dispatch_delta(before, after)
+    return ev
+
+
+# --- iperf3 ---------------------------------------------------------------------------------
+
+def iperf_tcp(tb: Testbed, config: str, seconds: float, streams: int = 1) -> list:
+    """TCP throughput A -> B (iperf3, receiver's goodput), with CPU seconds per GB moved:
+    the whole machine's (from /proc/stat) and, for vnet, the two daemons' own."""
+    ep = tb.endpoint(config)
+    tb.server("iperf3", ep)
+    argv = ["iperf3", "-c", ep.server_ip, "-B", ep.client_ip, "-p", 5201, "-t", seconds, "-J"]
+    if streams > 1:
+        argv += ["-P", streams]
+    pids = tb.vnetd_pids() if is_vnet(config) else []
+    before = tb.counters(config)
+    with CpuMeter(pids) as cpu:
+        r = _run(ep.client, argv, seconds + 30)
+    after = tb.counters(config)
+    if r.returncode != 0 and not r.stdout.strip().startswith("{"):
+        tb.restart_server("iperf3", ep)
+        raise MeasureError(f"iperf3 rc={r.returncode}: {r.stderr[-500:]}")
+    try:
+        j = _json(r.stdout, "iperf3")
+    except MeasureError:
+        tb.restart_server("iperf3", ep)
+        raise
+    recv = j["end"]["sum_received"]
+    sent = j["end"].get("sum_sent", {})
+    gbps = recv["bits_per_second"] / 1e9
+    nbytes = int(recv["bytes"])
+    gb = nbytes / 1e9
+    ev = _evidence(tb, config, before, after, nbytes)
+    extra = {"bytes": nbytes, "retransmits": sent.get("retransmits"), "seconds": recv.get("seconds"),
+             "streams": streams}
+    tag = f"tcp{streams}"
+    out = [dict(metric=f"{tag}_gbps", value=gbps, unit="Gbit/s", extra=extra, **ev)]
+    if gb > 0:
+        cpu_extra = {"machine_cpu_s": round(cpu.machine_s, 3), "wall_s": round(cpu.wall_s, 3),
+                     "gb": round(gb, 4), "from": f"{tag}_gbps"}
+        out.append(dict(metric=f"cpu_s_per_gb_{tag}", value=cpu.machine_s / gb, unit="CPU-s/GB",
+                        extra=cpu_extra, check=ev["check"]))
+        if pids:
+            out.append(dict(metric=f"vnetd_cpu_s_per_gb_{tag}", value=cpu.procs_s / gb, unit="CPU-s/GB",
+                            extra={"vnetd_cpu_s": round(cpu.procs_s, 3), "gb": round(gb, 4),
+                                   "pids": pids}, check=ev["check"]))
+    return out
+
+
+def iperf_udp(tb: Testbed, config: str, seconds: float, rate: str = "0") -> list:
+    """UDP goodput A -> B (iperf3 -u, datagrams that fill the path's MTU without
+    fragmentation, sender unlimited unless ``rate``): the receiver's goodput and loss."""
+    ep = tb.endpoint(config)
+    tb.server("iperf3", ep)
+    length = ep.mtu - 28
+    argv = ["iperf3", "-c", ep.server_ip, "-B", ep.client_ip, "-p", 5201, "-u", "-b", rate,
+            "-l", length, "-t", seconds, "-J"]
+    before = tb.counters(config)
+    r = _run(ep.client, argv, seconds + 30)
+    after = tb.counters(config)
+    try:
+        j = _json(r.stdout, "iperf3 -u")
+    except MeasureError:
+        tb.restart_server("iperf3", ep)
+        raise
+    recv = j["end"]["sum_received"]
+    nbytes = int(recv["bytes"])
+    ev = _evidence(tb, config, before, after, nbytes)
+    extra = {"bytes": nbytes, "datagram": length, "lost_percent": recv.get("lost_percent"),
+             "packets": recv.get("packets"), "lost_packets": recv.get("lost_packets"),
+             "sender_gbps": j["end"].get("sum_sent", {}).get("bits_per_second", 0) / 1e9}
+    return [dict(metric="udp_gbps", value=recv["bits_per_second"] / 1e9, unit="Gbit/s", extra=extra, **ev),
+            dict(metric="udp_loss_pct", value=float(recv.get("lost_percent") or 0.0), unit="%",
+                 extra={"from": "udp_gbps"}, check=ev["check"])]
+
+
+# --- sockperf -------------------------------------------------------------------------------
+
+_PCT = re.compile(r"percentile\s+([\d.]+)\s*=\s*([\d.]+)")
+_AVG = re.compile(r"avg-rtt=([\d.]+)")
+_TOTAL = re.compile(r"\[Total Run\].*SentMessages=(\d+); ReceivedMessages=(\d+)")
+_VALID = re.compile(r"\[Valid Duration\].*SentMessages=(\d+); ReceivedMessages=(\d+)")
+_DROPPED = re.compile(r"# dropped messages = (\d+)")
+
+
+def parse_sockperf(out: str) -> dict:
+    pct = {float(a): float(b) for a, b in _PCT.findall(out)}
+    m = _TOTAL.search(out)
+    v = _VALID.search(out)
+    if "No valid observations" in out:
+        raise MeasureError("sockperf: no valid observations (probably a message or its reply was lost and the "
+                           "client waited for it until the end of the test)")
+    if 50.0 not in pct:
+        raise MeasureError("sockperf: no percentiles in its output")
+    d = _DROPPED.search(out)
+    a = _AVG.search(out)
+    return {"p50": pct[50.0], "p99": pct.get(99.0), "p999": pct.get(99.9), "p25": pct.get(25.0),
+            "p75": pct.get(75.0), "avg": float(a.group(1)) if a else None,
+            "total_sent": int(m.group(1)) if m else 0, "total_received": int(m.group(2)) if m else 0,
+            "observations": int(v.group(2)) if v else 0, "dropped": int(d.group(1)) if d else None}
+
+
+def read_full_log(path: Path, keep: int = 20000) -> list:
+    """RTTs (µs) from ``sockperf --full-log``, evenly thinned to at most ``keep``."""
+    vals = []
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split(",")
+                if len(parts) == 4 and parts[0].strip().isdigit():
+                    try:
+                        vals.append(float(parts[3]))
+                    except ValueError:
+                        pass
+    except OSError:
+        return []
+    if len(vals) > keep:
+        step = len(vals) / keep
+        vals = [vals[int(i * step)] for i in range(keep)]
+    return vals
+
+
+def sockperf_pp(tb: Testbed, config: str, size: int, seconds: float, full_log: Optional[Path] = None) -> dict:
+    """One UDP ping-pong run of ``size``-byte messages A <-> B, round-trip times in µs."""
+    ep = tb.endpoint(config)
+    tb.server("sockperf", ep)
+    argv = ["sockperf", "ping-pong", "-i", ep.server_ip, "-p", 11111, "--client_ip", ep.client_ip,
+            "-m", size, "-t", seconds, "--full-rtt"]
+    if full_log:
+        argv += ["--full-log", full_log]
+    before = tb.counters(config)
+    r = _run(ep.client, argv, seconds + 20)
+    after = tb.counters(config)
+    out = r.stdout + r.stderr
+    try:
+        if r.returncode != 0:
+            raise MeasureError(f"sockperf rc={r.returncode}")
+        res = parse_sockperf(out)
+    except MeasureError as e:
+        # keep the evidence: what sockperf saw, and what the path's counters saw
+        tb.restart_server("sockperf", ep)
+        total = _TOTAL.search(out)
+        seen = "; ".join(l.split("sockperf: ", 1)[-1] for l in out.splitlines()
+                         if "Total Run" in l or "No valid" in l or "ERROR" in l)
+        ev = _evidence(tb, config, before, after, 0, 0)
+        chk = {k: v for k, v in ev["check"].items() if k not in ("path", "ok", "payload_ab", "payload_ba")}
+        raise MeasureError(f"{e}: {seen or out[-400:]!r}; path counters during the test: {chk}"
+                           + (f" (sent {total.group(1)}, received {total.group(2)})" if total else ""))
+    # every received reply crossed twice; count only the replies both ways (a request whose
+    # reply was lost may not have arrived)
+    payload = res["total_received"] * size
+    res.update(_evidence(tb, config, before, after, payload, payload))
+    return res
+
+
+def latency64(tb: Testbed, config: str, seconds: float, log_dir: Path, tag: str) -> tuple:
+    """64-byte round trip: p50, p99, p99.9 samples, plus the RTTs for the box plot."""
+    fl = log_dir / f"sockperf-{tag}.csv"
+    res = sockperf_pp(tb, config, 64, seconds, full_log=fl)
+    rtts = read_full_log(fl)
+    try:
+        fl.unlink()
+    except OSError:
+        pass
+    extra = {k: res[k] for k in ("p25", "p75", "avg", "observations", "dropped", "total_received")}
+    ev = {k: res[k] for k in ("check", "dispatch") if k in res}
+    samples = [dict(metric="rtt64_p50_us", value=res["p50"], unit="µs", extra=extra, **ev),
+               dict(metric="rtt64_p99_us", value=res["p99"], unit="µs", extra={"from": "rtt64_p50_us"},
+                    check=ev["check"]),
+               dict(metric="rtt64_p999_us", value=res["p999"], unit="µs", extra={"from": "rtt64_p50_us"},
+                    check=ev["check"])]
+    return samples, rtts
+
+
+def latency_size(tb: Testbed, config: str, size: int, seconds: float) -> list:
+    res = sockperf_pp(tb, config, size, seconds)
+    extra = {k: res[k] for k in ("p99", "p999", "avg", "observations", "dropped")}
+    extra["size"] = size
+    ev = {k: res[k] for k in ("check", "dispatch") if k in res}
+    return [dict(metric=f"rtt_size_{size}_p50_us", value=res["p50"], unit="µs", extra=extra, **ev)]

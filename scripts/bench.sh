@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# vnet's benchmark suite: installs what it needs (Debian 12, idempotent), builds vnet (release),
+# then runs bench/run.py with the arguments given here. Run as root.
+#
+#   bash scripts/bench.sh                  # full run (< 10 min), results/bench-<UTC time>/
+#   bash scripts/bench.sh --quick          # CI smoke run (~1 min)
+#   bash scripts/bench.sh --install-only   # only the packages (for CI set-up)
+#   bash scripts/bench.sh --help           # every option of bench/run.py
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+. scripts/lib.sh
+
+if [ "$(id -u)" != 0 ]; then
+    echo "bench.sh: run as root (the suite creates network namespaces, TAP devices, qdiscs)" >&2
+    exit 1
+fi
+
+install_only=0
+if [ "${1:-}" = "--install-only" ]; then
+    install_only=1
+    shift
+fi
+
+# iperf3 (TCP/UDP), sockperf (latency), Open MPI + NetPIPE + hpcc (application level; Debian's
+# hpcc is built against Open MPI), matplotlib (plots), ethtool/procps/iproute2 (the testbed).
+pkgs=(iproute2 iputils-ping iperf3 sockperf openmpi-bin hpcc netpipe-openmpi python3-matplotlib ethtool procps)
+ensure_packages "${pkgs[@]}"
+
+[ -e /dev/net/tun ] || { mkdir -p /dev/net && mknod /dev/net/tun c 10 200; }
+modprobe tun 2>/dev/null || true
+modprobe vxlan 2>/dev/null || true
+modprobe sch_tbf 2>/dev/null || true
+
+[ "$install_only" = 1 ] && exit 0
+
+ensure_cargo
+say "building vnet (release)"
+cargo build --release --quiet
+
+# Debian's matplotlib belongs to /usr/bin/python3; bench/run.py re-executes itself there when
+# the python3 on PATH (pyenv, venv) lacks it.
+say "running the benchmark suite"
+exec python3 bench/run.py "$@"
