@@ -514,10 +514,7 @@ impl Work {
             let vh = match frames[i] {
                 Ok(vh) => vh,
                 Err(reason) => {
-                    if let Some(p) = snap.ports.get(&port) {
-                        p.counters.rx(lens[i]);
-                        p.counters.count_drop(reason);
-                    }
+                    snap.count_rx_drop(port, lens[i], reason);
                     continue;
                 }
             };
@@ -562,10 +559,7 @@ impl Work {
         for i in 0..n {
             if lens[i] > bufs[i].len() {
                 // MSG_TRUNC: the frame was larger than anything vnet carries.
-                if let Some(e) = snap.ports.get(&port) {
-                    e.counters.rx(lens[i]);
-                    e.counters.count_drop(DropReason::Oversize);
-                }
+                snap.count_rx_drop(port, lens[i], DropReason::Oversize);
                 continue;
             }
             process(
@@ -687,11 +681,7 @@ fn receive_datagram<'a>(
     if let Some(mss) = tunnel_mss {
         // A large frame with a partial checksum: forward it as a guest's TSO frame would go.
         let Some(vh) = gso_header(frame, mss.min(u16::MAX as usize) as u16) else {
-            if let Some(p) = snap.ports.get(&port) {
-                p.counters.rx(frame.len());
-                p.counters.count_drop(DropReason::BadOffload);
-            }
-            return;
+            return snap.count_rx_drop(port, frame.len(), DropReason::BadOffload);
         };
         shared.offload.tunnel_gso.fetch_add(1, Relaxed);
         return process(shared, snap, ctx, port, vh, frame, Origin::Local, batch);

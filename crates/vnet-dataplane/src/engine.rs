@@ -82,6 +82,14 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Counts a frame read on `port` that never reached forwarding.
+    pub fn count_rx_drop(&self, port: PortId, len: usize, reason: vnet_core::DropReason) {
+        if let Some(p) = self.ports.get(&port) {
+            p.counters.rx(len);
+            p.counters.count_drop(reason);
+        }
+    }
+
     fn empty(udp: Arc<VxlanSocket>) -> Snapshot {
         Snapshot {
             table: ForwardingTable::default(),
@@ -220,10 +228,7 @@ impl Ingress {
                 match vnet_offload::complete_checksum(f, vh) {
                     Ok(()) => vh.flags = VirtioNetHdr::F_DATA_VALID,
                     Err(_) => {
-                        if let Some(p) = snap.ports.get(&self.port) {
-                            p.counters.rx(f.len());
-                            p.counters.count_drop(vnet_core::DropReason::BadOffload);
-                        }
+                        snap.count_rx_drop(self.port, f.len(), vnet_core::DropReason::BadOffload);
                         f.clear();
                         continue;
                     }
