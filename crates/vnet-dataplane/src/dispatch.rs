@@ -475,26 +475,16 @@ impl Work {
             0
         };
         let mut lens = [0usize; BATCH];
-        let mut n = 0;
-        let mut err = None;
-        for buf in self.bufs.iter_mut() {
-            match sys::read(fd, buf) {
-                Ok(len) => {
-                    lens[n] = len;
-                    n += 1;
-                }
-                Err(e)
-                    if e.kind() == io::ErrorKind::WouldBlock
-                        || e.kind() == io::ErrorKind::Interrupted =>
-                {
-                    break
-                }
-                Err(e) => {
-                    err = Some(e);
-                    break;
-                }
+        let (n, err) = read_batch(&mut self.bufs, &mut lens, |buf| match sys::read(fd, buf) {
+            Ok(len) => Ok(Some(len)),
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted =>
+            {
+                Ok(None)
             }
-        }
+            Err(e) => Err(e),
+        });
         // The guest leaves checksums of ordinary frames partial (checksum offload); complete
         // them here, in place, so every port downstream gets an honest frame.
         let mut frames: [Result<VirtioNetHdr, DropReason>; BATCH] =
@@ -508,28 +498,7 @@ impl Work {
                 ingress_header(shared, &mut self.bufs[i][..lens[i]])
             };
         }
-        let bufs: &[Vec<u8>] = &self.bufs;
-        let mut batch = TxBatch::default();
-        for i in 0..n {
-            let vh = match frames[i] {
-                Ok(vh) => vh,
-                Err(reason) => {
-                    snap.count_rx_drop(port, lens[i], reason);
-                    continue;
-                }
-            };
-            process(
-                shared,
-                snap,
-                &mut self.ctx,
-                port,
-                vh,
-                &bufs[i][hl..lens[i]],
-                Origin::Local,
-                &mut batch,
-            );
-        }
-        batch.flush(shared, &snap.udp);
+        self.forward_read(shared, snap, port, hl, &lens[..n], &frames[..n]);
         match err {
             Some(e) if n == 0 => Err(e),
             _ => Ok(n),
@@ -544,37 +513,50 @@ impl Work {
         port: PortId,
     ) -> io::Result<usize> {
         let mut lens = [0usize; BATCH];
-        let mut n = 0;
-        for buf in self.bufs.iter_mut() {
-            match p.recv(buf)? {
-                Some(len) => {
-                    lens[n] = len;
-                    n += 1;
-                }
-                None => break,
+        let (n, err) = read_batch(&mut self.bufs, &mut lens, |buf| p.recv(buf));
+        let mut frames: [Result<VirtioNetHdr, DropReason>; BATCH] =
+            [Ok(VirtioNetHdr::default()); BATCH];
+        for i in 0..n {
+            if lens[i] > self.bufs[i].len() {
+                // MSG_TRUNC: the frame was larger than anything vnet carries.
+                frames[i] = Err(DropReason::Oversize);
             }
         }
+        self.forward_read(shared, snap, port, 0, &lens[..n], &frames[..n]);
+        match err {
+            Some(e) if n == 0 => Err(e),
+            _ => Ok(n),
+        }
+    }
+
+    /// Forwards frames read into `self.bufs` (after `hl` header bytes), one batch.
+    fn forward_read(
+        &mut self,
+        shared: &Shared,
+        snap: &Snapshot,
+        port: PortId,
+        hl: usize,
+        lens: &[usize],
+        frames: &[Result<VirtioNetHdr, DropReason>],
+    ) {
         let bufs: &[Vec<u8>] = &self.bufs;
         let mut batch = TxBatch::default();
-        for i in 0..n {
-            if lens[i] > bufs[i].len() {
-                // MSG_TRUNC: the frame was larger than anything vnet carries.
-                snap.count_rx_drop(port, lens[i], DropReason::Oversize);
-                continue;
+        for (i, f) in frames.iter().enumerate() {
+            match f {
+                Ok(vh) => process(
+                    shared,
+                    snap,
+                    &mut self.ctx,
+                    port,
+                    *vh,
+                    &bufs[i][hl..lens[i]],
+                    Origin::Local,
+                    &mut batch,
+                ),
+                Err(reason) => snap.count_rx_drop(port, lens[i], *reason),
             }
-            process(
-                shared,
-                snap,
-                &mut self.ctx,
-                port,
-                VirtioNetHdr::default(),
-                &bufs[i][..lens[i]],
-                Origin::Local,
-                &mut batch,
-            );
         }
         batch.flush(shared, &snap.udp);
-        Ok(n)
     }
 
     fn drain_udp(
@@ -631,6 +613,27 @@ impl Work {
         batch.flush(shared, &snap.udp);
         Ok(frames)
     }
+}
+
+/// Reads up to `BATCH` frames, one per buffer, until `recv` has nothing (`Ok(None)`) or fails;
+/// returns how many were read, and the error that stopped it, if any.
+fn read_batch(
+    bufs: &mut [Vec<u8>],
+    lens: &mut [usize; BATCH],
+    mut recv: impl FnMut(&mut [u8]) -> io::Result<Option<usize>>,
+) -> (usize, Option<io::Error>) {
+    let mut n = 0;
+    for buf in bufs.iter_mut().take(BATCH) {
+        match recv(buf) {
+            Ok(Some(len)) => {
+                lens[n] = len;
+                n += 1;
+            }
+            Ok(None) => break,
+            Err(e) => return (n, Some(e)),
+        }
+    }
+    (n, None)
 }
 
 /// Reads the virtio-net header in front of a frame from a TAP and completes a partial checksum
