@@ -69,6 +69,25 @@ impl fmt::Display for YieldStrategy {
     }
 }
 
+/// When a vhost-user device notifies the guest of received frames (VNET/P+ section 4.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NotifyMode {
+    /// Once per processed batch, when the guest asked (EVENT_IDX).
+    Batch,
+    /// Early when a burst begins, then at its end by receive density (α, β).
+    Optimistic,
+}
+
+impl fmt::Display for NotifyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NotifyMode::Batch => "batch",
+            NotifyMode::Optimistic => "optimistic",
+        })
+    }
+}
+
 /// One `set` command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Setting {
@@ -82,6 +101,10 @@ pub enum Setting {
     AdaptiveHigh(u32),
     AdaptiveWindowMs(u32),
     Cpus(Vec<u32>),
+    CutThrough(bool),
+    Notify(NotifyMode),
+    NotifyAlphaMbps(u32),
+    NotifyBetaMbps(u32),
 }
 
 impl Command {
@@ -373,7 +396,7 @@ pub fn parse_script(text: &str) -> Result<Vec<(usize, Command)>, ScriptError> {
 }
 
 fn parse_setting(w: &mut Words) -> Result<Setting, ParseError> {
-    const SETTINGS: &str = "learn, mode, dispatchers, yield, yield-sleep-us, yield-nowork-us, adaptive-low, adaptive-high, adaptive-window-ms, cpus";
+    const SETTINGS: &str = "learn, mode, dispatchers, yield, yield-sleep-us, yield-nowork-us, adaptive-low, adaptive-high, adaptive-window-ms, cpus, cut-through, notify, notify-alpha-mbps, notify-beta-mbps";
     let s = match w.next("setting")? {
         "learn" => Setting::Learn(on_off(w.next("on or off")?)?),
         "mode" => Setting::Mode(match w.next("mode")? {
@@ -434,6 +457,23 @@ fn parse_setting(w: &mut Words) -> Result<Setting, ParseError> {
                 }
                 Setting::Cpus(cpus)
             }
+        }
+        "cut-through" => Setting::CutThrough(on_off(w.next("on or off")?)?),
+        "notify" => Setting::Notify(match w.next("notification policy")? {
+            "batch" => NotifyMode::Batch,
+            "optimistic" => NotifyMode::Optimistic,
+            o => {
+                return err(format!(
+                    "unknown notification policy {} (batch, optimistic)",
+                    quote(o)
+                ))
+            }
+        }),
+        "notify-alpha-mbps" => {
+            Setting::NotifyAlphaMbps(number(w.next("Mbit/s")?, "alpha", 0, 1_000_000)?)
+        }
+        "notify-beta-mbps" => {
+            Setting::NotifyBetaMbps(number(w.next("Mbit/s")?, "beta", 1, 1_000_000)?)
         }
         o => return err(format!("unknown setting {} ({SETTINGS})", quote(o))),
     };
@@ -835,6 +875,18 @@ mod tests {
         );
         assert_eq!(p("set cpus 0,1"), Command::Set(Setting::Cpus(vec![0, 1])));
         assert_eq!(p("set cpus none"), Command::Set(Setting::Cpus(vec![])));
+        assert_eq!(
+            p("set notify batch"),
+            Command::Set(Setting::Notify(NotifyMode::Batch))
+        );
+        assert_eq!(
+            p("set cut-through off"),
+            Command::Set(Setting::CutThrough(false))
+        );
+        assert_eq!(
+            p("set notify-beta-mbps 9000"),
+            Command::Set(Setting::NotifyBetaMbps(9000))
+        );
         assert_eq!(
             p("set adaptive-window-ms 5"),
             Command::Set(Setting::AdaptiveWindowMs(5))

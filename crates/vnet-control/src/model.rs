@@ -5,8 +5,8 @@ use vnet_core::MacMatch;
 use vnet_wire::MacAddr;
 
 use crate::command::{
-    Command, DestKind, DestRef, DispatchMode, InterfaceSpec, LinkKind, LinkSpec, RouteOp,
-    RouteSpec, Setting, YieldStrategy,
+    Command, DestKind, DestRef, DispatchMode, InterfaceSpec, LinkKind, LinkSpec, NotifyMode,
+    RouteOp, RouteSpec, Setting, YieldStrategy,
 };
 
 const DEFAULT_VNI: u32 = 1;
@@ -52,6 +52,13 @@ pub struct DataPathSettings {
     pub adaptive_window_ms: u32,
     /// Pin dispatcher i to `cpus[i % len]`; empty: no pinning.
     pub cpus: Vec<u32>,
+    /// vhost-user: move frames between guest buffers and sockets without an extra copy.
+    pub cut_through: bool,
+    /// vhost-user: receive notification policy.
+    pub notify: NotifyMode,
+    /// Optimistic notification thresholds α and β on receive density, Mbit/s.
+    pub notify_alpha_mbps: u32,
+    pub notify_beta_mbps: u32,
 }
 
 impl Default for DataPathSettings {
@@ -66,6 +73,10 @@ impl Default for DataPathSettings {
             adaptive_high: 10_000,
             adaptive_window_ms: 5,
             cpus: Vec::new(),
+            cut_through: true,
+            notify: NotifyMode::Optimistic,
+            notify_alpha_mbps: 100,
+            notify_beta_mbps: 10_000,
         }
     }
 }
@@ -237,11 +248,21 @@ impl Config {
             Setting::AdaptiveHigh(n) => new.adaptive_high = *n,
             Setting::AdaptiveWindowMs(n) => new.adaptive_window_ms = *n,
             Setting::Cpus(c) => new.cpus = c.clone(),
+            Setting::CutThrough(on) => new.cut_through = *on,
+            Setting::Notify(m) => new.notify = *m,
+            Setting::NotifyAlphaMbps(n) => new.notify_alpha_mbps = *n,
+            Setting::NotifyBetaMbps(n) => new.notify_beta_mbps = *n,
         }
         if new.adaptive_low > new.adaptive_high {
             return refuse(format!(
                 "adaptive-low ({}) must not exceed adaptive-high ({})",
                 new.adaptive_low, new.adaptive_high
+            ));
+        }
+        if new.notify_alpha_mbps > new.notify_beta_mbps {
+            return refuse(format!(
+                "notify-alpha-mbps ({}) must not exceed notify-beta-mbps ({})",
+                new.notify_alpha_mbps, new.notify_beta_mbps
             ));
         }
         if new == old {
@@ -477,6 +498,22 @@ impl Config {
         }
         if c.adaptive_window_ms != d.adaptive_window_ms {
             let _ = writeln!(s, "set adaptive-window-ms {}", c.adaptive_window_ms);
+        }
+        if c.cut_through != d.cut_through {
+            let _ = writeln!(
+                s,
+                "set cut-through {}",
+                if c.cut_through { "on" } else { "off" }
+            );
+        }
+        if c.notify != d.notify {
+            let _ = writeln!(s, "set notify {}", c.notify);
+        }
+        if c.notify_alpha_mbps != d.notify_alpha_mbps {
+            let _ = writeln!(s, "set notify-alpha-mbps {}", c.notify_alpha_mbps);
+        }
+        if c.notify_beta_mbps != d.notify_beta_mbps {
+            let _ = writeln!(s, "set notify-beta-mbps {}", c.notify_beta_mbps);
         }
         if !c.cpus.is_empty() {
             let list: Vec<String> = c.cpus.iter().map(|c| c.to_string()).collect();

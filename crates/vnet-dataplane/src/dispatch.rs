@@ -557,6 +557,7 @@ impl Work {
             }
         }
         batch.flush(shared, &snap.udp);
+        snap.end_of_burst();
     }
 
     fn drain_udp(
@@ -611,6 +612,7 @@ impl Work {
         }
         flush_coalescers(shared, snap, &mut self.ctx, bufs);
         batch.flush(shared, &snap.udp);
+        snap.end_of_burst();
         Ok(frames)
     }
 }

@@ -82,6 +82,15 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// Tells every guest NIC that a forwarding batch ended (its notification decision).
+    pub fn end_of_burst(&self) {
+        for p in self.ports.values() {
+            if let PortTx::Nic(n) = &*p.tx {
+                n.end_of_burst();
+            }
+        }
+    }
+
     /// Counts a frame read on `port` that never reached forwarding.
     pub fn count_rx_drop(&self, port: PortId, len: usize, reason: vnet_core::DropReason) {
         if let Some(p) = self.ports.get(&port) {
@@ -189,6 +198,9 @@ pub struct PortStatus {
     pub vni: u32,
     #[serde(flatten)]
     pub counters: PortCountersSnapshot,
+    /// NIC-specific state (vhost-user: connection, paths taken, notifications).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nic: Option<serde_json::Value>,
 }
 
 /// The live data path of one daemon.
@@ -223,20 +235,28 @@ impl Ingress {
     /// partial checksum of an ordinary frame is completed in place first.
     pub fn forward(&self, ctx: &mut FwdCtx, frames: &mut [(VirtioNetHdr, Vec<u8>)]) {
         let snap = self.shared.snapshot.load_full();
+        let mut ready: Vec<(VirtioNetHdr, &[u8])> = Vec::with_capacity(frames.len());
         for (vh, f) in frames.iter_mut() {
             if vh.gso_kind() == VirtioNetHdr::GSO_NONE && vh.needs_csum() {
                 match vnet_offload::complete_checksum(f, vh) {
                     Ok(()) => vh.flags = VirtioNetHdr::F_DATA_VALID,
                     Err(_) => {
                         snap.count_rx_drop(self.port, f.len(), vnet_core::DropReason::BadOffload);
-                        f.clear();
                         continue;
                     }
                 }
             }
+            ready.push((*vh, &f[..]));
         }
+        self.forward_slices(ctx, &ready);
+    }
+
+    /// Forwards frames that may live in guest memory (vhost-user cut-through): nothing here
+    /// writes to them. Each `vh` must be honest: an ordinary frame's checksum is complete.
+    pub fn forward_slices(&self, ctx: &mut FwdCtx, frames: &[(VirtioNetHdr, &[u8])]) {
+        let snap = self.shared.snapshot.load_full();
         let mut batch = TxBatch::default();
-        for (vh, f) in frames.iter() {
+        for (vh, f) in frames {
             if !f.is_empty() {
                 process(
                     &self.shared,
@@ -252,6 +272,7 @@ impl Ingress {
         }
         batch.flush(&self.shared, &snap.udp);
         ctx.flush(&self.shared);
+        snap.end_of_burst();
     }
 
     /// Counts a frame from the guest that never became a frame (a bad descriptor chain).
@@ -338,10 +359,16 @@ impl Engine {
                 }
                 Ok(())
             }
-            Change::Settings { new, .. } => self
-                .dispatchers
-                .configure(new.clone())
-                .map_err(EngineError::Dispatchers),
+            Change::Settings { new, .. } => {
+                for rt in self.ports.values() {
+                    if let PortTx::Nic(n) = &*rt.entry.tx {
+                        n.configure(new);
+                    }
+                }
+                self.dispatchers
+                    .configure(new.clone())
+                    .map_err(EngineError::Dispatchers)
+            }
         }
     }
 
@@ -412,6 +439,7 @@ impl Engine {
                 },
             )
             .map_err(err)?;
+        nic.configure(&self.dispatchers.settings());
         self.next_id += 1;
         info!(name = %i.name, kind = i.kind, socket = ?i.socket, mac = %i.mac, vni = i.vni, "interface added");
         self.ports.insert(
@@ -610,6 +638,10 @@ impl Engine {
             name: name.to_string(),
             vni: rt.entry.info.vni,
             counters: rt.entry.counters.snapshot(),
+            nic: match &*rt.entry.tx {
+                PortTx::Nic(n) => n.stats(),
+                _ => None,
+            },
         })
     }
 

@@ -15,4 +15,16 @@ pub trait GuestNic: Send + Sync {
 
     /// The largest ordinary frame the guest takes: MTU, Ethernet header and a VLAN tag.
     fn max_frame(&self) -> usize;
+
+    /// The end of a burst of [`Self::write`]s (one forwarding batch): a NIC that notifies its
+    /// guest per burst decides now.
+    fn end_of_burst(&self) {}
+
+    /// The data-path settings changed (and once when the NIC is added).
+    fn configure(&self, _settings: &vnet_control::DataPathSettings) {}
+
+    /// NIC-specific state and counters for `show stats`.
+    fn stats(&self) -> Option<serde_json::Value> {
+        None
+    }
 }

@@ -67,9 +67,8 @@ fn run(args: Args) -> Result<()> {
     let token = args.token_file.as_ref().map(read_token).transpose()?;
     // Handle signals from the start, so a TERM during set-up still cleans up.
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("signal handlers")?;
-    // vhost-user interfaces (crate vnet-vhost) are not enabled yet: QEMU 7.2 sends
-    // SET_VRING_ENABLE before SET_FEATURES, which the rust-vmm handler refuses (issue #4).
-    let engine = Engine::new(SocketAddr::new(args.bind, args.udp_port)).context("data path")?;
+    let mut engine = Engine::new(SocketAddr::new(args.bind, args.udp_port)).context("data path")?;
+    engine.set_nic_factory(Box::new(vnet_vhost::VhostFactory));
     let daemon = Arc::new(Daemon::new(engine));
     if let Some(path) = &args.config {
         let text =
