@@ -124,3 +124,119 @@ def test_vm_to_namespace_guest_across_hosts(lab, image, record):
         record("iperf3_to_vm_mbit_tcg", round(up.gbps * 1000, 1))
         record("iperf3_from_vm_mbit_tcg", round(down.gbps * 1000, 1))
         record("vm1_nic", nic)
+
+
+def test_two_vms_same_host_switch_locally(lab, image, record):
+    """Two QEMU VMs on one vnetd: they ping and run iperf3 between them with no link at all,
+    so the frames were switched locally between the two vhost-user devices."""
+    A = lab.host("A")
+    s1, s2 = lab.workdir / "vm1.sock", lab.workdir / "vm2.sock"
+    A.start_vnetd(config=f"""
+interface add vm1 vhost-user {s1} mac {vm_mac(1)} mtu {MTU}
+interface add vm2 vhost-user {s2} mac {vm_mac(2)} mtu {MTU}
+route add any {vm_mac(1)} interface vm1
+route add any {vm_mac(2)} interface vm2
+""")
+    g2 = boot(lab, image, A, s2, 2)
+    with g2:
+        g2.wait_ready(timeout=120)
+        assert g2.wait_exit(timeout=30) == 0, failed(g2, A)
+        g1 = boot(lab, image, A, s1, 1, cmd=f"ping -c 3 -W 5 {SUBNET}.2 && iperf3 -c {SUBNET}.2 -t 2 -f m")
+        with g1:
+            g1.wait_ready(timeout=120)
+            assert g1.wait_exit(timeout=90) == 0, failed(g1, A)
+            m = re.findall(r"([0-9.]+) Mbits/sec.*receiver", g1.console())
+            assert m, failed(g1, A)
+            bps = float(m[-1]) * 1e6
+            st = A.stats()
+            v1, v2 = netlab.port_of(st, "vm1"), netlab.port_of(st, "vm2")
+            assert v1["rx_bytes"] > 1_000_000 and v2["tx_bytes"] > 1_000_000, (v1, v2)
+            assert v1["nic"]["bad_chains"] == 0 and v2["nic"]["bad_chains"] == 0
+            assert not any(p["kind"] == "link" for p in st["ports"])
+            record("vm_to_vm_same_host_mbit_tcg", round(bps / 1e6, 1))
+
+
+def test_two_vms_on_two_hosts(lab, image, record):
+    """A QEMU VM on each of two hosts over a UDP link."""
+    A, B = lab.host("A"), lab.host("B")
+    s1, s2 = lab.workdir / "vm1.sock", lab.workdir / "vm2.sock"
+    A.start_vnetd(config=f"""
+interface add vm1 vhost-user {s1} mac {vm_mac(1)} mtu {MTU}
+link add to-b udp {B.underlay_ip}
+route add any {vm_mac(1)} interface vm1
+route add any {vm_mac(2)} link to-b
+""")
+    B.start_vnetd(config=f"""
+interface add vm2 vhost-user {s2} mac {vm_mac(2)} mtu {MTU}
+link add to-a udp {A.underlay_ip}
+route add any {vm_mac(2)} interface vm2
+route add any {vm_mac(1)} link to-a
+""")
+    g2 = boot(lab, image, B, s2, 2)
+    with g2:
+        g2.wait_ready(timeout=120)
+        assert g2.wait_exit(timeout=30) == 0, failed(g2, B)
+        g1 = boot(lab, image, A, s1, 1, cmd=f"ping -c 3 -W 5 {SUBNET}.2 && iperf3 -c {SUBNET}.2 -t 2 -f m")
+        with g1:
+            g1.wait_ready(timeout=120)
+            assert g1.wait_exit(timeout=90) == 0, failed(g1, A)
+            m = re.findall(r"([0-9.]+) Mbits/sec.*receiver", g1.console())
+            assert m, failed(g1, A)
+            sa, sb = A.stats(), B.stats()
+            assert netlab.port_of(sa, "to-b")["tx_bytes"] > 1_000_000
+            assert netlab.port_of(sb, "to-a")["rx_bytes"] > 1_000_000
+            assert netlab.port_of(sb, "vm2")["nic"]["rx_direct"] > 0
+            record("vm_to_vm_two_hosts_mbit_tcg", float(m[-1]))
+
+
+def test_vm_restart_and_vnetd_restart(lab, image, record):
+    """The VM powers off and boots again on the same socket; then vnetd restarts under a
+    running VM (QEMU reconnects): traffic resumes both times."""
+    sock = lab.workdir / "vm1.sock"
+    A, B, b1 = two_hosts(lab, sock)
+    g = boot(lab, image, A, sock, 1)
+    with g:
+        g.wait_ready(timeout=120)
+        assert g.wait_exit(timeout=30) == 0, failed(g, A)
+        assert lab.ping(b1, f"{SUBNET}.1", count=2, interval=0.2, wait=3).ok, failed(g, A)
+    # QEMU stopped: the device is reset and vnetd waits for the next frontend
+    netlab.wait_until(lambda: not vhost_port(A, "vm1")["nic"]["connected"], 10, what="vm1 disconnected")
+    g = boot(lab, image, A, sock, 1, reconnect=1)
+    with g:
+        g.wait_ready(timeout=120)
+        assert g.wait_exit(timeout=30) == 0, failed(g, A)
+        assert lab.ping(b1, f"{SUBNET}.1", count=2, interval=0.2, wait=3).ok, failed(g, A)
+        assert vhost_port(A, "vm1")["nic"]["connections"] == 2
+        A.restart_vnetd()
+        t0 = time.monotonic()
+        gap = lab.wait_ping(b1, f"{SUBNET}.1", timeout=30)
+        record("vnetd_restart_ping_resumed_s", round(time.monotonic() - t0, 2))
+        up = iperf_to_vm(b1, f"{SUBNET}.1", seconds=1)
+        assert up.bytes > 0
+        nic = vhost_port(A, "vm1")["nic"]
+        assert nic["connected"] and nic["rx_direct"] > 0, nic
+        assert "is not a head" not in g.console(), failed(g, A)
+        assert g.alive(), failed(g, A)
+        del gap
+
+
+def test_multiqueue_vm(lab, image, record):
+    """A VM with two queue pairs: both negotiated, traffic flows (several iperf3 streams)."""
+    sock = lab.workdir / "vm1.sock"
+    A, B, b1 = two_hosts(lab, sock.with_name("unused.sock"))
+    A.ctl("interface", "add", "vmq", "vhost-user", str(sock), "mac", vm_mac(3), "mtu", MTU, "queues", 2)
+    A.ctl("route", "add", "any", vm_mac(3), "interface", "vmq")
+    B.ctl("route", "add", "any", vm_mac(3), "link", "to-a")
+    g = qemu.Guest(image, qemu.VhostUser(str(sock), mac=vm_mac(3), queues=2), ip=f"{SUBNET}.3/24", mtu=MTU,
+                   cmd="ethtool -L eth0 combined 2 2>/dev/null; iperf3 -s -D", then="wait", netns=A.name,
+                   name=f"{lab.prefix}-vmq", smp=2)
+    with g:
+        g.wait_ready(timeout=120)
+        assert g.wait_exit(timeout=30) == 0, failed(g, A)
+        assert lab.ping(b1, f"{SUBNET}.3", count=3, interval=0.2, wait=3).ok, failed(g, A)
+        r = b1.exec("iperf3", "-c", f"{SUBNET}.3", "-t", "2", "-P", "4", "-J", check=False, timeout=60)
+        up = netlab.parse_iperf(r.stdout)
+        assert up.bytes > 0
+        nic = vhost_port(A, "vmq")["nic"]
+        assert nic["queue_pairs_started"] == 2, nic
+        record("multiqueue_iperf3_mbit_tcg", round(up.gbps * 1000, 1))

@@ -737,6 +737,13 @@ impl Dev {
         }
     }
 
+    /// Queue pairs whose receive and transmit rings both run.
+    pub fn pairs_started(&self) -> usize {
+        (0..self.pairs)
+            .filter(|k| lock(&self.rings[2 * k]).live() && lock(&self.rings[2 * k + 1]).live())
+            .count()
+    }
+
     /// Receive-side notification counters, over all rings and connections.
     pub fn notify_counters(&self) -> NotifyCounters {
         let mut c = *lock(&self.stats.rx_notify_done);

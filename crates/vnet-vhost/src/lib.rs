@@ -95,6 +95,8 @@ impl GuestNic for VhostNic {
             "connected": self.dev.mem.load().is_some(),
             "broken": self.dev.broken.load(Relaxed),
             "connections": s.connections.load(Relaxed),
+            "queue_pairs": self.dev.pairs,
+            "queue_pairs_started": self.dev.pairs_started(),
             "protocol_errors": s.protocol_errors.load(Relaxed),
             "bad_chains": s.bad_chains.load(Relaxed),
             "tx_cut_through": s.tx_cut_through.load(Relaxed),
