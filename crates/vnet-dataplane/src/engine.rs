@@ -14,8 +14,8 @@ use socket2::SockAddr;
 use tracing::info;
 use vnet_control::{Change, Config, DataPathSettings, DestKind, Interface, Link, LinkKind};
 use vnet_core::{
-    FastMap, FastSet, ForwardingTable, LearnTable, MatrixEntry, PortCounters, PortCountersSnapshot,
-    PortId, PortInfo, PortKind, RouteRule, TrafficMatrix,
+    Decision, FastMap, FastSet, ForwardingTable, LearnTable, MatrixEntry, PortCounters,
+    PortCountersSnapshot, PortId, PortInfo, PortKind, RouteRule, TrafficMatrix,
 };
 use vnet_offload::VirtioNetHdr;
 use vnet_wire::{MacAddr, VxlanRepr, VXLAN_HEADER_LEN};
@@ -51,6 +51,15 @@ pub enum PortTx {
     Udp(UdpLinkTx),
     Tcp(Arc<TcpLink>),
     Direct(Arc<PacketSocket>),
+}
+
+/// A UDP link a vhost-user interface receives from directly (see [`Ingress::direct_links`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectLink {
+    pub port: PortId,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub vni: u32,
 }
 
 /// The sending side of a udp link.
@@ -275,10 +284,105 @@ impl Ingress {
         snap.end_of_burst();
     }
 
+    /// The snapshot generation: it changes whenever ports or routes do.
+    pub fn generation(&self) -> u64 {
+        self.shared.snapshot.load().table.generation()
+    }
+
+    /// The UDP links this interface may receive from directly (vhost-user cut-through):
+    /// those of its VNI, when it is the only interface in that VNI and learning is off, so
+    /// that every frame from such a link is either for it or not for this host at all.
+    pub fn direct_links(&self) -> Vec<DirectLink> {
+        let snap = self.shared.snapshot.load();
+        if self.shared.learning.load(Relaxed) {
+            return vec![];
+        }
+        let Some(me) = snap.ports.get(&self.port) else {
+            return vec![];
+        };
+        let vni = me.info.vni;
+        let others = snap.ports.iter().any(|(id, p)| {
+            *id != self.port && p.info.vni == vni && p.info.kind != PortKind::OverlayLink
+        });
+        if others {
+            return vec![];
+        }
+        let local = snap.udp.local_addr();
+        snap.ports
+            .iter()
+            .filter(|(_, p)| p.info.vni == vni)
+            .filter_map(|(id, p)| match &*p.tx {
+                PortTx::Udp(l) => l.to.as_socket().map(|peer| DirectLink {
+                    port: *id,
+                    peer,
+                    local,
+                    vni,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A frame that arrived on `link` straight into this interface's guest buffers: true
+    /// (and counted on both ports and in the traffic matrix) when the route table sends it
+    /// to this interface alone; false when it must take the ordinary path
+    /// ([`Self::forward_from`]).
+    pub fn accept_direct(
+        &self,
+        ctx: &mut FwdCtx,
+        link: PortId,
+        dst: MacAddr,
+        src: MacAddr,
+        len: usize,
+    ) -> bool {
+        let snap = self.shared.snapshot.load();
+        let ok = matches!(
+            snap.table.decide(link, src, dst, false, None),
+            Decision::Forward(t) if t.len() == 1 && t[0] == self.port
+        );
+        if ok {
+            if let (Some(l), Some(me)) = (snap.ports.get(&link), snap.ports.get(&self.port)) {
+                l.counters.rx(len);
+                me.counters.tx(len);
+                ctx.record(me.info.vni, src, dst, len);
+            }
+        }
+        ok
+    }
+
+    /// Frames that arrived on `link` but are not for this interface alone: the ordinary path.
+    pub fn forward_from(&self, ctx: &mut FwdCtx, link: PortId, frames: &[Vec<u8>]) {
+        let snap = self.shared.snapshot.load_full();
+        let mut batch = TxBatch::default();
+        for f in frames {
+            process(
+                &self.shared,
+                &snap,
+                ctx,
+                link,
+                VirtioNetHdr::default(),
+                f,
+                Origin::Local,
+                &mut batch,
+            );
+        }
+        batch.flush(&self.shared, &snap.udp);
+        ctx.flush(&self.shared);
+        snap.end_of_burst();
+    }
+
     /// Counts a frame from the guest that never became a frame (a bad descriptor chain).
     pub fn count_drop(&self, reason: vnet_core::DropReason) {
         if let Some(c) = self.shared.port_counters(self.port) {
             c.rx(0);
+            c.count_drop(reason);
+        }
+    }
+
+    /// Counts a datagram received on `link` that was dropped before forwarding.
+    pub fn count_link_drop(&self, link: PortId, len: usize, reason: vnet_core::DropReason) {
+        if let Some(c) = self.shared.port_counters(link) {
+            c.rx(len);
             c.count_drop(reason);
         }
     }

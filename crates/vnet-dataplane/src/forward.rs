@@ -14,7 +14,7 @@ use std::time::Duration;
 use socket2::SockAddr;
 use vnet_core::{Decision, DropReason, FastMap, PortCounters, PortId, RouteCache, TrafficMatrix};
 use vnet_offload::{segment, Coalescer, GroOutput, Offered, PayloadRef, SegmentList, VirtioNetHdr};
-use vnet_wire::{EthernetFrame, WireError, VXLAN_HEADER_LEN};
+use vnet_wire::{EthernetFrame, MacAddr, WireError, VXLAN_HEADER_LEN};
 
 use crate::engine::{PortTx, Shared, Snapshot, UdpLinkTx};
 use crate::nic::GuestNic;
@@ -96,6 +96,12 @@ impl FwdCtx {
             scratch: Vec::new(),
             queue,
         }
+    }
+
+    /// Counts one frame in this thread's traffic matrix.
+    pub fn record(&mut self, vni: u32, src: MacAddr, dst: MacAddr, len: usize) {
+        self.matrix.record(vni, src, dst, 1, len as u64);
+        self.pending += 1;
     }
 
     /// Merges this thread's traffic-matrix counts into the shared matrix.

@@ -15,5 +15,5 @@ pub mod tcp;
 pub mod udp;
 mod worker;
 
-pub use engine::{Engine, EngineError, Ingress, NicFactory, PortStatus};
+pub use engine::{DirectLink, Engine, EngineError, Ingress, NicFactory, PortStatus};
 pub use nic::GuestNic;

@@ -109,6 +109,20 @@ impl VxlanSocket {
         if !gro {
             warn!("UDP_GRO is not available; receiving one datagram per message");
         }
+        // vhost-user cut-through receive binds connected sockets to this same port (the
+        // kernel gives a connected socket its peer's datagrams), which takes SO_REUSEPORT. So
+        // that a second daemon cannot then silently share the port, first make sure nobody
+        // holds it.
+        if addr.port() != 0 {
+            let probe = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+            if addr.is_ipv6() {
+                probe.set_only_v6(false)?;
+            }
+            probe
+                .bind(&SockAddr::from(addr))
+                .map_err(|e| io::Error::new(e.kind(), format!("bind UDP {addr}: {e}")))?;
+        }
+        sock.set_reuse_port(true)?;
         sock.bind(&SockAddr::from(addr))
             .map_err(|e| io::Error::new(e.kind(), format!("bind UDP {addr}: {e}")))?;
         sock.set_nonblocking(true)?;

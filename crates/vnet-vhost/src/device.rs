@@ -76,6 +76,13 @@ impl Default for NetConfig {
 pub struct Stats {
     pub tx_cut_through: AtomicU64,
     pub tx_copied: AtomicU64,
+    /// Received by the kernel straight into guest buffers (no copy in user space).
+    pub rx_cut_through: AtomicU64,
+    /// Datagrams on a cut-through socket that were not for this guest (ordinary path).
+    pub rx_direct_fallback: AtomicU64,
+    /// Cut-through frames moved down one buffer, past a datagram that was not for the guest.
+    pub rx_moved: AtomicU64,
+    /// Written into guest buffers from the receiving thread's buffer (one copy).
     pub rx_direct: AtomicU64,
     pub rx_copied: AtomicU64,
     pub bad_chains: AtomicU64,
@@ -121,7 +128,7 @@ impl Ring {
         }
     }
 
-    fn view(&self, mem: &Mem) -> RingView {
+    pub fn view(&self, mem: &Mem) -> RingView {
         let q = &self.queue;
         let next_used = Wrapping(q.next_used());
         if q.event_idx_enabled() {
@@ -259,7 +266,11 @@ impl Dev {
         self.acked.load(Relaxed) & OFFLOADS_FOR_GUEST == OFFLOADS_FOR_GUEST
     }
 
-    fn event_idx(&self) -> bool {
+    pub fn rx_ring_lock(&self, pair: usize) -> MutexGuard<'_, Ring> {
+        lock(&self.rings[2 * (pair % self.pairs)])
+    }
+
+    pub fn event_idx(&self) -> bool {
         self.acked.load(Relaxed) & (1 << VIRTIO_RING_F_EVENT_IDX) != 0
     }
 

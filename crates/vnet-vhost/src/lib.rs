@@ -24,6 +24,7 @@
 
 pub mod conn;
 mod device;
+mod direct;
 pub mod msg;
 pub mod notify;
 
@@ -42,7 +43,9 @@ use vnet_dataplane::{GuestNic, Ingress, NicFactory};
 use vnet_offload::VirtioNetHdr;
 
 use device::{drain_eventfd, Dev, NetConfig, Session};
+use direct::DirectSock;
 pub use notify::NotifyPolicy;
+use vnet_dataplane::DirectLink;
 
 /// Most queue pairs a vhost-user interface offers.
 pub const MAX_QUEUE_PAIRS: usize = 16;
@@ -50,6 +53,9 @@ pub const MAX_QUEUE_PAIRS: usize = 16;
 const TOKEN_SOCKET: u64 = 0;
 const TOKEN_WAKE: u64 = 1;
 const TOKEN_RING: u64 = 16;
+const TOKEN_DIRECT: u64 = 1024;
+/// Batches one readable cut-through socket gets before the others have their turn.
+const DIRECT_ROUNDS: usize = 8;
 
 /// The overlay's side of a vhost-user interface.
 pub struct VhostNic {
@@ -101,6 +107,8 @@ impl GuestNic for VhostNic {
             "bad_chains": s.bad_chains.load(Relaxed),
             "tx_cut_through": s.tx_cut_through.load(Relaxed),
             "tx_copied": s.tx_copied.load(Relaxed),
+            "rx_cut_through": s.rx_cut_through.load(Relaxed),
+            "rx_direct_fallback": s.rx_direct_fallback.load(Relaxed),
             "rx_direct": s.rx_direct.load(Relaxed),
             "rx_copied": s.rx_copied.load(Relaxed),
             "kicks": s.kicks.load(Relaxed),
@@ -273,9 +281,41 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
     epoll.add(stream.as_raw_fd(), TOKEN_SOCKET)?;
     epoll.add(dev.wake.as_raw_fd(), TOKEN_WAKE)?;
     let mut ring_fds: Vec<Option<RawFd>> = vec![None; dev.rings.len()];
+    let mut direct: Vec<DirectSock> = Vec::new();
+    let mut direct_key: Option<(u64, bool)> = None;
+    // Cut-through sockets left unarmed because the guest had no receive buffers.
+    let mut direct_waiting = false;
     loop {
         if dev.stop.load(SeqCst) {
             return Ok(());
+        }
+        let key = (dev.ingress.generation(), dev.cfg.load().cut_through);
+        if direct_key != Some(key) {
+            direct_key = Some(key);
+            let want = if key.1 {
+                dev.ingress.direct_links()
+            } else {
+                Vec::new()
+            };
+            let have: Vec<DirectLink> = direct.iter().map(|d| d.link).collect();
+            if want != have {
+                for d in direct.drain(..) {
+                    let _ = epoll.del(d.raw());
+                    let _ = dev.plain_receive(&d);
+                }
+                for (i, l) in want.into_iter().enumerate() {
+                    match DirectSock::open(l) {
+                        Ok(d) => {
+                            epoll.add_oneshot(d.raw(), TOKEN_DIRECT + i as u64)?;
+                            direct.push(d);
+                        }
+                        Err(e) => {
+                            warn!(interface = %dev.name, peer = %l.peer, "cut-through receive socket: {e}; that link uses the ordinary path");
+                        }
+                    }
+                }
+                debug!(interface = %dev.name, sockets = direct.len(), "cut-through receive sockets");
+            }
         }
         if s.kicks_changed {
             s.kicks_changed = false;
@@ -320,6 +360,29 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
                     let _ = dev.wake.read();
                     dev.drain_backlog();
                 }
+                t if t >= TOKEN_DIRECT => {
+                    let i = (t - TOKEN_DIRECT) as usize;
+                    let Some(d) = direct.get(i) else { continue };
+                    let mut rearm = true;
+                    for _ in 0..DIRECT_ROUNDS {
+                        match dev.direct_receive(d)? {
+                            direct::Received::Frames { full: true } => continue,
+                            direct::Received::Frames { full: false } => break,
+                            direct::Received::NoBuffers => {
+                                rearm = false;
+                                direct_waiting = true;
+                                break;
+                            }
+                            direct::Received::Off => {
+                                dev.plain_receive(d)?;
+                                break;
+                            }
+                        }
+                    }
+                    if rearm {
+                        epoll.rearm(d.raw(), t)?;
+                    }
+                }
                 t => {
                     let i = (t - TOKEN_RING) as usize;
                     if let Some(r) = dev.rings.get(i) {
@@ -332,6 +395,12 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
                         dev.process_tx(i);
                     } else {
                         dev.drain_backlog();
+                        if direct_waiting {
+                            direct_waiting = false;
+                            for (k, d) in direct.iter().enumerate() {
+                                epoll.rearm(d.raw(), TOKEN_DIRECT + k as u64)?;
+                            }
+                        }
                     }
                 }
             }
@@ -385,6 +454,28 @@ impl Epoll {
         };
         // SAFETY: `ev` is valid for the call; the kernel copies it.
         let r = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Added disarmed after each event: [`Self::rearm`] when ready for more.
+    fn add_oneshot(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd, token, libc::EPOLLONESHOT as u32)
+    }
+
+    fn rearm(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_MOD, fd, token, libc::EPOLLONESHOT as u32)
+    }
+
+    fn ctl(&mut self, op: i32, fd: RawFd, token: u64, extra: u32) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32 | extra,
+            u64: token,
+        };
+        // SAFETY: `ev` is valid for the call; the kernel copies it.
+        let r = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut ev) };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
