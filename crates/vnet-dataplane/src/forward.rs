@@ -120,22 +120,80 @@ impl FwdCtx {
     }
 }
 
-/// Small datagrams waiting for one `sendmmsg`, borrowing the frames they carry.
+/// Datagrams waiting to be sent, borrowing the frames they carry.
 #[derive(Default)]
 pub struct TxBatch<'a> {
-    udp: Vec<(&'a SockAddr, [&'a [u8]; 3])>,
+    udp: Vec<(&'a UdpLinkTx, &'a [u8])>,
 }
 
 impl<'a> TxBatch<'a> {
+    /// Sends the batch: a run of consecutive datagrams to one link, all of one size but the
+    /// last (which may be shorter), goes as one `UDP_SEGMENT` send, so the kernel's stack
+    /// handles the run once; the rest go in `sendmmsg` batches, in order.
     pub fn flush(&mut self, shared: &Shared, sock: &VxlanSocket) {
-        if self.udp.is_empty() {
+        let n = self.udp.len();
+        if n == 0 {
             return;
         }
-        let sent = sock.send_many(&self.udp);
-        shared.offload.udp_batch_sends.fetch_add(1, Relaxed);
-        for _ in sent..self.udp.len() {
-            shared.daemon.count_drop(DropReason::TxError);
+        let mut singles: Vec<(&SockAddr, [&[u8]; 3])> = Vec::new();
+        let send_singles = |singles: &mut Vec<(&SockAddr, [&[u8]; 3])>| {
+            if singles.is_empty() {
+                return;
+            }
+            let sent = sock.send_many(singles);
+            shared.offload.udp_batch_sends.fetch_add(1, Relaxed);
+            for _ in sent..singles.len() {
+                shared.daemon.count_drop(DropReason::TxError);
+            }
+            singles.clear();
+        };
+        let mut parts: Vec<&[u8]> = Vec::new();
+        let mut i = 0;
+        while i < n {
+            let (link, first) = self.udp[i];
+            let size = VXLAN_HEADER_LEN + first.len();
+            let per = (GSO_MAX_BYTES / size).clamp(1, GSO_MAX_SEGMENTS);
+            let mut j = i + 1;
+            while j < n && j - i < per {
+                let (l, f) = self.udp[j];
+                if !std::ptr::eq(l, link) || f.len() > first.len() {
+                    break;
+                }
+                j += 1;
+                if f.len() < first.len() {
+                    break;
+                }
+            }
+            if j - i > 1 && sock.gso_enabled() && size < link.gso_refused.load(Relaxed) {
+                parts.clear();
+                for &(l, f) in &self.udp[i..j] {
+                    parts.extend_from_slice(&[&l.header[..], f]);
+                }
+                send_singles(&mut singles);
+                match sock.send_parts(&link.to, &parts, Some(size as u16)) {
+                    Ok(()) => {
+                        shared.offload.udp_gso_sends.fetch_add(1, Relaxed);
+                        i = j;
+                        continue;
+                    }
+                    Err(None) => {
+                        link.gso_refused.fetch_min(size, Relaxed);
+                    }
+                    Err(Some(r)) => {
+                        for _ in i..j {
+                            shared.daemon.count_drop(r);
+                        }
+                        i = j;
+                        continue;
+                    }
+                }
+            }
+            for &(l, f) in &self.udp[i..j] {
+                singles.push((&l.to, [&l.header[..], f, &[]]));
+            }
+            i = j;
         }
+        send_singles(&mut singles);
         self.udp.clear();
     }
 }
@@ -255,7 +313,7 @@ pub fn process<'a>(
                     if frame.len() > UDP_MAX_FRAME {
                         Err(DropReason::Oversize)
                     } else {
-                        batch.udp.push((&link.to, [&link.header[..], frame, &[]]));
+                        batch.udp.push((link, frame));
                         Ok(())
                     }
                 } else {
