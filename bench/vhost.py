@@ -35,7 +35,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "tests" / "system"))
+from report import ensure_matplotlib  # noqa: E402
+
+if __name__ == "__main__":
+    ensure_matplotlib(__file__)
+
 import netlab  # noqa: E402
 
 FRONTEND = Path(os.environ.get("VHOST_FRONTEND", REPO / "target" / "release" / "vhost-frontend"))

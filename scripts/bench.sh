@@ -5,6 +5,7 @@
 #   bash scripts/bench.sh                  # full run (< 10 min), results/bench-<UTC time>/
 #   bash scripts/bench.sh --quick          # CI smoke run (~1 min)
 #   bash scripts/bench.sh --install-only   # only the packages (for CI set-up)
+#   bash scripts/bench.sh --vhost-only [--quick]   # only the vhost-user data path (bench/vhost.py)
 #   bash scripts/bench.sh --help           # every option of bench/run.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +18,12 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 install_only=0
+vhost_only=0
 if [ "${1:-}" = "--install-only" ]; then
     install_only=1
+    shift
+elif [ "${1:-}" = "--vhost-only" ]; then
+    vhost_only=1
     shift
 fi
 
@@ -40,5 +45,24 @@ cargo build --release --quiet
 
 # Debian's matplotlib belongs to /usr/bin/python3; bench/run.py re-executes itself there when
 # the python3 on PATH (pyenv, venv) lacks it.
+if [ "$vhost_only" = 1 ]; then
+    say "running the vhost-user data-path benchmark"
+    exec python3 bench/vhost.py "$@"
+fi
 say "running the benchmark suite"
-exec python3 bench/run.py "$@"
+python3 bench/run.py "$@"
+# The vhost-user data path (issue #4), next to the other results when --out was given.
+out=""
+prev=""
+for a in "$@"; do
+    [ "$prev" = "--out" ] && out="$a"
+    prev="$a"
+done
+quick=""
+for a in "$@"; do [ "$a" = "--quick" ] && quick="--quick"; done
+say "running the vhost-user data-path benchmark"
+if [ -n "$out" ]; then
+    python3 bench/vhost.py $quick --out "$out"
+else
+    python3 bench/vhost.py $quick
+fi
