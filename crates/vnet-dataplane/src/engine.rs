@@ -261,7 +261,8 @@ impl Ingress {
     }
 
     /// Forwards frames that may live in guest memory (vhost-user cut-through): nothing here
-    /// writes to them. Each `vh` must be honest: an ordinary frame's checksum is complete.
+    /// writes to them. A partial checksum (`NEEDS_CSUM`) is completed where the frame leaves
+    /// (in a copy of its headers), or handed on to a guest that takes partial checksums.
     pub fn forward_slices(&self, ctx: &mut FwdCtx, frames: &[(VirtioNetHdr, &[u8])]) {
         let snap = self.shared.snapshot.load_full();
         let mut batch = TxBatch::default();

@@ -123,7 +123,10 @@ impl FwdCtx {
 /// Datagrams waiting to be sent, borrowing the frames they carry.
 #[derive(Default)]
 pub struct TxBatch<'a> {
-    udp: Vec<(&'a UdpLinkTx, &'a [u8])>,
+    /// (link, head, rest): `head` is a range of `heads` (headers we rewrote, say to complete a
+    /// checksum), `rest` the frame bytes after it, borrowed.
+    udp: Vec<(&'a UdpLinkTx, std::ops::Range<usize>, &'a [u8])>,
+    heads: Vec<u8>,
 }
 
 impl<'a> TxBatch<'a> {
@@ -150,24 +153,27 @@ impl<'a> TxBatch<'a> {
         let mut parts: Vec<&[u8]> = Vec::new();
         let mut i = 0;
         while i < n {
-            let (link, first) = self.udp[i];
-            let size = VXLAN_HEADER_LEN + first.len();
+            let len = |e: &(&UdpLinkTx, std::ops::Range<usize>, &[u8])| e.1.len() + e.2.len();
+            let (link, _, _) = self.udp[i];
+            let first_len = len(&self.udp[i]);
+            let size = VXLAN_HEADER_LEN + first_len;
             let per = (GSO_MAX_BYTES / size).clamp(1, GSO_MAX_SEGMENTS);
             let mut j = i + 1;
             while j < n && j - i < per {
-                let (l, f) = self.udp[j];
-                if !std::ptr::eq(l, link) || f.len() > first.len() {
+                let l = self.udp[j].0;
+                let flen = len(&self.udp[j]);
+                if !std::ptr::eq(l, link) || flen > first_len {
                     break;
                 }
                 j += 1;
-                if f.len() < first.len() {
+                if flen < first_len {
                     break;
                 }
             }
             if j - i > 1 && sock.gso_enabled() && size < link.gso_refused.load(Relaxed) {
                 parts.clear();
-                for &(l, f) in &self.udp[i..j] {
-                    parts.extend_from_slice(&[&l.header[..], f]);
+                for (l, h, f) in &self.udp[i..j] {
+                    parts.extend_from_slice(&[&l.header[..], &self.heads[h.clone()], f]);
                 }
                 send_singles(&mut singles);
                 match sock.send_parts(&link.to, &parts, Some(size as u16)) {
@@ -188,13 +194,15 @@ impl<'a> TxBatch<'a> {
                     }
                 }
             }
-            for &(l, f) in &self.udp[i..j] {
-                singles.push((&l.to, [&l.header[..], f, &[]]));
+            for (l, h, f) in &self.udp[i..j] {
+                singles.push((&l.to, [&l.header[..], &self.heads[h.clone()], f]));
             }
             i = j;
         }
         send_singles(&mut singles);
+        drop(singles);
         self.udp.clear();
+        self.heads.clear();
     }
 }
 
@@ -312,8 +320,21 @@ pub fn process<'a>(
                 if vh.gso_kind() == VirtioNetHdr::GSO_NONE {
                     if frame.len() > UDP_MAX_FRAME {
                         Err(DropReason::Oversize)
+                    } else if vh.needs_csum() {
+                        // Complete the checksum in a copy of the headers; the rest of the
+                        // frame is sent from where it is.
+                        match segment(frame, &vh, seg) {
+                            Ok(()) if seg.len() == 1 => {
+                                let at = batch.heads.len();
+                                batch.heads.extend_from_slice(&seg.headers);
+                                let rest = seg.segs[0].payload.clone();
+                                batch.udp.push((link, at..batch.heads.len(), &frame[rest]));
+                                Ok(())
+                            }
+                            _ => Err(DropReason::BadOffload),
+                        }
                     } else {
-                        batch.udp.push((link, frame));
+                        batch.udp.push((link, 0..0, frame));
                         Ok(())
                     }
                 } else {

@@ -849,8 +849,7 @@ where
         [(_, HDR_LEN), (a, l)] => Some((*a, *l)),
         _ => None,
     };
-    let plain = !(vh.gso_kind() == VirtioNetHdr::GSO_NONE && vh.needs_csum());
-    if cut && plain {
+    if cut {
         if let Some((a, l)) = whole {
             return match mem.get_slice(a, l) {
                 Ok(vs) => TxItem {
@@ -881,13 +880,6 @@ where
             return bad("descriptor outside guest memory");
         }
         at += l - s;
-    }
-    let mut vh = vh;
-    if !plain {
-        if vnet_offload::complete_checksum(&mut buf, &vh).is_err() {
-            return bad("checksum offsets outside the frame");
-        }
-        vh.flags = VirtioNetHdr::F_DATA_VALID;
     }
     arena.push(buf);
     TxItem {
