@@ -8,8 +8,10 @@ make a test pass. TCG makes the VMs slow: figures here only show the path works;
 path is measured by the benchmark (bench/, `vhost` section) without an emulated CPU.
 """
 
+import json
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -240,3 +242,57 @@ def test_multiqueue_vm(lab, image, record):
         nic = vhost_port(A, "vmq")["nic"]
         assert nic["queue_pairs_started"] == 2, nic
         record("multiqueue_iperf3_mbit_tcg", round(up.gbps * 1000, 1))
+
+
+FRONTEND = os.environ.get("VHOST_FRONTEND", str(netlab.REPO / "target" / "release" / "vhost-frontend"))
+
+
+def test_hostile_frontend(lab, record):
+    """Every misbehaviour of crates/vnet-frontend's hostile mode (descriptors outside guest
+    memory, looping chains, absurd lengths, bad ring sizes and addresses, bad memory tables,
+    garbage and truncated messages) against a vhost-user interface, while two namespace guests
+    on the same vnetd ping each other (a flood ping to the broadcast address also reaches the
+    vhost-user interface): the daemon survives, the other interfaces keep forwarding, the
+    memory outside the declared regions is never touched, and each misbehaviour is refused
+    (connection dropped and device reset, or the chain dropped and counted)."""
+    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
+    A = lab.host("A")
+    g1 = lab.guest("g1", ip="192.168.61.1", mac="52:54:00:61:00:01")
+    g2 = lab.guest("g2", ip="192.168.61.2", mac="52:54:00:61:00:02")
+    sock = lab.workdir / "hostile.sock"
+    A.start_vnetd(config=f"""
+interface add hv vhost-user {sock} mac 52:54:00:61:00:09
+interface add g1 tap mac {g1.mac} netns {g1.name}
+interface add g2 tap mac {g2.mac} netns {g2.name}
+route add any {g1.mac} interface g1
+route add any {g2.mac} interface g2
+route add any 52:54:00:61:00:09 interface hv
+""")
+    g1.configure(A.interface("g1")["ifname"])
+    g2.configure(A.interface("g2")["ifname"])
+    flood = g1.popen("ping", "-f", "-b", "-W", "1", "192.168.61.255",
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = subprocess.run([FRONTEND, "-s", str(sock), "hostile", "--case", "all"],
+                           capture_output=True, text=True, timeout=900)
+    finally:
+        netlab.stop_pid(flood)
+    assert r.stdout.strip(), r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert A.vnetd.alive(), A.vnetd.log_text()[-3000:]
+    results = out["results"]
+    assert len(results) >= 40, out
+    damaged = [x["description"] for x in results if x.get("canary_intact") is False or x.get("guard_intact") is False]
+    assert not damaged, f"memory outside the guest's regions was written: {damaged}"
+    assert out["failures"] == 0, [x for x in results if x.get("failure") or x.get("failures")][:5]
+    ping = lab.ping(g1, g2.ip_addr, count=3, interval=0.2, wait=2)
+    assert ping.ok, "the other interfaces stopped forwarding"
+    nic = vhost_port(A, "hv")["nic"]
+    assert nic["protocol_errors"] > 0 and nic["connections"] >= len(results) // 2, nic
+    # after all that, a well-behaved frontend still gets a working device
+    p = subprocess.run([FRONTEND, "-s", str(sock), "probe"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    record("hostile_variants", len(results))
+    record("hostile_connections", nic["connections"])
+    record("hostile_bad_chains", nic["bad_chains"])
+    record("hostile_protocol_errors", nic["protocol_errors"])

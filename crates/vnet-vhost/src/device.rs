@@ -371,6 +371,7 @@ impl Dev {
                 }
                 let mut mapped = Vec::with_capacity(regions.len());
                 for (r, f) in regions.iter().zip(files.drain(..)) {
+                    check_backing(&self.name, &f, r)?;
                     let m = MmapRegion::build(
                         Some(FileOffset::new(f, r.mmap_offset)),
                         r.size as usize,
@@ -763,6 +764,36 @@ impl Dev {
         }
         c
     }
+}
+
+/// The file behind a memory region must hold the whole region: touching a mapping past the
+/// end of its file is SIGBUS, which would take the daemon down. A memfd is also sealed against
+/// shrinking (QEMU seals its memfds already), so the frontend cannot cut it short later.
+fn check_backing(name: &str, f: &File, r: &MemRegion) -> io::Result<()> {
+    let meta = f.metadata()?;
+    let end = r
+        .mmap_offset
+        .checked_add(r.size)
+        .ok_or_else(|| invalid("memory region overflows its file"))?;
+    if !meta.file_type().is_file() || meta.len() < end {
+        return Err(invalid(format!(
+            "memory region ends at byte {end} of a file of {} bytes",
+            meta.len()
+        )));
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl on a descriptor we own; F_GET_SEALS/F_ADD_SEALS take an int argument.
+    let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals >= 0 && seals & libc::F_SEAL_SHRINK == 0 {
+        // SAFETY: as above.
+        let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
+        if r < 0 {
+            warn!(interface = %name, "guest memory (a memfd) cannot be sealed against shrinking; a frontend that shrinks it would crash vnetd");
+        }
+    } else if seals < 0 {
+        warn!(interface = %name, "guest memory is not a memfd; a frontend that truncates its file would crash vnetd");
+    }
+    Ok(())
 }
 
 /// Clears a kick eventfd.
