@@ -68,3 +68,27 @@ def test_bench_quick(tmp_path, tools):
         data = (out / name).read_bytes()
         assert data[:8] == PNG and len(data) > 5000, f"{name} is not a real plot"
         assert f"({name})" in summary
+
+
+def test_vhost_bench_quick(tmp_path, tools):
+    """``bench/vhost.py --quick``: every (size, data path, notification policy) produced a
+    sample whose path vnetd's own counters confirm, and the report and plot were written."""
+    fe = os.environ.get("VHOST_FRONTEND", str(netlab.REPO / "target" / "release" / "vhost-frontend"))
+    for b in (netlab.VNETD, netlab.VNETCTL, fe):
+        if not os.path.exists(b):
+            pytest.fail(f"{b} not found: run `cargo build --release` first")
+    py = _matplotlib_python() or sys.executable
+    out = tmp_path / "vhost"
+    r = subprocess.run([py, str(netlab.REPO / "bench" / "vhost.py"), "--quick", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads((out / "vhost.json").read_text())
+    samples = doc["samples"]
+    assert len(samples) == 2 * 4, samples
+    errors = [s for s in samples if "error" in s]
+    assert not errors, errors
+    assert all(s["path_ok"] for s in samples), [s["vnet"] for s in samples if not s["path_ok"]]
+    assert all(s["rx_pps"] > 0 and s["calls"] > 0 for s in samples)
+    assert "goal" in doc and (out / "vhost.md").read_text().count("|") > 20
+    if _matplotlib_python():
+        assert (out / "vhost.png").read_bytes()[:8] == PNG
