@@ -64,6 +64,8 @@ pub struct Stats {
     pub in_flight_at_end: u64,
     /// Used entries with an out-of-range id or length (a buggy backend).
     pub bad_used: u64,
+    /// tx: extra kicks sent because nothing completed for 200 ms (lost-kick insurance).
+    pub rekicks: u64,
     /// rx: frames larger than `--size`/smaller than a header, etc. are still counted; this is
     /// the number of frames whose length differed from the frame size we sent (informative).
     pub size_mismatch: u64,
@@ -83,6 +85,7 @@ impl Stats {
         self.call_wakeups += o.call_wakeups;
         self.in_flight_at_end += o.in_flight_at_end;
         self.bad_used += o.bad_used;
+        self.rekicks += o.rekicks;
         self.size_mismatch += o.size_mismatch;
         self.first = match (self.first, o.first) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -133,6 +136,8 @@ fn kick(q: &Queue) -> Result<()> {
     q.kick.write(1).context("write kick eventfd")
 }
 
+const REKICK: Duration = Duration::from_millis(200);
+
 struct TxCtx {
     ring: DriverRing,
     frame_len: usize,
@@ -146,7 +151,26 @@ fn tx_worker(
     opts: &BenchOpts,
     stop: &AtomicBool,
     template: &[u8],
-) -> Result<Stats> {
+) -> (Stats, Result<()>) {
+    let mut st = Stats {
+        role: "tx",
+        queues: 1,
+        ..Default::default()
+    };
+    let r = tx_loop(q, &mut cx, opts, stop, template, &mut st);
+    drain_call(&q.call, &mut st);
+    st.bytes = st.frames * cx.frame_len as u64;
+    (st, r)
+}
+
+fn tx_loop(
+    q: &Queue,
+    cx: &mut TxCtx,
+    opts: &BenchOpts,
+    stop: &AtomicBool,
+    template: &[u8],
+    st: &mut Stats,
+) -> Result<()> {
     let mem: Arc<GuestMem> = cx.ring.mem.clone();
     let num = cx.ring.num();
     let buf_len = template.len();
@@ -156,15 +180,11 @@ fn tx_worker(
         mem.write(off, template);
         cx.ring.set_desc(i, mem.gpa(off), buf_len as u32, 0, 0);
     }
-    let mut st = Stats {
-        role: "tx",
-        queues: 1,
-        ..Default::default()
-    };
     let mut free: Vec<u16> = (0..num).rev().collect();
     let mut sent: u64 = 0;
     let mut in_flight: u64 = 0;
     let mut last_progress = Instant::now();
+    let mut last_rekick = Instant::now();
     let mut start: Option<Instant> = None;
     // Some backends only start processing after a kick (the old reading of the spec).
     kick(q)?;
@@ -175,6 +195,7 @@ fn tx_worker(
             }
             free.push(id as u16);
             in_flight -= 1;
+            st.in_flight_at_end = in_flight;
             st.frames += 1;
             st.last = Some(Instant::now());
             last_progress = Instant::now();
@@ -200,6 +221,7 @@ fn tx_worker(
                     in_flight -= 1;
                     st.frames += 1;
                 }
+                st.in_flight_at_end = in_flight;
                 break;
             }
         }
@@ -236,6 +258,7 @@ fn tx_worker(
             }
             sent += allowed;
             in_flight += allowed;
+            st.in_flight_at_end = in_flight;
             if cx.ring.publish() {
                 kick(q)?;
                 st.kicks += 1;
@@ -244,7 +267,7 @@ fn tx_worker(
         }
         if let Some(w) = rate_wait {
             std::thread::sleep(w);
-            drain_call(&q.call, &mut st);
+            drain_call(&q.call, st);
             continue;
         }
         if in_flight == 0 {
@@ -255,18 +278,22 @@ fn tx_worker(
         if cx.ring.arm_call((in_flight * 3 / 4) as u16) {
             continue;
         }
-        wait_call(&q.call, Duration::from_millis(20), &mut st)?;
-        if Instant::now().duration_since(last_progress) > opts.timeout {
+        wait_call(&q.call, Duration::from_millis(20), st)?;
+        let quiet = Instant::now().duration_since(last_progress);
+        if quiet > REKICK && last_rekick.elapsed() > REKICK {
+            // Nothing completes: kick again in case a kick was lost (not counted in kicks).
+            kick(q)?;
+            st.rekicks += 1;
+            last_rekick = Instant::now();
+        }
+        if quiet > opts.timeout {
             bail!(
                 "tx stalled: the backend completed nothing for {:?} ({in_flight} in flight)",
                 opts.timeout
             );
         }
     }
-    drain_call(&q.call, &mut st);
-    st.in_flight_at_end = in_flight;
-    st.bytes = st.frames * cx.frame_len as u64;
-    Ok(st)
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -279,7 +306,39 @@ fn rx_worker(
     count: Option<u64>,
     must_receive: bool,
     total: &AtomicU64,
-) -> Result<Stats> {
+) -> (Stats, Result<()>) {
+    let mut st = Stats {
+        role: "rx",
+        queues: 1,
+        ..Default::default()
+    };
+    let r = rx_loop(
+        q,
+        &mut ring,
+        opts,
+        stop,
+        mrg,
+        count,
+        must_receive,
+        total,
+        &mut st,
+    );
+    drain_call(&q.call, &mut st);
+    (st, r)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rx_loop(
+    q: &Queue,
+    ring: &mut DriverRing,
+    opts: &BenchOpts,
+    stop: &AtomicBool,
+    mrg: bool,
+    count: Option<u64>,
+    must_receive: bool,
+    total: &AtomicU64,
+    st: &mut Stats,
+) -> Result<()> {
     let mem = ring.mem.clone();
     let num = ring.num();
     // With mergeable buffers, page-sized buffers; else big enough for any frame.
@@ -294,11 +353,6 @@ fn rx_worker(
     ring.arm_call(0);
     ring.publish();
     kick(q)?;
-    let mut st = Stats {
-        role: "rx",
-        queues: 1,
-        ..Default::default()
-    };
     let started = Instant::now();
     let mut remaining_bufs: u16 = 0;
     let mut pkt_len: u64 = 0;
@@ -372,10 +426,9 @@ fn rx_worker(
         if ring.arm_call(0) {
             continue;
         }
-        wait_call(&q.call, Duration::from_millis(50), &mut st)?;
+        wait_call(&q.call, Duration::from_millis(50), st)?;
     }
-    drain_call(&q.call, &mut st);
-    Ok(st)
+    Ok(())
 }
 
 /// The result of a run.
@@ -393,7 +446,11 @@ pub fn run(dev: &Device, opts: &BenchOpts) -> Result<Report> {
     let neg = &dev.neg;
     let mut spec = opts.frame.clone();
     spec.tso = neg.host_tso4;
-    let (hdr, frame_bytes) = frame::build_frame(&spec)?;
+    let (hdr, frame_bytes) = if opts.role == Role::Rx {
+        (VirtioNetHdr::default(), Vec::new())
+    } else {
+        frame::build_frame(&spec)?
+    };
     let mut template = hdr.to_bytes().to_vec();
     template.extend_from_slice(&frame_bytes);
     let pairs = dev.queues.len() / 2;
@@ -459,17 +516,19 @@ pub fn run(dev: &Device, opts: &BenchOpts) -> Result<Report> {
                 }
             }
         }
-        let mut collect = |hs: Vec<std::thread::ScopedJoinHandle<'_, Result<Stats>>>| {
+        let mut collect = |hs: Vec<std::thread::ScopedJoinHandle<'_, (Stats, Result<()>)>>| {
             let mut total: Option<Stats> = None;
             for h in hs {
                 match h.join() {
-                    Ok(Ok(st)) => match total.as_mut() {
-                        Some(t) => t.merge(&st),
-                        None => total = Some(st),
-                    },
-                    Ok(Err(e)) => {
-                        stop.store(true, Ordering::Relaxed);
-                        report.error.get_or_insert(format!("{e:#}"));
+                    Ok((st, r)) => {
+                        if let Err(e) = r {
+                            stop.store(true, Ordering::Relaxed);
+                            report.error.get_or_insert(format!("{e:#}"));
+                        }
+                        match total.as_mut() {
+                            Some(t) => t.merge(&st),
+                            None => total = Some(st),
+                        }
                     }
                     Err(_) => {
                         report.error.get_or_insert("worker thread panicked".into());

@@ -267,6 +267,29 @@ impl Conn {
         Ok(u32::from_le_bytes([p[4], p[5], p[6], p[7]]))
     }
 
+    /// Reads and discards whatever the backend has sent that nobody waited for (e.g. a
+    /// reply to a garbage request). Returns the byte count and whether EOF was seen.
+    pub fn drain_pending(&self) -> (usize, bool) {
+        let mut total = 0;
+        let mut b = [0u8; 4096];
+        loop {
+            // SAFETY: reading into a local buffer of its own length, without blocking.
+            let n = unsafe {
+                libc::recv(
+                    self.stream.as_raw_fd(),
+                    b.as_mut_ptr().cast(),
+                    b.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            match n {
+                0 => return (total, true),
+                n if n > 0 => total += n as usize,
+                _ => return (total, false),
+            }
+        }
+    }
+
     /// True if the backend has closed the connection (EOF pending) - does not consume data.
     pub fn peer_closed(&self) -> bool {
         let mut pfd = libc::pollfd {

@@ -308,6 +308,11 @@ impl Device {
                 enable_ring(&conn, q.index, true)?;
             }
         }
+        // Without REPLY_ACK nothing tells us the backend has processed the setup; a request
+        // with a reply does (messages are handled in order), so kicks cannot overtake it.
+        if !neg.reply_ack {
+            conn.get_u64(req::GET_FEATURES)?;
+        }
         Ok(Device {
             conn,
             mem,

@@ -205,7 +205,16 @@ impl Sess {
     fn bring_up(&mut self, notes: &mut Vec<String>) -> Result<()> {
         self.set_mem()?;
         self.setup(RX, notes)?;
-        self.setup(TX, notes)
+        self.setup(TX, notes)?;
+        self.sync()
+    }
+
+    /// Makes sure the backend has processed everything sent so far.
+    fn sync(&self) -> Result<()> {
+        if !self.neg.reply_ack {
+            self.conn.get_u64(req::GET_FEATURES)?;
+        }
+        Ok(())
     }
 
     fn kick(&self, i: usize) {
@@ -861,6 +870,15 @@ fn finish_live(s: &mut Sess, rep: &mut CaseReport, data: bool) {
         rep.connection_closed = true;
     }
     if !rep.connection_closed {
+        let (n, eof) = s.conn.drain_pending();
+        if n > 0 {
+            rep.notes.push(format!(
+                "backend sent {n} bytes nobody asked for (discarded)"
+            ));
+        }
+        rep.connection_closed |= eof;
+    }
+    if !rep.connection_closed {
         s.probe(rep);
     }
     if rep.connection_closed || rep.answers_after != Some(true) || !s.opts.round {
@@ -885,7 +903,10 @@ fn finish_live(s: &mut Sess, rep: &mut CaseReport, data: bool) {
             }
         }
         if !rep.connection_closed {
-            let r = s.setup(TX, &mut notes).and_then(|_| s.valid_tx());
+            let r = s
+                .setup(TX, &mut notes)
+                .and_then(|_| s.sync())
+                .and_then(|_| s.valid_tx());
             match r {
                 Ok(ok) => rep.works_after_reinit = Some(ok),
                 Err(e) => notes.push(format!("re-init: {e:#}")),
@@ -933,21 +954,9 @@ fn finish_stream(s: &mut Sess, rep: &mut CaseReport) {
         }
         // Drain anything the backend says before closing.
         let _ = crate::conn::poll_readable(s.conn.raw_fd(), Duration::from_millis(20));
-        if !s.conn.peer_closed() {
-            let mut b = [0u8; 256];
-            // SAFETY: reading into a local buffer of the given length, non-blocking.
-            let n = unsafe {
-                libc::recv(
-                    s.conn.raw_fd(),
-                    b.as_mut_ptr().cast(),
-                    b.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n == 0 {
-                closed = true;
-                break;
-            }
+        if s.conn.drain_pending().1 {
+            closed = true;
+            break;
         }
     }
     rep.connection_closed = closed;
