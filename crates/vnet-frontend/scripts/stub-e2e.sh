@@ -97,14 +97,29 @@ for size in 64 1514; do
     frames=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["frames"])' 2>/dev/null)
     seen=$(tcpdump -r "$D/tx$size.pcap" -nn 2>/dev/null | grep -c "length $((size - 42))")
     badck=$(tcpdump -r "$D/tx$size.pcap" -nn -vv 2>/dev/null | grep -ci "bad")
-    if [ "$rc" = 0 ] && [ "$frames" = 3000 ] && [ "$seen" = 3000 ] && [ "$badck" = 0 ]; then
+    goodck=$(tcpdump -r "$D/tx$size.pcap" -nn -vv 2>/dev/null | grep -c "udp sum ok")
+    if [ "$rc" = 0 ] && [ "$frames" = 3000 ] && [ "$seen" = 3000 ] && [ "$badck" = 0 ] && [ "$goodck" = 3000 ]; then
         ok "tx $size: 3000 frames completed, 3000 on the TAP, checksums good"
     else
-        bad "tx $size: rc=$rc frames=$frames on_tap=$seen bad_checksums=$badck"
+        bad "tx $size: rc=$rc frames=$frames on_tap=$seen bad_checksums=$badck udp_sum_ok=$goodck"
         echo "$out"
     fi
     stop_stub
 done
+
+echo "== bench tx with guest memory at 4 GiB, 2 queue pairs"
+ip netns exec "$NS" python3 "$STUB" --socket "$SOCK" --tap "$TAP" --queues 2 >"$D/stub.out" 2>>"$D/stub.err" &
+STUB_PID=$!
+PIDS+=("$STUB_PID")
+for _ in $(seq 100); do grep -q LISTENING "$D/stub.out" 2>/dev/null && break; sleep 0.05; done
+out=$(timeout 60 "$F" --socket "$SOCK" --gpa-base 0x100000000 --queue-pairs 2 bench --role tx --size 300 --count 4000 --json)
+rc=$?
+if [ "$rc" = 0 ] && echo "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["frames"]==4000 and j["queues"]==2, j'; then
+    ok "tx at gpa 4 GiB over 2 queue pairs"
+else
+    bad "gpa/mq: rc=$rc"; echo "$out"
+fi
+stop_stub
 
 echo "== bench rx (frames injected into the TAP)"
 start_stub
@@ -187,6 +202,16 @@ if [ "$rc" = 0 ] && python3 -c 'import json,sys; j=json.load(open(sys.argv[1]));
     ok "ext rx: 6000-byte frames over mergeable 4 KiB buffers"
 else
     bad "ext rx: rc=$rc"; cat "$D/rxm.json"
+fi
+stop_stub
+
+start_stub ext
+out=$(timeout 60 "$F" --socket "$SOCK" --no-event-idx --no-mrg-rxbuf bench --role tx --size 128 --count 5000 --json)
+rc=$?
+if [ "$rc" = 0 ] && echo "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert not j["event_idx"] and not j["mrg_rxbuf"] and j["frames"]==5000, j'; then
+    ok "ext tx with --no-event-idx --no-mrg-rxbuf"
+else
+    bad "ext no-event-idx: rc=$rc"; echo "$out"
 fi
 stop_stub
 

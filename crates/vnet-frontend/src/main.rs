@@ -136,6 +136,14 @@ struct HostileArgs {
     no_round: bool,
 }
 
+/// println! that does not panic when stdout is gone (e.g. piped into `head`).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 fn parse_u64(s: &str) -> Result<u64, String> {
     let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(h) => u64::from_str_radix(h, 16),
@@ -198,7 +206,7 @@ fn run(cli: &Cli) -> Result<u8> {
     if let Mode::Hostile(h) = &cli.mode {
         if h.list {
             for n in hostile::variant_names() {
-                println!("{n}");
+                say!("{n}");
             }
             return Ok(0);
         }
@@ -212,7 +220,7 @@ fn run(cli: &Cli) -> Result<u8> {
             v["mode"] = json!("probe");
             v["rings"] = json!(dev.queues.len());
             v["ring_size"] = json!(opts.ring_size);
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            say!("{}", serde_json::to_string_pretty(&v)?);
             let _ = dev.stop();
             Ok(0)
         }
@@ -248,7 +256,7 @@ fn run(cli: &Cli) -> Result<u8> {
                 "failures": failures,
                 "results": reports,
             });
-            println!("{}", serde_json::to_string_pretty(&out)?);
+            say!("{}", serde_json::to_string_pretty(&out)?);
             Ok(if failures > 0 { EXIT_BACKEND } else { 0 })
         }
     }
@@ -338,17 +346,17 @@ fn run_bench(ep: &Endpoint, opts: &SetupOpts, b: &BenchArgs) -> Result<u8> {
         }
     }
     if b.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        say!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         for s in [&report.tx, &report.rx].into_iter().flatten() {
-            println!(
+            say!(
                 "{}: {} frames, {} bytes in {:.3} s: {:.0} pps, {:.3} Gbit/s; kicks {}, calls {} ({} wake-ups), {:.1} frames/call, {:.2} calls/MB",
                 s.role, s.frames, s.bytes, s.seconds, s.pps, s.gbit_per_s, s.kicks, s.calls,
                 s.call_wakeups, s.frames_per_call, s.calls_per_mb
             );
         }
         if let Some(e) = &report.error {
-            println!("error: {e}");
+            say!("error: {e}");
         }
     }
     if let Some(e) = &report.error {
