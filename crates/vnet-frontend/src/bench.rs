@@ -487,7 +487,8 @@ pub fn run(dev: &Device, opts: &BenchOpts) -> Result<Report> {
                     ring: dev.driver_ring(2 * k + 1),
                     frame_len: frame_bytes.len(),
                     count: split(opts.count, k),
-                    rate: split(Some(opts.rate), k).unwrap_or(0),
+                    // A paced run never gives a queue 0 (which would mean unpaced).
+                    rate: split(Some(opts.rate), k).map_or(0, |r| r.max(u64::from(opts.rate > 0))),
                 };
                 let stop = &stop;
                 let t = &template;
