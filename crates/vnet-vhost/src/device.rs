@@ -364,7 +364,8 @@ impl Dev {
                 s.acked_proto = v;
                 None
             }
-            Request::GetQueueNum => Some(msg::reply_u64(h, 2 * self.pairs as u64)),
+            // QEMU (and DPDK) read it as queue pairs for virtio-net.
+            Request::GetQueueNum => Some(msg::reply_u64(h, self.pairs as u64)),
             Request::SetMemTable(regions) => {
                 if files.len() != regions.len() {
                     return Err(invalid("one file descriptor per memory region"));
