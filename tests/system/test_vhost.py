@@ -45,10 +45,11 @@ def vhost_port(host, name: str) -> dict:
     return p
 
 
-def boot(lab, image, host, sock, n: int, cmd: str = "iperf3 -s -D", reconnect=None, queues: int = 1):
+def boot(lab, image, host, sock, n: int, cmd: str = "iperf3 -s -D", reconnect=None, queues: int = 1,
+         no_reboot=None):
     g = qemu.Guest(image, qemu.VhostUser(str(sock), mac=vm_mac(n), reconnect=reconnect, queues=queues),
                    ip=f"{SUBNET}.{n}/24", mtu=MTU, cmd=cmd, then="wait", netns=host.name,
-                   name=f"{lab.prefix}-vm{n}")
+                   name=f"{lab.prefix}-vm{n}", no_reboot=no_reboot)
     g.start()
     return g
 
@@ -192,8 +193,9 @@ route add any {vm_mac(1)} link to-a
 
 
 def test_vm_restart_and_vnetd_restart(lab, image, record):
-    """The VM powers off and boots again on the same socket; then vnetd restarts under a
-    running VM (QEMU reconnects): traffic resumes both times."""
+    """The VM powers off and boots again on the same socket; it reboots inside (QEMU resets
+    the device on the same connection); then vnetd restarts under the running VM (QEMU
+    reconnects): traffic resumes every time."""
     sock = lab.workdir / "vm1.sock"
     A, B, b1 = two_hosts(lab, sock)
     g = boot(lab, image, A, sock, 1)
@@ -203,12 +205,20 @@ def test_vm_restart_and_vnetd_restart(lab, image, record):
         assert lab.ping(b1, f"{SUBNET}.1", count=2, interval=0.2, wait=3).ok, failed(g, A)
     # QEMU stopped: the device is reset and vnetd waits for the next frontend
     netlab.wait_until(lambda: not vhost_port(A, "vm1")["nic"]["connected"], 10, what="vm1 disconnected")
-    g = boot(lab, image, A, sock, 1, reconnect=1)
+    g = boot(lab, image, A, sock, 1, reconnect=1, no_reboot=False)
     with g:
         g.wait_ready(timeout=120)
         assert g.wait_exit(timeout=30) == 0, failed(g, A)
         assert lab.ping(b1, f"{SUBNET}.1", count=2, interval=0.2, wait=3).ok, failed(g, A)
         assert vhost_port(A, "vm1")["nic"]["connections"] == 2
+        # a reboot inside the VM: QEMU resets the device on the same connection
+        mark = len(g.console())
+        g.qmp("system_reset")
+        g.wait_for("VNET-GUEST-READY", timeout=120, since=mark)
+        t0 = time.monotonic()
+        lab.wait_ping(b1, f"{SUBNET}.1", timeout=60)
+        record("vm_reboot_ping_resumed_s", round(time.monotonic() - t0, 2))
+        assert vhost_port(A, "vm1")["nic"]["connections"] == 2, "a reboot is not a new connection"
         A.restart_vnetd()
         t0 = time.monotonic()
         gap = lab.wait_ping(b1, f"{SUBNET}.1", timeout=30)
