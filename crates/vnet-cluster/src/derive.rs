@@ -305,6 +305,7 @@ pub fn derive(local_host: &HostId, state: &ClusterState, local: &Config) -> Deri
             name: derived_link_name(h, v),
             kind,
             vni: v,
+            encrypt: None,
         };
         if let Some(l) = local.link(&link.name) {
             if *l == link {
@@ -540,6 +541,7 @@ impl DerivedConfig {
                     name: spec.name.clone(),
                     kind: spec.kind.clone(),
                     vni: spec.vni.unwrap_or(1),
+                    encrypt: spec.encrypt,
                 });
             }
             Command::LinkDel(name) => {
@@ -591,6 +593,7 @@ fn link_add(l: &Link) -> Command {
         name: l.name.clone(),
         kind: l.kind.clone(),
         vni: Some(l.vni),
+        encrypt: l.encrypt,
     })
 }
 
@@ -644,10 +647,16 @@ pub fn diff(old: &DerivedConfig, new: &DerivedConfig) -> Vec<Command> {
 /// `None` for anything else).
 pub fn render_command(cmd: &Command) -> Option<String> {
     Some(match cmd {
-        Command::LinkAdd(s) => match s.vni {
-            Some(v) => format!("link add {} {} vni {v}", s.name, s.kind),
-            None => format!("link add {} {}", s.name, s.kind),
-        },
+        Command::LinkAdd(s) => {
+            let mut t = match s.vni {
+                Some(v) => format!("link add {} {} vni {v}", s.name, s.kind),
+                None => format!("link add {} {}", s.name, s.kind),
+            };
+            if let Some(k) = &s.encrypt {
+                t.push_str(&format!(" encrypt {k}"));
+            }
+            t
+        }
         Command::LinkDel(n) => format!("link del {n}"),
         Command::Route(op, spec) => {
             let op = match op {

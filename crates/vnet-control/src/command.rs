@@ -169,6 +169,9 @@ pub struct LinkSpec {
     pub name: String,
     pub kind: LinkKind,
     pub vni: Option<u32>,
+    /// `encrypt PEER_KEY` (udp links): the peer host's static public key; the link then
+    /// carries Noise-encrypted datagrams instead of plaintext VXLAN.
+    pub encrypt: Option<vnet_crypto::PublicKey>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -546,14 +549,29 @@ fn parse_link(w: &mut Words) -> Result<LinkSpec, ParseError> {
         o => return err(format!("unknown link type {} (udp, tcp, direct)", quote(o))),
     };
     let mut v = None;
+    let mut encrypt = None;
     while let Some(opt) = w.peek() {
         w.pos += 1;
         match opt {
             "vni" => set_once(&mut v, vni(w.next("VNI")?)?, opt)?,
-            o => return err(format!("unknown link option {} (vni)", quote(o))),
+            "encrypt" => {
+                if !matches!(kind, LinkKind::Udp(_)) {
+                    return err("option encrypt is for udp links only".to_string());
+                }
+                let k = w.next("the peer's public key (base64)")?;
+                let key = vnet_crypto::PublicKey::parse(k)
+                    .map_err(|e| ParseError(format!("encrypt {}: {e}", quote(k))))?;
+                set_once(&mut encrypt, key, opt)?
+            }
+            o => return err(format!("unknown link option {} (vni, encrypt)", quote(o))),
         }
     }
-    Ok(LinkSpec { name, kind, vni: v })
+    Ok(LinkSpec {
+        name,
+        kind,
+        vni: v,
+        encrypt,
+    })
 }
 
 fn parse_route(w: &mut Words) -> Result<RouteSpec, ParseError> {
@@ -773,7 +791,8 @@ mod tests {
             Command::LinkAdd(LinkSpec {
                 name: "b".into(),
                 kind: LinkKind::Udp("10.0.0.2:4789".parse().unwrap()),
-                vni: None
+                vni: None,
+                encrypt: None,
             })
         );
         assert_eq!(
@@ -781,7 +800,8 @@ mod tests {
             Command::LinkAdd(LinkSpec {
                 name: "b".into(),
                 kind: LinkKind::Udp("[fd00::2]:5000".parse().unwrap()),
-                vni: Some(3)
+                vni: Some(3),
+                encrypt: None,
             })
         );
         assert!(
@@ -813,6 +833,16 @@ mod tests {
         assert!(e("link add b udp 0.0.0.0").contains("IP address"));
         assert!(e("link add b udp 10.0.0.2:0").contains("port 0"));
         assert!(e("link add b udp 10.0.0.2 mtu 5").contains("unknown link option"));
+        let key = "q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=";
+        assert!(matches!(
+            p(&format!("link add b udp 10.0.0.2 vni 4 encrypt {key}")),
+            Command::LinkAdd(LinkSpec { encrypt: Some(k), vni: Some(4), .. }) if k.to_string() == key
+        ));
+        assert!(e(&format!("link add t tcp 10.0.0.2:7000 encrypt {key}")).contains("udp links only"));
+        assert!(e("link add b udp 10.0.0.2 encrypt abc").contains("encrypt"));
+        assert!(e("link add b udp 10.0.0.2 encrypt AAAA").contains("32"));
+        assert!(e("link add b udp 10.0.0.2 encrypt").contains("public key"));
+        assert!(e(&format!("link add b udp 10.0.0.2 encrypt {key} encrypt {key}")).contains("twice"));
         assert_eq!(p("link del b"), Command::LinkDel("b".into()));
     }
 
@@ -943,7 +973,8 @@ mod tests {
                 Just("interface"), Just("link"), Just("route"), Just("add"), Just("del"), Just("tap"),
                 Just("udp"), Just("tcp"), Just("accept"), Just("not"), Just("any"), Just("broadcast"),
                 Just("mac"), Just("vni"), Just("52:54:00:00:00:01"), Just("10.0.0.1:5"), Just("x"),
-                Just("show"), Just("listen"), Just("json"), Just("1")
+                Just("show"), Just("listen"), Just("json"), Just("1"), Just("encrypt"),
+                Just("q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80="), Just("AAAA")
             ], 0..10)) {
             let _ = parse_line(&words.join(" "));
         }

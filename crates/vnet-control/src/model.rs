@@ -87,6 +87,8 @@ pub struct Link {
     pub name: String,
     pub kind: LinkKind,
     pub vni: u32,
+    /// The peer's static public key when the link is encrypted (udp links only).
+    pub encrypt: Option<vnet_crypto::PublicKey>,
 }
 
 /// A configured route; its VNI is its destination's.
@@ -399,6 +401,7 @@ impl Config {
             name: spec.name.clone(),
             kind: spec.kind.clone(),
             vni,
+            encrypt: spec.encrypt,
         };
         self.links.push(link.clone());
         Ok(vec![Change::AddLink(link)])
@@ -554,7 +557,11 @@ impl Config {
             let _ = writeln!(s, " vni {}", i.vni);
         }
         for l in &self.links {
-            let _ = writeln!(s, "link add {} {} vni {}", l.name, l.kind, l.vni);
+            let _ = write!(s, "link add {} {} vni {}", l.name, l.kind, l.vni);
+            if let Some(k) = &l.encrypt {
+                let _ = write!(s, " encrypt {k}");
+            }
+            s.push('\n');
         }
         for r in &self.routes {
             let _ = writeln!(
@@ -666,7 +673,7 @@ mod tests {
 
     #[test]
     fn script_roundtrip_and_inverse() {
-        let script = "set learn on\nset mode polling\nset adaptive-low 20\nset adaptive-high 50\nset cpus 1\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000 queues 2 offload off\ninterface add vm2 vhost-user /run/vm2.sock mac 02:00:00:00:00:02 queues 2 client\nlink add b udp 10.0.0.2 vni 1\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
+        let script = "set learn on\nset mode polling\nset adaptive-low 20\nset adaptive-high 50\nset cpus 1\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000 queues 2 offload off\ninterface add vm2 vhost-user /run/vm2.sock mac 02:00:00:00:00:02 queues 2 client\nlink add b udp 10.0.0.2 vni 1\nlink add e udp 10.0.0.9 vni 1 encrypt q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
         let mut c = Config::default();
         for (_, cmd) in parse_script(script).unwrap() {
             c.apply(&cmd, &mut mac_gen()).unwrap();

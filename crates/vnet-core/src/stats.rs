@@ -15,10 +15,19 @@ pub enum DropReason {
     QueueFull,
     TxError,
     BadOffload,
+    /// An encrypted-link datagram that did not authenticate (or plaintext VXLAN on an
+    /// encrypted link).
+    BadAuth,
+    /// An encrypted-link datagram or handshake initiation seen before.
+    Replay,
+    /// A frame for, or a datagram from, an encrypted link that has no session (yet).
+    NoSession,
+    /// A handshake message that was malformed, for another key, or unexpected.
+    BadHandshake,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 11] = [
+    pub const ALL: [DropReason; 15] = [
         DropReason::Truncated,
         DropReason::Oversize,
         DropReason::BadVxlan,
@@ -30,6 +39,10 @@ impl DropReason {
         DropReason::QueueFull,
         DropReason::TxError,
         DropReason::BadOffload,
+        DropReason::BadAuth,
+        DropReason::Replay,
+        DropReason::NoSession,
+        DropReason::BadHandshake,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -45,6 +58,10 @@ impl DropReason {
             DropReason::QueueFull => "queue_full",
             DropReason::TxError => "tx_error",
             DropReason::BadOffload => "bad_offload",
+            DropReason::BadAuth => "bad_auth",
+            DropReason::Replay => "replay",
+            DropReason::NoSession => "no_session",
+            DropReason::BadHandshake => "bad_handshake",
         }
     }
 

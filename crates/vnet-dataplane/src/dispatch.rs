@@ -24,7 +24,11 @@ use vnet_offload::{
 };
 use vnet_wire::{VxlanPacket, MAX_FRAME_LEN, VXLAN_HEADER_LEN};
 
-use crate::engine::{Shared, Snapshot};
+use vnet_crypto::wire::is_crypto;
+use vnet_crypto::{Message, DATA_HEADER_LEN};
+
+use crate::crypto::{self, LinkCrypto};
+use crate::engine::{PortTx, Shared, Snapshot};
 use crate::forward::{flush_coalescers, process, FwdCtx, Origin, TxBatch, IDLE_TICK};
 use crate::nic::GuestNic;
 use crate::packet::PacketSocket;
@@ -311,6 +315,10 @@ fn pin_to_cpu(cpu: u32) {
 struct Work {
     bufs: Vec<Vec<u8>>,
     recvd: Vec<Received>,
+    /// Datagrams of the current receive batch, after decryption (see `drain_udp`).
+    plan: Vec<RxItem>,
+    /// Decryption output before it is copied back over the ciphertext.
+    scratch: Vec<u8>,
     ctx: FwdCtx,
     read_errors: u64,
 }
@@ -323,6 +331,8 @@ fn run(st: Arc<DState>, shared: Arc<Shared>, settings: Arc<ArcSwap<DataPathSetti
     let mut w = Work {
         bufs: (0..BATCH).map(|_| vec![0u8; RX_BUF]).collect(),
         recvd: Vec::with_capacity(BATCH),
+        plan: Vec::with_capacity(BATCH),
+        scratch: Vec::new(),
         ctx: FwdCtx::with_queue(st.index),
         read_errors: 0,
     };
@@ -567,25 +577,23 @@ impl Work {
         sock: &VxlanSocket,
     ) -> io::Result<usize> {
         sock.recv_batch(&mut self.bufs, &mut self.recvd)?;
-        let bufs: &[Vec<u8>] = &self.bufs;
-        let mut batch = TxBatch::default();
+        // First pass: answer handshake messages and decrypt the data of encrypted links in
+        // place (the plaintext overwrites its ciphertext), so that the second pass forwards
+        // every frame from the receive buffers, coalescing as for plaintext VXLAN.
+        self.plan.clear();
         let mut frames = 0;
         for (i, m) in self.recvd.iter().enumerate() {
-            if m.seg < m.len && is_tunnel_gso(&bufs[i][..m.len], m.seg) {
+            let buf = &mut self.bufs[i][..m.len];
+            if m.seg < m.len && !is_crypto(buf) && is_tunnel_gso(buf, m.seg) {
                 // One VXLAN datagram whose inner frame a local kernel sender never segmented.
                 frames += 1;
-                let whole = (0, m.len);
-                receive_datagram(
-                    shared,
-                    snap,
-                    &mut self.ctx,
-                    bufs,
+                self.plan.push(RxItem::Vxlan {
                     i,
-                    whole,
-                    m.from,
-                    Some(m.seg),
-                    &mut batch,
-                );
+                    off: 0,
+                    end: m.len,
+                    mss: Some(m.seg),
+                    from: m.from,
+                });
                 continue;
             }
             // Datagrams of `seg` bytes, the last shorter; an empty datagram is one too.
@@ -593,21 +601,68 @@ impl Work {
             loop {
                 let end = (off + m.seg).min(m.len);
                 frames += 1;
-                receive_datagram(
+                if is_crypto(&buf[off..end]) {
+                    if let Some((start, stop, port)) =
+                        open_datagram(shared, snap, &mut self.scratch, buf, (off, end), m.from)
+                    {
+                        self.plan.push(RxItem::Decrypted {
+                            i,
+                            start,
+                            end: stop,
+                            port,
+                        });
+                    }
+                } else {
+                    self.plan.push(RxItem::Vxlan {
+                        i,
+                        off,
+                        end,
+                        mss: None,
+                        from: m.from,
+                    });
+                }
+                off = end;
+                if off >= m.len {
+                    break;
+                }
+            }
+        }
+        let bufs: &[Vec<u8>] = &self.bufs;
+        let mut batch = TxBatch::default();
+        for item in &self.plan {
+            match *item {
+                RxItem::Vxlan {
+                    i,
+                    off,
+                    end,
+                    mss,
+                    from,
+                } => receive_datagram(
                     shared,
                     snap,
                     &mut self.ctx,
                     bufs,
                     i,
                     (off, end),
-                    m.from,
-                    None,
+                    from,
+                    mss,
                     &mut batch,
-                );
-                off = end;
-                if off >= m.len {
-                    break;
-                }
+                ),
+                RxItem::Decrypted {
+                    i,
+                    start,
+                    end,
+                    port,
+                } => receive_decrypted(
+                    shared,
+                    snap,
+                    &mut self.ctx,
+                    bufs,
+                    i,
+                    (start, end),
+                    port,
+                    &mut batch,
+                ),
             }
         }
         flush_coalescers(shared, snap, &mut self.ctx, bufs);
@@ -677,6 +732,10 @@ fn receive_datagram<'a>(
     let Some(&port) = snap.udp_peers.get(&(ip, pkt.vni())) else {
         return shared.daemon.count_drop(DropReason::UnknownVni);
     };
+    if link_crypto(snap, port).is_some() {
+        // Plaintext claiming to come from an encrypted link's peer: unauthenticated.
+        return snap.count_rx_drop(port, data.len(), DropReason::BadAuth);
+    }
     let at = PayloadRef {
         buf: i as u32,
         start: (off + VXLAN_HEADER_LEN) as u32,
@@ -698,6 +757,135 @@ fn receive_datagram<'a>(
         port,
         VirtioNetHdr::default(),
         frame,
+        Origin::Wire { at, bufs },
+        batch,
+    );
+}
+
+/// A datagram of a receive batch, ready to forward.
+#[derive(Clone, Copy)]
+enum RxItem {
+    /// Plaintext VXLAN at `off..end` of buffer `i`.
+    Vxlan {
+        i: usize,
+        off: usize,
+        end: usize,
+        mss: Option<usize>,
+        from: std::net::SocketAddr,
+    },
+    /// A decrypted VXLAN datagram at `start..end` of buffer `i`, from encrypted link `port`.
+    Decrypted {
+        i: usize,
+        start: usize,
+        end: usize,
+        port: PortId,
+    },
+}
+
+fn link_crypto(snap: &Snapshot, port: PortId) -> Option<&Arc<LinkCrypto>> {
+    match snap.ports.get(&port).map(|p| &*p.tx) {
+        Some(PortTx::Udp(l)) => l.crypto.as_ref(),
+        _ => None,
+    }
+}
+
+/// An encrypted-link message at `off..end` of `buf`: a handshake message is answered; a data
+/// message is authenticated and decrypted, its plaintext (a VXLAN datagram) written over the
+/// ciphertext. Returns where the plaintext is and the link's port; every refusal is counted.
+fn open_datagram(
+    shared: &Shared,
+    snap: &Snapshot,
+    scratch: &mut Vec<u8>,
+    buf: &mut [u8],
+    (off, end): (usize, usize),
+    from: std::net::SocketAddr,
+) -> Option<(usize, usize, PortId)> {
+    let len = end - off;
+    shared.daemon.rx(len);
+    let ip = from.ip().to_canonical();
+    if !snap.udp_ips.contains(&ip) {
+        shared.daemon.count_drop(DropReason::UnknownPeer);
+        return None;
+    }
+    let msg = match Message::parse(&buf[off..end]) {
+        Ok(m) => m,
+        Err(e) => {
+            shared.daemon.count_drop(crypto::drop_reason(e));
+            return None;
+        }
+    };
+    let Some(&port) = snap.udp_peers.get(&(ip, msg.vni())) else {
+        shared.daemon.count_drop(DropReason::UnknownVni);
+        return None;
+    };
+    let counters = &snap.ports.get(&port)?.counters;
+    let Some(c) = link_crypto(snap, port) else {
+        // An encrypted-link message for a plaintext link.
+        let r = match msg {
+            Message::Data { .. } => DropReason::NoSession,
+            _ => DropReason::BadHandshake,
+        };
+        snap.count_rx_drop(port, len, r);
+        return None;
+    };
+    let Message::Data {
+        receiver,
+        counter,
+        ciphertext,
+        ..
+    } = msg
+    else {
+        c.handshake(&msg, counters);
+        return None;
+    };
+    scratch.clear();
+    scratch.resize(ciphertext.len(), 0);
+    match c.open(receiver, counter, ciphertext, scratch) {
+        Ok(0) => None, // a keepalive: it only confirmed the session
+        Ok(n) => {
+            let start = off + DATA_HEADER_LEN;
+            buf[start..start + n].copy_from_slice(&scratch[..n]);
+            Some((start, start + n, port))
+        }
+        Err(e) => {
+            snap.count_rx_drop(port, len, crypto::drop_reason(e));
+            None
+        }
+    }
+}
+
+/// A datagram of encrypted link `port`, decrypted: VXLAN whose VNI must be the link's.
+#[allow(clippy::too_many_arguments)]
+fn receive_decrypted<'a>(
+    shared: &Shared,
+    snap: &'a Snapshot,
+    ctx: &mut FwdCtx,
+    bufs: &'a [Vec<u8>],
+    i: usize,
+    (start, end): (usize, usize),
+    port: PortId,
+    batch: &mut TxBatch<'a>,
+) {
+    let data = &bufs[i][start..end];
+    let Some(entry) = snap.ports.get(&port) else {
+        return;
+    };
+    match VxlanPacket::new_checked(data) {
+        Ok(p) if p.vni() == entry.info.vni => {}
+        _ => return snap.count_rx_drop(port, data.len(), DropReason::BadVxlan),
+    }
+    let at = PayloadRef {
+        buf: i as u32,
+        start: (start + VXLAN_HEADER_LEN) as u32,
+        end: end as u32,
+    };
+    process(
+        shared,
+        snap,
+        ctx,
+        port,
+        VirtioNetHdr::default(),
+        &data[VXLAN_HEADER_LEN..],
         Origin::Wire { at, bufs },
         batch,
     );

@@ -20,6 +20,7 @@ use vnet_core::{
 use vnet_offload::VirtioNetHdr;
 use vnet_wire::{MacAddr, VxlanRepr, VXLAN_HEADER_LEN};
 
+use crate::crypto::LinkCrypto;
 use crate::dispatch::{DispatcherSet, Source, SourceKind};
 use crate::forward::{process, FwdCtx, OffloadCounters, Origin, TxBatch};
 use crate::nic::GuestNic;
@@ -70,6 +71,10 @@ pub struct UdpLinkTx {
     /// Smallest datagram size the kernel refused to segment (larger than the path MTU);
     /// runs of that size or more go one datagram at a time.
     pub gso_refused: AtomicUsize,
+    /// Set for an encrypted link: datagrams are sealed, handshakes run.
+    pub crypto: Option<Arc<LinkCrypto>>,
+    /// The link's port counters (for drops found only when the batch is sent).
+    pub counters: Arc<PortCounters>,
 }
 
 /// What the forwarding threads know of a port.
@@ -223,6 +228,8 @@ pub struct Engine {
     generation: u64,
     /// Makes the guest NICs that are not TAPs (vhost-user), when the daemon provides one.
     nic_factory: Option<Box<dyn NicFactory>>,
+    /// This host's static key, for encrypted links (`vnetd --key-file`).
+    static_key: Option<vnet_crypto::PrivateKey>,
 }
 
 /// Creates guest NICs of kinds this crate does not implement itself (vhost-user, in
@@ -309,10 +316,23 @@ impl Ingress {
             return vec![];
         }
         let local = snap.udp.local_addr();
+        // Encrypted links never take the cut-through path (it reads plaintext VXLAN straight
+        // into the guest), nor does any link to a peer address an encrypted link shares: the
+        // connected socket would take that link's datagrams too.
+        let encrypted_peers: Vec<Option<SocketAddr>> = snap
+            .ports
+            .values()
+            .filter_map(|p| match &*p.tx {
+                PortTx::Udp(l) if l.crypto.is_some() => Some(l.to.as_socket()),
+                _ => None,
+            })
+            .collect();
         snap.ports
             .iter()
             .filter(|(_, p)| p.info.vni == vni)
             .filter_map(|(id, p)| match &*p.tx {
+                PortTx::Udp(l) if l.crypto.is_some() => None,
+                PortTx::Udp(l) if encrypted_peers.contains(&l.to.as_socket()) => None,
                 PortTx::Udp(l) => l.to.as_socket().map(|peer| DirectLink {
                     port: *id,
                     peer,
@@ -419,7 +439,13 @@ impl Engine {
             next_id: 1,
             generation: 0,
             nic_factory: None,
+            static_key: None,
         })
+    }
+
+    /// Sets this host's static key; encrypted links need one.
+    pub fn set_static_key(&mut self, key: vnet_crypto::PrivateKey) {
+        self.static_key = Some(key);
     }
 
     pub fn udp_local_addr(&self) -> SocketAddr {
@@ -579,6 +605,8 @@ impl Engine {
         let mut sources = Vec::new();
         let mut workers = Vec::new();
         let (mut tcp, mut udp_peer, mut tcp_accept_peer) = (None, None, None);
+        let counters = Arc::new(PortCounters::default());
+        let mut crypto = None;
         let tx = match &l.kind {
             LinkKind::Udp(to) => {
                 let local_v6 = self.udp.local_addr().is_ipv6();
@@ -595,11 +623,31 @@ impl Engine {
                     _ => *to,
                 };
                 udp_peer = Some(to.ip().to_canonical());
+                if let Some(peer_key) = l.encrypt {
+                    let Some(key) = self.static_key.clone() else {
+                        return Err(EngineError::Unsupported {
+                            name: l.name.clone(),
+                            why: "an encrypted link needs this host's key (start vnetd with --key-file)".into(),
+                        });
+                    };
+                    let c = Arc::new(LinkCrypto::new(
+                        &l.name,
+                        key,
+                        peer_key,
+                        l.vni,
+                        self.udp.clone(),
+                        SockAddr::from(to_sa),
+                    ));
+                    workers.push(c.start_timer().map_err(err)?);
+                    crypto = Some(c);
+                }
                 PortTx::Udp(UdpLinkTx {
                     sock: self.udp.clone(),
                     to: SockAddr::from(to_sa),
                     header: VxlanRepr { vni: l.vni }.header(),
                     gso_refused: AtomicUsize::new(usize::MAX),
+                    crypto: crypto.clone(),
+                    counters: counters.clone(),
                 })
             }
             LinkKind::TcpDial(addr) => {
@@ -628,7 +676,7 @@ impl Engine {
                 PortTx::Direct(sock)
             }
         };
-        info!(name = %l.name, kind = %l.kind, vni = l.vni, "link added");
+        info!(name = %l.name, kind = %l.kind, vni = l.vni, encrypted = crypto.is_some(), "link added");
         self.ports.insert(
             (DestKind::Link, l.name.clone()),
             PortRuntime {
@@ -636,7 +684,7 @@ impl Engine {
                 entry: PortEntry {
                     info: PortInfo { vni: l.vni, kind },
                     tx: Arc::new(tx),
-                    counters: Arc::new(PortCounters::default()),
+                    counters,
                 },
                 sources,
                 workers,
@@ -753,8 +801,24 @@ impl Engine {
     /// `up`, `connecting` or `down` (TCP links); other links are connectionless and always up.
     pub fn link_state(&self, name: &str) -> &'static str {
         match self.ports.get(&(DestKind::Link, name.to_string())) {
-            Some(rt) => rt.tcp.as_ref().map(|t| t.state()).unwrap_or("up"),
+            Some(rt) => match &*rt.entry.tx {
+                PortTx::Udp(UdpLinkTx {
+                    crypto: Some(c), ..
+                }) if !c.established() => "connecting",
+                _ => rt.tcp.as_ref().map(|t| t.state()).unwrap_or("up"),
+            },
             None => "down",
+        }
+    }
+
+    /// An encrypted link's session state and counters; `None` for other links.
+    pub fn link_crypto(&self, name: &str) -> Option<serde_json::Value> {
+        let rt = self.ports.get(&(DestKind::Link, name.to_string()))?;
+        match &*rt.entry.tx {
+            PortTx::Udp(UdpLinkTx {
+                crypto: Some(c), ..
+            }) => Some(c.status()),
+            _ => None,
         }
     }
 

@@ -129,15 +129,76 @@ pub struct TxBatch<'a> {
     heads: Vec<u8>,
 }
 
+/// One datagram ready to send: its link, its parts, its length.
+type Ready<'b> = (&'b UdpLinkTx, [&'b [u8]; 3], usize);
+
 impl<'a> TxBatch<'a> {
+    /// Seals the datagrams of encrypted links (into `sealed`) and lists every datagram with
+    /// the parts it is sent from; a datagram of an encrypted link without a session is
+    /// dropped and counted (`no_session`).
+    fn ready<'b>(&'b self, sealed: &'b mut Vec<u8>) -> Vec<Ready<'b>> {
+        let mut scratch = Vec::new();
+        let mut ranges: Vec<Option<std::ops::Range<usize>>> = Vec::with_capacity(self.udp.len());
+        // The session of the previous entry's link: batches mostly go to one link.
+        let mut last: Option<(*const UdpLinkTx, Option<Arc<vnet_crypto::Session>>)> = None;
+        for (l, h, f) in &self.udp {
+            let Some(c) = &l.crypto else {
+                ranges.push(None);
+                continue;
+            };
+            let session = match &last {
+                Some((p, s)) if std::ptr::eq(*p, *l) => s.clone(),
+                _ => {
+                    let s = c.sending_session();
+                    last = Some((*l as *const UdpLinkTx, s.clone()));
+                    s
+                }
+            };
+            let at = sealed.len();
+            let r = match session {
+                Some(s) => s
+                    .seal(&[&l.header[..], &self.heads[h.clone()], f], &mut scratch, sealed)
+                    .map_err(crate::crypto::drop_reason),
+                None => Err(DropReason::NoSession),
+            };
+            match r {
+                Ok(()) => {
+                    c.sealed.fetch_add(1, Relaxed);
+                    ranges.push(Some(at..sealed.len()));
+                }
+                Err(reason) => {
+                    l.counters.count_drop(reason);
+                    ranges.push(Some(at..at));
+                }
+            }
+        }
+        let sealed: &'b Vec<u8> = sealed;
+        self.udp
+            .iter()
+            .zip(ranges)
+            .filter_map(|((l, h, f), r)| match r {
+                None => Some((
+                    *l,
+                    [&l.header[..], &self.heads[h.clone()], *f],
+                    VXLAN_HEADER_LEN + h.len() + f.len(),
+                )),
+                Some(r) if r.is_empty() => None,
+                Some(r) => Some((*l, [&sealed[r.clone()], &[][..], &[][..]], r.len())),
+            })
+            .collect()
+    }
+
     /// Sends the batch: a run of consecutive datagrams to one link, all of one size but the
     /// last (which may be shorter), goes as one `UDP_SEGMENT` send, so the kernel's stack
-    /// handles the run once; the rest go in `sendmmsg` batches, in order.
+    /// handles the run once; the rest go in `sendmmsg` batches, in order. Datagrams of
+    /// encrypted links are sealed first (same sizes in, same sizes out, so runs survive).
     pub fn flush(&mut self, shared: &Shared, sock: &VxlanSocket) {
-        let n = self.udp.len();
-        if n == 0 {
+        if self.udp.is_empty() {
             return;
         }
+        let mut sealed = Vec::new();
+        let items = self.ready(&mut sealed);
+        let n = items.len();
         let mut singles: Vec<(&SockAddr, [&[u8]; 3])> = Vec::new();
         let send_singles = |singles: &mut Vec<(&SockAddr, [&[u8]; 3])>| {
             if singles.is_empty() {
@@ -153,15 +214,12 @@ impl<'a> TxBatch<'a> {
         let mut parts: Vec<&[u8]> = Vec::new();
         let mut i = 0;
         while i < n {
-            let len = |e: &(&UdpLinkTx, std::ops::Range<usize>, &[u8])| e.1.len() + e.2.len();
-            let (link, _, _) = self.udp[i];
-            let first_len = len(&self.udp[i]);
-            let size = VXLAN_HEADER_LEN + first_len;
-            let per = (GSO_MAX_BYTES / size).clamp(1, GSO_MAX_SEGMENTS);
+            let (link, _, first_len) = items[i];
+            let size = first_len;
+            let per = (GSO_MAX_BYTES / size.max(1)).clamp(1, GSO_MAX_SEGMENTS);
             let mut j = i + 1;
             while j < n && j - i < per {
-                let l = self.udp[j].0;
-                let flen = len(&self.udp[j]);
+                let (l, _, flen) = items[j];
                 if !std::ptr::eq(l, link) || flen > first_len {
                     break;
                 }
@@ -172,8 +230,8 @@ impl<'a> TxBatch<'a> {
             }
             if j - i > 1 && sock.gso_enabled() && size < link.gso_refused.load(Relaxed) {
                 parts.clear();
-                for (l, h, f) in &self.udp[i..j] {
-                    parts.extend_from_slice(&[&l.header[..], &self.heads[h.clone()], f]);
+                for (_, p, _) in &items[i..j] {
+                    parts.extend_from_slice(p);
                 }
                 send_singles(&mut singles);
                 match sock.send_parts(&link.to, &parts, Some(size as u16)) {
@@ -194,13 +252,14 @@ impl<'a> TxBatch<'a> {
                     }
                 }
             }
-            for (l, h, f) in &self.udp[i..j] {
-                singles.push((&l.to, [&l.header[..], &self.heads[h.clone()], f]));
+            for (l, p, _) in &items[i..j] {
+                singles.push((&l.to, *p));
             }
             i = j;
         }
         send_singles(&mut singles);
         drop(singles);
+        drop(items);
         self.udp.clear();
         self.heads.clear();
     }
@@ -316,9 +375,30 @@ pub fn process<'a>(
                     })
                 }
             }
+            (PortTx::Udp(link), _) if link.crypto.is_some() && vh.gso_kind() != VirtioNetHdr::GSO_NONE => {
+                // Encrypted: cut in user space; every segment is sealed on its own at flush
+                // (runs of equal-size segments still go as one UDP_SEGMENT send).
+                match segment(frame, &vh, seg) {
+                    Ok(()) => {
+                        gso_count(shared, seg.len());
+                        for s in &seg.segs {
+                            let at = batch.heads.len();
+                            batch.heads.extend_from_slice(&seg.headers[s.hdr.clone()]);
+                            batch.udp.push((link, at..batch.heads.len(), &frame[s.payload.clone()]));
+                        }
+                        Ok(())
+                    }
+                    Err(_) => Err(DropReason::BadOffload),
+                }
+            }
             (PortTx::Udp(link), _) => {
+                let max = if link.crypto.is_some() {
+                    UDP_MAX_FRAME - vnet_crypto::DATA_OVERHEAD
+                } else {
+                    UDP_MAX_FRAME
+                };
                 if vh.gso_kind() == VirtioNetHdr::GSO_NONE {
-                    if frame.len() > UDP_MAX_FRAME {
+                    if frame.len() > max {
                         Err(DropReason::Oversize)
                     } else if vh.needs_csum() {
                         // Complete the checksum in a copy of the headers; the rest of the
@@ -522,6 +602,7 @@ fn send_udp_gso(
         to,
         header,
         gso_refused,
+        ..
     } = link;
     segment(frame, vh, seg).map_err(|_| DropReason::BadOffload)?;
     gso_count(shared, seg.len());

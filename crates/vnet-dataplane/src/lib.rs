@@ -12,6 +12,7 @@ pub mod packet;
 pub mod sys;
 pub mod tap;
 pub mod tcp;
+pub mod crypto;
 pub mod udp;
 mod worker;
 

@@ -39,7 +39,34 @@ fn main() {
     }
 }
 
+/// Commands that run here, without vnetd: `keygen PATH` writes a new private key (mode 0600)
+/// and prints its public key; `pubkey PATH` prints a key file's public key.
+fn local_command(words: &[String]) -> Option<Result<String>> {
+    let path = |w: &[String]| -> Result<PathBuf> {
+        match w {
+            [_, p] => Ok(PathBuf::from(p)),
+            _ => bail!("usage: vnetctl {} PATH", w[0]),
+        }
+    };
+    match words.first().map(String::as_str) {
+        Some("keygen") => Some(path(words).and_then(|p| {
+            let public = vnet_crypto::keys::file::generate(&p)
+                .with_context(|| format!("key file {}", p.display()))?;
+            Ok(format!("{public}\n"))
+        })),
+        Some("pubkey") => Some(path(words).and_then(|p| {
+            let key = vnet_crypto::keys::file::read(&p)
+                .with_context(|| format!("key file {}", p.display()))?;
+            Ok(format!("{}\n", key.public()))
+        })),
+        _ => None,
+    }
+}
+
 fn run(args: Args) -> Result<String> {
+    if let Some(r) = local_command(&args.command) {
+        return r;
+    }
     let request = match (&args.file, args.command.is_empty()) {
         (Some(path), _) => {
             let text = if path.as_os_str() == "-" {

@@ -153,8 +153,12 @@ impl Daemon {
                             LinkKind::TcpAccept(ip) => (Some(ip.to_string()), None),
                             LinkKind::Direct(d) => (None, Some(d.clone())),
                         };
-                        json!({"name": l.name, "kind": l.kind.keyword(), "remote": remote, "dev": dev,
-                               "vni": l.vni, "state": st.engine.link_state(&l.name)})
+                        let mut row = json!({"name": l.name, "kind": l.kind.keyword(), "remote": remote, "dev": dev,
+                               "vni": l.vni, "state": st.engine.link_state(&l.name)});
+                        if let Some(c) = st.engine.link_crypto(&l.name) {
+                            row["encrypted"] = c;
+                        }
+                        row
                     })
                     .collect();
                 if *json {
@@ -173,12 +177,17 @@ impl Daemon {
                             .to_string();
                         let _ = writeln!(
                             out,
-                            "{:<16} {:<10} {:<28} {:>8} {}",
+                            "{:<16} {:<10} {:<28} {:>8} {}{}",
                             r["name"].as_str().unwrap_or(""),
                             r["kind"].as_str().unwrap_or(""),
                             peer,
                             r["vni"],
-                            r["state"].as_str().unwrap_or("")
+                            r["state"].as_str().unwrap_or(""),
+                            if r["encrypted"].is_object() {
+                                " (encrypted)"
+                            } else {
+                                ""
+                            }
                         );
                     }
                 }

@@ -35,6 +35,13 @@ struct Args {
     /// Underlay address to bind the VXLAN socket to (`::` for IPv6 and IPv4).
     #[arg(long, default_value = "0.0.0.0")]
     bind: IpAddr,
+    /// This host's static X25519 private key (base64, mode 0600), for encrypted links.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// Write a new private key to PATH (mode 0600, never overwriting), print its public key
+    /// and exit.
+    #[arg(long, value_name = "PATH")]
+    gen_key: Option<PathBuf>,
 }
 
 fn main() {
@@ -64,11 +71,28 @@ fn read_token(path: &PathBuf) -> Result<String> {
 }
 
 fn run(args: Args) -> Result<()> {
+    if let Some(path) = &args.gen_key {
+        let public = vnet_crypto::keys::file::generate(path)
+            .with_context(|| format!("key file {}", path.display()))?;
+        println!("{public}");
+        return Ok(());
+    }
     let token = args.token_file.as_ref().map(read_token).transpose()?;
+    let key = args
+        .key_file
+        .as_ref()
+        .map(|p| {
+            vnet_crypto::keys::file::read(p).with_context(|| format!("key file {}", p.display()))
+        })
+        .transpose()?;
     // Handle signals from the start, so a TERM during set-up still cleans up.
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("signal handlers")?;
     let mut engine = Engine::new(SocketAddr::new(args.bind, args.udp_port)).context("data path")?;
     engine.set_nic_factory(Box::new(vnet_vhost::VhostFactory));
+    if let Some(k) = key {
+        info!(public_key = %k.public(), "host key loaded");
+        engine.set_static_key(k);
+    }
     let daemon = Arc::new(Daemon::new(engine));
     if let Some(path) = &args.config {
         let text =

@@ -1,0 +1,261 @@
+use super::*;
+use proptest::prelude::*;
+
+fn pair() -> (Peer, Peer) {
+    let (a, b) = (PrivateKey::generate().unwrap(), PrivateKey::generate().unwrap());
+    let t = Timers::default();
+    (
+        Peer::new(a.clone(), b.public(), 5, t, 100),
+        Peer::new(b, a.public(), 5, t, 900),
+    )
+}
+
+fn at(ms: u64) -> Now {
+    Now {
+        mono_ms: ms,
+        wall_ns: 1_700_000_000_000_000_000 + ms * 1_000_000,
+    }
+}
+
+/// Delivers one data message from `from` to `to`; returns the plaintext.
+fn deliver(to: &mut Peer, dgram: &[u8], now: u64) -> Result<Vec<u8>, CryptoError> {
+    match Message::parse(dgram)? {
+        Message::Data {
+            receiver,
+            counter,
+            ciphertext,
+            ..
+        } => {
+            let s = to
+                .receiving_session(receiver, now)
+                .ok_or(CryptoError::NoSession)?;
+            let mut out = vec![0u8; ciphertext.len()];
+            let n = s.open(counter, ciphertext, &mut out)?;
+            to.confirm(&s);
+            out.truncate(n);
+            Ok(out)
+        }
+        m => to.handle_handshake(&m, at(now)).map(|_| vec![]),
+    }
+}
+
+fn seal(p: &Peer, data: &[u8], now: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    p.sending_session(now)
+        .expect("session")
+        .seal(&[data], &mut Vec::new(), &mut out)
+        .unwrap();
+    out
+}
+
+/// A full handshake, a initiating; returns nothing, both sides established.
+fn handshake(a: &mut Peer, b: &mut Peer, now: u64) {
+    let init = a.tick(at(now)).expect("initiation");
+    let resp = b
+        .handle_handshake(&Message::parse(&init).unwrap(), at(now))
+        .unwrap();
+    let keepalive = a
+        .handle_handshake(&Message::parse(&resp).unwrap(), at(now))
+        .unwrap();
+    assert_eq!(deliver(b, &keepalive, now).unwrap(), Vec::<u8>::new());
+}
+
+#[test]
+fn handshake_and_data() {
+    let (mut a, mut b) = pair();
+    assert_eq!(a.state(), "none");
+    assert!(a.sending_session(0).is_none());
+    handshake(&mut a, &mut b, 0);
+    assert_eq!((a.state(), b.state()), ("established", "established"));
+    let d = seal(&a, b"hello", 1);
+    assert_eq!(d.len(), 5 + crate::DATA_OVERHEAD);
+    assert_eq!(deliver(&mut b, &d, 1).unwrap(), b"hello");
+    let back = seal(&b, b"world", 1);
+    assert_eq!(deliver(&mut a, &back, 1).unwrap(), b"world");
+    // Replayed data is refused.
+    assert_eq!(deliver(&mut b, &d, 2), Err(CryptoError::Replay));
+}
+
+#[test]
+fn tampering_is_detected() {
+    let (mut a, mut b) = pair();
+    handshake(&mut a, &mut b, 0);
+    let d = seal(&a, &[0x55; 100], 1);
+    for i in [16, 40, d.len() - 1] {
+        let mut t = d.clone();
+        t[i] ^= 1;
+        assert_eq!(deliver(&mut b, &t, 1), Err(CryptoError::BadAuth), "byte {i}");
+    }
+    // A changed counter is a different nonce: authentication fails too.
+    let mut t = d.clone();
+    t[9] ^= 1;
+    assert_eq!(deliver(&mut b, &t, 1), Err(CryptoError::BadAuth));
+    // A counter moved back onto one already accepted (the keepalive's 0) is a replay.
+    let mut t = d.clone();
+    t[8] = 0;
+    assert_eq!(deliver(&mut b, &t, 1), Err(CryptoError::Replay));
+    // Tampering did not consume the counter: the genuine message still arrives.
+    assert_eq!(deliver(&mut b, &d, 1).unwrap(), vec![0x55; 100]);
+}
+
+#[test]
+fn replayed_initiation_is_refused() {
+    let (mut a, mut b) = pair();
+    let init = a.tick(at(0)).unwrap();
+    let m = Message::parse(&init).unwrap();
+    assert!(b.handle_handshake(&m, at(0)).is_ok());
+    assert_eq!(b.handle_handshake(&m, at(10)), Err(CryptoError::Replay));
+    assert_eq!(b.stats.initiations_replayed, 1);
+}
+
+#[test]
+fn wrong_key_gets_no_session() {
+    let (mut a, _) = pair();
+    let (_, mut c) = pair(); // c expects someone else
+    let init = a.tick(at(0)).unwrap();
+    assert_eq!(
+        c.handle_handshake(&Message::parse(&init).unwrap(), at(0)),
+        Err(CryptoError::BadHandshake)
+    );
+    assert_eq!(c.stats.bad_handshakes, 1);
+    assert_eq!(c.state(), "none");
+}
+
+#[test]
+fn retransmits_with_backoff() {
+    let (mut a, _) = pair();
+    let mut sent = vec![];
+    for ms in (0..20_000).step_by(100) {
+        if a.tick(at(ms)).is_some() {
+            sent.push(ms);
+        }
+    }
+    // 0, 500, 1500, 3500, 7500, then every 5 s.
+    assert_eq!(&sent[..5], &[0, 500, 1500, 3500, 7500]);
+    assert_eq!(sent[5] - sent[4], 5000);
+    // Each retransmission is a fresh initiation (new index), so a late response to an old
+    // one is refused.
+    assert_eq!(a.stats.initiations_sent as usize, sent.len());
+}
+
+#[test]
+fn peer_restart_rehandshakes() {
+    let (mut a, mut b) = pair();
+    handshake(&mut a, &mut b, 0);
+    let d = seal(&a, b"x", 1);
+    deliver(&mut b, &d, 1).unwrap();
+    // b restarts: same keys, no state. Its new initiation carries a later time.
+    let (bk, ak) = (b.local.clone(), a.local.public());
+    let mut b2 = Peer::new(bk, ak, 5, Timers::default(), 7);
+    // a's old session is useless to b2.
+    assert_eq!(deliver(&mut b2, &seal(&a, b"y", 2), 2), Err(CryptoError::NoSession));
+    handshake(&mut b2, &mut a, 5_000);
+    assert_eq!(deliver(&mut b2, &seal(&a, b"z", 5_001), 5_001).unwrap(), b"z");
+    assert_eq!(deliver(&mut a, &seal(&b2, b"w", 5_001), 5_001).unwrap(), b"w");
+}
+
+#[test]
+fn rekeys_after_time_and_keeps_previous() {
+    let (mut a, mut b) = pair();
+    handshake(&mut a, &mut b, 0);
+    let old = seal(&a, b"in flight", 1);
+    assert!(a.tick(at(60_000)).is_none());
+    handshake(&mut a, &mut b, 120_000);
+    assert_eq!(a.stats.rekeys, 1);
+    // The old session still receives until it expires.
+    assert_eq!(deliver(&mut b, &old, 120_001).unwrap(), b"in flight");
+    let new = seal(&a, b"new", 120_001);
+    assert_eq!(deliver(&mut b, &new, 120_001).unwrap(), b"new");
+}
+
+#[test]
+fn rekeys_after_messages() {
+    let (a, b) = (PrivateKey::generate().unwrap(), PrivateKey::generate().unwrap());
+    let t = Timers {
+        rekey_after_messages: 10,
+        reject_after_messages: 20,
+        ..Timers::default()
+    };
+    let mut pa = Peer::new(a.clone(), b.public(), 1, t, 1);
+    let mut pb = Peer::new(b, a.public(), 1, t, 2);
+    handshake(&mut pa, &mut pb, 0);
+    // The keepalive was message 1.
+    for _ in 0..8 {
+        seal(&pa, b"m", 1);
+    }
+    assert!(pa.tick(at(2)).is_none(), "9 messages: no rekey yet");
+    seal(&pa, b"m", 1);
+    assert!(pa.tick(at(3)).is_some(), "rekey after 10 messages");
+    for _ in 0..10 {
+        seal(&pa, b"m", 3);
+    }
+    assert!(pa.sending_session(3).is_none(), "refused after 20 messages");
+}
+
+#[test]
+fn expired_session_is_dropped() {
+    let (mut a, mut b) = pair();
+    handshake(&mut a, &mut b, 0);
+    let d = seal(&a, b"late", 1);
+    b.tick(at(180_000));
+    assert_eq!(deliver(&mut b, &d, 180_000), Err(CryptoError::NoSession));
+}
+
+#[test]
+fn simultaneous_initiations_both_work() {
+    let (mut a, mut b) = pair();
+    let ia = a.tick(at(0)).unwrap();
+    let ib = b.tick(at(0)).unwrap();
+    let ra = b.handle_handshake(&Message::parse(&ia).unwrap(), at(0)).unwrap();
+    let rb = a.handle_handshake(&Message::parse(&ib).unwrap(), at(0)).unwrap();
+    let ka = a.handle_handshake(&Message::parse(&ra).unwrap(), at(0)).unwrap();
+    let kb = b.handle_handshake(&Message::parse(&rb).unwrap(), at(0)).unwrap();
+    deliver(&mut b, &ka, 0).unwrap();
+    deliver(&mut a, &kb, 0).unwrap();
+    assert_eq!(deliver(&mut b, &seal(&a, b"1", 1), 1).unwrap(), b"1");
+    assert_eq!(deliver(&mut a, &seal(&b, b"2", 1), 1).unwrap(), b"2");
+}
+
+#[test]
+fn stray_response_is_refused() {
+    let (mut a, mut b) = pair();
+    let init = a.tick(at(0)).unwrap();
+    let resp = b.handle_handshake(&Message::parse(&init).unwrap(), at(0)).unwrap();
+    let m = Message::parse(&resp).unwrap();
+    assert!(a.handle_handshake(&m, at(0)).is_ok());
+    // The same response again: no pending initiation any more.
+    assert_eq!(a.handle_handshake(&m, at(1)), Err(CryptoError::BadHandshake));
+}
+
+proptest! {
+    /// Arbitrary or mutated messages give errors, never panics, and never a session.
+    #[test]
+    fn hostile_messages(bytes in proptest::collection::vec(any::<u8>(), 0..120), flip in 0usize..64, kind in 1u8..4) {
+        let (mut a, mut b) = pair();
+        let mut m = bytes.clone();
+        if !m.is_empty() { m[0] = kind; }
+        if let Ok(msg) = Message::parse(&m) {
+            let is_data = matches!(msg, Message::Data { .. });
+            prop_assert!(is_data || b.handle_handshake(&msg, at(0)).is_err());
+        }
+        let _ = deliver(&mut b, &m, 0);
+        prop_assert_eq!(b.state(), "none");
+        // A real initiation with one bit flipped is refused.
+        let mut init = a.tick(at(0)).unwrap();
+        let i = flip % init.len();
+        if i >= 8 {
+            init[i] ^= 1;
+            let r = b.handle_handshake(&Message::parse(&init).unwrap(), at(0));
+            prop_assert_eq!(r, Err(CryptoError::BadHandshake));
+        }
+    }
+
+    #[test]
+    fn truncated_data_is_an_error(cut in 0usize..60) {
+        let (mut a, mut b) = pair();
+        handshake(&mut a, &mut b, 0);
+        let d = seal(&a, &[1u8; 40], 1);
+        let r = deliver(&mut b, &d[..cut.min(d.len() - 1)], 1);
+        prop_assert!(r.is_err());
+    }
+}

@@ -1,0 +1,201 @@
+//! Encrypted udp links at the OS edge: the clock, the timer thread that drives handshakes,
+//! handshake messages in and out of the VXLAN socket, and the link's counters. The protocol
+//! itself is `vnet-crypto`.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use socket2::SockAddr;
+use tracing::{debug, info, warn};
+use vnet_core::{DropReason, PortCounters};
+use vnet_crypto::{CryptoError, Message, Now, Peer, PrivateKey, PublicKey, Session, Timers};
+
+use crate::sys::{wait_readable, Wake};
+use crate::udp::VxlanSocket;
+use crate::worker::Worker;
+
+/// How often the timer thread looks at a link (handshake retransmission, rekey, expiry).
+const TICK: Duration = Duration::from_millis(100);
+
+/// Maps a protocol refusal to the drop it is counted as.
+pub fn drop_reason(e: CryptoError) -> DropReason {
+    match e {
+        CryptoError::BadAuth => DropReason::BadAuth,
+        CryptoError::Replay => DropReason::Replay,
+        CryptoError::NoSession => DropReason::NoSession,
+        CryptoError::Truncated => DropReason::Truncated,
+        CryptoError::TooLarge => DropReason::Oversize,
+        CryptoError::BadHandshake | CryptoError::NotCrypto => DropReason::BadHandshake,
+    }
+}
+
+/// The crypto state of one encrypted udp link.
+pub struct LinkCrypto {
+    peer: Mutex<Peer>,
+    epoch: Instant,
+    sock: Arc<VxlanSocket>,
+    to: SockAddr,
+    name: String,
+    pub sealed: AtomicU64,
+    pub opened: AtomicU64,
+    pub handshakes_received: AtomicU64,
+    last_established: AtomicU64,
+}
+
+impl LinkCrypto {
+    pub fn new(
+        name: &str,
+        local: PrivateKey,
+        remote: PublicKey,
+        vni: u32,
+        sock: Arc<VxlanSocket>,
+        to: SockAddr,
+    ) -> LinkCrypto {
+        // Session indexes need only differ from a previous run's: the clock will do.
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(16))
+            .unwrap_or(0);
+        LinkCrypto {
+            peer: Mutex::new(Peer::new(local, remote, vni, Timers::default(), seed)),
+            epoch: Instant::now(),
+            sock,
+            to,
+            name: name.to_string(),
+            sealed: AtomicU64::new(0),
+            opened: AtomicU64::new(0),
+            handshakes_received: AtomicU64::new(0),
+            last_established: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            mono_ms: self.epoch.elapsed().as_millis() as u64,
+            wall_ns: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0),
+        }
+    }
+
+    fn peer(&self) -> std::sync::MutexGuard<'_, Peer> {
+        self.peer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session to seal outgoing datagrams with; `None` drops them (`no_session`).
+    pub fn sending_session(&self) -> Option<Arc<Session>> {
+        let now = self.now().mono_ms;
+        self.peer().sending_session(now)
+    }
+
+    fn send(&self, msg: &[u8]) {
+        if let Err(r) = self.sock.send_parts(&self.to, &[msg], None) {
+            debug!(link = %self.name, ?r, "handshake message not sent");
+        }
+    }
+
+    /// Whether a session to send on exists.
+    pub fn established(&self) -> bool {
+        self.sending_session().is_some()
+    }
+
+    /// One timer step: sends an initiation when a handshake is due.
+    pub fn tick(&self) {
+        let msg = self.peer().tick(self.now());
+        if let Some(m) = msg {
+            self.send(&m);
+        }
+    }
+
+    /// A handshake message from the link's peer address; what it refused is counted on
+    /// `counters`.
+    pub fn handshake(&self, msg: &Message<'_>, counters: &PortCounters) {
+        self.handshakes_received.fetch_add(1, Relaxed);
+        let (reply, established) = {
+            let mut p = self.peer();
+            let r = p.handle_handshake(msg, self.now());
+            (r, p.stats.handshakes_completed)
+        };
+        match reply {
+            Ok(m) => self.send(&m),
+            Err(e) => {
+                debug!(link = %self.name, "handshake refused: {e}");
+                counters.count_drop(drop_reason(e));
+            }
+        }
+        self.note_established(established);
+    }
+
+    fn note_established(&self, completed: u64) {
+        if self.last_established.swap(completed, Relaxed) != completed {
+            info!(link = %self.name, handshakes = completed, "encrypted session established");
+        }
+    }
+
+    /// Decrypts a data message into `out`; returns the plaintext length (0 for a keepalive).
+    pub fn open(
+        &self,
+        receiver: u32,
+        counter: u64,
+        ciphertext: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, CryptoError> {
+        let now = self.now().mono_ms;
+        let s = self
+            .peer()
+            .receiving_session(receiver, now)
+            .ok_or(CryptoError::NoSession)?;
+        let n = s.open(counter, ciphertext, out)?;
+        if !s.is_confirmed() {
+            let completed = {
+                let mut p = self.peer();
+                p.confirm(&s);
+                p.stats.handshakes_completed
+            };
+            self.note_established(completed);
+        }
+        self.opened.fetch_add(1, Relaxed);
+        Ok(n)
+    }
+
+    /// For `show links`.
+    pub fn status(&self) -> serde_json::Value {
+        let now = self.now().mono_ms;
+        let p = self.peer();
+        let st = p.stats;
+        serde_json::json!({
+            "peer_key": p.remote().to_string(),
+            "session": p.state(),
+            "session_age_ms": p.current().map(|s| s.age_ms(now)),
+            "session_sent": p.current().map(|s| s.sent()),
+            "session_received": p.current().map(|s| s.received()),
+            "sealed": self.sealed.load(Relaxed),
+            "opened": self.opened.load(Relaxed),
+            "initiations_sent": st.initiations_sent,
+            "responses_sent": st.responses_sent,
+            "handshakes_received": self.handshakes_received.load(Relaxed),
+            "handshakes_completed": st.handshakes_completed,
+            "rekeys": st.rekeys,
+            "initiations_replayed": st.initiations_replayed,
+            "bad_handshakes": st.bad_handshakes,
+        })
+    }
+
+    /// Starts the thread that drives this link's handshakes; it stops with the link.
+    pub fn start_timer(self: &Arc<Self>) -> std::io::Result<Worker> {
+        let me = self.clone();
+        Worker::spawn(format!("crypto-{}", self.name), move |stop| loop {
+            me.tick();
+            match wait_readable(stop.fd(), &stop, Some(TICK)) {
+                Ok(Wake::Timeout) => {}
+                Ok(_) => return,
+                Err(e) => {
+                    warn!(link = %me.name, "crypto timer: {e}");
+                    return;
+                }
+            }
+        })
+    }
+}
