@@ -838,11 +838,16 @@ mod tests {
             p(&format!("link add b udp 10.0.0.2 vni 4 encrypt {key}")),
             Command::LinkAdd(LinkSpec { encrypt: Some(k), vni: Some(4), .. }) if k.to_string() == key
         ));
-        assert!(e(&format!("link add t tcp 10.0.0.2:7000 encrypt {key}")).contains("udp links only"));
+        assert!(
+            e(&format!("link add t tcp 10.0.0.2:7000 encrypt {key}")).contains("udp links only")
+        );
         assert!(e("link add b udp 10.0.0.2 encrypt abc").contains("encrypt"));
         assert!(e("link add b udp 10.0.0.2 encrypt AAAA").contains("32"));
         assert!(e("link add b udp 10.0.0.2 encrypt").contains("public key"));
-        assert!(e(&format!("link add b udp 10.0.0.2 encrypt {key} encrypt {key}")).contains("twice"));
+        assert!(e(&format!(
+            "link add b udp 10.0.0.2 encrypt {key} encrypt {key}"
+        ))
+        .contains("twice"));
         assert_eq!(p("link del b"), Command::LinkDel("b".into()));
     }
 

@@ -71,7 +71,9 @@ impl PrivateKey {
 
     /// The X25519 public key (the clamped scalar times the base point).
     pub fn public(&self) -> PublicKey {
-        PublicKey(curve25519_dalek::montgomery::MontgomeryPoint::mul_base_clamped(self.0).to_bytes())
+        PublicKey(
+            curve25519_dalek::montgomery::MontgomeryPoint::mul_base_clamped(self.0).to_bytes(),
+        )
     }
 
     /// The file form: base64 and a newline.

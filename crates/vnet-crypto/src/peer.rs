@@ -136,7 +136,10 @@ impl Session {
         out.extend_from_slice(&wire::data_header(self.vni, self.remote_index, counter));
         let at = out.len();
         out.resize(at + scratch.len() + TAG_LEN, 0);
-        match self.transport.write_message(counter, scratch, &mut out[at..]) {
+        match self
+            .transport
+            .write_message(counter, scratch, &mut out[at..])
+        {
             Ok(n) => {
                 out.truncate(at + n);
                 Ok(())
@@ -151,7 +154,12 @@ impl Session {
     /// Authenticates and decrypts a data message's ciphertext into `out` (at least as long as
     /// the ciphertext), then checks its counter against the replay window; returns the
     /// plaintext length.
-    pub fn open(&self, counter: u64, ciphertext: &[u8], out: &mut [u8]) -> Result<usize, CryptoError> {
+    pub fn open(
+        &self,
+        counter: u64,
+        ciphertext: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, CryptoError> {
         if ciphertext.len() < TAG_LEN || out.len() < ciphertext.len() {
             return Err(CryptoError::Truncated);
         }
@@ -358,7 +366,11 @@ impl Peer {
     /// Handles a message that is not data; returns what to send back (a response to an
     /// initiation, a keepalive after a response). Errors are counted by the caller:
     /// [`CryptoError::Replay`] for an old initiation, [`CryptoError::BadHandshake`] otherwise.
-    pub fn handle_handshake(&mut self, msg: &Message<'_>, now: Now) -> Result<Vec<u8>, CryptoError> {
+    pub fn handle_handshake(
+        &mut self,
+        msg: &Message<'_>,
+        now: Now,
+    ) -> Result<Vec<u8>, CryptoError> {
         let r = match *msg {
             Message::Initiation { vni, sender, noise } if vni == self.vni => {
                 self.on_initiation(sender, noise, now)
@@ -379,7 +391,12 @@ impl Peer {
         r
     }
 
-    fn on_initiation(&mut self, sender: u32, noise: &[u8], now: Now) -> Result<Vec<u8>, CryptoError> {
+    fn on_initiation(
+        &mut self,
+        sender: u32,
+        noise: &[u8],
+        now: Now,
+    ) -> Result<Vec<u8>, CryptoError> {
         let mut hs = self
             .builder()?
             .build_responder()

@@ -157,7 +157,11 @@ impl<'a> TxBatch<'a> {
             let at = sealed.len();
             let r = match session {
                 Some(s) => s
-                    .seal(&[&l.header[..], &self.heads[h.clone()], f], &mut scratch, sealed)
+                    .seal(
+                        &[&l.header[..], &self.heads[h.clone()], f],
+                        &mut scratch,
+                        sealed,
+                    )
                     .map_err(crate::crypto::drop_reason),
                 None => Err(DropReason::NoSession),
             };
@@ -375,7 +379,9 @@ pub fn process<'a>(
                     })
                 }
             }
-            (PortTx::Udp(link), _) if link.crypto.is_some() && vh.gso_kind() != VirtioNetHdr::GSO_NONE => {
+            (PortTx::Udp(link), _)
+                if link.crypto.is_some() && vh.gso_kind() != VirtioNetHdr::GSO_NONE =>
+            {
                 // Encrypted: cut in user space; every segment is sealed on its own at flush
                 // (runs of equal-size segments still go as one UDP_SEGMENT send).
                 match segment(frame, &vh, seg) {
@@ -384,7 +390,11 @@ pub fn process<'a>(
                         for s in &seg.segs {
                             let at = batch.heads.len();
                             batch.heads.extend_from_slice(&seg.headers[s.hdr.clone()]);
-                            batch.udp.push((link, at..batch.heads.len(), &frame[s.payload.clone()]));
+                            batch.udp.push((
+                                link,
+                                at..batch.heads.len(),
+                                &frame[s.payload.clone()],
+                            ));
                         }
                         Ok(())
                     }

@@ -3,6 +3,7 @@
 //! read them ([`dispatch`]), the forwarding of each frame with software offloads
 //! ([`forward`]), and the [`Engine`] that owns it all.
 
+pub mod crypto;
 pub mod dispatch;
 pub mod engine;
 pub mod forward;
@@ -12,7 +13,6 @@ pub mod packet;
 pub mod sys;
 pub mod tap;
 pub mod tcp;
-pub mod crypto;
 pub mod udp;
 mod worker;
 

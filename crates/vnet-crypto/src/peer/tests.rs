@@ -2,7 +2,10 @@ use super::*;
 use proptest::prelude::*;
 
 fn pair() -> (Peer, Peer) {
-    let (a, b) = (PrivateKey::generate().unwrap(), PrivateKey::generate().unwrap());
+    let (a, b) = (
+        PrivateKey::generate().unwrap(),
+        PrivateKey::generate().unwrap(),
+    );
     let t = Timers::default();
     (
         Peer::new(a.clone(), b.public(), 5, t, 100),
@@ -84,7 +87,11 @@ fn tampering_is_detected() {
     for i in [16, 40, d.len() - 1] {
         let mut t = d.clone();
         t[i] ^= 1;
-        assert_eq!(deliver(&mut b, &t, 1), Err(CryptoError::BadAuth), "byte {i}");
+        assert_eq!(
+            deliver(&mut b, &t, 1),
+            Err(CryptoError::BadAuth),
+            "byte {i}"
+        );
     }
     // A changed counter is a different nonce: authentication fails too.
     let mut t = d.clone();
@@ -148,10 +155,19 @@ fn peer_restart_rehandshakes() {
     let (bk, ak) = (b.local.clone(), a.local.public());
     let mut b2 = Peer::new(bk, ak, 5, Timers::default(), 7);
     // a's old session is useless to b2.
-    assert_eq!(deliver(&mut b2, &seal(&a, b"y", 2), 2), Err(CryptoError::NoSession));
+    assert_eq!(
+        deliver(&mut b2, &seal(&a, b"y", 2), 2),
+        Err(CryptoError::NoSession)
+    );
     handshake(&mut b2, &mut a, 5_000);
-    assert_eq!(deliver(&mut b2, &seal(&a, b"z", 5_001), 5_001).unwrap(), b"z");
-    assert_eq!(deliver(&mut a, &seal(&b2, b"w", 5_001), 5_001).unwrap(), b"w");
+    assert_eq!(
+        deliver(&mut b2, &seal(&a, b"z", 5_001), 5_001).unwrap(),
+        b"z"
+    );
+    assert_eq!(
+        deliver(&mut a, &seal(&b2, b"w", 5_001), 5_001).unwrap(),
+        b"w"
+    );
 }
 
 #[test]
@@ -170,7 +186,10 @@ fn rekeys_after_time_and_keeps_previous() {
 
 #[test]
 fn rekeys_after_messages() {
-    let (a, b) = (PrivateKey::generate().unwrap(), PrivateKey::generate().unwrap());
+    let (a, b) = (
+        PrivateKey::generate().unwrap(),
+        PrivateKey::generate().unwrap(),
+    );
     let t = Timers {
         rekey_after_messages: 10,
         reject_after_messages: 20,
@@ -206,10 +225,18 @@ fn simultaneous_initiations_both_work() {
     let (mut a, mut b) = pair();
     let ia = a.tick(at(0)).unwrap();
     let ib = b.tick(at(0)).unwrap();
-    let ra = b.handle_handshake(&Message::parse(&ia).unwrap(), at(0)).unwrap();
-    let rb = a.handle_handshake(&Message::parse(&ib).unwrap(), at(0)).unwrap();
-    let ka = a.handle_handshake(&Message::parse(&ra).unwrap(), at(0)).unwrap();
-    let kb = b.handle_handshake(&Message::parse(&rb).unwrap(), at(0)).unwrap();
+    let ra = b
+        .handle_handshake(&Message::parse(&ia).unwrap(), at(0))
+        .unwrap();
+    let rb = a
+        .handle_handshake(&Message::parse(&ib).unwrap(), at(0))
+        .unwrap();
+    let ka = a
+        .handle_handshake(&Message::parse(&ra).unwrap(), at(0))
+        .unwrap();
+    let kb = b
+        .handle_handshake(&Message::parse(&rb).unwrap(), at(0))
+        .unwrap();
     deliver(&mut b, &ka, 0).unwrap();
     deliver(&mut a, &kb, 0).unwrap();
     assert_eq!(deliver(&mut b, &seal(&a, b"1", 1), 1).unwrap(), b"1");
@@ -220,11 +247,16 @@ fn simultaneous_initiations_both_work() {
 fn stray_response_is_refused() {
     let (mut a, mut b) = pair();
     let init = a.tick(at(0)).unwrap();
-    let resp = b.handle_handshake(&Message::parse(&init).unwrap(), at(0)).unwrap();
+    let resp = b
+        .handle_handshake(&Message::parse(&init).unwrap(), at(0))
+        .unwrap();
     let m = Message::parse(&resp).unwrap();
     assert!(a.handle_handshake(&m, at(0)).is_ok());
     // The same response again: no pending initiation any more.
-    assert_eq!(a.handle_handshake(&m, at(1)), Err(CryptoError::BadHandshake));
+    assert_eq!(
+        a.handle_handshake(&m, at(1)),
+        Err(CryptoError::BadHandshake)
+    );
 }
 
 proptest! {
