@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-CONFIG_ORDER = ["native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive"]
+CONFIG_ORDER = ["native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive", "vnet-encrypted"]
 VNET_CONFIGS = ["vnet-guest-driven", "vnet-polling", "vnet-adaptive"]
 COLORS = {"native": "#4d4d4d", "kernel-vxlan": "#1f77b4", "vnet-guest-driven": "#2ca02c",
-          "vnet-polling": "#d62728", "vnet-adaptive": "#ff7f0e"}
+          "vnet-polling": "#d62728", "vnet-adaptive": "#ff7f0e", "vnet-encrypted": "#9467bd"}
 
 def ensure_matplotlib(script: str) -> None:
     """Debian's python3-matplotlib is installed for /usr/bin/python3; when another python3
@@ -160,6 +160,19 @@ def goal_checks(samples, phase) -> list:
     return out
 
 
+def encryption_table(samples, phase) -> list:
+    """vnet plaintext (adaptive) against vnet encrypted (adaptive, Noise link): same daemons."""
+    g = group(samples, phase)
+    rows = []
+    for metric in ("tcp1_gbps", "tcp4_gbps", "udp_gbps", "rtt64_p50_us", "rtt64_p99_us", "cpu_s_per_gb_tcp1"):
+        p, e = med(g.get((metric, "vnet-adaptive"), [])), med(g.get((metric, "vnet-encrypted"), []))
+        if p is None or e is None:
+            continue
+        label, better, _ = metric_info(metric)
+        rows.append(f"| {label} {'↑' if better == 'higher' else '↓'} | {fmt(p)} | {fmt(e)} | {ratio(e, p)} |")
+    return rows
+
+
 def dispatch_table(samples, phase) -> list:
     """Per vnet config and test kind: median frames per wake-up and mode switches."""
     rows = []
@@ -241,6 +254,14 @@ def write_summary(doc: dict, path: Path) -> None:
                 L.append(f"| {label} {arrow} | {cfg} | {fmt(v)} | {spread} | {len(vals)} | "
                          f"{ratio(v, nat) if cfg != 'native' else '1'} | "
                          f"{ratio(v, kx) if cfg != 'kernel-vxlan' else '1'} |")
+        enc = encryption_table(samples, phase)
+        if enc:
+            L.append("")
+            L.append("### Encrypted vs plaintext vnet link (both adaptive; medians)")
+            L.append("")
+            L.append("| metric | vnet plaintext | vnet encrypted | encrypted / plaintext |")
+            L.append("| --- | --- | --- | --- |")
+            L.extend(enc)
         rows = dispatch_table(samples, phase)
         if rows:
             L.append("")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """vnet's benchmark suite: native vs the kernel's VXLAN vs vnet (guest-driven, polling,
-adaptive), interleaved and repeated in one run. See bench/README.md.
+adaptive, and adaptive over an encrypted link), interleaved and repeated in one run. See bench/README.md.
 
     sudo python3 bench/run.py                 # full default run (< 10 min on 2 cores)
     sudo python3 bench/run.py --quick         # CI smoke run (~1 min), same output files
@@ -54,7 +54,7 @@ def parse_args(argv=None):
     ap.add_argument("--lat-duration", type=int, help="seconds per sockperf test (64 B and the size sweep; default 1)")
     ap.add_argument("--mtus", default=None, help="wire MTUs, comma separated (default 1500,9000; quick 1500)")
     ap.add_argument("--rate", default=None, help="rate-limit the wire with tc tbf, e.g. 1gbit or 10gbit")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="configurations (default all five)")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="configurations (default all six)")
     ap.add_argument("--metrics", default=None, help=f"metrics among {','.join(ALL_METRICS)} (default all)")
     ap.add_argument("--sizes", default=None,
                     help="sweep message sizes in bytes for every MTU (default 1024,16384,65507 at MTU 1500, "

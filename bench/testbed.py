@@ -13,9 +13,13 @@ Built from tests/system/netlab.py (namespaces, vnetd processes, guaranteed clean
   192.168.72.1/.2 on veth ports of the bridge.
 * ``vnet-*``: one vnetd per host (UDP 4790, ``--udp-port``), guests 192.168.71.1/.2 on its TAPs;
   the three vnet configurations are the same daemons switched with ``vnetctl set mode``.
+* ``vnet-encrypted``: the same daemons (adaptive mode), a second guest pair 192.168.73.1/.2 in
+  VNI 2 on an encrypted link ``peer-enc`` (``encrypt PEER_KEY``, Noise; host keys made with
+  ``vnetd --gen-key``), beside the plaintext link ``peer`` of VNI 1 to the same peer.
 
-Overlay guests get MTU = wire MTU - 50 (the VXLAN overhead), so nothing is fragmented on
-the wire except where a test sends datagrams larger than the MTU on purpose.
+Overlay guests get MTU = wire MTU - 50 (the VXLAN overhead; - 82 on the encrypted link, whose
+datagrams carry 32 bytes more), so nothing is fragmented on the wire except where a test sends
+datagrams larger than the MTU on purpose.
 """
 
 from __future__ import annotations
@@ -33,12 +37,15 @@ sys.path.insert(0, str(REPO / "tests" / "system"))
 import netlab  # noqa: E402
 
 VXLAN_OVERHEAD = 50
+# An encrypted link's data message header (16) and authentication tag (16).
+CRYPTO_OVERHEAD = 32
 KERNEL_VXLAN_PORT = 4789
 VNET_PORT = 4790
 VNI = 1
 
-CONFIGS = ["native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive"]
-VNET_MODE = {"vnet-guest-driven": "guest-driven", "vnet-polling": "polling", "vnet-adaptive": "adaptive"}
+CONFIGS = ["native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive", "vnet-encrypted"]
+VNET_MODE = {"vnet-guest-driven": "guest-driven", "vnet-polling": "polling", "vnet-adaptive": "adaptive",
+             "vnet-encrypted": "adaptive"}
 # Mode the daemons are parked in while another configuration is measured: no busy polling
 # may steal CPU from the native or kernel-VXLAN runs.
 PARK_MODE = "guest-driven"
@@ -46,12 +53,20 @@ PARK_MODE = "guest-driven"
 WIRE_NET = "10.77.0"
 VNET_NET = "192.168.71"
 KX_NET = "192.168.72"
+ENC_NET = "192.168.73"
+ENC_VNI = 2
+ENC_MAC = ("52:54:00:b2:00:01", "52:54:00:b2:00:02")
 VNET_MAC = ("52:54:00:b0:00:01", "52:54:00:b0:00:02")
 KX_MAC = ("52:54:00:b1:00:01", "52:54:00:b1:00:02")
 
 
 def is_vnet(config: str) -> bool:
     return config in VNET_MODE
+
+
+def vnet_link(config: str) -> str:
+    """The vnet link a configuration's traffic crosses."""
+    return "peer-enc" if config == "vnet-encrypted" else "peer"
 
 
 @dataclass
@@ -142,29 +157,45 @@ class Testbed:
             g.configure("eth0", self.overlay_mtu)
             self.kx_guests.append(g)
 
-        # vnet: one daemon per host, one TAP guest each
+        # vnet: one daemon per host, one TAP guest each on the plaintext link, one on the
+        # encrypted link
         self.vnet_guests = [lab.guest(f"v{'ab'[i]}", ip=f"{VNET_NET}.{i + 1}", mac=VNET_MAC[i])
                             for i in range(2)]
+        self.enc_guests = [lab.guest(f"e{'ab'[i]}", ip=f"{ENC_NET}.{i + 1}", mac=ENC_MAC[i])
+                           for i in range(2)]
+        self.enc_mtu = self.overlay_mtu - CRYPTO_OVERHEAD
+        keys = {}
+        for h in (self.hA, self.hB):
+            path = lab.workdir / f"{h.role}.key"
+            r = netlab.subprocess.run([str(netlab.VNETD), "--gen-key", str(path)], capture_output=True,
+                                      text=True, timeout=10, check=True)
+            keys[h] = (path, r.stdout.strip())
         for i, (h, o) in enumerate(((self.hA, self.hB), (self.hB, self.hA))):
             g, og = self.vnet_guests[i], self.vnet_guests[1 - i]
+            e, oe = self.enc_guests[i], self.enc_guests[1 - i]
             lines = [f"# vnet benchmark host {h.role}, wire MTU {self.wire_mtu}",
                      f"set mode {PARK_MODE}"]
             lines += [f"set {s}" for s in self.vnet_settings]
             lines += [f"interface add vm tap mac {g.mac} mtu {self.overlay_mtu} netns {g.name}",
                       f"link add peer udp {o.underlay_ip}:{VNET_PORT} vni {VNI}",
                       f"route add any {g.mac} interface vm",
-                      f"route add any {og.mac} link peer"]
-            h.start_vnetd(config="\n".join(lines) + "\n", args=["--udp-port", VNET_PORT])
+                      f"route add any {og.mac} link peer",
+                      f"interface add vm-enc tap mac {e.mac} mtu {self.enc_mtu} netns {e.name} vni {ENC_VNI}",
+                      f"link add peer-enc udp {o.underlay_ip}:{VNET_PORT} vni {ENC_VNI} encrypt {keys[o][1]}",
+                      f"route add any {e.mac} interface vm-enc",
+                      f"route add any {oe.mac} link peer-enc"]
+            h.start_vnetd(config="\n".join(lines) + "\n", args=["--udp-port", VNET_PORT, "--key-file", keys[h][0]])
             g.configure(h.interface("vm")["ifname"], self.overlay_mtu)
+            e.configure(h.interface("vm-enc")["ifname"], self.enc_mtu)
         self.mode = PARK_MODE
 
-        for gs in (self.kx_guests, self.vnet_guests):
+        for gs in (self.kx_guests, self.vnet_guests, self.enc_guests):
             for i, g in enumerate(gs):
                 o = gs[1 - i]
                 g.ip("neigh", "replace", o.ip_addr, "lladdr", o.mac, "dev", g.ifname, "nud", "permanent")
 
         # every path answers before anything is measured
-        for cfg in ("native", "kernel-vxlan", "vnet-adaptive"):
+        for cfg in ("native", "kernel-vxlan", "vnet-adaptive", "vnet-encrypted"):
             ep = self.endpoint(cfg)
             lab.wait_ping(ep.client, ep.server_ip, timeout=15)
 
@@ -184,6 +215,9 @@ class Testbed:
         if config == "kernel-vxlan":
             a, b = self.kx_guests
             return Endpoint(config, a, b, a.ip_addr, b.ip_addr, f"{KX_NET}.0/24", self.overlay_mtu)
+        if config == "vnet-encrypted":
+            a, b = self.enc_guests
+            return Endpoint(config, a, b, a.ip_addr, b.ip_addr, f"{ENC_NET}.0/24", self.enc_mtu)
         if is_vnet(config):
             a, b = self.vnet_guests
             return Endpoint(config, a, b, a.ip_addr, b.ip_addr, f"{VNET_NET}.0/24", self.overlay_mtu)
@@ -257,17 +291,17 @@ def parse_rate(rate: str) -> float:
 def check_path(config: str, before: dict, after: dict, ab_bytes: int, ba_bytes: int = 0) -> dict:
     """Did ``ab_bytes`` of payload go A->B (and ``ba_bytes`` B->A) over this config's path?
 
-    vnet: the link ``peer`` of host A sent (tx_bytes) and host B's received (rx_bytes) at least
-    the payload, and the same the other way; kernel VXLAN: the ``vx1`` devices; native: the
+    vnet: the link ``peer`` (``peer-enc`` for vnet-encrypted) of host A sent (tx_bytes) and host
+    B's received (rx_bytes) at least the payload, and the same the other way; kernel VXLAN: the ``vx1`` devices; native: the
     wire's ``eth0``. Drops seen on vnet ports during the test are reported too."""
     out = {"payload_ab": int(ab_bytes), "payload_ba": int(ba_bytes)}
     if is_vnet(config):
         d = {}
         for side in ("A", "B"):
             for key in ("tx_bytes", "rx_bytes", "tx_frames", "rx_frames"):
-                d[f"{side}_link_{key}"] = netlab.delta(before[side], after[side], "peer", key)
+                d[f"{side}_link_{key}"] = netlab.delta(before[side], after[side], vnet_link(config), key)
         out.update(d)
-        out["path"] = "vnet link 'peer' (show stats json)"
+        out["path"] = f"vnet link '{vnet_link(config)}' (show stats json)"
         ok = (d["A_link_tx_bytes"] >= ab_bytes and d["B_link_rx_bytes"] >= ab_bytes
               and d["B_link_tx_bytes"] >= ba_bytes and d["A_link_rx_bytes"] >= ba_bytes)
         drops = {}

@@ -15,7 +15,7 @@ import pytest
 
 import netlab
 
-CONFIGS = {"native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive"}
+CONFIGS = {"native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive", "vnet-encrypted"}
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -60,10 +60,13 @@ def test_bench_quick(tmp_path, tools):
     assert not bad, "traffic did not cross the measured path:\n" + "\n".join(bad)
     vnet = [s for s in samples if s["config"].startswith("vnet-") and s["metric"] == "tcp1_gbps"]
     assert vnet and all(s["check"]["path"].startswith("vnet link") and s.get("dispatch") for s in vnet)
+    enc = [s for s in vnet if s["config"] == "vnet-encrypted"]
+    assert enc and all("'peer-enc'" in s["check"]["path"] for s in enc)
 
     summary = (out / "summary.md").read_text()
     assert "| metric | config | median | spread | n | vs native | vs kernel VXLAN |" in summary
     assert "Goals of issue #3" in summary
+    assert "Encrypted vs plaintext vnet link" in summary
     for name in ("throughput.png", "latency_box.png", "latency_vs_size.png", "cpu_per_gb.png", "mpi.png"):
         data = (out / name).read_bytes()
         assert data[:8] == PNG and len(data) > 5000, f"{name} is not a real plot"
