@@ -275,3 +275,29 @@ def test_restarted_peer_rehandshakes(lab, record):
     assert resumed < 15
     assert link_info(A, "peer")["encrypted"]["handshakes_completed"] > before
     assert link_info(B, "peer")["encrypted"]["session"] == "established"
+
+
+def test_key_files(lab):
+    """`vnetctl keygen` and `vnetd --gen-key` write mode-0600 keys and never overwrite;
+    `vnetctl pubkey` prints the same public key; vnetd refuses a key others can read, and an
+    encrypted link without --key-file."""
+    path = lab.workdir / "k.key"
+    r = subprocess.run([str(netlab.VNETCTL), "keygen", str(path)], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    public = r.stdout.strip()
+    assert len(public) == 44 and public.endswith("=")
+    assert (path.stat().st_mode & 0o777) == 0o600
+    again = subprocess.run([str(netlab.VNETCTL), "keygen", str(path)], capture_output=True, text=True, timeout=10)
+    assert again.returncode != 0 and "exists" in again.stderr.lower()
+    shown = subprocess.run([str(netlab.VNETCTL), "pubkey", str(path)], capture_output=True, text=True, timeout=10)
+    assert shown.stdout.strip() == public
+
+    A = lab.host("A")
+    path.chmod(0o644)
+    d = A.start_vnetd(config="", args=["--key-file", path], wait=False)
+    netlab.wait_until(lambda: not d.alive(), 10, what="vnetd to refuse a readable key")
+    assert "readable by others" in d.log_text()
+    path.chmod(0o600)
+    A.start_vnetd(config=f"link add b udp 10.99.0.77 encrypt {public}\n", wait=False)
+    netlab.wait_until(lambda: not A.vnetd.alive(), 10, what="vnetd to refuse an encrypted link without a key")
+    assert "--key-file" in A.vnetd.log_text()
