@@ -591,6 +591,7 @@ fn link_add(l: &Link) -> Command {
         name: l.name.clone(),
         kind: l.kind.clone(),
         vni: Some(l.vni),
+        rate: None,
     })
 }
 

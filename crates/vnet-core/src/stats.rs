@@ -15,10 +15,14 @@ pub enum DropReason {
     QueueFull,
     TxError,
     BadOffload,
+    /// A guest sent a frame whose source MAC is not its interface's (and `any-source` is off).
+    SpoofedSrc,
+    /// The port's token bucket (`rate`) was empty.
+    RateLimited,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 11] = [
+    pub const ALL: [DropReason; 13] = [
         DropReason::Truncated,
         DropReason::Oversize,
         DropReason::BadVxlan,
@@ -30,6 +34,8 @@ impl DropReason {
         DropReason::QueueFull,
         DropReason::TxError,
         DropReason::BadOffload,
+        DropReason::SpoofedSrc,
+        DropReason::RateLimited,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -45,6 +51,8 @@ impl DropReason {
             DropReason::QueueFull => "queue_full",
             DropReason::TxError => "tx_error",
             DropReason::BadOffload => "bad_offload",
+            DropReason::SpoofedSrc => "spoofed_src",
+            DropReason::RateLimited => "rate_limited",
         }
     }
 

@@ -497,7 +497,8 @@ fn applied_record_follows_the_running_configuration() {
         render_command(&Command::LinkAdd(LinkSpec {
             name: "x".into(),
             kind: LinkKind::Direct("eth0".into()),
-            vni: None
+            vni: None,
+            rate: None,
         })),
         Some("link add x direct eth0".into())
     );
