@@ -6,6 +6,7 @@
 pub mod dispatch;
 pub mod engine;
 pub mod forward;
+pub mod guard;
 pub mod netns;
 pub mod nic;
 pub mod packet;
