@@ -5,6 +5,7 @@ namespace) under UDP and TCP links. What vnet drops it must count; what it must 
 is checked where it would arrive (a raw capture socket inside the guest namespaces)."""
 
 import re
+import shutil
 import socket
 import struct
 import subprocess
@@ -292,6 +293,43 @@ def test_rate_limit_protects_a_victim_from_a_flooding_guest(lab, record):
     assert limited["victim_ping_avg_ms"] is not None and limited["victim_ping_avg_ms"] < 50
 
 
+def test_link_rate_limit(lab, record):
+    """A rate on a link limits what arrives from that peer, set at run time and removed again."""
+    m = netlab.udp_mesh(lab, ("A", "B"), guests_per_host=1)
+    A, B = m.hosts
+    a1, b1 = m.guests["A"][0], m.guests["B"][0]
+    link = m.link_name(A)  # B's link to A: what A's guests send arrives on it
+    limit_mbit = 20
+    burst_kb = 1024
+    free = lab.iperf(b1, b1.ip_addr, a1, seconds=3)
+    # A small bucket: the limit holds, but TCP (64 KB TSO bursts) loses whole bursts to it.
+    B.ctl("link", "set", link, "rate", limit_mbit, "burst", 64)
+    small = lab.iperf(b1, b1.ip_addr, a1, seconds=3)
+    B.ctl("link", "set", link, "rate", limit_mbit, "burst", burst_kb)
+    rates = {l["name"]: l["rate"] for l in B.ctl_json("show", "links", "json")}
+    assert rates[link] == {"mbit": limit_mbit, "burst_kb": burst_kb}
+    r0 = port_drop(B.stats(), link, "rate_limited")
+    limited = lab.iperf(b1, b1.ip_addr, a1, seconds=3)
+    dropped = port_drop(B.stats(), link, "rate_limited") - r0
+    # the other direction is not limited (the bucket is on what arrives from the link)
+    reverse = lab.iperf(a1, a1.ip_addr, b1, seconds=3)
+    B.ctl("link", "set", link, "rate", "off")
+    after = lab.iperf(b1, b1.ip_addr, a1, seconds=3)
+    record("link_free_tcp_mbit", round(free.gbps * 1000, 1))
+    record(f"link_limit_{limit_mbit}mbit_burst64_tcp_mbit", round(small.gbps * 1000, 1))
+    record(f"link_limit_{limit_mbit}mbit_burst{burst_kb}_tcp_mbit", round(limited.gbps * 1000, 1))
+    record(f"link_limit_{limit_mbit}mbit_reverse_tcp_mbit", round(reverse.gbps * 1000, 1))
+    record("link_rate_limited_drops", dropped)
+    record("link_after_rate_off_tcp_mbit", round(after.gbps * 1000, 1))
+    assert free.gbps * 1000 > 50 and after.gbps * 1000 > 50
+    # at most the rate plus one bucket over the 3 s (and 10% for timing); TCP gets a fair part
+    ceiling = limit_mbit * 1.1 + burst_kb * 1024 * 8 / 3 / 1e6
+    assert 0.5 * limit_mbit < limited.gbps * 1000 < ceiling
+    assert 0 < small.gbps * 1000 < limit_mbit * 1.1 + 64 * 1024 * 8 / 3 / 1e6
+    assert dropped > 0
+    assert reverse.gbps * 1000 > 2 * limit_mbit
+
+
 # --- (d) an underlay link cut, then lossy, then restored --------------------------------------
 
 def first_reply_after(out: str, t: float) -> float | None:
@@ -304,6 +342,8 @@ def first_reply_after(out: str, t: float) -> float | None:
 
 
 def test_underlay_cut_and_random_loss(lab, record):
+    if shutil.which("iptables") is None:
+        pytest.fail("iptables is missing (scripts/setup.sh installs it: apt-get install iptables)")
     A, B = lab.host("A"), lab.host("B")
     ga = {"udp": lab.guest("au", ip="192.168.50.11", mac=netlab.mac(1, 1, 1)),
           "tcp": lab.guest("at", ip="192.168.60.11", mac=netlab.mac(2, 1, 1))}
