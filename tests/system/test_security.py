@@ -4,6 +4,8 @@ same host (per-interface rate limit), and an underlay link cut and lossy (iptabl
 namespace) under UDP and TCP links. What vnet drops it must count; what it must not deliver
 is checked where it would arrive (a raw capture socket inside the guest namespaces)."""
 
+import json
+import os
 import re
 import shutil
 import socket
@@ -209,6 +211,66 @@ def test_spoofed_source_macs_are_dropped_unless_allowed(lab, record):
     tx.close()
     for c in caps.values():
         c.close()
+
+
+def test_vhost_user_guest_source_mac_and_rate(lab, record):
+    """The same guards on a vhost-user interface (the shared ingress path): a frontend playing
+    the VM (``vhost-frontend bench``) sends broadcasts with a foreign source MAC, then its own;
+    then floods into a rate limit. A namespace guest on the same host counts what arrives."""
+    fe = os.environ.get("VHOST_FRONTEND", str(netlab.REPO / "target" / "release" / "vhost-frontend"))
+    if not os.path.exists(fe):
+        pytest.fail(f"{fe} not found: run `cargo build --release` first")
+    A = lab.host("A")
+    g = lab.guest("g1", ip="192.168.50.11")
+    vm_mac, g_mac = "52:54:00:01:01:01", "52:54:00:01:01:02"
+    sock = lab.workdir / "vm.sock"
+    A.start_vnetd(config=f"""
+interface add vm vhost-user {sock} mac {vm_mac}
+interface add g1 tap mac {g_mac} netns {g.name}
+route add any {vm_mac} interface vm
+route add any {g_mac} interface g1
+""")
+    g.configure(A.interface("g1")["ifname"])
+
+    def send(src: str, count: int = 0, duration: float = 0) -> int:
+        args = [fe, "-s", str(sock), "bench", "--role", "tx", "--size", "64", "--json",
+                "--src-mac", src, "--dst-mac", "ff:ff:ff:ff:ff:ff"]
+        args += ["--count", str(count)] if count else ["--duration", str(duration)]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return int(json.loads(r.stdout)["frames"])
+
+    n = 500
+    s0 = A.stats()
+    sent = send("52:54:00:ee:ee:02", count=n)
+    assert sent == n
+    got = wait_counter(lambda: port_drop(A.stats(), "vm", "spoofed_src") - port_drop(s0, "vm", "spoofed_src"),
+                       n, what="spoofed_src drops on the vhost-user interface")
+    s1 = A.stats()
+    assert got == n, f"spoofed_src grew by {got}, sent {n}"
+    assert delta(s0, s1, "g1", "tx_frames") == 0
+    record("vhost_spoofed_sent", n)
+    record("vhost_spoofed_src_drops", got)
+
+    sent = send(vm_mac, count=n)
+    netlab.wait_until(lambda: delta(s1, A.stats(), "g1", "tx_frames") >= n, 5,
+                      what="the VM's own broadcasts at the namespace guest")
+    assert port_drop(A.stats(), "vm", "spoofed_src") == port_drop(s1, "vm", "spoofed_src")
+
+    # 64-byte frames as fast as the frontend goes, into 1 Mbit/s with a 64 KB bucket
+    A.ctl("interface", "set", "vm", "rate", "1", "burst", "64")
+    s2, t2 = A.stats(), time.monotonic()
+    sent = send(vm_mac, duration=2)
+    time.sleep(0.5)
+    s3, t3 = A.stats(), time.monotonic()
+    limited = port_drop(s3, "vm", "rate_limited") - port_drop(s2, "vm", "rate_limited")
+    passed_bytes = delta(s2, s3, "g1", "tx_bytes")
+    record("vhost_rate_1mbit_sent", sent)
+    record("vhost_rate_1mbit_rate_limited", limited)
+    record("vhost_rate_1mbit_passed_bytes", passed_bytes)
+    assert limited > 0 and limited + delta(s2, s3, "g1", "tx_frames") == sent
+    # at most one bucket plus the rate over the window (and one frame)
+    assert passed_bytes <= 64 * 1024 + 1e6 / 8 * (t3 - t2) + 64
 
 
 def port_drop(stats: dict, name: str, reason: str) -> int:
