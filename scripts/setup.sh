@@ -12,7 +12,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # iproute2 (ip, bridge), ping, iperf3 for the demo and tests, ethtool for the kernel peers.
-ensure_packages iproute2 iputils-ping iperf3 procps ethtool
+ensure_packages iproute2 iputils-ping iperf3 procps ethtool iptables
 ensure_cargo
 
 if ! python3 -c 'import pytest' 2>/dev/null; then

@@ -33,6 +33,8 @@ def test_show_config_round_trip(lab):
         f"link add t2 tcp accept {n}.2 vni 2",
         "link add lan direct lan0",
         f"listen tcp {A.underlay_ip}:7700",
+        "interface set vm1 any-source on rate 100 burst 200",
+        "link set u2 rate 30",
         "route add any 52:54:00:00:01:01 interface vm1",
         "route add not 52:54:00:00:01:01 broadcast link u1",
         "route add 52:54:00:00:01:01 not 52:54:00:00:02:02 link lan",
@@ -48,6 +50,9 @@ def test_show_config_round_trip(lab):
 
     before = _snapshot(A)
     assert len(before["interfaces"]) == 3 and len(before["links"]) == 5 and len(before["routes"]) == 8
+    assert [(i["name"], i["any_source"], i["rate"]) for i in before["interfaces"] if i["rate"]] == \
+        [("vm1", True, {"mbit": 100, "burst_kb": 200})]
+    assert [(l["name"], l["rate"]["mbit"]) for l in before["links"] if l["rate"]] == [("u2", 30)]
     config = A.ctl("show", "config")
     path = lab.workdir / "shown.conf"
     path.write_text(config)

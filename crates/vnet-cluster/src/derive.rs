@@ -594,6 +594,7 @@ fn link_add(l: &Link) -> Command {
         kind: l.kind.clone(),
         vni: Some(l.vni),
         encrypt: l.encrypt,
+        rate: None,
     })
 }
 

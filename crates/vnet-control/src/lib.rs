@@ -8,7 +8,9 @@ mod model;
 
 pub use command::{
     parse_line, parse_script, Command, DestKind, DestRef, DispatchMode, InterfaceSpec, LinkKind,
-    LinkSpec, NotifyMode, ParseError, RouteOp, RouteSpec, ScriptError, Setting, ShowWhat,
-    YieldStrategy, MAX_LINE_LEN, MAX_SCRIPT_LINES,
+    LinkSpec, NotifyMode, ParseError, PolicyUpdate, RateLimit, RouteOp, RouteSpec, ScriptError,
+    Setting, ShowWhat, YieldStrategy, MAX_LINE_LEN, MAX_SCRIPT_LINES,
 };
-pub use model::{Change, Config, ConfigError, DataPathSettings, Interface, Link, Route};
+pub use model::{
+    Change, Config, ConfigError, DataPathSettings, Interface, Link, PortPolicy, Route,
+};

@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 
@@ -6,7 +7,7 @@ use vnet_wire::MacAddr;
 
 use crate::command::{
     Command, DestKind, DestRef, DispatchMode, InterfaceSpec, LinkKind, LinkSpec, NotifyMode,
-    RouteOp, RouteSpec, Setting, YieldStrategy,
+    PolicyUpdate, RateLimit, RouteOp, RouteSpec, Setting, YieldStrategy,
 };
 
 const DEFAULT_VNI: u32 = 1;
@@ -33,6 +34,27 @@ pub struct Interface {
     /// vhost-user: the socket, and whether vnet connects to the VMM (`client`).
     pub socket: Option<String>,
     pub client: bool,
+    /// The guest may send with source MACs other than `mac` (a bridge or router inside it).
+    pub any_source: bool,
+    /// A token bucket on what the guest sends.
+    pub rate: Option<RateLimit>,
+}
+
+impl Interface {
+    pub fn policy(&self) -> PortPolicy {
+        PortPolicy {
+            any_source: self.any_source,
+            rate: self.rate,
+        }
+    }
+}
+
+/// What a port lets in: for an interface, whether its guest may send with any source MAC; for
+/// both interfaces and links, an optional rate limit on what the port receives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PortPolicy {
+    pub any_source: bool,
+    pub rate: Option<RateLimit>,
 }
 
 /// The data path's tuning knobs (VNET/P sections 4.5-4.6), with the paper's published defaults.
@@ -115,6 +137,13 @@ pub enum Change {
     DelListener(SocketAddr),
     /// The route set changed: rebuild the forwarding table.
     Routes,
+    /// A port's policy changed (`interface set`, `link set`, or a link added with a rate).
+    Policy {
+        kind: DestKind,
+        name: String,
+        old: PortPolicy,
+        new: PortPolicy,
+    },
     Learn(bool),
     Settings {
         old: DataPathSettings,
@@ -132,6 +161,17 @@ impl Change {
             Change::AddListener(a) => Change::DelListener(*a),
             Change::DelListener(a) => Change::AddListener(*a),
             Change::Routes => Change::Routes,
+            Change::Policy {
+                kind,
+                name,
+                old,
+                new,
+            } => Change::Policy {
+                kind: *kind,
+                name: name.clone(),
+                old: *new,
+                new: *old,
+            },
             Change::Learn(b) => Change::Learn(!b),
             Change::Settings { old, new } => Change::Settings {
                 old: new.clone(),
@@ -159,6 +199,9 @@ pub struct Config {
     pub routes: Vec<Route>,
     pub learn: bool,
     pub settings: DataPathSettings,
+    /// Rate limits of links, by link name (kept beside [`Link`] so a link's identity, which
+    /// the cluster layer compares, does not include it).
+    pub link_rates: BTreeMap<String, RateLimit>,
 }
 
 impl Config {
@@ -168,6 +211,14 @@ impl Config {
 
     pub fn link(&self, name: &str) -> Option<&Link> {
         self.links.iter().find(|l| l.name == name)
+    }
+
+    /// The policy of a link (only its rate applies).
+    pub fn link_policy(&self, name: &str) -> PortPolicy {
+        PortPolicy {
+            any_source: false,
+            rate: self.link_rates.get(name).copied(),
+        }
     }
 
     /// The VNI of a destination, if it exists.
@@ -203,8 +254,61 @@ impl Config {
                 };
                 let link = self.links.remove(pos);
                 let mut ch = self.drop_routes_to(DestKind::Link, name);
+                // Clear the rate first, so the inverse (an undo) restores it after re-adding.
+                if let Some(rate) = self.link_rates.remove(name) {
+                    ch.push(Change::Policy {
+                        kind: DestKind::Link,
+                        name: name.clone(),
+                        old: PortPolicy {
+                            any_source: false,
+                            rate: Some(rate),
+                        },
+                        new: PortPolicy::default(),
+                    });
+                }
                 ch.push(Change::DelLink(link));
                 Ok(ch)
+            }
+            Command::InterfaceSet(name, u) => {
+                let Some(iface) = self.interfaces.iter_mut().find(|i| &i.name == name) else {
+                    return refuse(format!("no interface {name}"));
+                };
+                let old = iface.policy();
+                let new = updated(old, u);
+                if new == old {
+                    return Ok(vec![]);
+                }
+                iface.any_source = new.any_source;
+                iface.rate = new.rate;
+                Ok(vec![Change::Policy {
+                    kind: DestKind::Interface,
+                    name: name.clone(),
+                    old,
+                    new,
+                }])
+            }
+            Command::LinkSet(name, u) => {
+                if self.link(name).is_none() {
+                    return refuse(format!("no link {name}"));
+                }
+                if u.any_source.is_some() {
+                    return refuse("any-source is a setting of interfaces");
+                }
+                let old = self.link_policy(name);
+                let new = updated(old, u);
+                if new == old {
+                    return Ok(vec![]);
+                }
+                match new.rate {
+                    Some(r) => self.link_rates.insert(name.clone(), r),
+                    None => self.link_rates.remove(name),
+                };
+                Ok(vec![Change::Policy {
+                    kind: DestKind::Link,
+                    name: name.clone(),
+                    old,
+                    new,
+                }])
             }
             Command::ListenAdd(a) => {
                 if self.listeners.contains(a) {
@@ -362,6 +466,8 @@ impl Config {
             offload: spec.offload.unwrap_or(true),
             socket: spec.vhost_socket.clone(),
             client: spec.client,
+            any_source: spec.any_source,
+            rate: spec.rate,
         };
         self.interfaces.push(iface.clone());
         Ok(vec![Change::AddInterface(iface)])
@@ -404,7 +510,20 @@ impl Config {
             encrypt: spec.encrypt,
         };
         self.links.push(link.clone());
-        Ok(vec![Change::AddLink(link)])
+        let mut ch = vec![Change::AddLink(link)];
+        if let Some(rate) = spec.rate {
+            self.link_rates.insert(spec.name.clone(), rate);
+            ch.push(Change::Policy {
+                kind: DestKind::Link,
+                name: spec.name.clone(),
+                old: PortPolicy::default(),
+                new: PortPolicy {
+                    any_source: false,
+                    rate: Some(rate),
+                },
+            });
+        }
+        Ok(ch)
     }
 
     fn drop_routes_to(&mut self, kind: DestKind, name: &str) -> Vec<Change> {
@@ -554,12 +673,21 @@ impl Config {
             if i.queues != 1 {
                 let _ = write!(s, " queues {}", i.queues);
             }
+            if i.any_source {
+                s.push_str(" any-source");
+            }
+            if let Some(r) = &i.rate {
+                let _ = write!(s, " {r}");
+            }
             let _ = writeln!(s, " vni {}", i.vni);
         }
         for l in &self.links {
             let _ = write!(s, "link add {} {} vni {}", l.name, l.kind, l.vni);
             if let Some(k) = &l.encrypt {
                 let _ = write!(s, " encrypt {k}");
+            }
+            if let Some(r) = self.link_rates.get(&l.name) {
+                let _ = write!(s, " {r}");
             }
             s.push('\n');
         }
@@ -571,6 +699,14 @@ impl Config {
             );
         }
         s
+    }
+}
+
+/// `old` with what `u` sets.
+fn updated(old: PortPolicy, u: &PolicyUpdate) -> PortPolicy {
+    PortPolicy {
+        any_source: u.any_source.unwrap_or(old.any_source),
+        rate: u.rate.unwrap_or(old.rate),
     }
 }
 
@@ -671,9 +807,123 @@ mod tests {
         assert!(run(&mut c, "link del b").is_err());
     }
 
+    fn policy_line() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let rate = prop_oneof![
+            Just("rate off".to_string()),
+            (1u32..2000).prop_map(|m| format!("rate {m}")),
+            (1u32..2000, 1u32..5000).prop_map(|(m, b)| format!("rate {m} burst {b}")),
+        ];
+        prop_oneof![
+            rate.clone().prop_map(|r| format!("interface set vm1 {r}")),
+            any::<bool>().prop_map(|b| format!(
+                "interface set vm1 any-source {}",
+                if b { "on" } else { "off" }
+            )),
+            rate.prop_map(|r| format!("link set b {r}")),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Any sequence of policy changes renders into a script that rebuilds the same
+        /// configuration, and undoing the changes in reverse order restores the start.
+        #[test]
+        fn policy_changes_render_and_undo(lines in proptest::collection::vec(policy_line(), 0..12)) {
+            let mut c = Config::default();
+            run(&mut c, "interface add vm1 tap mac 02:00:00:00:00:01").unwrap();
+            run(&mut c, "link add b udp 10.0.0.2").unwrap();
+            let start = c.clone();
+            let mut changes = Vec::new();
+            for l in &lines {
+                changes.extend(run(&mut c, l).unwrap());
+            }
+            let mut c2 = Config::default();
+            for (_, cmd) in parse_script(&c.to_script()).unwrap() {
+                c2.apply(&cmd, &mut mac_gen()).unwrap();
+            }
+            proptest::prop_assert_eq!(&c, &c2);
+            // Replaying the inverses on the policies gives back the starting ones.
+            let (mut ipol, mut lpol) = (c.interfaces[0].policy(), c.link_policy("b"));
+            for ch in changes.iter().rev() {
+                if let Change::Policy { kind, new, .. } = ch.inverse() {
+                    match kind {
+                        DestKind::Interface => ipol = new,
+                        DestKind::Link => lpol = new,
+                    }
+                }
+            }
+            proptest::prop_assert_eq!(ipol, start.interfaces[0].policy());
+            proptest::prop_assert_eq!(lpol, start.link_policy("b"));
+        }
+    }
+
+    #[test]
+    fn policies() {
+        let mut c = Config::default();
+        run(&mut c, "interface add vm1 tap mac 02:00:00:00:00:01").unwrap();
+        assert_eq!(c.interfaces[0].policy(), PortPolicy::default());
+        let ch = run(&mut c, "interface set vm1 any-source on rate 10 burst 100").unwrap();
+        let want = PortPolicy {
+            any_source: true,
+            rate: Some(RateLimit {
+                mbit: 10,
+                burst_kb: 100,
+            }),
+        };
+        assert_eq!(
+            ch,
+            vec![Change::Policy {
+                kind: DestKind::Interface,
+                name: "vm1".into(),
+                old: PortPolicy::default(),
+                new: want
+            }]
+        );
+        assert_eq!(c.interfaces[0].policy(), want);
+        // setting what is already set changes nothing
+        assert!(run(&mut c, "interface set vm1 any-source on")
+            .unwrap()
+            .is_empty());
+        // only the named setting changes
+        run(&mut c, "interface set vm1 rate off").unwrap();
+        assert_eq!(
+            c.interfaces[0].policy(),
+            PortPolicy {
+                any_source: true,
+                rate: None
+            }
+        );
+        assert!(run(&mut c, "interface set nope any-source on")
+            .unwrap_err()
+            .0
+            .contains("no interface"));
+        // links: added with a rate, changed, deleted with the rate cleared first
+        let ch = run(&mut c, "link add b udp 10.0.0.2 rate 100").unwrap();
+        assert_eq!(ch.len(), 2);
+        assert!(
+            matches!(&ch[1], Change::Policy { kind: DestKind::Link, new, .. } if new.rate.is_some())
+        );
+        assert!(run(&mut c, "link set nope rate 5")
+            .unwrap_err()
+            .0
+            .contains("no link"));
+        run(&mut c, "link set b rate 5 burst 64").unwrap();
+        assert_eq!(c.link_policy("b").rate.map(|r| r.mbit), Some(5));
+        let ch = run(&mut c, "link del b").unwrap();
+        assert!(matches!(&ch[0], Change::Policy { new, .. } if *new == PortPolicy::default()));
+        assert!(matches!(&ch[1], Change::DelLink(_)));
+        assert!(c.link_rates.is_empty());
+        // the undo of a deletion re-adds, then restores the rate
+        let undo: Vec<Change> = ch.iter().rev().map(|c| c.inverse()).collect();
+        assert!(matches!(&undo[0], Change::AddLink(_)));
+        assert!(
+            matches!(&undo[1], Change::Policy { new, .. } if new.rate.map(|r| r.mbit) == Some(5))
+        );
+    }
+
     #[test]
     fn script_roundtrip_and_inverse() {
-        let script = "set learn on\nset mode polling\nset adaptive-low 20\nset adaptive-high 50\nset cpus 1\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000 queues 2 offload off\ninterface add vm2 vhost-user /run/vm2.sock mac 02:00:00:00:00:02 queues 2 client\nlink add b udp 10.0.0.2 vni 1\nlink add e udp 10.0.0.9 vni 1 encrypt q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
+        let script = "set learn on\nset mode polling\nset adaptive-low 20\nset adaptive-high 50\nset cpus 1\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000 queues 2 offload off\ninterface add vm2 vhost-user /run/vm2.sock mac 02:00:00:00:00:02 queues 2 client any-source rate 50\ninterface add vm3 tap mac 02:00:00:00:00:03 rate 10 burst 70\nlink add b udp 10.0.0.2 vni 1 rate 300 burst 1000\nlink add e udp 10.0.0.9 vni 1 encrypt q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80= rate 20 burst 200\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
         let mut c = Config::default();
         for (_, cmd) in parse_script(script).unwrap() {
             c.apply(&cmd, &mut mac_gen()).unwrap();

@@ -8,12 +8,14 @@
 mod forward;
 mod learn;
 mod matrix;
+mod ratelimit;
 mod route;
 mod stats;
 
 pub use forward::{Decision, ForwardingTable, PortInfo, PortKind, RouteCache, Targets};
 pub use learn::{LearnTable, LEARN_AGE_MS, LEARN_CAPACITY};
 pub use matrix::{MatrixEntry, TrafficMatrix, MATRIX_CAPACITY};
+pub use ratelimit::TokenBucket;
 pub use route::{MacMatch, RouteRule, RouteTable};
 pub use stats::{DropReason, PortCounters, PortCountersSnapshot};
 

@@ -24,10 +24,14 @@ pub enum DropReason {
     NoSession,
     /// A handshake message that was malformed, for another key, or unexpected.
     BadHandshake,
+    /// A guest sent a frame whose source MAC is not its interface's (and `any-source` is off).
+    SpoofedSrc,
+    /// The port's token bucket (`rate`) was empty.
+    RateLimited,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 15] = [
+    pub const ALL: [DropReason; 17] = [
         DropReason::Truncated,
         DropReason::Oversize,
         DropReason::BadVxlan,
@@ -43,6 +47,8 @@ impl DropReason {
         DropReason::Replay,
         DropReason::NoSession,
         DropReason::BadHandshake,
+        DropReason::SpoofedSrc,
+        DropReason::RateLimited,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -62,6 +68,8 @@ impl DropReason {
             DropReason::Replay => "replay",
             DropReason::NoSession => "no_session",
             DropReason::BadHandshake => "bad_handshake",
+            DropReason::SpoofedSrc => "spoofed_src",
+            DropReason::RateLimited => "rate_limited",
         }
     }
 

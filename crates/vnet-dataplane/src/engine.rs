@@ -23,6 +23,7 @@ use vnet_wire::{MacAddr, VxlanRepr, VXLAN_HEADER_LEN};
 use crate::crypto::LinkCrypto;
 use crate::dispatch::{DispatcherSet, Source, SourceKind};
 use crate::forward::{process, FwdCtx, OffloadCounters, Origin, TxBatch};
+use crate::guard::PortGuard;
 use crate::nic::GuestNic;
 use crate::packet::PacketSocket;
 use crate::tap::Tap;
@@ -83,6 +84,8 @@ pub struct PortEntry {
     pub info: PortInfo,
     pub tx: Arc<PortTx>,
     pub counters: Arc<PortCounters>,
+    /// Source-MAC and rate policy on what enters through the port.
+    pub guard: Arc<PortGuard>,
 }
 
 /// An immutable view of the ports and routes, swapped whole on every change.
@@ -215,6 +218,8 @@ pub struct PortStatus {
     /// NIC-specific state (vhost-user: connection, paths taken, notifications).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nic: Option<serde_json::Value>,
+    /// Source-MAC and rate policy, with the token bucket's fill.
+    pub policy: serde_json::Value,
 }
 
 /// The live data path of one daemon.
@@ -357,6 +362,11 @@ impl Ingress {
         len: usize,
     ) -> bool {
         let snap = self.shared.snapshot.load();
+        // A rate-limited link's frames take the ordinary path, where the limit applies.
+        match snap.ports.get(&link) {
+            Some(l) if !l.guard.is_limited() => {}
+            _ => return false,
+        }
         let ok = matches!(
             snap.table.decide(link, src, dst, false, None),
             Decision::Forward(t) if t.len() == 1 && t[0] == self.port
@@ -483,6 +493,17 @@ impl Engine {
                 Ok(())
             }
             Change::Routes => Ok(()),
+            Change::Policy {
+                kind, name, new, ..
+            } => {
+                // A port that failed to come up has no guard to change: nothing to do.
+                if let Some(rt) = self.ports.get(&(*kind, name.clone())) {
+                    rt.entry.guard.set(new);
+                    info!(kind = %kind, name = %name, any_source = new.any_source,
+                          rate = ?new.rate, "policy changed");
+                }
+                Ok(())
+            }
             Change::Learn(on) => {
                 self.shared.learning.store(*on, Relaxed);
                 if let Ok(mut t) = self.shared.learn.write() {
@@ -520,6 +541,7 @@ impl Engine {
             },
             tx: Arc::new(PortTx::Nic(tap.clone())),
             counters: Arc::new(PortCounters::default()),
+            guard: Arc::new(PortGuard::interface(i.mac, &i.policy())),
         };
         let sources: Vec<Arc<Source>> = (0..tap.queues())
             .map(|q| {
@@ -584,6 +606,7 @@ impl Engine {
                     },
                     tx: Arc::new(PortTx::Nic(nic)),
                     counters: Arc::new(PortCounters::default()),
+                    guard: Arc::new(PortGuard::interface(i.mac, &i.policy())),
                 },
                 sources: vec![],
                 workers: vec![],
@@ -685,6 +708,8 @@ impl Engine {
                     info: PortInfo { vni: l.vni, kind },
                     tx: Arc::new(tx),
                     counters,
+                    // The rate, if any, comes with the Policy change that follows AddLink.
+                    guard: Arc::new(PortGuard::link(&Default::default())),
                 },
                 sources,
                 workers,
@@ -795,6 +820,7 @@ impl Engine {
                 PortTx::Nic(n) => n.stats(),
                 _ => None,
             },
+            policy: rt.entry.guard.status(),
         })
     }
 

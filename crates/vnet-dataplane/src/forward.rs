@@ -315,6 +315,10 @@ pub fn process<'a>(
         return inp.counters.count_drop(DropReason::BadOffload);
     }
     let (src, dst) = (eth.src(), eth.dst());
+    // Before learning or the traffic matrix see it: a spoofed source must not teach anything.
+    if let Err(r) = inp.guard.check(src, frame.len()) {
+        return inp.counters.count_drop(r);
+    }
     let vni = inp.info.vni;
     let learn_gen = shared.learn_observe(vni, src, ingress);
     let learning = learn_gen.is_some();

@@ -7,6 +7,7 @@ pub mod crypto;
 pub mod dispatch;
 pub mod engine;
 pub mod forward;
+pub mod guard;
 pub mod netns;
 pub mod nic;
 pub mod packet;

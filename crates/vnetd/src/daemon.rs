@@ -125,20 +125,21 @@ impl Daemon {
                 } else {
                     let _ = writeln!(
                         out,
-                        "{:<16} {:<5} {:<15} {:<17} {:>5} {:<16} {:>8}",
+                        "{:<16} {:<5} {:<15} {:<17} {:>5} {:<16} {:>8} POLICY",
                         "NAME", "TYPE", "IFNAME", "MAC", "MTU", "NETNS", "VNI"
                     );
                     for i in &cfg.interfaces {
                         let _ = writeln!(
                             out,
-                            "{:<16} {:<5} {:<15} {:<17} {:>5} {:<16} {:>8}",
+                            "{:<16} {:<5} {:<15} {:<17} {:>5} {:<16} {:>8} {}",
                             i.name,
                             i.kind,
                             i.ifname,
                             i.mac.to_string(),
                             i.mtu,
                             i.netns.as_deref().unwrap_or("-"),
-                            i.vni
+                            i.vni,
+                            policy_text(i.any_source, i.rate.as_ref())
                         );
                     }
                 }
@@ -154,7 +155,8 @@ impl Daemon {
                             LinkKind::Direct(d) => (None, Some(d.clone())),
                         };
                         let mut row = json!({"name": l.name, "kind": l.kind.keyword(), "remote": remote, "dev": dev,
-                               "vni": l.vni, "state": st.engine.link_state(&l.name)});
+                               "vni": l.vni, "state": st.engine.link_state(&l.name),
+                               "rate": cfg.link_rates.get(&l.name)});
                         if let Some(c) = st.engine.link_crypto(&l.name) {
                             row["encrypted"] = c;
                         }
@@ -166,8 +168,8 @@ impl Daemon {
                 } else {
                     let _ = writeln!(
                         out,
-                        "{:<16} {:<10} {:<28} {:>8} STATE",
-                        "NAME", "TYPE", "REMOTE/DEVICE", "VNI"
+                        "{:<16} {:<10} {:<28} {:>8} {:<10} POLICY",
+                        "NAME", "TYPE", "REMOTE/DEVICE", "VNI", "STATE"
                     );
                     for r in rows {
                         let peer = r["remote"]
@@ -175,19 +177,26 @@ impl Daemon {
                             .or(r["dev"].as_str())
                             .unwrap_or("-")
                             .to_string();
-                        let _ = writeln!(
-                            out,
-                            "{:<16} {:<10} {:<28} {:>8} {}{}",
-                            r["name"].as_str().unwrap_or(""),
-                            r["kind"].as_str().unwrap_or(""),
-                            peer,
-                            r["vni"],
+                        let name = r["name"].as_str().unwrap_or("");
+                        // An encrypted link says so beside its state ("up+enc").
+                        let state = format!(
+                            "{}{}",
                             r["state"].as_str().unwrap_or(""),
                             if r["encrypted"].is_object() {
-                                " (encrypted)"
+                                "+enc"
                             } else {
                                 ""
                             }
+                        );
+                        let _ = writeln!(
+                            out,
+                            "{:<16} {:<10} {:<28} {:>8} {:<10} {}",
+                            name,
+                            r["kind"].as_str().unwrap_or(""),
+                            peer,
+                            r["vni"],
+                            state,
+                            policy_text(false, cfg.link_rates.get(name))
                         );
                     }
                 }
@@ -331,6 +340,22 @@ impl Daemon {
 
     pub fn shutdown(&self) {
         self.lock().engine.shutdown();
+    }
+}
+
+/// A port's policy in the text tables: `any-source`, `rate M burst K`, or `-`.
+fn policy_text(any_source: bool, rate: Option<&vnet_control::RateLimit>) -> String {
+    let mut parts = Vec::new();
+    if any_source {
+        parts.push("any-source".to_string());
+    }
+    if let Some(r) = rate {
+        parts.push(r.to_string());
+    }
+    if parts.is_empty() {
+        "-".to_string()
+    } else {
+        parts.join(" ")
     }
 }
 

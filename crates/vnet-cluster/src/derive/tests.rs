@@ -499,6 +499,7 @@ fn applied_record_follows_the_running_configuration() {
             kind: LinkKind::Direct("eth0".into()),
             vni: None,
             encrypt: None,
+            rate: None,
         })),
         Some("link add x direct eth0".into())
     );
