@@ -13,6 +13,9 @@ fi
 
 # iproute2 (ip, bridge), ping, iperf3 for the demo and tests, ethtool for the kernel peers.
 ensure_packages iproute2 iputils-ping iperf3 procps ethtool
+# etcd for distributed control (#5): the system tests start their own etcd (own ports and data
+# directory, stopped by PID); the packaged service must not run beside them.
+ensure_etcd
 ensure_cargo
 
 if ! python3 -c 'import pytest' 2>/dev/null; then
