@@ -217,8 +217,14 @@ pub fn watch_create_request(key: &[u8], range_end: Option<&[u8]>, start_revision
 
 // ---- decoding ----
 
+/// Parses the first JSON value of `body`. What follows it is ignored: the gateway's error
+/// answers may be followed by gRPC trailers rendered as text.
 pub fn parse_json(body: &[u8]) -> Result<Value, CodecError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| CodecError::Json(e.to_string()))?;
+    let v: Value = serde_json::Deserializer::from_slice(body)
+        .into_iter::<Value>()
+        .next()
+        .ok_or_else(|| CodecError::Json("empty answer".into()))?
+        .map_err(|e| CodecError::Json(e.to_string()))?;
     if !v.is_object() {
         return Err(CodecError::Json("not an object".into()));
     }
@@ -536,6 +542,12 @@ mod tests {
         );
         assert!(parse_token(br#"{"header":{}}"#).is_err());
         assert!(parse_range(b"[1]").is_err());
+        assert!(parse_range(b"").is_err());
+        // An error answer followed by trailers rendered as text.
+        assert!(matches!(
+            parse_token(br#"{"error":"etcdserver: authentication failed, invalid user ID or password","message":"etcdserver: authentication failed, invalid user ID or password","code":3}Grpc-Trailer-Content-Type: application/grpc"#),
+            Err(CodecError::Server { code: 3, .. })
+        ));
         assert!(parse_range(br#"{"kvs":[{"key":"!!"}]}"#).is_err());
         assert!(parse_range(br#"{"header":{"revision":"x"}}"#).is_err());
     }

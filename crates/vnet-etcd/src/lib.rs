@@ -246,12 +246,12 @@ impl Client {
                 }
                 Err(ureq::Error::Status(code, resp)) => {
                     self.current.store(i, Relaxed);
-                    let body = read_body(resp).unwrap_or_default();
+                    let body = read_error_body(resp);
                     return Err(match codec::parse_answer(&body) {
                         Err(e @ CodecError::Server { .. }) => e.into(),
                         _ => CodecError::Server {
                             code: -i64::from(code),
-                            message: format!("HTTP {code} from {url}"),
+                            message: http_error_text(code, &url, &body),
                         }
                         .into(),
                     });
@@ -386,12 +386,12 @@ impl Client {
                     });
                 }
                 Err(ureq::Error::Status(code, resp)) => {
-                    let body = read_body(resp).unwrap_or_default();
+                    let body = read_error_body(resp);
                     return Err(match codec::parse_answer(&body) {
                         Err(e @ CodecError::Server { .. }) => e.into(),
                         _ => CodecError::Server {
                             code: -i64::from(code),
-                            message: format!("HTTP {code} from {url}"),
+                            message: http_error_text(code, &url, &body),
                         }
                         .into(),
                     });
@@ -401,6 +401,30 @@ impl Client {
         }
         Err(Error::Unreachable(last))
     }
+}
+
+/// An error answer that is not the gateway's JSON (a plain-text refusal, say), for humans.
+fn http_error_text(code: u16, url: &str, body: &[u8]) -> String {
+    let text: String = String::from_utf8_lossy(&body[..body.len().min(200)])
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if text.trim().is_empty() {
+        format!("HTTP {code} from {url}")
+    } else {
+        format!("HTTP {code} from {url}: {}", text.trim())
+    }
+}
+
+/// The body of an error answer, as much of it as can be read: the gateway ends those with
+/// gRPC trailers in a chunked encoding that the HTTP client may refuse after the JSON.
+fn read_error_body(resp: ureq::Response) -> Vec<u8> {
+    let mut body = Vec::new();
+    let _ = resp
+        .into_reader()
+        .take(MAX_ANSWER_LEN)
+        .read_to_end(&mut body);
+    body
 }
 
 fn read_body(resp: ureq::Response) -> Result<Vec<u8>, Error> {
@@ -459,6 +483,15 @@ mod tests {
         assert_eq!(endpoint_url("http://h:1/", true).unwrap(), "http://h:1");
         assert!(endpoint_url("http://", false).is_err());
         assert!(endpoint_url("h:1/x", false).is_err());
+    }
+
+    #[test]
+    fn http_errors_are_readable() {
+        assert_eq!(http_error_text(400, "u", b""), "HTTP 400 from u");
+        assert_eq!(
+            http_error_text(400, "u", b"CommonName ignored\n\x1b"),
+            "HTTP 400 from u: CommonName ignored"
+        );
     }
 
     #[test]

@@ -32,7 +32,10 @@ fn read_state(client: &Client, overlay: &OverlayName) -> Result<(ClusterState, V
         }
     }
     let (state, bad) = ClusterState::from_entries(overlay.clone(), entries);
-    Ok((state, bad.iter().map(|(k, e)| format!("{k}: {e}")).collect()))
+    Ok((
+        state,
+        bad.iter().map(|(k, e)| format!("{k}: {e}")).collect(),
+    ))
 }
 
 fn warn_bad(bad: &[String]) {

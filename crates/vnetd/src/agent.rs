@@ -116,14 +116,18 @@ impl Agent {
                 break;
             }
             if let Err(e) = result {
+                let msg = format!("{e:#}");
                 if self.status.connected {
-                    warn!("etcd: {e:#}; keeping the last derived configuration");
+                    warn!("etcd: {msg}; keeping the last derived configuration");
                     backoff = Duration::from_millis(100);
+                } else if msg != self.status.last_error {
+                    // Once per distinct error, not once per retry.
+                    warn!("etcd: {msg}; retrying");
                 } else {
-                    debug!("etcd: {e:#}");
+                    debug!("etcd: {msg}");
                 }
                 self.status.connected = false;
-                self.status.last_error = format!("{e:#}");
+                self.status.last_error = msg;
                 self.report();
                 self.sleep(backoff);
                 backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -498,7 +502,7 @@ impl Agent {
 
     fn publish_matrix(&mut self, lease: i64) -> Result<()> {
         let mut pairs = self.daemon.matrix();
-        pairs.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+        pairs.sort_by_key(|p| std::cmp::Reverse(p.bytes));
         pairs.truncate(MAX_MATRIX_PAIRS);
         pairs.sort_by_key(|p| (p.vni, p.src.0, p.dst.0));
         let value = serde_json::to_vec(&json!({"host_id": self.cfg.host.as_str(), "pairs": pairs}))
