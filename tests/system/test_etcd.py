@@ -258,7 +258,7 @@ def test_migration_under_traffic(lab, etcd, record):
     assert "moved" in out, out
     h1.ctl("interface", "del", "vm")     # the VM is gone from the source host
     g1.configure(new_if)                 # and runs on the destination's NIC
-    netlab.wait_until(lambda: all(ov.routes(h).get(g1.mac) == ("link", "c-h2-v1") for h in (h1, h3, h4)),
+    netlab.wait_until(lambda: all(ov.routes(h).get(g1.mac) == ("link", "c-h2-v1") for h in (h3, h4)),
                       10, 0.05, what="every host to route g1's MAC to h2")
     assert ov.routes(h2).get(g1.mac) == ("interface", "vmig")
     try:
@@ -288,7 +288,8 @@ def test_migration_under_traffic(lab, etcd, record):
     assert json.loads(h2.ctl("show", "cluster", "json"))["agent"]["announcements"] > ann0
     placed = {i["mac"]: i for i in json.loads(etcd.ctl("interfaces", "json"))}
     assert placed[g1.mac]["host_id"] == "h2" and placed[g1.mac]["epoch"] == 1
-    # h1 serves no interface any more: nobody keeps a link to it
+    # h1 serves no interface any more: nobody keeps a link to it, and it needs none
+    netlab.wait_until(lambda: not ov.derived_links(h1), 10, what="h1 to drop its links")
     for h in (h2, h3, h4):
         assert "c-h1-v1" not in ov.derived_links(h)
     # the counters show the new path: h3 sends g1's traffic over its link to h2
@@ -296,6 +297,37 @@ def test_migration_under_traffic(lab, etcd, record):
     assert g3.ping(g1.ip_addr, count=3, interval=0.1).received == 3
     s1 = h3.stats()
     assert delta(s0, s1, "c-h2-v1", "tx_frames") >= 3
+
+
+def test_host_cut_off_from_etcd(lab, etcd, record):
+    """A host cut off from etcd (iptables drops its etcd traffic) for longer than its lease's
+    TTL: the others drop its link and routes when the lease expires, while it keeps its own
+    derived configuration; reconnected, it registers again under a new lease and every host
+    routes to it again."""
+    ov = Overlay(lab, etcd, 3)
+    ov.wait_mesh()
+    h3, g3 = ov.hosts[2], ov.guests[2]
+    others = ov.hosts[:2]
+    routes_h3 = ov.routes(h3)
+    lease0 = json.loads(h3.ctl("show", "cluster", "json"))["agent"]["lease"]
+    rule = ["OUTPUT", "-d", etcd.ns.underlay_ip, "-p", "tcp", "--dport", "2379", "-j", "DROP"]
+    h3.exec("iptables", "-A", *rule)
+    t0 = time.monotonic()
+    try:
+        netlab.wait_until(
+            lambda: all("c-h3-v1" not in ov.derived_links(h) and g3.mac not in ov.routes(h) for h in others),
+            TTL + 15, 0.1, what="the cut-off host's routes to disappear elsewhere")
+        record("cut_off_host_routes_gone_s", round(time.monotonic() - t0, 2))
+        netlab.wait_until(lambda: not json.loads(h3.ctl("show", "cluster", "json"))["agent"]["connected"],
+                          10, 0.1, what="h3 to notice")
+        assert ov.routes(h3) == routes_h3, "the cut-off host changed its routes"
+    finally:
+        h3.exec("iptables", "-D", *rule, check=False)
+    t0 = time.monotonic()
+    ov.wait_mesh(timeout=30)
+    record("cut_off_host_rejoin_s", round(time.monotonic() - t0, 2))
+    assert json.loads(h3.ctl("show", "cluster", "json"))["agent"]["lease"] != lease0
+    assert_all_ping(lab, ov.all_pairs())
 
 
 def test_etcd_outage_and_resync(lab, etcd, record):

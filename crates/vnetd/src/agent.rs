@@ -56,8 +56,9 @@ struct Agent {
     published_under: Option<i64>,
     /// Placements this daemon wrote itself (removed again when the interface goes).
     published: BTreeSet<Placement>,
-    /// Who each placement named at the last synchronisation (to see migrations to here).
-    placed: BTreeMap<Placement, HostId>,
+    /// The epoch of each placement last announced from here (a placement that moved has an
+    /// epoch above 0; each epoch of it on this host is announced once).
+    announced: BTreeMap<Placement, u64>,
     /// Interfaces to announce (name, MAC) and how many more times.
     announce: Vec<(String, MacAddr, u8)>,
     local_seen: u64,
@@ -95,7 +96,7 @@ pub fn spawn(
         lease: None,
         published_under: None,
         published: BTreeSet::new(),
-        placed: BTreeMap::new(),
+        announced: BTreeMap::new(),
         announce: Vec::new(),
         local_seen: 0,
         last_matrix: Vec::new(),
@@ -468,24 +469,29 @@ impl Agent {
         self.status.conflicts = report.conflicts;
         self.status.failed = report.failed;
 
+        // A placement that moved here (epoch above 0) is announced once per epoch, when this
+        // host has the interface: whether the interface came before the move or after it.
         let local = self.daemon.local_config();
-        let mut placed = BTreeMap::new();
+        let mut announced = BTreeMap::new();
         for ((vni, mac), rec) in self.state.interfaces() {
-            let before = self.placed.get(&(*vni, *mac));
-            if rec.host_id == self.cfg.host && before.is_some_and(|h| h != &self.cfg.host) {
-                if let Some(i) = local
-                    .interfaces
-                    .iter()
-                    .find(|i| i.vni == *vni && i.mac == *mac)
-                {
-                    info!(interface = %i.name, mac = %mac, "etcd: interface moved here; announcing");
-                    // Twice: now and at the next turn of the loop, in case the first is lost.
-                    self.announce.push((i.name.clone(), *mac, 2));
-                }
+            if rec.host_id != self.cfg.host || rec.epoch == 0 {
+                continue;
             }
-            placed.insert((*vni, *mac), rec.host_id.clone());
+            let Some(i) = local
+                .interfaces
+                .iter()
+                .find(|i| i.vni == *vni && i.mac == *mac)
+            else {
+                continue;
+            };
+            if self.announced.get(&(*vni, *mac)) != Some(&rec.epoch) {
+                info!(interface = %i.name, mac = %mac, epoch = rec.epoch, "etcd: interface moved here; announcing");
+                // Twice: now and at the next turn of the loop, in case the first is lost.
+                self.announce.push((i.name.clone(), *mac, 2));
+            }
+            announced.insert((*vni, *mac), rec.epoch);
         }
-        self.placed = placed;
+        self.announced = announced;
     }
 
     fn send_announcements(&mut self) {
