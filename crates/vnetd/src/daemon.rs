@@ -534,3 +534,98 @@ fn render_dispatch(out: &mut String, d: &serde_json::Value) {
         o["partial_csum"]
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn daemon() -> Daemon {
+        let engine = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
+        Daemon::new(engine)
+    }
+
+    fn state_with_route(line: &str) -> ClusterState {
+        let overlay: vnet_cluster::OverlayName = "t".parse().unwrap();
+        let mut s = ClusterState::new(overlay.clone());
+        s.apply_put(
+            &vnet_cluster::key_for_policy(&overlay),
+            br#"{"template":"explicit"}"#,
+        )
+        .unwrap();
+        let id: vnet_cluster::RouteId = "r1".parse().unwrap();
+        let rec = vnet_cluster::RouteRecord {
+            line: line.into(),
+            host_id: None,
+        };
+        s.apply_put(
+            &vnet_cluster::key_for_route(&overlay, &id),
+            &vnet_cluster::encode(&rec),
+        )
+        .unwrap();
+        s
+    }
+
+    #[test]
+    fn derived_objects_stay_out_of_the_local_config() {
+        let d = daemon();
+        d.execute_script("link add up udp 10.0.0.2\n").unwrap();
+        let local_changes = d.local_changes.load(Relaxed);
+        let host: HostId = "a".parse().unwrap();
+        let state = state_with_route("route add any 52:54:00:00:00:09 link up");
+
+        let r = d.sync_cluster(&host, &state);
+        assert_eq!(r.applied, ["route add any 52:54:00:00:00:09 link up"]);
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
+        // Running: the route is there. Local: it is not. The agent's change is not local.
+        assert!(d
+            .execute_line("show routes")
+            .unwrap()
+            .contains("52:54:00:00:00:09"));
+        let cfg = d.execute_line("show config").unwrap();
+        assert!(
+            cfg.contains("link add up") && !cfg.contains("52:54:00:00:00:09"),
+            "{cfg}"
+        );
+        assert!(d
+            .execute_line("show cluster")
+            .unwrap()
+            .contains("52:54:00:00:00:09"));
+        assert_eq!(d.local_changes.load(Relaxed), local_changes);
+
+        // The same state again: nothing to do (no flapping).
+        assert!(d.sync_cluster(&host, &state).applied.is_empty());
+
+        // The operator route goes: so does the derived route, and only it.
+        let empty = state_with_route("route add any 52:54:00:00:00:0a link nowhere");
+        let r = d.sync_cluster(&host, &empty);
+        assert!(r
+            .applied
+            .iter()
+            .any(|c| c == "route del any 52:54:00:00:00:09 link up"));
+        assert!(!d
+            .execute_line("show routes")
+            .unwrap()
+            .contains("52:54:00:00:00:09"));
+        assert!(d
+            .execute_line("show config")
+            .unwrap()
+            .contains("link add up"));
+        // A local change is counted, for the agent to re-derive.
+        d.execute_line("link del up").unwrap();
+        assert!(d.local_changes.load(Relaxed) > local_changes);
+        d.shutdown();
+    }
+
+    #[test]
+    fn show_cluster_without_an_agent() {
+        let d = daemon();
+        assert!(d
+            .execute_line("show cluster")
+            .unwrap()
+            .contains("without --etcd"));
+        let j: serde_json::Value =
+            serde_json::from_str(&d.execute_line("show cluster json").unwrap()).unwrap();
+        assert!(j["agent"].is_null());
+        d.shutdown();
+    }
+}
