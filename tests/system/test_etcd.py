@@ -406,6 +406,20 @@ def test_star_through_proxy(lab, etcd, record):
     # h2's guest to h3's guest went through h1: in over c-h2-v1, out over c-h3-v1
     assert delta(s0, s1, "c-h2-v1", "rx_frames") >= 8
     assert delta(s0, s1, "c-h3-v1", "tx_frames") >= 8
+
+    # Under the star, h2 and h3 talk through h1: the published traffic matrices make
+    # `vnetctl suggest` propose a direct link between them, with the lines for both hosts.
+    def suggested():
+        return {tuple(x["hosts"]): x for x in json.loads(etcd.ctl("suggest", "json"))}
+    pairs = netlab.wait_until(lambda: ("h2", "h3") in suggested() and suggested(), 10, 0.3,
+                              what="vnetctl suggest to propose h2-h3")
+    s23 = pairs[("h2", "h3")]
+    assert s23["vnis"] == [1] and s23["bytes"] > 0
+    lines = {x["host"]: x["lines"] for x in s23["script"]}
+    assert lines["h2"][0] == f"link add d-h3-v1 udp {ov.hosts[2].underlay_ip}:4789 vni 1"
+    assert f"route add any {ov.guests[2].mac} link d-h3-v1" in lines["h2"]
+    assert not any("h1" in p for p in pairs), "suggested a link the star already has"
+
     etcd.ctl("policy", "mesh")
     ov.wait_mesh()
 

@@ -218,6 +218,9 @@ impl Daemon {
                 for c in s["conflicts"].as_array().into_iter().flatten() {
                     let _ = writeln!(out, "conflict: {}", c.as_str().unwrap_or(""));
                 }
+                for c in s["failed"].as_array().into_iter().flatten() {
+                    let _ = writeln!(out, "not applied: {}", c.as_str().unwrap_or(""));
+                }
             }
         }
         let _ = writeln!(out, "derived ({} lines):", derived.len());
