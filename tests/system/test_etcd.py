@@ -197,6 +197,22 @@ def test_five_hosts_from_etcd_and_operator_route(lab, etcd, record):
     # the traffic matrices are published and suggest runs on them (mesh: nothing to suggest)
     netlab.wait_until(lambda: "no direct links" in etcd.ctl("suggest"), 10, what="vnetctl suggest")
 
+    # Hostile or broken entries in the store are ignored and counted; nothing else changes.
+    def bad_entries():
+        return [json.loads(h.ctl("show", "cluster", "json"))["agent"]["bad_entries"] for h in ov.hosts]
+    bad0 = bad_entries()
+    for key, value in ((f"/vnet/{OVERLAY}/hosts/evil", "not json"),
+                       (f"/vnet/{OVERLAY}/interfaces/01/52:54:00:00:00:01", "{}"),
+                       (f"/vnet/{OVERLAY}/routes/bad", '{"line":"route add nowhere"}'),
+                       (f"/vnet/{OVERLAY}/hosts/h9", '{"host_id":"h1","addr":"10.99.0.9","udp_port":4789}'),
+                       (f"/vnet/{OVERLAY}/policy", '{"template":"ring"}')):
+        etcd.ns.exec("etcdctl", "--endpoints", f"http://{etcd.endpoint}", "put", key, value)
+    netlab.wait_until(lambda: all(n >= b + 5 for n, b in zip(bad_entries(), bad0)), 10, 0.1,
+                      what="every daemon to count the 5 bad entries")
+    assert all(h.vnetd.alive() for h in ov.hosts)
+    assert ov.full_mesh()
+    assert_all_ping(lab, [(ov.guests[0], ov.guests[4].ip_addr), (ov.guests[2], ov.guests[1].ip_addr)])
+
 
 def test_host_killed_and_restarted(lab, etcd, record):
     """(b) A host's daemon is SIGKILLed: after its lease's TTL its link and routes disappear on
