@@ -267,6 +267,11 @@ def test_migration_under_traffic(lab, etcd, record):
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ping = g3.popen("ping", "-D", "-i", "0.02", "-W", "1", "-c", 500, g1.ip_addr,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # a move to a host that is not registered is refused and changes nothing
+    r = etcd.ctl("move", 1, g1.mac, "h9", check=False)
+    assert r.returncode != 0 and "not registered" in r.stderr, r.stderr
+    r = etcd.ctl("move", 1, "52:54:00:77:77:77", "h2", check=False)
+    assert r.returncode != 0 and "no interface" in r.stderr, r.stderr
     time.sleep(3)
     ann0 = json.loads(h2.ctl("show", "cluster", "json"))["agent"]["announcements"]
     t_move = time.time()
