@@ -320,6 +320,33 @@ def test_migration_under_traffic(lab, etcd, record):
     assert delta(s0, s1, "c-h2-v1", "tx_frames") >= 3
 
 
+def test_move_before_the_nic_exists(lab, etcd):
+    """The placement moves first, the NIC appears on the new host afterwards (the other order
+    of a migration): in between the MAC is routed to the new host, which has nothing for it;
+    once the NIC is there the host routes it locally and announces it."""
+    ov = Overlay(lab, etcd, 3)
+    ov.wait_mesh()
+    h1, h2, h3 = ov.hosts
+    g1, g3 = ov.guests[0], ov.guests[2]
+    assert "moved" in etcd.ctl("move", 1, g1.mac, "h2", "vmig")
+    netlab.wait_until(lambda: all(ov.routes(h).get(g1.mac) == ("link", "c-h2-v1") for h in (h1, h3)),
+                      10, 0.05, what="the MAC routed to h2")
+    cluster = json.loads(h2.ctl("show", "cluster", "json"))["agent"]
+    assert any("names this host" in c for c in cluster["conflicts"]), cluster["conflicts"]
+    assert cluster["announcements"] == 0
+    h1.ctl("interface", "del", "vm")
+    h2.ctl("interface", "add", "vmig", "tap", "mac", g1.mac, "netns", g1.name, "vni", 1)
+    g1.configure(h2.interface("vmig")["ifname"])
+    netlab.wait_until(lambda: ov.routes(h2).get(g1.mac) == ("interface", "vmig"), 10, 0.05,
+                      what="h2 to route the MAC to its new NIC")
+    lab.wait_ping(g3, g1.ip_addr, timeout=10)
+    netlab.wait_until(lambda: json.loads(h2.ctl("show", "cluster", "json"))["agent"]["announcements"] >= 1,
+                      5, 0.1, what="h2 to announce the MAC")
+    # the placement stays h2's, under h2's lease (h1 no longer has the interface)
+    placed = {i["mac"]: i for i in json.loads(etcd.ctl("interfaces", "json"))}
+    assert placed[g1.mac]["host_id"] == "h2"
+
+
 def test_host_cut_off_from_etcd(lab, etcd, record):
     """A host cut off from etcd (iptables drops its etcd traffic) for longer than its lease's
     TTL: the others drop its link and routes when the lease expires, while it keeps its own
