@@ -11,8 +11,13 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-# iproute2 (ip, bridge), ping, iperf3 for the demo and tests, ethtool for the kernel peers.
-ensure_packages iproute2 iputils-ping iperf3 procps ethtool iptables
+# iproute2 (ip, bridge), ping, iperf3 for the demo and tests, ethtool for the kernel peers,
+# iptables for the underlay-fault tests,
+# openssl for the etcd TLS test.
+ensure_packages iproute2 iputils-ping iperf3 procps ethtool iptables openssl
+# etcd for distributed control (#5): the system tests start their own etcd (own ports and data
+# directory, stopped by PID); the packaged service must not run beside them.
+ensure_etcd
 ensure_cargo
 
 if ! python3 -c 'import pytest' 2>/dev/null; then

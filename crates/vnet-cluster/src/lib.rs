@@ -15,6 +15,7 @@
 //! | `/vnet/O/interfaces/<vni>/<mac>` | [`InterfaceRecord`]: `mac`, `vni`, `host_id`, `name`, `epoch` | the daemon of the host named, under that host's lease |
 //! | `/vnet/O/routes/<id>` | [`RouteRecord`]: `line` (a `route add` line of the control language), `host_id` (optional: only that host) | operators (`vnetctl --etcd`) |
 //! | `/vnet/O/policy` | [`Policy`]: `{"template":"mesh"}`, `{"template":"star","proxy":"<host-id>"}` or `{"template":"explicit"}`; absent means mesh | operators |
+//! | `/vnet/O/matrix/<host-id>` | the host's traffic matrix, `{"host_id":..,"pairs":[{"vni","src","dst","frames","bytes"},..]}` (the heaviest 512 pairs), read by `vnetctl suggest`; not a [`ClusterKey`] ([`key_for_matrix`]) | the host's daemon, under its lease |
 //!
 //! Host ids, overlay names and route ids are short words of `A-Z a-z 0-9 _ - .` (host ids at
 //! most 20 characters, so that derived link names stay valid). Example:
@@ -107,11 +108,11 @@ pub use derive::{
     DerivedConfig, Overrider, DERIVED_LINK_PREFIX,
 };
 pub use schema::{
-    encode, key_for_host, key_for_interface, key_for_policy, key_for_route, overlay_prefix,
-    parse_entry, parse_key, plan_move, ClusterEntry, ClusterKey, HostId, HostRecord, InterfaceMove,
-    InterfaceRecord, OperatorRoute, OverlayName, Policy, RouteId, RouteRecord, SchemaError,
-    CAP_NOISE, CAP_TCP, CAP_VXLAN, KEY_ROOT, MAX_HOST_ID_LEN, MAX_KEY_LEN, MAX_OVERLAY_NAME_LEN,
-    MAX_ROUTE_ID_LEN, MAX_VALUE_LEN, SCHEMA_VERSION,
+    encode, key_for_host, key_for_interface, key_for_matrix, key_for_policy, key_for_route,
+    matrix_prefix, overlay_prefix, parse_entry, parse_key, plan_move, ClusterEntry, ClusterKey,
+    HostId, HostRecord, InterfaceMove, InterfaceRecord, OperatorRoute, OverlayName, Policy,
+    RouteId, RouteRecord, SchemaError, CAP_NOISE, CAP_TCP, CAP_VXLAN, KEY_ROOT, MAX_HOST_ID_LEN,
+    MAX_KEY_LEN, MAX_OVERLAY_NAME_LEN, MAX_ROUTE_ID_LEN, MAX_VALUE_LEN, SCHEMA_VERSION,
 };
 pub use state::ClusterState;
 pub use suggest::{suggest, suggested_link_name, SuggestedLink, SUGGESTED_LINK_PREFIX};

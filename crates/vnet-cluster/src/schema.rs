@@ -191,6 +191,18 @@ pub fn key_for_policy(overlay: &OverlayName) -> String {
     format!("{KEY_ROOT}/{overlay}/policy")
 }
 
+/// Where a host publishes its traffic matrix (`show matrix json`'s pairs, under its lease) for
+/// `vnetctl suggest`. Not part of [`ClusterKey`]: [`parse_key`] refuses these keys, so a daemon
+/// that watches the whole prefix skips them before feeding its [`crate::ClusterState`].
+pub fn key_for_matrix(overlay: &OverlayName, host: &HostId) -> String {
+    format!("{}{host}", matrix_prefix(overlay))
+}
+
+/// The prefix of every host's traffic matrix key.
+pub fn matrix_prefix(overlay: &OverlayName) -> String {
+    format!("{KEY_ROOT}/{overlay}/matrix/")
+}
+
 /// Reads a key of `overlay`. Only canonical keys are accepted (those the `key_for_*` functions
 /// produce): a VNI with a leading zero or a MAC in upper case is refused.
 pub fn parse_key(overlay: &OverlayName, key: &str) -> Result<ClusterKey, SchemaError> {

@@ -863,6 +863,24 @@ impl Engine {
         })
     }
 
+    /// Forwards frames as if the guest behind interface `name` had sent them (the gratuitous
+    /// RARP/ARP a host sends after a migration). False when there is no such interface.
+    pub fn inject_from_interface(&self, name: &str, frames: &[Vec<u8>]) -> bool {
+        let Some(rt) = self.ports.get(&(DestKind::Interface, name.to_string())) else {
+            return false;
+        };
+        let ingress = Ingress {
+            shared: self.shared.clone(),
+            port: rt.id,
+        };
+        let mut batch: Vec<(VirtioNetHdr, Vec<u8>)> = frames
+            .iter()
+            .map(|f| (VirtioNetHdr::default(), f.clone()))
+            .collect();
+        ingress.forward(&mut FwdCtx::new(), &mut batch);
+        true
+    }
+
     pub fn matrix(&self) -> (Vec<MatrixEntry>, u64) {
         let m = self.shared.matrix.lock().unwrap_or_else(|p| p.into_inner());
         (m.entries(), m.overflow())

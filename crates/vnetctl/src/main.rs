@@ -1,4 +1,7 @@
-//! `vnetctl`: sends control-language commands to a running vnetd and prints the answer.
+//! `vnetctl`: sends control-language commands to a running vnetd and prints the answer; with
+//! `--etcd`, manages a whole overlay through etcd instead.
+
+mod cluster;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -24,7 +27,28 @@ struct Args {
     /// Seconds to wait for vnetd.
     #[arg(long, default_value_t = 30)]
     timeout: u64,
-    /// The command, e.g. `show stats json`.
+    /// Manage the overlay in etcd at these endpoints (comma-separated) instead of one vnetd.
+    #[arg(long, requires = "overlay", conflicts_with_all = ["file", "token_file"])]
+    etcd: Option<String>,
+    /// The overlay's name in etcd.
+    #[arg(long, requires = "etcd")]
+    overlay: Option<String>,
+    /// PEM file of the CA of etcd's server certificates (enables TLS).
+    #[arg(long, requires = "etcd")]
+    etcd_ca: Option<PathBuf>,
+    /// PEM client certificate for etcd (with --etcd-key).
+    #[arg(long, requires_all = ["etcd_key", "etcd_ca"])]
+    etcd_cert: Option<PathBuf>,
+    /// PEM private key of --etcd-cert.
+    #[arg(long, requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// etcd user name (with --etcd-password-file).
+    #[arg(long, requires_all = ["etcd_password_file", "etcd"])]
+    etcd_user: Option<String>,
+    /// A file holding the etcd user's password (one line).
+    #[arg(long, requires = "etcd_user")]
+    etcd_password_file: Option<PathBuf>,
+    /// The command, e.g. `show stats json` (with --etcd: `hosts`, `routes`, `move ...`).
     #[arg(allow_hyphen_values = true)]
     command: Vec<String>,
 }
@@ -63,9 +87,36 @@ fn local_command(words: &[String]) -> Option<Result<String>> {
     }
 }
 
+fn run_etcd(args: &Args, endpoints: &str) -> Result<String> {
+    let overlay: vnet_cluster::OverlayName = args
+        .overlay
+        .as_deref()
+        .unwrap_or_default()
+        .parse()
+        .context("--overlay")?;
+    let mut cc = vnet_etcd::ClientConfig::new(endpoints);
+    cc.timeout = Duration::from_secs(args.timeout.clamp(1, 30));
+    cc.ca_file = args.etcd_ca.clone();
+    cc.cert_file = args.etcd_cert.clone();
+    cc.key_file = args.etcd_key.clone();
+    if let (Some(user), Some(path)) = (&args.etcd_user, &args.etcd_password_file) {
+        let pw = std::fs::read_to_string(path)
+            .with_context(|| format!("password file {}", path.display()))?;
+        cc.user = Some((user.clone(), pw.trim_end_matches(['\n', '\r']).to_string()));
+    }
+    let client = vnet_etcd::Client::new(&cc)?;
+    if args.command.is_empty() {
+        bail!("{}", cluster::USAGE);
+    }
+    cluster::run(&client, &overlay, &args.command)
+}
+
 fn run(args: Args) -> Result<String> {
     if let Some(r) = local_command(&args.command) {
         return r;
+    }
+    if let Some(endpoints) = &args.etcd {
+        return run_etcd(&args, endpoints);
     }
     let request = match (&args.file, args.command.is_empty()) {
         (Some(path), _) => {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use serde_json::json;
+use vnet_cluster::{ClusterState, DerivedConfig, HostId};
 use vnet_control::{
     parse_line, parse_script, Change, Command, Config, DestKind, LinkKind, ShowWhat,
 };
@@ -13,14 +14,44 @@ use vnet_dataplane::Engine;
 use vnet_wire::MacAddr;
 
 pub struct State {
+    /// The running configuration: the local one (config file and control port) plus the
+    /// objects derived from etcd (`derived`).
     pub cfg: Config,
     pub engine: Engine,
+    /// What the etcd agent applied to `cfg` and has not taken back (empty without `--etcd`).
+    pub derived: DerivedConfig,
+}
+
+impl State {
+    /// The local configuration alone: the running one without the derived objects.
+    pub fn local_config(&self) -> Config {
+        let mut local = self.cfg.clone();
+        local.links.retain(|l| !self.derived.links.contains(l));
+        local.routes.retain(|r| !self.derived.routes.contains(r));
+        local
+    }
+}
+
+/// What one synchronisation with the cluster's state did.
+#[derive(Debug, Default)]
+pub struct SyncReport {
+    /// Commands applied (links and routes added or removed).
+    pub applied: Vec<String>,
+    /// Commands the running configuration refused (retried by the next synchronisation).
+    pub failed: Vec<String>,
+    /// What the derivation skipped (vnet_cluster::Conflict), as text.
+    pub conflicts: Vec<String>,
 }
 
 pub struct Daemon {
     pub state: Mutex<State>,
     /// Refused control connections, bad control lines and failed authentications.
     pub control_errors: AtomicU64,
+    /// Bumped by every change of the local configuration, so the etcd agent re-derives and
+    /// re-publishes.
+    pub local_changes: AtomicU64,
+    /// The etcd agent's status for `show cluster` (None without `--etcd`).
+    pub cluster_status: Mutex<Option<serde_json::Value>>,
 }
 
 fn random_mac() -> MacAddr {
@@ -44,8 +75,11 @@ impl Daemon {
             state: Mutex::new(State {
                 cfg: Config::default(),
                 engine,
+                derived: DerivedConfig::default(),
             }),
             control_errors: AtomicU64::new(0),
+            local_changes: AtomicU64::new(0),
+            cluster_status: Mutex::new(None),
         }
     }
 
@@ -55,6 +89,12 @@ impl Daemon {
 
     /// Runs one line of the control language; Ok is the output (possibly empty).
     pub fn execute_line(&self, line: &str) -> Result<String, String> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["show", "cluster"] => return Ok(self.show_cluster(false)),
+            ["show", "cluster", "json"] => return Ok(self.show_cluster(true)),
+            _ => {}
+        }
         match parse_line(line) {
             Err(e) => Err(e.to_string()),
             Ok(None) => Ok(String::new()),
@@ -72,44 +112,164 @@ impl Daemon {
         self.apply_commands(cmds)
     }
 
-    /// `line` 0 means a single command (no line number in errors).
+    /// A change of the local configuration (config file, control port).
     fn apply_commands(&self, cmds: Vec<(usize, Command)>) -> Result<String, String> {
-        let at = |line: usize, msg: String| {
-            if line == 0 {
-                msg
-            } else {
-                format!("line {line}: {msg}")
-            }
-        };
         let mut st = self.lock();
-        let mut cfg = st.cfg.clone();
-        let mut changes: Vec<(usize, Change)> = Vec::new();
-        let mut gen = random_mac;
-        for (line, cmd) in &cmds {
-            match cfg.apply(cmd, &mut gen) {
-                Ok(ch) => changes.extend(ch.into_iter().map(|c| (*line, c))),
-                Err(e) => return Err(at(*line, e.to_string())),
-            }
-        }
-        for (k, (line, ch)) in changes.iter().enumerate() {
-            if let Err(e) = st.engine.apply(ch) {
-                // Undo what this script already did in the OS, newest first.
-                for (_, prev) in changes[..k].iter().rev() {
-                    if let Err(undo) = st.engine.apply(&prev.inverse()) {
-                        tracing::error!("could not undo {prev:?}: {undo}");
-                    }
-                }
-                let old = st.cfg.clone();
-                st.engine.rebuild(&old);
-                return Err(at(*line, e.to_string()));
-            }
-        }
-        st.cfg = cfg;
-        let State { cfg, engine } = &mut *st;
-        engine.rebuild(cfg);
+        apply_in(&mut st, &cmds)?;
+        self.local_changes.fetch_add(1, Relaxed);
         Ok(String::new())
     }
 
+    /// Brings the derived part of the running configuration in line with the cluster's
+    /// state: derives from the local configuration, applies the diff from what was applied
+    /// before (as one atomic script, or command by command if that fails, so one refused
+    /// command does not hold back the others), and records what was applied.
+    pub fn sync_cluster(&self, host: &HostId, state: &ClusterState) -> SyncReport {
+        let mut st = self.lock();
+        let mut report = SyncReport::default();
+        let running = st.cfg.clone();
+        st.derived.retain_present(&running);
+        let derivation = vnet_cluster::derive(host, state, &st.local_config());
+        report.conflicts = derivation
+            .conflicts
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let cmds = vnet_cluster::diff(&st.derived, &derivation.config);
+        if cmds.is_empty() {
+            return report;
+        }
+        let text =
+            |c: &Command| vnet_cluster::render_command(c).unwrap_or_else(|| format!("{c:?}"));
+        let numbered: Vec<(usize, Command)> = cmds.iter().cloned().map(|c| (0, c)).collect();
+        let singles: Vec<Vec<(usize, Command)>> = if apply_in(&mut st, &numbered).is_ok() {
+            for c in &cmds {
+                if let Err(e) = st.derived.apply(c) {
+                    tracing::warn!("derived record out of step at {}: {e}", text(c));
+                }
+                report.applied.push(text(c));
+            }
+            vec![]
+        } else {
+            numbered.into_iter().map(|c| vec![c]).collect()
+        };
+        for one in singles {
+            let c = &one[0].1;
+            match apply_in(&mut st, &one) {
+                Ok(()) => {
+                    if let Err(e) = st.derived.apply(c) {
+                        tracing::warn!("derived record out of step at {}: {e}", text(c));
+                    }
+                    report.applied.push(text(c));
+                }
+                Err(e) => report.failed.push(format!("{}: {e}", text(c))),
+            }
+        }
+        report
+    }
+
+    /// The local configuration (what `show config` prints).
+    pub fn local_config(&self) -> Config {
+        self.lock().local_config()
+    }
+
+    /// The traffic matrix of this host.
+    pub fn matrix(&self) -> Vec<vnet_core::MatrixEntry> {
+        self.lock().engine.matrix().0
+    }
+
+    /// Sends frames into the overlay as if the guest behind interface `name` had sent them.
+    pub fn inject_from_interface(&self, name: &str, frames: &[Vec<u8>]) -> bool {
+        self.lock().engine.inject_from_interface(name, frames)
+    }
+
+    fn show_cluster(&self, json: bool) -> String {
+        let status = self
+            .cluster_status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let st = self.lock();
+        let derived: Vec<String> = st
+            .derived
+            .commands()
+            .iter()
+            .filter_map(vnet_cluster::render_command)
+            .collect();
+        let mut out = String::new();
+        if json {
+            out = json!({"agent": status, "derived": derived}).to_string();
+            out.push('\n');
+            return out;
+        }
+        match status {
+            None => out.push_str("no etcd agent (vnetd runs without --etcd)\n"),
+            Some(s) => {
+                for (k, v) in s.as_object().into_iter().flatten() {
+                    if v.is_array() {
+                        continue;
+                    }
+                    let v = v
+                        .as_str()
+                        .map(String::from)
+                        .unwrap_or_else(|| v.to_string());
+                    let _ = writeln!(out, "{k}: {v}");
+                }
+                for c in s["conflicts"].as_array().into_iter().flatten() {
+                    let _ = writeln!(out, "conflict: {}", c.as_str().unwrap_or(""));
+                }
+                for c in s["failed"].as_array().into_iter().flatten() {
+                    let _ = writeln!(out, "not applied: {}", c.as_str().unwrap_or(""));
+                }
+            }
+        }
+        let _ = writeln!(out, "derived ({} lines):", derived.len());
+        for l in derived {
+            let _ = writeln!(out, "  {l}");
+        }
+        out
+    }
+}
+
+/// Applies commands to the running configuration and the engine atomically: all or none.
+/// `line` 0 means a single command (no line number in errors).
+fn apply_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), String> {
+    let at = |line: usize, msg: String| {
+        if line == 0 {
+            msg
+        } else {
+            format!("line {line}: {msg}")
+        }
+    };
+    let mut cfg = st.cfg.clone();
+    let mut changes: Vec<(usize, Change)> = Vec::new();
+    let mut gen = random_mac;
+    for (line, cmd) in cmds {
+        match cfg.apply(cmd, &mut gen) {
+            Ok(ch) => changes.extend(ch.into_iter().map(|c| (*line, c))),
+            Err(e) => return Err(at(*line, e.to_string())),
+        }
+    }
+    for (k, (line, ch)) in changes.iter().enumerate() {
+        if let Err(e) = st.engine.apply(ch) {
+            // Undo what this script already did in the OS, newest first.
+            for (_, prev) in changes[..k].iter().rev() {
+                if let Err(undo) = st.engine.apply(&prev.inverse()) {
+                    tracing::error!("could not undo {prev:?}: {undo}");
+                }
+            }
+            let old = st.cfg.clone();
+            st.engine.rebuild(&old);
+            return Err(at(*line, e.to_string()));
+        }
+    }
+    st.cfg = cfg;
+    let State { cfg, engine, .. } = &mut *st;
+    engine.rebuild(cfg);
+    Ok(())
+}
+
+impl Daemon {
     fn query(&self, cmd: &Command) -> String {
         let Command::Show(what, json) = cmd else {
             return String::new();
@@ -118,7 +278,8 @@ impl Daemon {
         let cfg = &st.cfg;
         let mut out = String::new();
         match what {
-            ShowWhat::Config => out = cfg.to_script(),
+            // The local configuration only; derived objects are in `show cluster`.
+            ShowWhat::Config => out = st.local_config().to_script(),
             ShowWhat::Interfaces => {
                 if *json {
                     out = serde_json::to_string(&cfg.interfaces).unwrap_or_default();
@@ -409,4 +570,99 @@ fn render_dispatch(out: &mut String, d: &serde_json::Value) {
         o["csum_completed"],
         o["partial_csum"]
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn daemon() -> Daemon {
+        let engine = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
+        Daemon::new(engine)
+    }
+
+    fn state_with_route(line: &str) -> ClusterState {
+        let overlay: vnet_cluster::OverlayName = "t".parse().unwrap();
+        let mut s = ClusterState::new(overlay.clone());
+        s.apply_put(
+            &vnet_cluster::key_for_policy(&overlay),
+            br#"{"template":"explicit"}"#,
+        )
+        .unwrap();
+        let id: vnet_cluster::RouteId = "r1".parse().unwrap();
+        let rec = vnet_cluster::RouteRecord {
+            line: line.into(),
+            host_id: None,
+        };
+        s.apply_put(
+            &vnet_cluster::key_for_route(&overlay, &id),
+            &vnet_cluster::encode(&rec),
+        )
+        .unwrap();
+        s
+    }
+
+    #[test]
+    fn derived_objects_stay_out_of_the_local_config() {
+        let d = daemon();
+        d.execute_script("link add up udp 10.0.0.2\n").unwrap();
+        let local_changes = d.local_changes.load(Relaxed);
+        let host: HostId = "a".parse().unwrap();
+        let state = state_with_route("route add any 52:54:00:00:00:09 link up");
+
+        let r = d.sync_cluster(&host, &state);
+        assert_eq!(r.applied, ["route add any 52:54:00:00:00:09 link up"]);
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
+        // Running: the route is there. Local: it is not. The agent's change is not local.
+        assert!(d
+            .execute_line("show routes")
+            .unwrap()
+            .contains("52:54:00:00:00:09"));
+        let cfg = d.execute_line("show config").unwrap();
+        assert!(
+            cfg.contains("link add up") && !cfg.contains("52:54:00:00:00:09"),
+            "{cfg}"
+        );
+        assert!(d
+            .execute_line("show cluster")
+            .unwrap()
+            .contains("52:54:00:00:00:09"));
+        assert_eq!(d.local_changes.load(Relaxed), local_changes);
+
+        // The same state again: nothing to do (no flapping).
+        assert!(d.sync_cluster(&host, &state).applied.is_empty());
+
+        // The operator route goes: so does the derived route, and only it.
+        let empty = state_with_route("route add any 52:54:00:00:00:0a link nowhere");
+        let r = d.sync_cluster(&host, &empty);
+        assert!(r
+            .applied
+            .iter()
+            .any(|c| c == "route del any 52:54:00:00:00:09 link up"));
+        assert!(!d
+            .execute_line("show routes")
+            .unwrap()
+            .contains("52:54:00:00:00:09"));
+        assert!(d
+            .execute_line("show config")
+            .unwrap()
+            .contains("link add up"));
+        // A local change is counted, for the agent to re-derive.
+        d.execute_line("link del up").unwrap();
+        assert!(d.local_changes.load(Relaxed) > local_changes);
+        d.shutdown();
+    }
+
+    #[test]
+    fn show_cluster_without_an_agent() {
+        let d = daemon();
+        assert!(d
+            .execute_line("show cluster")
+            .unwrap()
+            .contains("without --etcd"));
+        let j: serde_json::Value =
+            serde_json::from_str(&d.execute_line("show cluster json").unwrap()).unwrap();
+        assert!(j["agent"].is_null());
+        d.shutdown();
+    }
 }

@@ -1,5 +1,6 @@
 //! `vnetd`: the vnet daemon.
 
+mod agent;
 mod control;
 mod daemon;
 
@@ -42,6 +43,40 @@ struct Args {
     /// and exit.
     #[arg(long, value_name = "PATH")]
     gen_key: Option<PathBuf>,
+    /// etcd endpoints (comma-separated `host:port` or URLs): take links and routes to the
+    /// other hosts of the overlay from etcd (docs/control-language.md, "Many hosts from etcd").
+    #[arg(long, requires_all = ["overlay", "host_id"])]
+    etcd: Option<String>,
+    /// The overlay's name in etcd (keys under `/vnet/NAME/`).
+    #[arg(long, requires = "etcd")]
+    overlay: Option<String>,
+    /// This host's id in the overlay (at most 20 of `A-Z a-z 0-9 _ - .`).
+    #[arg(long, requires = "etcd")]
+    host_id: Option<String>,
+    /// The underlay address other hosts send to (default: --bind, if it is not a wildcard).
+    #[arg(long, requires = "etcd")]
+    advertise_addr: Option<IpAddr>,
+    /// Seconds the host's records outlive the daemon (its lease's TTL).
+    #[arg(long, default_value_t = 5, requires = "etcd", value_parser = clap::value_parser!(i64).range(2..=3600))]
+    etcd_lease_ttl: i64,
+    /// Seconds between two publications of the traffic matrix (0: never).
+    #[arg(long, default_value_t = 5, requires = "etcd")]
+    etcd_matrix_interval: u64,
+    /// PEM file of the CA of etcd's server certificates (enables TLS).
+    #[arg(long, requires = "etcd")]
+    etcd_ca: Option<PathBuf>,
+    /// PEM client certificate for etcd (with --etcd-key).
+    #[arg(long, requires_all = ["etcd_key", "etcd_ca"])]
+    etcd_cert: Option<PathBuf>,
+    /// PEM private key of --etcd-cert.
+    #[arg(long, requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// etcd user name (with --etcd-password-file).
+    #[arg(long, requires_all = ["etcd_password_file", "etcd"])]
+    etcd_user: Option<String>,
+    /// A file holding the etcd user's password (one line).
+    #[arg(long, requires = "etcd_user")]
+    etcd_password_file: Option<PathBuf>,
 }
 
 fn main() {
@@ -70,6 +105,71 @@ fn read_token(path: &PathBuf) -> Result<String> {
     Ok(t)
 }
 
+fn read_password(path: &PathBuf) -> Result<String> {
+    let p = std::fs::read_to_string(path)
+        .with_context(|| format!("password file {}", path.display()))?;
+    let p = p.trim_end_matches(['\n', '\r']).to_string();
+    if p.is_empty() || p.contains('\n') {
+        bail!("password file {} must hold one line", path.display());
+    }
+    Ok(p)
+}
+
+/// The etcd agent's settings and client, checked before anything is set up.
+fn etcd_setup(args: &Args) -> Result<Option<(agent::AgentConfig, vnet_etcd::Client)>> {
+    let Some(endpoints) = &args.etcd else {
+        return Ok(None);
+    };
+    let overlay: vnet_cluster::OverlayName = args
+        .overlay
+        .as_deref()
+        .unwrap_or_default()
+        .parse()
+        .context("--overlay")?;
+    let host: vnet_cluster::HostId = args
+        .host_id
+        .as_deref()
+        .unwrap_or_default()
+        .parse()
+        .context("--host-id")?;
+    let addr = match args.advertise_addr {
+        Some(a) => a,
+        None if !args.bind.is_unspecified() => args.bind,
+        None => bail!("--etcd needs --advertise-addr (the underlay address of this host) when --bind is a wildcard"),
+    };
+    if addr.is_unspecified() || addr.is_multicast() {
+        bail!("--advertise-addr {addr} is not a unicast address");
+    }
+    let record = vnet_cluster::HostRecord {
+        host_id: host.clone(),
+        addr,
+        udp_port: args.udp_port,
+        tcp_port: None,
+        capabilities: vec![vnet_cluster::CAP_VXLAN.to_string()],
+        public_key: None,
+        version: vnet_cluster::SCHEMA_VERSION,
+    };
+    record.validate().context("host record")?;
+    let mut cc = vnet_etcd::ClientConfig::new(endpoints);
+    cc.ca_file = args.etcd_ca.clone();
+    cc.cert_file = args.etcd_cert.clone();
+    cc.key_file = args.etcd_key.clone();
+    if let (Some(user), Some(pw)) = (&args.etcd_user, &args.etcd_password_file) {
+        cc.user = Some((user.clone(), read_password(pw)?));
+    }
+    let client = vnet_etcd::Client::new(&cc).context("etcd client")?;
+    Ok(Some((
+        agent::AgentConfig {
+            overlay,
+            host,
+            record,
+            lease_ttl: args.etcd_lease_ttl,
+            matrix_interval: std::time::Duration::from_secs(args.etcd_matrix_interval),
+        },
+        client,
+    )))
+}
+
 fn run(args: Args) -> Result<()> {
     if let Some(path) = &args.gen_key {
         let public = vnet_crypto::keys::file::generate(path)
@@ -85,6 +185,7 @@ fn run(args: Args) -> Result<()> {
             vnet_crypto::keys::file::read(p).with_context(|| format!("key file {}", p.display()))
         })
         .transpose()?;
+    let etcd = etcd_setup(&args)?;
     // Handle signals from the start, so a TERM during set-up still cleans up.
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("signal handlers")?;
     let mut engine = Engine::new(SocketAddr::new(args.bind, args.udp_port)).context("data path")?;
@@ -119,8 +220,24 @@ fn run(args: Args) -> Result<()> {
         .name("control-accept".into())
         .spawn(move || control::serve(listener, d, token))
         .context("control thread")?;
+    let agent_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let agent = match etcd {
+        Some((cfg, client)) => {
+            info!(overlay = %cfg.overlay, host = %cfg.host, "etcd agent starting");
+            Some(
+                agent::spawn(daemon.clone(), cfg, client, agent_stop.clone())
+                    .context("etcd agent thread")?,
+            )
+        }
+        None => None,
+    };
     if let Some(sig) = signals.forever().next() {
         info!(signal = sig, "shutting down");
+    }
+    agent_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(a) = agent {
+        // The agent revokes the lease (bounded by the client's timeout).
+        let _ = a.join();
     }
     daemon.shutdown();
     info!("stopped");
