@@ -347,6 +347,65 @@ def test_move_before_the_nic_exists(lab, etcd):
     assert placed[g1.mac]["host_id"] == "h2"
 
 
+def test_encrypted_overlay_from_etcd(lab, etcd, record):
+    """Keys through the control plane: hosts started with --key-file publish capability noise
+    and their public key, and the links derived between two such hosts are encrypted (no key
+    configured by hand anywhere). A host without a key is linked to none of them (a host with
+    a key links only encrypted); it shows the refusal in `show cluster`."""
+    hosts, guests, keys = [], [], {}
+    for i in range(1, 5):
+        h = lab.host(f"h{i}")
+        g = lab.guest(f"g{i}", ip=f"192.168.61.{i}", mac=netlab.mac(2, i, 1))
+        args = agent_args(etcd, h)
+        if i <= 3:  # h4 has no key
+            path = lab.workdir / f"h{i}.key"
+            r = subprocess.run([str(netlab.VNETD), "--gen-key", str(path)], capture_output=True,
+                               text=True, timeout=10, check=True)
+            keys[h.role] = r.stdout.strip()
+            args += ["--key-file", path]
+        h.start_vnetd(config=f"interface add vm tap mac {g.mac} netns {g.name} vni 1\n", args=args)
+        g.configure(h.interface("vm")["ifname"])
+        hosts.append(h)
+        guests.append(g)
+    keyed = hosts[:3]
+
+    published = {r["host_id"]: r for r in json.loads(etcd.ctl("hosts", "json"))}
+    for h in keyed:
+        assert published[h.role]["public_key"] == keys[h.role]
+        assert "noise" in published[h.role]["capabilities"]
+
+    def links(h):
+        return {l["name"]: l for l in h.ctl_json("show", "links", "json") if l["name"].startswith("c-")}
+
+    def encrypted_mesh():
+        for h in keyed:
+            ls = links(h)
+            if set(ls) != {f"c-{o.role}-v1" for o in keyed if o is not h}:
+                return False
+            for name, l in ls.items():
+                peer = name.split("-")[1]
+                enc = l.get("encrypted")
+                if not enc or enc["peer_key"] != keys[peer]:
+                    return False
+        return True
+
+    t0 = time.monotonic()
+    netlab.wait_until(encrypted_mesh, 20, 0.1, what="encrypted links derived between the keyed hosts")
+    assert_all_ping(lab, [(g, d.ip_addr) for g in guests[:3] for d in guests[:3] if g is not d])
+    record("etcd_encrypted_mesh_ready_s", round(time.monotonic() - t0, 2))
+    for h in keyed:
+        for name, l in links(h).items():
+            enc = l["encrypted"]
+            assert enc["session"] == "established" and enc["sealed"] > 0 and enc["opened"] > 0, (h.role, name, enc)
+    # The keyless host is linked to nobody, and nobody links to it.
+    assert links(hosts[3]) == {}
+    assert all("c-h4-v1" not in links(h) for h in keyed)
+    conflicts = json.loads(hosts[3].ctl("show", "cluster", "json"))["agent"]["conflicts"]
+    assert any("encryption key" in c for c in conflicts), conflicts
+    r = lab.ping_many([(guests[3], guests[0].ip_addr)], count=2)
+    assert not next(iter(r.values())).ok, "a keyless host reached a keyed one"
+
+
 def test_host_cut_off_from_etcd(lab, etcd, record):
     """A host cut off from etcd (iptables drops its etcd traffic) for longer than its lease's
     TTL: the others drop its link and routes when the lease expires, while it keeps its own

@@ -64,6 +64,10 @@ pub enum Conflict {
     NoTransport { host: HostId },
     /// The star's proxy has no host record (not registered, or its lease expired).
     ProxyMissing { proxy: HostId },
+    /// One of this host and `host` has an encryption key (capability `noise`) and the other
+    /// has not, or their only transport is TCP: a host with a key links only encrypted, so
+    /// they are not linked.
+    EncryptionMismatch { host: HostId },
     /// A route with the same source and destination in that VNI won over a derived one.
     RouteOverridden {
         route: Route,
@@ -109,6 +113,11 @@ impl fmt::Display for Conflict {
                 write!(f, "no transport in common with host {host}")
             }
             Conflict::ProxyMissing { proxy } => write!(f, "star proxy {proxy} is not registered"),
+            Conflict::EncryptionMismatch { host } => write!(
+                f,
+                "host {host}: one side has an encryption key (capability noise) and the other \
+                 not, or no udp transport: not linked (hosts with keys link only encrypted)"
+            ),
             Conflict::RouteOverridden { route, vni, by } => {
                 write!(
                     f,
@@ -301,11 +310,24 @@ pub fn derive(local_host: &HostId, state: &ClusterState, local: &Config) -> Deri
             }
             continue;
         };
+        // Encrypted exactly when both hosts publish keys; a host with a key never links in
+        // plaintext, and encryption is for udp links only.
+        let local_key = local_record.and_then(HostRecord::noise_key);
+        let encrypt = match (local_key, rec.noise_key(), &kind) {
+            (None, None, _) => None,
+            (Some(_), Some(k), LinkKind::Udp(_)) => Some(k),
+            _ => {
+                if no_transport.insert(h) {
+                    conflicts.push(Conflict::EncryptionMismatch { host: h.clone() });
+                }
+                continue;
+            }
+        };
         let link = Link {
             name: derived_link_name(h, v),
             kind,
             vni: v,
-            encrypt: None,
+            encrypt,
         };
         if let Some(l) = local.link(&link.name) {
             if *l == link {

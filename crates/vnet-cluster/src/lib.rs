@@ -43,7 +43,10 @@
 //!   have `tcp`. A link carries one VNI in the control language, hence one per VNI. Mesh: to
 //!   every host that serves a VNI this host serves. Star: a host links only to the proxy, for
 //!   each of its VNIs that another host also serves; the proxy links to every host, for each
-//!   VNI that at least two hosts use. Explicit: no links.
+//!   VNI that at least two hosts use. Explicit: no links. Between two hosts that both have
+//!   capability `noise` and a valid `public_key`, the UDP link is encrypted
+//!   (`encrypt PEER_KEY`); a host with a key is not linked to one without
+//!   ([`Conflict::EncryptionMismatch`]), nor by TCP.
 //! - **Routes**: `route add any MAC interface NAME` for each local interface, and
 //!   `route add any MAC link L` for each remote interface, where `L` reaches its host (under a
 //!   star, the proxy's link). Placement decides: a local interface whose placement names

@@ -33,7 +33,7 @@ const MAX_PUBLIC_KEY_LEN: usize = 256;
 pub const CAP_VXLAN: &str = "vxlan";
 /// The host accepts framed TCP links on `tcp_port`.
 pub const CAP_TCP: &str = "tcp";
-/// The host can run encrypted links with `public_key` (issue #5, not derived yet).
+/// The host runs encrypted udp links with its static `public_key` (which it then must have).
 pub const CAP_NOISE: &str = "noise";
 
 /// Why a key or value from the store was refused.
@@ -305,7 +305,22 @@ impl HostRecord {
                 ));
             }
         }
+        if self.has_capability(CAP_NOISE) && self.noise_key().is_none() {
+            return bad_value(format!(
+                "host {}: capability noise without a valid public_key (32 bytes, base64)",
+                self.host_id
+            ));
+        }
         Ok(())
+    }
+
+    /// The key encrypted links to this host use: its `public_key`, when it has capability
+    /// `noise` and the key is a valid X25519 public key.
+    pub fn noise_key(&self) -> Option<vnet_crypto::PublicKey> {
+        if !self.has_capability(CAP_NOISE) {
+            return None;
+        }
+        vnet_crypto::PublicKey::parse(self.public_key.as_deref()?).ok()
     }
 }
 

@@ -116,7 +116,10 @@ fn read_password(path: &PathBuf) -> Result<String> {
 }
 
 /// The etcd agent's settings and client, checked before anything is set up.
-fn etcd_setup(args: &Args) -> Result<Option<(agent::AgentConfig, vnet_etcd::Client)>> {
+fn etcd_setup(
+    args: &Args,
+    public_key: Option<vnet_crypto::PublicKey>,
+) -> Result<Option<(agent::AgentConfig, vnet_etcd::Client)>> {
     let Some(endpoints) = &args.etcd else {
         return Ok(None);
     };
@@ -145,8 +148,13 @@ fn etcd_setup(args: &Args) -> Result<Option<(agent::AgentConfig, vnet_etcd::Clie
         addr,
         udp_port: args.udp_port,
         tcp_port: None,
-        capabilities: vec![vnet_cluster::CAP_VXLAN.to_string()],
-        public_key: None,
+        // With a host key, the host links only encrypted: capability noise and its public key
+        // (vnet-cluster derives `encrypt KEY` on the links between two such hosts).
+        capabilities: std::iter::once(vnet_cluster::CAP_VXLAN)
+            .chain(public_key.map(|_| vnet_cluster::CAP_NOISE))
+            .map(str::to_string)
+            .collect(),
+        public_key: public_key.map(|k| k.to_string()),
         version: vnet_cluster::SCHEMA_VERSION,
     };
     record.validate().context("host record")?;
@@ -185,7 +193,7 @@ fn run(args: Args) -> Result<()> {
             vnet_crypto::keys::file::read(p).with_context(|| format!("key file {}", p.display()))
         })
         .transpose()?;
-    let etcd = etcd_setup(&args)?;
+    let etcd = etcd_setup(&args, key.as_ref().map(|k| k.public()))?;
     // Handle signals from the start, so a TERM during set-up still cleans up.
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("signal handlers")?;
     let mut engine = Engine::new(SocketAddr::new(args.bind, args.udp_port)).context("data path")?;

@@ -1,5 +1,7 @@
 use super::*;
-use crate::schema::{ClusterEntry, InterfaceRecord, OperatorRoute, RouteRecord, SCHEMA_VERSION};
+use crate::schema::{
+    ClusterEntry, InterfaceRecord, OperatorRoute, RouteRecord, CAP_NOISE, SCHEMA_VERSION,
+};
 use proptest::prelude::*;
 use vnet_control::{parse_line, parse_script};
 
@@ -662,4 +664,96 @@ proptest! {
         record.retain_present(&running);
         prop_assert!(diff(&record, &d2).is_empty());
     }
+}
+
+fn keyed_host(id: &str, addr: &str, key_byte: Option<u8>) -> ClusterEntry {
+    let mut caps = vec!["vxlan".to_string()];
+    let public_key = key_byte.map(|b| {
+        caps.push(CAP_NOISE.to_string());
+        vnet_crypto::PublicKey([b; 32]).to_string()
+    });
+    ClusterEntry::Host(HostRecord {
+        host_id: h(id),
+        addr: addr.parse().unwrap(),
+        udp_port: 4789,
+        tcp_port: None,
+        capabilities: caps,
+        public_key,
+        version: SCHEMA_VERSION,
+    })
+}
+
+#[test]
+fn hosts_with_keys_link_encrypted_and_never_in_plaintext() {
+    let local = config("interface add vm tap mac 52:54:00:00:0a:01 vni 1\n");
+    let placements = [
+        placed("a", 1, "52:54:00:00:0a:01", "vm"),
+        placed("b", 1, "52:54:00:00:0b:01", "vm"),
+        placed("c", 1, "52:54:00:00:0c:01", "vm"),
+    ];
+    // a and b have keys, c has none.
+    let mut entries = vec![
+        keyed_host("a", "10.0.0.1", Some(1)),
+        keyed_host("b", "10.0.0.2", Some(2)),
+        keyed_host("c", "10.0.0.3", None),
+    ];
+    entries.extend(placements.iter().cloned());
+    let d = derive(&h("a"), &state(entries), &local);
+    let b_key = vnet_crypto::PublicKey([2; 32]);
+    assert_eq!(
+        d.config.links,
+        vec![Link {
+            name: "c-b-v1".into(),
+            kind: LinkKind::Udp("10.0.0.2:4789".parse().unwrap()),
+            vni: 1,
+            encrypt: Some(b_key),
+        }]
+    );
+    assert!(lines(&d.config).contains(&format!(
+        "link add c-b-v1 udp 10.0.0.2:4789 vni 1 encrypt {b_key}"
+    )));
+    assert!(d
+        .conflicts
+        .contains(&Conflict::EncryptionMismatch { host: h("c") }));
+    // c's guest is not routed anywhere from a (no link reaches c).
+    assert!(!lines(&d.config)
+        .iter()
+        .any(|l| l.contains("52:54:00:00:0c:01")));
+
+    // From c (no key): no link to a or b, a plaintext one to another keyless host.
+    let mut entries = vec![
+        keyed_host("a", "10.0.0.1", Some(1)),
+        keyed_host("c", "10.0.0.3", None),
+        keyed_host("d", "10.0.0.4", None),
+        placed("d", 1, "52:54:00:00:0d:01", "vm"),
+    ];
+    entries.extend(placements.iter().cloned());
+    let local_c = config("interface add vm tap mac 52:54:00:00:0c:01 vni 1\n");
+    let d = derive(&h("c"), &state(entries), &local_c);
+    let names: Vec<_> = d
+        .config
+        .links
+        .iter()
+        .map(|l| (l.name.as_str(), l.encrypt))
+        .collect();
+    assert_eq!(names, vec![("c-d-v1", None)]);
+    assert!(d
+        .conflicts
+        .contains(&Conflict::EncryptionMismatch { host: h("a") }));
+}
+
+#[test]
+fn capability_noise_needs_a_valid_key() {
+    let ClusterEntry::Host(mut r) = keyed_host("a", "10.0.0.1", Some(7)) else {
+        unreachable!()
+    };
+    assert!(r.validate().is_ok());
+    assert_eq!(r.noise_key(), Some(vnet_crypto::PublicKey([7; 32])));
+    r.public_key = None;
+    assert!(r.validate().is_err());
+    r.public_key = Some("AAAA".into()); // base64, but not 32 bytes
+    assert!(r.validate().is_err());
+    r.capabilities.retain(|c| c != CAP_NOISE);
+    assert!(r.validate().is_ok());
+    assert_eq!(r.noise_key(), None);
 }
