@@ -406,6 +406,44 @@ def test_encrypted_overlay_from_etcd(lab, etcd, record):
     assert not next(iter(r.values())).ok, "a keyless host reached a keyed one"
 
 
+def test_duplicate_host_id_does_not_fight(lab, etcd):
+    """A second daemon started with a host id another live daemon holds does not overwrite
+    its record (no back-and-forth that would make the others' links flap and grow etcd's
+    history): it says so in `show cluster` and keeps trying, and takes over once the first
+    one is gone."""
+    ov = Overlay(lab, etcd, 2)
+    ov.wait_mesh()
+    h1, h2 = ov.hosts
+    intruder = lab.host("dup")
+    # Same host id as h1, another address.
+    args = agent_args(etcd, h1)
+    args[args.index("--advertise-addr") + 1] = intruder.underlay_ip
+    intruder.start_vnetd(config="", args=args)
+
+    def status():
+        return json.loads(intruder.ctl("show", "cluster", "json"))["agent"]
+
+    netlab.wait_until(lambda: status()["host_id_in_use"], 10, 0.1, what="the intruder to see h1's id taken")
+    def revision():
+        return json.loads(h2.ctl("show", "cluster", "json"))["agent"]["revision"]
+
+    rev0 = revision()
+    time.sleep(2)
+    hosts = {r["host_id"]: r for r in json.loads(etcd.ctl("hosts", "json"))}
+    assert hosts["h1"]["addr"] == h1.underlay_ip, hosts["h1"]
+    # A fight over the key would be hundreds of writes a second; matrix updates are a few.
+    assert revision() - rev0 < 20, (rev0, revision())
+    # h2 kept its link to the real h1 all along.
+    assert ov.routes(h2).get(ov.guests[0].mac) == ("link", "c-h1-v1")
+    lab.wait_ping(ov.guests[1], ov.guests[0].ip_addr, timeout=5)
+    # Once h1 is gone (lease revoked on SIGTERM), the id is free and the intruder takes it.
+    h1.stop_vnetd()
+    netlab.wait_until(
+        lambda: {r["host_id"]: r for r in json.loads(etcd.ctl("hosts", "json"))}.get("h1", {}).get("addr")
+        == intruder.underlay_ip, 15, 0.2, what="the second daemon to take the free host id")
+    assert not status()["host_id_in_use"]
+
+
 def test_host_cut_off_from_etcd(lab, etcd, record):
     """A host cut off from etcd (iptables drops its etcd traffic) for longer than its lease's
     TTL: the others drop its link and routes when the lease expires, while it keeps its own

@@ -443,22 +443,24 @@ impl Peer {
         noise: &[u8],
         now: Now,
     ) -> Result<Vec<u8>, CryptoError> {
-        match &self.pending {
-            Some(p) if p.index == receiver => {}
+        let pending = match &mut self.pending {
+            Some(p) if p.index == receiver => p,
             _ => return Err(CryptoError::BadHandshake),
-        }
-        let Some(Pending { mut handshake, .. }) = self.pending.take() else {
-            return Err(CryptoError::BadHandshake);
         };
-        // A failed read leaves the handshake state unusable, so the initiation is abandoned;
-        // the timer sends a fresh one.
+        // The sender index of our initiation travels in clear, so anyone can forge a response
+        // to it: the pending handshake is kept until a response authenticates (snow restores
+        // the handshake's state when a read fails), and only then taken.
         let mut payload = [0u8; 64];
-        let n = handshake
+        let n = pending
+            .handshake
             .read_message(noise, &mut payload)
             .map_err(|_| CryptoError::BadHandshake)?;
         if n != 0 {
             return Err(CryptoError::BadHandshake);
         }
+        let Some(Pending { handshake, .. }) = self.pending.take() else {
+            return Err(CryptoError::BadHandshake);
+        };
         let transport = handshake
             .into_stateless_transport_mode()
             .map_err(|_| CryptoError::BadHandshake)?;

@@ -300,11 +300,11 @@ pub fn process<'a>(
         return; // the port was removed while this frame was in flight
     };
     inp.counters.rx(frame.len());
-    let eth = match EthernetFrame::new_checked(frame) {
-        Ok(e) => e,
+    match EthernetFrame::new_checked(frame) {
+        Ok(_) => {}
         Err(WireError::Truncated { .. }) => return inp.counters.count_drop(DropReason::Truncated),
         Err(_) => return inp.counters.count_drop(DropReason::Oversize),
-    };
+    }
     if !matches!(
         vh.gso_kind(),
         VirtioNetHdr::GSO_NONE
@@ -314,7 +314,14 @@ pub fn process<'a>(
     ) {
         return inp.counters.count_drop(DropReason::BadOffload);
     }
-    let (src, dst) = (eth.src(), eth.dst());
+    // The MACs are copied once, checked, and every output below takes them from this copy, not
+    // from `frame`: a vhost-user guest's frame is its shared memory, which it can rewrite after
+    // the check (a spoofed source sent with a checked one's approval).
+    let mut macs = [0u8; 12];
+    macs.copy_from_slice(&frame[..12]);
+    let (mut dst, mut src) = (MacAddr([0; 6]), MacAddr([0; 6]));
+    dst.0.copy_from_slice(&macs[..6]);
+    src.0.copy_from_slice(&macs[6..]);
     // Before learning or the traffic matrix see it: a spoofed source must not teach anything.
     if let Err(r) = inp.guard.check(src, frame.len()) {
         return inp.counters.count_drop(r);
@@ -376,9 +383,9 @@ pub fn process<'a>(
             }
             (PortTx::Nic(tap), Origin::Local) => {
                 if tap.has_vnet_hdr() || vh.is_plain() {
-                    tap.write(*queue, &vh, &[frame])
+                    tap.write(*queue, &vh, &[&macs, &frame[12..]])
                 } else {
-                    each_segment(shared, frame, &vh, seg, |parts| {
+                    each_segment(shared, frame, &vh, seg, &macs, |parts| {
                         tap.write(*queue, &VirtioNetHdr::default(), parts)
                     })
                 }
@@ -390,6 +397,7 @@ pub fn process<'a>(
                 // (runs of equal-size segments still go as one UDP_SEGMENT send).
                 match segment(frame, &vh, seg) {
                     Ok(()) => {
+                        seg.pin_macs(&macs);
                         gso_count(shared, seg.len());
                         for s in &seg.segs {
                             let at = batch.heads.len();
@@ -419,6 +427,7 @@ pub fn process<'a>(
                         // frame is sent from where it is.
                         match segment(frame, &vh, seg) {
                             Ok(()) if seg.len() == 1 => {
+                                seg.pin_macs(&macs);
                                 let at = batch.heads.len();
                                 batch.heads.extend_from_slice(&seg.headers);
                                 let rest = seg.segs[0].payload.clone();
@@ -428,17 +437,21 @@ pub fn process<'a>(
                             _ => Err(DropReason::BadOffload),
                         }
                     } else {
-                        batch.udp.push((link, 0..0, frame));
+                        let at = batch.heads.len();
+                        batch.heads.extend_from_slice(&macs);
+                        batch.udp.push((link, at..batch.heads.len(), &frame[12..]));
                         Ok(())
                     }
                 } else {
-                    send_udp_gso(shared, link, frame, &vh, seg)
+                    send_udp_gso(shared, link, frame, &vh, seg, &macs)
                 }
             }
             (PortTx::Tcp(link), _) => {
-                each_segment(shared, frame, &vh, seg, |parts| link.send(parts))
+                each_segment(shared, frame, &vh, seg, &macs, |parts| link.send(parts))
             }
-            (PortTx::Direct(p), _) => each_segment(shared, frame, &vh, seg, |parts| p.send(parts)),
+            (PortTx::Direct(p), _) => {
+                each_segment(shared, frame, &vh, seg, &macs, |parts| p.send(parts))
+            }
         };
         match r {
             Ok(()) => out.counters.tx(frame.len()),
@@ -580,18 +593,20 @@ pub fn flush_coalescers(shared: &Shared, snap: &Snapshot, ctx: &mut FwdCtx, bufs
 }
 
 /// Calls `send` with the parts of each wire frame of `frame` (the frame itself when it needs
-/// no segmentation and no checksum).
+/// no segmentation and no checksum), its MACs taken from `macs`, the checked copy.
 fn each_segment(
     shared: &Shared,
     frame: &[u8],
     vh: &VirtioNetHdr,
     seg: &mut SegmentList,
+    macs: &[u8; 12],
     mut send: impl FnMut(&[&[u8]]) -> Result<(), DropReason>,
 ) -> Result<(), DropReason> {
     if vh.is_plain() || (vh.gso_kind() == VirtioNetHdr::GSO_NONE && !vh.needs_csum()) {
-        return send(&[frame]);
+        return send(&[macs, &frame[12..]]);
     }
     segment(frame, vh, seg).map_err(|_| DropReason::BadOffload)?;
+    seg.pin_macs(macs);
     if seg.len() > 1 {
         gso_count(shared, seg.len());
     }
@@ -610,6 +625,7 @@ fn send_udp_gso(
     frame: &[u8],
     vh: &VirtioNetHdr,
     seg: &mut SegmentList,
+    macs: &[u8; 12],
 ) -> Result<(), DropReason> {
     let UdpLinkTx {
         sock,
@@ -619,6 +635,7 @@ fn send_udp_gso(
         ..
     } = link;
     segment(frame, vh, seg).map_err(|_| DropReason::BadOffload)?;
+    seg.pin_macs(macs);
     gso_count(shared, seg.len());
     let n = seg.len();
     let dgram = |k: usize| VXLAN_HEADER_LEN + seg.segs[k].hdr.len() + seg.segs[k].payload.len();

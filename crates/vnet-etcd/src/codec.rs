@@ -107,6 +107,8 @@ pub enum CompareTarget {
     Version(i64),
     /// The key's modification revision.
     ModRevision(i64),
+    /// The lease the key is attached to (0: none).
+    Lease(i64),
 }
 
 /// One condition of a transaction: `key`'s target equals the given one.
@@ -169,6 +171,10 @@ fn compare_json(c: &Compare) -> Value {
         CompareTarget::ModRevision(v) => {
             m.insert("target".into(), "MOD".into());
             m.insert("mod_revision".into(), v.to_string().into());
+        }
+        CompareTarget::Lease(v) => {
+            m.insert("target".into(), "LEASE".into());
+            m.insert("lease".into(), v.to_string().into());
         }
     }
     Value::Object(m)

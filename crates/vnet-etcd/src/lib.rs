@@ -94,6 +94,12 @@ pub fn split_endpoints(s: &str) -> Vec<String> {
 
 /// An endpoint as a base URL without a trailing slash.
 fn endpoint_url(e: &str, tls: bool) -> Result<String, Error> {
+    if tls && e.starts_with("http://") {
+        // A CA or client certificate was given: never fall back to plain text silently.
+        return Err(Error::Endpoint(format!(
+            "{e} (http:// with TLS settings; use https:// or no scheme)"
+        )));
+    }
     let url = if e.starts_with("http://") || e.starts_with("https://") {
         e.trim_end_matches('/').to_string()
     } else {
@@ -371,10 +377,13 @@ impl Client {
         for k in 0..n {
             let i = (start + k) % n;
             let url = format!("{}/v3/watch", self.endpoints[i]);
+            // require-leader (etcd's "hasleader" metadata): a member cut off from the
+            // cluster's majority ends the watch instead of leaving it silently stale.
             let mut req = self
                 .stream_agent
                 .post(&url)
-                .set("Content-Type", "application/json");
+                .set("Content-Type", "application/json")
+                .set("Grpc-Metadata-hasleader", "true");
             if let Some(t) = self.token() {
                 req = req.set("Authorization", &t);
             }
@@ -480,7 +489,8 @@ mod tests {
             "http://127.0.0.1:2379"
         );
         assert_eq!(endpoint_url("h:1", true).unwrap(), "https://h:1");
-        assert_eq!(endpoint_url("http://h:1/", true).unwrap(), "http://h:1");
+        assert!(endpoint_url("http://h:1/", true).is_err());
+        assert_eq!(endpoint_url("http://h:1/", false).unwrap(), "http://h:1");
         assert!(endpoint_url("http://", false).is_err());
         assert!(endpoint_url("h:1/x", false).is_err());
     }

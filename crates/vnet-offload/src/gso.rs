@@ -38,6 +38,17 @@ impl SegmentList {
         self.segs.is_empty()
     }
 
+    /// Writes `macs` (destination and source MAC) over the start of every segment's headers:
+    /// the caller's checked copy wins over whatever the frame held when it was cut (a guest can
+    /// change its shared-memory frame at any time).
+    pub fn pin_macs(&mut self, macs: &[u8; 12]) {
+        for s in &self.segs {
+            if let Some(h) = self.headers.get_mut(s.hdr.start..s.hdr.start + 12) {
+                h.copy_from_slice(macs);
+            }
+        }
+    }
+
     /// The bytes of segment `i`: its headers and its payload (a slice of `frame`).
     pub fn parts<'a>(&'a self, frame: &'a [u8], i: usize) -> [&'a [u8]; 2] {
         let s = &self.segs[i];
@@ -291,6 +302,25 @@ pub(crate) mod tests {
                 payload.extend_from_slice(&s[l.hdr_len()..]);
             }
             assert_eq!(payload, f[f.len() - 10_000..]);
+        }
+    }
+
+    #[test]
+    fn pinned_macs_replace_what_the_frame_held() {
+        let (mut f, vh) = tso_frame(5_000, false);
+        let checked: [u8; 12] = [2, 0, 0, 0, 0, 0xb, 2, 0, 0, 0, 0, 0xa];
+        // The frame's source changed after the check (a guest rewriting shared memory) and
+        // before it was cut...
+        f[..12].copy_from_slice(&checked);
+        f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 0x66]);
+        let mut out = SegmentList::new();
+        segment(&f, &vh, &mut out).unwrap();
+        out.pin_macs(&checked);
+        // ...every segment still carries the checked ones, and stays valid.
+        for i in 0..out.len() {
+            let s = join(&out, &f, i);
+            assert_eq!(s[..12], checked, "segment {i}");
+            assert!(valid(&s));
         }
     }
 

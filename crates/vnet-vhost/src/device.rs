@@ -562,7 +562,9 @@ impl Dev {
                     // returns (the caller holds an `Arc` to it). The guest may change these
                     // bytes while we read them: they are only ever read as packet data, every
                     // offset taken from them is bounds-checked against this slice, so a guest
-                    // can corrupt only its own frame.
+                    // can corrupt only its own frame. What a check decides on is copied first:
+                    // the forwarding path reads the MACs once and sends that checked copy, so
+                    // rewriting the frame after the source-MAC check cannot spoof a source.
                     let f = unsafe { std::slice::from_raw_parts(ptr, len) };
                     frames.push((it.vh, f));
                     cut += 1;

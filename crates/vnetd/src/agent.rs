@@ -78,6 +78,8 @@ struct Status {
     last_error: String,
     conflicts: Vec<String>,
     failed: Vec<String>,
+    /// Another daemon's lease holds this host id's record.
+    host_id_in_use: bool,
 }
 
 pub fn spawn(
@@ -170,6 +172,7 @@ impl Agent {
             "last_error": s.last_error,
             "conflicts": s.conflicts,
             "failed": s.failed,
+            "host_id_in_use": s.host_id_in_use,
         });
         *self
             .daemon
@@ -358,11 +361,44 @@ impl Agent {
         let overlay = &self.cfg.overlay;
         let host = &self.cfg.host;
         if force || self.state.host(host) != Some(&self.cfg.record) {
-            client.put(
-                key_for_host(overlay, host).as_bytes(),
-                &encode(&self.cfg.record),
+            // Claim the host id: put the record only where none exists or ours (under our
+            // lease) is. Another live daemon with the same --host-id keeps it, and this one
+            // stops instead of overwriting it back and forth (which would make every host's
+            // links to this id flap and etcd's history grow without end).
+            let key = key_for_host(overlay, host).into_bytes();
+            let put = [TxnOp::Put {
+                key: key.clone(),
+                value: encode(&self.cfg.record),
                 lease,
+            }];
+            let claimed = client.txn(
+                &[Compare {
+                    key: key.clone(),
+                    target: CompareTarget::Version(0),
+                }],
+                &put,
+                &[],
+            )? || client.txn(
+                &[Compare {
+                    key,
+                    target: CompareTarget::Lease(lease),
+                }],
+                &put,
+                &[],
             )?;
+            if !claimed {
+                self.status.host_id_in_use = true;
+                bail!(
+                    "host id {host} is held by another daemon's lease (a second daemon with the \
+                     same --host-id, or this one's previous run, until its lease expires)"
+                );
+            }
+            self.status.host_id_in_use = false;
+            // Derive from our own record now, not when the watch brings it back: until then
+            // the state would lack this host's key, and a host with a key must never derive a
+            // plaintext link.
+            self.state
+                .insert(vnet_cluster::ClusterEntry::Host(self.cfg.record.clone()));
         }
         let local = self.daemon.local_config();
         let mut now_local = BTreeSet::new();

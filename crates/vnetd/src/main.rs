@@ -60,7 +60,7 @@ struct Args {
     #[arg(long, default_value_t = 5, requires = "etcd", value_parser = clap::value_parser!(i64).range(2..=3600))]
     etcd_lease_ttl: i64,
     /// Seconds between two publications of the traffic matrix (0: never).
-    #[arg(long, default_value_t = 5, requires = "etcd")]
+    #[arg(long, default_value_t = 5, requires = "etcd", value_parser = clap::value_parser!(u64).range(0..=86400))]
     etcd_matrix_interval: u64,
     /// PEM file of the CA of etcd's server certificates (enables TLS).
     #[arg(long, requires = "etcd")]

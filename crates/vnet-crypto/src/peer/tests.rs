@@ -244,6 +244,32 @@ fn simultaneous_initiations_both_work() {
 }
 
 #[test]
+fn forged_response_does_not_cancel_the_handshake() {
+    let (mut a, mut b) = pair();
+    let init = a.tick(at(0)).unwrap();
+    let resp = b
+        .handle_handshake(&Message::parse(&init).unwrap(), at(0))
+        .unwrap();
+    // An attacker who saw the initiation answers first, with the right receiver index and
+    // garbage where the Noise message goes.
+    let mut forged = resp.clone();
+    for x in &mut forged[12..] {
+        *x ^= 0x5a;
+    }
+    assert_eq!(
+        a.handle_handshake(&Message::parse(&forged).unwrap(), at(1)),
+        Err(CryptoError::BadHandshake)
+    );
+    // The genuine response still completes the handshake, and data flows.
+    let keepalive = a
+        .handle_handshake(&Message::parse(&resp).unwrap(), at(2))
+        .unwrap();
+    assert_eq!(deliver(&mut b, &keepalive, 2).unwrap(), Vec::<u8>::new());
+    let d = seal(&a, b"after a forged response", 3);
+    assert_eq!(deliver(&mut b, &d, 3).unwrap(), b"after a forged response");
+}
+
+#[test]
 fn stray_response_is_refused() {
     let (mut a, mut b) = pair();
     let init = a.tick(at(0)).unwrap();
