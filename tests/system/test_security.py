@@ -448,9 +448,10 @@ route add any {ga['tcp'].mac} link to-a-tcp
             h.exec("iptables", "-D" if delete else "-A", "INPUT", "-s", o.underlay_ip, *rule)
 
     # 1. Cut: every packet between A and B dropped in A's namespace, with pings running;
-    # then restored, and the time to the first reply measured on each link kind. A short cut,
-    # and one long enough for TCP's retransmission timer to back off far.
-    for cut_s in (5, 15):
+    # then restored, and the time to the first reply measured on each link kind. A cut shorter
+    # than a tcp link's user timeout (4 s: the connection survives it), one a bit longer, and
+    # one long enough for TCP's retransmission timer to back off far.
+    for cut_s in (3, 5, 15):
         pings = {k: ga[k].popen("ping", "-D", "-i", "0.1", "-W", "1", "-w", cut_s + 45, gb[k].ip_addr,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for k in ("udp", "tcp")}
