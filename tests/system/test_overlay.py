@@ -142,6 +142,8 @@ route add any {a1.mac} link to-a
     s0a, s0b = A.stats(), B.stats()
     r = a1.ping(b1.ip_addr, count=2)
     assert r.received == 2, r.output
+    sp_a, sp_b = A.stats(), B.stats()
+    assert not new_drops(s0a, sp_a) and not new_drops(s0b, sp_b), (new_drops(s0a, sp_a), new_drops(s0b, sp_b))
     ip = lab.iperf(a1, a1.ip_addr, b1, seconds=3)
     s1a, s1b = A.stats(), B.stats()
     record("tcp_link_iperf3_gbps", round(ip.gbps, 3))
@@ -149,7 +151,16 @@ route add any {a1.mac} link to-a
     assert delta(s0b, s1b, "to-a", "tx_bytes") >= ip.bytes
     assert delta(s0a, s1a, "to-b", "rx_bytes") >= ip.bytes
     assert delta(s0a, s1a, "to-b", "tx_frames") >= 2
-    assert not new_drops(s0a, s1a) and not new_drops(s0b, s1b), (new_drops(s0a, s1a), new_drops(s0b, s1b))
+    # The link's queue (1024 records) is the bottleneck buffer of the guest's TCP flow: when
+    # the link's writer falls behind (a busy machine), the queue overflows and the frames are
+    # dropped and counted, the guest's TCP retransmits and slows down. So `queue_full` on the
+    # sending link (B's to-a) is congestion, allowed but bounded; any other drop is a fault.
+    drops_a, drops_b = new_drops(sp_a, s1a), new_drops(sp_b, s1b)
+    congestion = drops_b.pop("to-a:queue_full", 0)
+    sent = delta(sp_b, s1b, "to-a", "tx_frames")
+    record("tcp_link_iperf3_queue_full", f"{congestion} of {sent + congestion} frames")
+    assert not drops_a and not drops_b, (drops_a, drops_b)
+    assert congestion <= 0.05 * (sent + congestion), (congestion, sent)
 
     for restarted, other_guest, own_guest, vm in ((B, a1, b1, "vm-b1"), (A, b1, a1, "vm-a1")):
         # background traffic across the link while the peer goes away and comes back

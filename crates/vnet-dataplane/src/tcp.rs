@@ -31,6 +31,19 @@ pub const TCP_QUEUE_LEN: usize = 1024;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a connect attempt waits for an answer. The kernel retransmits the SYN after 1 s,
+/// so an underlay that comes back is answered within about a second.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Data the peer has not acknowledged for this long ends the connection (`TCP_USER_TIMEOUT`),
+/// instead of the kernel's retransmission backoff, which after a long underlay cut leaves the
+/// next retransmission many seconds away and, by default, gives up only after ~15 minutes.
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(4);
+/// Keepalive probes on an idle connection (no data to acknowledge): first after this much
+/// silence, then every `TCP_KEEPALIVE_INTERVAL`; `TCP_KEEPALIVE_PROBES` unanswered probes (or
+/// `TCP_USER_TIMEOUT`, whichever comes first) end it. So a silent dead peer is noticed in ~4 s.
+pub const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(1);
+pub const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+pub const TCP_KEEPALIVE_PROBES: u32 = 3;
 const MAX_PENDING_HANDSHAKES: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +145,13 @@ impl TcpLink {
 
     /// Hands an accepted, greeted connection to this link, replacing any older one.
     pub fn attach(self: &Arc<Self>, stream: TcpStream) {
+        if let Err(e) = set_liveness(&stream) {
+            // The link still works; it only notices a dead peer as late as the kernel does.
+            warn!(
+                port = self.port.0,
+                "tcp link: could not set keepalive/user timeout: {e}"
+            );
+        }
         let stream = Arc::new(stream);
         let id = self.next_conn.fetch_add(1, Relaxed);
         {
@@ -197,8 +217,18 @@ impl TcpLink {
                         }
                         Err(e) => {
                             debug!(port = self.port.0, %addr, "tcp link connect failed: {e}");
-                            self.sleep(backoff);
-                            backoff = (backoff * 2).min(BACKOFF_MAX);
+                            if unanswered(&e) {
+                                // Nothing answered (an underlay cut, a host down): the attempt
+                                // itself waited CONNECT_TIMEOUT, so try again at once, or the
+                                // backoff grown over a long cut would delay recovery by up to
+                                // BACKOFF_MAX after the cut ends.
+                                backoff = BACKOFF_MIN;
+                                self.sleep(BACKOFF_MIN);
+                            } else {
+                                // Refused or a bad greeting: the peer is there but not ready.
+                                self.sleep(backoff);
+                                backoff = (backoff * 2).min(BACKOFF_MAX);
+                            }
                         }
                     },
                     TcpRole::Accept => self.sleep(Duration::from_millis(200)),
@@ -251,7 +281,7 @@ impl TcpLink {
     }
 
     fn dial(&self, addr: SocketAddr) -> io::Result<TcpStream> {
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         s.write_all(&StreamHello { vni: self.vni }.emit())?;
@@ -343,6 +373,29 @@ impl TcpLink {
     }
 }
 
+/// A connect attempt that got no answer in time (no SYN-ACK, or no greeting), as opposed to a
+/// refusal or a bad greeting.
+fn unanswered(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+    )
+}
+
+/// Makes a dead connection fail in seconds: `TCP_USER_TIMEOUT` for unacknowledged data and
+/// short keepalives for an idle connection. The reader's `read` and the writer's `writev` then
+/// return an error, the connection is retired and the dialing side reconnects.
+fn set_liveness(stream: &TcpStream) -> io::Result<()> {
+    let sock = socket2::SockRef::from(stream);
+    sock.set_tcp_user_timeout(Some(TCP_USER_TIMEOUT))?;
+    sock.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(TCP_KEEPALIVE_IDLE)
+            .with_interval(TCP_KEEPALIVE_INTERVAL)
+            .with_retries(TCP_KEEPALIVE_PROBES),
+    )
+}
+
 fn write_all_vectored(mut s: &TcpStream, mut slices: Vec<IoSlice>) -> io::Result<()> {
     let mut bufs: &mut [IoSlice] = &mut slices;
     while !bufs.is_empty() {
@@ -419,4 +472,36 @@ fn handshake(shared: &Shared, mut s: TcpStream, peer: SocketAddr) {
     }
     info!(%peer, "tcp link accepted");
     link.attach(s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_options_are_set_on_a_connection() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let client = TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        set_liveness(&client).expect("set options");
+        let sock = socket2::SockRef::from(&client);
+        assert_eq!(
+            sock.tcp_user_timeout().expect("get"),
+            Some(TCP_USER_TIMEOUT)
+        );
+        assert!(sock.keepalive().expect("get"));
+        assert_eq!(sock.keepalive_time().expect("get"), TCP_KEEPALIVE_IDLE);
+        assert_eq!(
+            sock.keepalive_interval().expect("get"),
+            TCP_KEEPALIVE_INTERVAL
+        );
+        assert_eq!(sock.keepalive_retries().expect("get"), TCP_KEEPALIVE_PROBES);
+    }
+
+    #[test]
+    fn only_unanswered_attempts_skip_the_backoff() {
+        assert!(unanswered(&io::ErrorKind::TimedOut.into()));
+        assert!(unanswered(&io::ErrorKind::WouldBlock.into()));
+        assert!(!unanswered(&io::ErrorKind::ConnectionRefused.into()));
+        assert!(!unanswered(&io::ErrorKind::InvalidData.into()));
+    }
 }
