@@ -204,6 +204,15 @@ def test_replayed_tampered_and_forged_datagrams_are_refused(lab, record):
     spoof_udp(attacker, A.underlay_ip, B.underlay_ip, sport, [init] * 3)
     netlab.wait_until(lambda: drops_of(B.stats(), "peer", "bad_handshake") - drops_of(s0, "peer", "bad_handshake") >= 3,
                       5, what="forged initiations counted")
+    # 5. a flood of them: past the link's small budget they are refused unread (no X25519
+    # work), counted rate_limited, and the established session is untouched.
+    s_flood = B.stats()
+    spoof_udp(attacker, A.underlay_ip, B.underlay_ip, sport, [init] * 200)
+    netlab.wait_until(
+        lambda: drops_of(B.stats(), "peer", "rate_limited") - drops_of(s_flood, "peer", "rate_limited") >= 150,
+        5, what="an initiation flood throttled")
+    throttled = link_info(B, "peer")["encrypted"]["initiations_throttled"]
+    record("initiation_flood_throttled", throttled)
 
     s2 = B.stats()
     assert port_of(s2, "vm")["tx_frames"] == delivered0, "an attacker's datagram reached the guest"

@@ -38,6 +38,8 @@ pub enum CryptoError {
     BadAuth,
     #[error("message too large")]
     TooLarge,
+    #[error("handshake initiations over the link's budget")]
+    Throttled,
 }
 
 /// The Noise protocol name: both hosts know each other's static key in advance (KK).

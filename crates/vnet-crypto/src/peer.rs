@@ -68,7 +68,16 @@ pub struct PeerStats {
     pub rekeys: u64,
     pub initiations_replayed: u64,
     pub bad_handshakes: u64,
+    /// Initiations refused unread because the link's budget was spent (a flood).
+    pub initiations_throttled: u64,
 }
+
+/// Initiations a link reads (two X25519 operations each) in a burst, and then one per
+/// `INITIATION_REFILL_MS`. A peer sends at most one per half second (retries back off from
+/// there, rekeys come every two minutes), so a genuine peer stays inside it; a flood of forged
+/// ones costs at most this much work, whatever its rate.
+pub const INITIATION_BURST: u64 = 8;
+pub const INITIATION_REFILL_MS: u64 = 250;
 
 /// One direction-pair of keys agreed by a handshake.
 pub struct Session {
@@ -218,6 +227,9 @@ pub struct Peer {
     retry_at_ms: u64,
     backoff_ms: u64,
     next_index: u32,
+    /// The initiation budget: tokens left, and when the last one was added.
+    initiation_tokens: u64,
+    initiation_refill_ms: u64,
     pub stats: PeerStats,
 }
 
@@ -261,6 +273,8 @@ impl Peer {
             retry_at_ms: 0,
             backoff_ms: timers.retry_initial_ms,
             next_index: index_seed,
+            initiation_tokens: INITIATION_BURST,
+            initiation_refill_ms: 0,
             stats: PeerStats::default(),
         }
     }
@@ -385,10 +399,30 @@ impl Peer {
         };
         match r {
             Err(CryptoError::Replay) => self.stats.initiations_replayed += 1,
+            Err(CryptoError::Throttled) => self.stats.initiations_throttled += 1,
             Err(_) => self.stats.bad_handshakes += 1,
             Ok(_) => {}
         }
         r
+    }
+
+    /// Takes one token of the initiation budget, refilled by the monotonic clock.
+    fn admit_initiation(&mut self, now_ms: u64) -> bool {
+        let refills = now_ms.saturating_sub(self.initiation_refill_ms) / INITIATION_REFILL_MS;
+        if refills > 0 {
+            self.initiation_tokens = self
+                .initiation_tokens
+                .saturating_add(refills)
+                .min(INITIATION_BURST);
+            self.initiation_refill_ms = self
+                .initiation_refill_ms
+                .saturating_add(refills.saturating_mul(INITIATION_REFILL_MS));
+        }
+        if self.initiation_tokens == 0 {
+            return false;
+        }
+        self.initiation_tokens -= 1;
+        true
     }
 
     fn on_initiation(
@@ -397,6 +431,9 @@ impl Peer {
         noise: &[u8],
         now: Now,
     ) -> Result<Vec<u8>, CryptoError> {
+        if !self.admit_initiation(now.mono_ms) {
+            return Err(CryptoError::Throttled);
+        }
         let mut hs = self
             .builder()?
             .build_responder()

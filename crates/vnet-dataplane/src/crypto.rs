@@ -26,6 +26,7 @@ pub fn drop_reason(e: CryptoError) -> DropReason {
         CryptoError::NoSession => DropReason::NoSession,
         CryptoError::Truncated => DropReason::Truncated,
         CryptoError::TooLarge => DropReason::Oversize,
+        CryptoError::Throttled => DropReason::RateLimited,
         CryptoError::BadHandshake | CryptoError::NotCrypto => DropReason::BadHandshake,
     }
 }
@@ -179,6 +180,7 @@ impl LinkCrypto {
             "handshakes_completed": st.handshakes_completed,
             "rekeys": st.rekeys,
             "initiations_replayed": st.initiations_replayed,
+            "initiations_throttled": st.initiations_throttled,
             "bad_handshakes": st.bad_handshakes,
         })
     }

@@ -317,3 +317,37 @@ proptest! {
         prop_assert!(r.is_err());
     }
 }
+
+#[test]
+fn an_initiation_flood_is_read_only_within_the_budget() {
+    let (mut a, mut b) = pair();
+    // Garbage initiations at 10 000/s for one second: only the burst and the refills are read
+    // (and refused as bad), the rest is refused unread.
+    let mut forged = a.tick(at(0)).unwrap();
+    for x in &mut forged[8..] {
+        *x ^= 0x77;
+    }
+    let m = Message::parse(&forged).unwrap();
+    let (mut bad, mut throttled) = (0, 0);
+    for i in 0..10_000u64 {
+        match b.handle_handshake(
+            &m,
+            Now {
+                mono_ms: i / 10,
+                wall_ns: 1,
+            },
+        ) {
+            Err(CryptoError::Throttled) => throttled += 1,
+            Err(_) => bad += 1,
+            Ok(_) => panic!("a forged initiation was answered"),
+        }
+    }
+    let budget = INITIATION_BURST + 999 / INITIATION_REFILL_MS;
+    assert_eq!(bad, budget);
+    assert_eq!(throttled, 10_000 - budget);
+    assert_eq!(b.stats.initiations_throttled, throttled);
+    // Once the flood stops, the genuine peer's next initiation gets through.
+    handshake(&mut a, &mut b, 2_000);
+    let d = seal(&a, b"after the flood", 2_001);
+    assert_eq!(deliver(&mut b, &d, 2_001).unwrap(), b"after the flood");
+}
