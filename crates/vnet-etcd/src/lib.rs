@@ -40,6 +40,9 @@ pub enum Error {
     Codec(#[from] CodecError),
     #[error("etcd TLS setup: {0}")]
     Tls(String),
+    /// A password file that cannot be read or is not one line.
+    #[error("etcd password file {0}")]
+    Password(String),
     #[error("bad etcd endpoint {0:?}")]
     Endpoint(String),
     /// A watch stream ended or broke.
@@ -81,6 +84,56 @@ impl ClientConfig {
             user: None,
         }
     }
+}
+
+/// How to reach etcd securely, as the `--etcd-*` flags of vnetd and vnetctl give it (their
+/// `--etcd` flag, which these require, is the binary's own).
+#[cfg(feature = "cli")]
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct EtcdAccess {
+    /// PEM file of the CA of etcd's server certificates (enables TLS).
+    #[arg(long, requires = "etcd")]
+    pub etcd_ca: Option<PathBuf>,
+    /// PEM client certificate for etcd (with --etcd-key).
+    #[arg(long, requires_all = ["etcd_key", "etcd_ca"])]
+    pub etcd_cert: Option<PathBuf>,
+    /// PEM private key of --etcd-cert.
+    #[arg(long, requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user name (with --etcd-password-file).
+    #[arg(long, requires_all = ["etcd_password_file", "etcd"])]
+    pub etcd_user: Option<String>,
+    /// A file holding the etcd user's password (one line).
+    #[arg(long, requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+#[cfg(feature = "cli")]
+impl EtcdAccess {
+    /// Puts the TLS files and the credentials (the password read from its file) into `cc`.
+    pub fn apply_to(&self, cc: &mut ClientConfig) -> Result<(), Error> {
+        cc.ca_file = self.etcd_ca.clone();
+        cc.cert_file = self.etcd_cert.clone();
+        cc.key_file = self.etcd_key.clone();
+        if let (Some(user), Some(path)) = (&self.etcd_user, &self.etcd_password_file) {
+            cc.user = Some((user.clone(), read_password(path)?));
+        }
+        Ok(())
+    }
+}
+
+/// A password file's one line, without its line end.
+pub fn read_password(path: &Path) -> Result<String, Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Password(format!("{}: {e}", path.display())))?;
+    let p = text.trim_end_matches(['\n', '\r']);
+    if p.is_empty() || p.contains('\n') {
+        return Err(Error::Password(format!(
+            "{} must hold one line",
+            path.display()
+        )));
+    }
+    Ok(p.to_string())
 }
 
 /// Splits a comma-separated endpoint list, dropping empty items.
@@ -229,26 +282,37 @@ impl Client {
     /// One POST to the first endpoint that answers; `Ok` holds the body of a 2xx answer, an
     /// error answer becomes [`Error::Codec`].
     fn post_raw(&self, path: &str, body: &Value, with_token: bool) -> Result<Vec<u8>, Error> {
+        let token = if with_token { self.token() } else { None };
+        let resp = self.send(path, &body.to_string(), token.as_deref(), |url| {
+            self.agent.post(url).timeout(self.timeout)
+        })?;
+        read_body(resp)
+    }
+
+    /// Sends `payload` to `path` on the first endpoint that answers, starting with the one that
+    /// answered last; `request` makes the request for a URL. `Ok` is a 2xx answer; an error
+    /// answer becomes [`Error::Codec`], and no endpoint answering [`Error::Unreachable`].
+    fn send(
+        &self,
+        path: &str,
+        payload: &str,
+        token: Option<&str>,
+        request: impl Fn(&str) -> ureq::Request,
+    ) -> Result<ureq::Response, Error> {
         let start = self.current.load(Relaxed);
         let n = self.endpoints.len();
-        let payload = body.to_string();
-        let token = if with_token { self.token() } else { None };
         let mut last = String::new();
         for k in 0..n {
             let i = (start + k) % n;
             let url = format!("{}{path}", self.endpoints[i]);
-            let mut req = self
-                .agent
-                .post(&url)
-                .timeout(self.timeout)
-                .set("Content-Type", "application/json");
-            if let Some(t) = &token {
+            let mut req = request(&url).set("Content-Type", "application/json");
+            if let Some(t) = token {
                 req = req.set("Authorization", t);
             }
-            match req.send_string(&payload) {
+            match req.send_string(payload) {
                 Ok(resp) => {
                     self.current.store(i, Relaxed);
-                    return read_body(resp);
+                    return Ok(resp);
                 }
                 Err(ureq::Error::Status(code, resp)) => {
                     self.current.store(i, Relaxed);
@@ -371,44 +435,16 @@ impl Client {
             self.authenticate()?;
         }
         let payload = codec::watch_create_request(key, range_end, start_revision).to_string();
-        let start = self.current.load(Relaxed);
-        let n = self.endpoints.len();
-        let mut last = String::new();
-        for k in 0..n {
-            let i = (start + k) % n;
-            let url = format!("{}/v3/watch", self.endpoints[i]);
-            // require-leader (etcd's "hasleader" metadata): a member cut off from the
-            // cluster's majority ends the watch instead of leaving it silently stale.
-            let mut req = self
-                .stream_agent
-                .post(&url)
-                .set("Content-Type", "application/json")
-                .set("Grpc-Metadata-hasleader", "true");
-            if let Some(t) = self.token() {
-                req = req.set("Authorization", &t);
-            }
-            match req.send_string(&payload) {
-                Ok(resp) => {
-                    self.current.store(i, Relaxed);
-                    return Ok(Watch {
-                        reader: BufReader::new(resp.into_reader()),
-                    });
-                }
-                Err(ureq::Error::Status(code, resp)) => {
-                    let body = read_error_body(resp);
-                    return Err(match codec::parse_answer(&body) {
-                        Err(e @ CodecError::Server { .. }) => e.into(),
-                        _ => CodecError::Server {
-                            code: -i64::from(code),
-                            message: http_error_text(code, &url, &body),
-                        }
-                        .into(),
-                    });
-                }
-                Err(e) => last = format!("{}: {e}", self.endpoints[i]),
-            }
-        }
-        Err(Error::Unreachable(last))
+        // require-leader (etcd's "hasleader" metadata): a member cut off from the cluster's
+        // majority ends the watch instead of leaving it silently stale.
+        let resp = self.send("/v3/watch", &payload, self.token().as_deref(), |url| {
+            self.stream_agent
+                .post(url)
+                .set("Grpc-Metadata-hasleader", "true")
+        })?;
+        Ok(Watch {
+            reader: BufReader::new(resp.into_reader()),
+        })
     }
 }
 

@@ -33,21 +33,8 @@ struct Args {
     /// The overlay's name in etcd.
     #[arg(long, requires = "etcd")]
     overlay: Option<String>,
-    /// PEM file of the CA of etcd's server certificates (enables TLS).
-    #[arg(long, requires = "etcd")]
-    etcd_ca: Option<PathBuf>,
-    /// PEM client certificate for etcd (with --etcd-key).
-    #[arg(long, requires_all = ["etcd_key", "etcd_ca"])]
-    etcd_cert: Option<PathBuf>,
-    /// PEM private key of --etcd-cert.
-    #[arg(long, requires = "etcd_cert")]
-    etcd_key: Option<PathBuf>,
-    /// etcd user name (with --etcd-password-file).
-    #[arg(long, requires_all = ["etcd_password_file", "etcd"])]
-    etcd_user: Option<String>,
-    /// A file holding the etcd user's password (one line).
-    #[arg(long, requires = "etcd_user")]
-    etcd_password_file: Option<PathBuf>,
+    #[command(flatten)]
+    etcd_access: vnet_etcd::EtcdAccess,
     /// The command, e.g. `show stats json` (with --etcd: `hosts`, `routes`, `move ...`).
     #[arg(allow_hyphen_values = true)]
     command: Vec<String>,
@@ -96,14 +83,7 @@ fn run_etcd(args: &Args, endpoints: &str) -> Result<String> {
         .context("--overlay")?;
     let mut cc = vnet_etcd::ClientConfig::new(endpoints);
     cc.timeout = Duration::from_secs(args.timeout.clamp(1, 30));
-    cc.ca_file = args.etcd_ca.clone();
-    cc.cert_file = args.etcd_cert.clone();
-    cc.key_file = args.etcd_key.clone();
-    if let (Some(user), Some(path)) = (&args.etcd_user, &args.etcd_password_file) {
-        let pw = std::fs::read_to_string(path)
-            .with_context(|| format!("password file {}", path.display()))?;
-        cc.user = Some((user.clone(), pw.trim_end_matches(['\n', '\r']).to_string()));
-    }
+    args.etcd_access.apply_to(&mut cc)?;
     let client = vnet_etcd::Client::new(&cc)?;
     if args.command.is_empty() {
         bail!("{}", cluster::USAGE);

@@ -62,21 +62,8 @@ struct Args {
     /// Seconds between two publications of the traffic matrix (0: never).
     #[arg(long, default_value_t = 5, requires = "etcd", value_parser = clap::value_parser!(u64).range(0..=86400))]
     etcd_matrix_interval: u64,
-    /// PEM file of the CA of etcd's server certificates (enables TLS).
-    #[arg(long, requires = "etcd")]
-    etcd_ca: Option<PathBuf>,
-    /// PEM client certificate for etcd (with --etcd-key).
-    #[arg(long, requires_all = ["etcd_key", "etcd_ca"])]
-    etcd_cert: Option<PathBuf>,
-    /// PEM private key of --etcd-cert.
-    #[arg(long, requires = "etcd_cert")]
-    etcd_key: Option<PathBuf>,
-    /// etcd user name (with --etcd-password-file).
-    #[arg(long, requires_all = ["etcd_password_file", "etcd"])]
-    etcd_user: Option<String>,
-    /// A file holding the etcd user's password (one line).
-    #[arg(long, requires = "etcd_user")]
-    etcd_password_file: Option<PathBuf>,
+    #[command(flatten)]
+    etcd_access: vnet_etcd::EtcdAccess,
 }
 
 fn main() {
@@ -103,16 +90,6 @@ fn read_token(path: &PathBuf) -> Result<String> {
         bail!("token file {} must hold one word", path.display());
     }
     Ok(t)
-}
-
-fn read_password(path: &PathBuf) -> Result<String> {
-    let p = std::fs::read_to_string(path)
-        .with_context(|| format!("password file {}", path.display()))?;
-    let p = p.trim_end_matches(['\n', '\r']).to_string();
-    if p.is_empty() || p.contains('\n') {
-        bail!("password file {} must hold one line", path.display());
-    }
-    Ok(p)
 }
 
 /// The etcd agent's settings and client, checked before anything is set up.
@@ -159,12 +136,7 @@ fn etcd_setup(
     };
     record.validate().context("host record")?;
     let mut cc = vnet_etcd::ClientConfig::new(endpoints);
-    cc.ca_file = args.etcd_ca.clone();
-    cc.cert_file = args.etcd_cert.clone();
-    cc.key_file = args.etcd_key.clone();
-    if let (Some(user), Some(pw)) = (&args.etcd_user, &args.etcd_password_file) {
-        cc.user = Some((user.clone(), read_password(pw)?));
-    }
+    args.etcd_access.apply_to(&mut cc).context("etcd access")?;
     let client = vnet_etcd::Client::new(&cc).context("etcd client")?;
     Ok(Some((
         agent::AgentConfig {
