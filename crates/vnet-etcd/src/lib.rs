@@ -404,6 +404,40 @@ impl Client {
         Ok(codec::parse_txn(&body)?)
     }
 
+    /// Puts `value` at `key` (under `lease`, 0 for none) only if the key's `target` holds;
+    /// returns whether it did.
+    pub fn put_if(
+        &self,
+        key: &[u8],
+        target: CompareTarget,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<bool, Error> {
+        let compare = Compare {
+            key: key.to_vec(),
+            target,
+        };
+        let put = TxnOp::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease,
+        };
+        self.txn(&[compare], &[put], &[])
+    }
+
+    /// Deletes `key` only if its `target` holds; returns whether it did.
+    pub fn delete_if(&self, key: &[u8], target: CompareTarget) -> Result<bool, Error> {
+        let compare = Compare {
+            key: key.to_vec(),
+            target,
+        };
+        let delete = TxnOp::Delete {
+            key: key.to_vec(),
+            range_end: None,
+        };
+        self.txn(&[compare], &[delete], &[])
+    }
+
     /// Grants a lease of `ttl_secs`; returns its id and granted TTL.
     pub fn lease_grant(&self, ttl_secs: i64) -> Result<(i64, i64), Error> {
         let body = self.post("/v3/lease/grant", &codec::lease_grant_request(ttl_secs))?;

@@ -24,7 +24,7 @@ use vnet_cluster::{
     announce_frame, encode, key_for_host, key_for_interface, key_for_matrix, matrix_prefix,
     overlay_prefix, ClusterState, HostId, HostRecord, InterfaceRecord, OverlayName,
 };
-use vnet_etcd::{prefix_end, Client, Compare, CompareTarget, EventKind, TxnOp, WatchMessage};
+use vnet_etcd::{prefix_end, Client, CompareTarget, EventKind, WatchMessage};
 use vnet_wire::MacAddr;
 
 use crate::daemon::Daemon;
@@ -366,26 +366,9 @@ impl Agent {
             // stops instead of overwriting it back and forth (which would make every host's
             // links to this id flap and etcd's history grow without end).
             let key = key_for_host(overlay, host).into_bytes();
-            let put = [TxnOp::Put {
-                key: key.clone(),
-                value: encode(&self.cfg.record),
-                lease,
-            }];
-            let claimed = client.txn(
-                &[Compare {
-                    key: key.clone(),
-                    target: CompareTarget::Version(0),
-                }],
-                &put,
-                &[],
-            )? || client.txn(
-                &[Compare {
-                    key,
-                    target: CompareTarget::Lease(lease),
-                }],
-                &put,
-                &[],
-            )?;
+            let value = encode(&self.cfg.record);
+            let claimed = client.put_if(&key, CompareTarget::Version(0), &value, lease)?
+                || client.put_if(&key, CompareTarget::Lease(lease), &value, lease)?;
             if !claimed {
                 self.status.host_id_in_use = true;
                 bail!(
@@ -419,17 +402,11 @@ impl Agent {
                         continue;
                     }
                     // Only if nobody placed it meanwhile: another host may serve it.
-                    let put = client.txn(
-                        &[Compare {
-                            key: key.clone().into_bytes(),
-                            target: CompareTarget::Version(0),
-                        }],
-                        &[TxnOp::Put {
-                            key: key.into_bytes(),
-                            value: encode(&rec),
-                            lease,
-                        }],
-                        &[],
+                    let put = client.put_if(
+                        key.as_bytes(),
+                        CompareTarget::Version(0),
+                        &encode(&rec),
+                        lease,
                     )?;
                     if put {
                         self.published.insert(at);
@@ -440,17 +417,11 @@ impl Agent {
                         let mut rec = cur.clone();
                         rec.name = i.name.clone();
                         // Keep the epoch; attach to the current lease.
-                        client.txn(
-                            &[Compare {
-                                key: key.clone().into_bytes(),
-                                target: CompareTarget::Value(encode(cur)),
-                            }],
-                            &[TxnOp::Put {
-                                key: key.into_bytes(),
-                                value: encode(&rec),
-                                lease,
-                            }],
-                            &[],
+                        client.put_if(
+                            key.as_bytes(),
+                            CompareTarget::Value(encode(cur)),
+                            &encode(&rec),
+                            lease,
                         )?;
                     }
                     self.published.insert(at);
@@ -468,16 +439,9 @@ impl Agent {
         for (vni, mac) in gone {
             if let Some(cur) = self.state.placement(vni, mac) {
                 if &cur.host_id == host {
-                    client.txn(
-                        &[Compare {
-                            key: key_for_interface(overlay, vni, mac).into_bytes(),
-                            target: CompareTarget::Value(encode(cur)),
-                        }],
-                        &[TxnOp::Delete {
-                            key: key_for_interface(overlay, vni, mac).into_bytes(),
-                            range_end: None,
-                        }],
-                        &[],
+                    client.delete_if(
+                        key_for_interface(overlay, vni, mac).as_bytes(),
+                        CompareTarget::Value(encode(cur)),
                     )?;
                 }
             }
