@@ -96,6 +96,8 @@
 //! 4. The host publishes its own [`HostRecord`] and an [`InterfaceRecord`] per local interface
 //!    under its lease, and listens for TCP links on `tcp_port` when it publishes `tcp`.
 
+#![forbid(unsafe_code)]
+
 mod announce;
 mod derive;
 mod schema;

@@ -118,9 +118,36 @@ impl Command {
     }
 }
 
+/// What carries an interface's frames to its guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InterfaceKind {
+    /// A TAP device vnetd reads and writes (optionally moved into a namespace).
+    Tap,
+    /// A virtio-net device served to a VMM over a vhost-user socket.
+    VhostUser,
+}
+
+impl InterfaceKind {
+    /// The keyword of `interface add NAME KIND`.
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            InterfaceKind::Tap => "tap",
+            InterfaceKind::VhostUser => "vhost-user",
+        }
+    }
+}
+
+impl fmt::Display for InterfaceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.keyword())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InterfaceSpec {
     pub name: String,
+    pub kind: InterfaceKind,
     pub ifname: Option<String>,
     pub mac: Option<MacAddr>,
     pub mtu: Option<u32>,
@@ -286,6 +313,8 @@ pub enum ShowWhat {
     Stats,
     Matrix,
     Config,
+    /// The etcd agent's state and what it derived (`vnetd --etcd`).
+    Cluster,
 }
 
 /// A command line that is not valid in the language.
@@ -418,9 +447,10 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, ParseError> {
                 "stats" => ShowWhat::Stats,
                 "matrix" => ShowWhat::Matrix,
                 "config" => ShowWhat::Config,
+                "cluster" => ShowWhat::Cluster,
                 o => {
                     return err(format!(
-                    "cannot show {} (interfaces, links, routes, listeners, stats, matrix, config)",
+                    "cannot show {} (interfaces, links, routes, listeners, stats, matrix, config, cluster)",
                     quote(o)
                 ))
                 }
@@ -569,6 +599,11 @@ fn parse_interface(w: &mut Words) -> Result<InterfaceSpec, ParseError> {
     let vhost = vhost_socket.is_some();
     let mut spec = InterfaceSpec {
         name,
+        kind: if vhost {
+            InterfaceKind::VhostUser
+        } else {
+            InterfaceKind::Tap
+        },
         ifname: None,
         mac: None,
         mtu: None,
@@ -889,6 +924,7 @@ mod tests {
             p("interface add vm1 tap mac 52:54:00:00:00:01 mtu 9000 netns g1 vni 7 ifname tap-x # hi"),
             Command::InterfaceAdd(InterfaceSpec {
                 name: "vm1".into(),
+                kind: InterfaceKind::Tap,
                 ifname: Some("tap-x".into()),
                 mac: Some("52:54:00:00:00:01".parse().unwrap()),
                 mtu: Some(9000),

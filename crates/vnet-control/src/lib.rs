@@ -3,13 +3,16 @@
 //! and says what must change in the data path ([`Change`]), and rendering the configuration
 //! back into a script. Pure: no I/O.
 
+#![forbid(unsafe_code)]
+
 mod command;
 mod model;
+pub mod status;
 
 pub use command::{
-    parse_line, parse_script, Command, DestKind, DestRef, DispatchMode, InterfaceSpec, LinkKind,
-    LinkSpec, NotifyMode, ParseError, PolicyUpdate, RateLimit, RouteOp, RouteSpec, ScriptError,
-    Setting, ShowWhat, YieldStrategy, MAX_LINE_LEN, MAX_SCRIPT_LINES,
+    parse_line, parse_script, Command, DestKind, DestRef, DispatchMode, InterfaceKind,
+    InterfaceSpec, LinkKind, LinkSpec, NotifyMode, ParseError, PolicyUpdate, RateLimit, RouteOp,
+    RouteSpec, ScriptError, Setting, ShowWhat, YieldStrategy, MAX_LINE_LEN, MAX_SCRIPT_LINES,
 };
 pub use model::{
     Change, Config, ConfigError, DataPathSettings, Interface, Link, PortPolicy, Route,

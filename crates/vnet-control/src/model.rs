@@ -6,8 +6,8 @@ use vnet_core::MacMatch;
 use vnet_wire::MacAddr;
 
 use crate::command::{
-    Command, DestKind, DestRef, DispatchMode, InterfaceSpec, LinkKind, LinkSpec, NotifyMode,
-    PolicyUpdate, RateLimit, RouteOp, RouteSpec, Setting, YieldStrategy,
+    Command, DestKind, DestRef, DispatchMode, InterfaceKind, InterfaceSpec, LinkKind, LinkSpec,
+    NotifyMode, PolicyUpdate, RateLimit, RouteOp, RouteSpec, Setting, YieldStrategy,
 };
 
 const DEFAULT_VNI: u32 = 1;
@@ -20,7 +20,7 @@ const MAX_LISTENERS: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Interface {
     pub name: String,
-    pub kind: &'static str,
+    pub kind: InterfaceKind,
     pub ifname: String,
     #[serde(serialize_with = "ser_display")]
     pub mac: MacAddr,
@@ -452,11 +452,7 @@ impl Config {
         }
         let iface = Interface {
             name: spec.name.clone(),
-            kind: if spec.vhost_socket.is_some() {
-                "vhost-user"
-            } else {
-                "tap"
-            },
+            kind: spec.kind,
             ifname,
             mac,
             mtu: spec.mtu.unwrap_or(DEFAULT_MTU),

@@ -5,6 +5,8 @@
 //! Ports (interfaces and links) are known here only by a [`PortId`], their VNI and their
 //! [`PortKind`]; everything that touches the OS lives in `vnet-dataplane`.
 
+#![forbid(unsafe_code)]
+
 mod forward;
 mod learn;
 mod matrix;

@@ -11,6 +11,8 @@
 //! The first byte of every message is its type (1, 2 or 3); a VXLAN header's first byte has the
 //! I flag (0x08) set, so plaintext VXLAN and these messages are never confused.
 
+#![forbid(unsafe_code)]
+
 pub mod keys;
 pub mod peer;
 pub mod replay;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use socket2::SockAddr;
 use tracing::{debug, info, warn};
+use vnet_control::status::CryptoStatus;
 use vnet_core::{DropReason, PortCounters};
 use vnet_crypto::{CryptoError, Message, Now, Peer, PrivateKey, PublicKey, Session, Timers};
 
@@ -162,27 +163,27 @@ impl LinkCrypto {
     }
 
     /// For `show links`.
-    pub fn status(&self) -> serde_json::Value {
+    pub fn status(&self) -> CryptoStatus {
         let now = self.now().mono_ms;
         let p = self.peer();
         let st = p.stats;
-        serde_json::json!({
-            "peer_key": p.remote().to_string(),
-            "session": p.state(),
-            "session_age_ms": p.current().map(|s| s.age_ms(now)),
-            "session_sent": p.current().map(|s| s.sent()),
-            "session_received": p.current().map(|s| s.received()),
-            "sealed": self.sealed.load(Relaxed),
-            "opened": self.opened.load(Relaxed),
-            "initiations_sent": st.initiations_sent,
-            "responses_sent": st.responses_sent,
-            "handshakes_received": self.handshakes_received.load(Relaxed),
-            "handshakes_completed": st.handshakes_completed,
-            "rekeys": st.rekeys,
-            "initiations_replayed": st.initiations_replayed,
-            "initiations_throttled": st.initiations_throttled,
-            "bad_handshakes": st.bad_handshakes,
-        })
+        CryptoStatus {
+            peer_key: p.remote().to_string(),
+            session: p.state(),
+            session_age_ms: p.current().map(|s| s.age_ms(now)),
+            session_sent: p.current().map(|s| s.sent()),
+            session_received: p.current().map(|s| s.received()),
+            sealed: self.sealed.load(Relaxed),
+            opened: self.opened.load(Relaxed),
+            initiations_sent: st.initiations_sent,
+            responses_sent: st.responses_sent,
+            handshakes_received: self.handshakes_received.load(Relaxed),
+            handshakes_completed: st.handshakes_completed,
+            rekeys: st.rekeys,
+            initiations_replayed: st.initiations_replayed,
+            initiations_throttled: st.initiations_throttled,
+            bad_handshakes: st.bad_handshakes,
+        }
     }
 
     /// Starts the thread that drives this link's handshakes; it stops with the link.

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tracing::{info, warn};
+use vnet_control::status::DispatcherStatus;
 use vnet_control::{DataPathSettings, DispatchMode, YieldStrategy};
 use vnet_core::{DropReason, PortId};
 use vnet_offload::{
@@ -268,25 +269,31 @@ impl DispatcherSet {
         Ok(())
     }
 
-    pub fn status(&self) -> serde_json::Value {
-        let v: Vec<serde_json::Value> = self
-            .slots
+    pub fn status(&self) -> Vec<DispatcherStatus> {
+        self.slots
             .iter()
             .map(|s| {
                 let st = &s.state;
                 let (w, f) = (st.wakeups.load(Relaxed), st.frames.load(Relaxed));
-                serde_json::json!({
-                    "index": st.index,
-                    "mode": if st.polling.load(Relaxed) { "polling" } else { "guest-driven" },
-                    "switches": st.switches.load(Relaxed),
-                    "wakeups": w,
-                    "frames": f,
-                    "frames_per_wakeup": if w > 0 { (f as f64 / w as f64 * 100.0).round() / 100.0 } else { 0.0 },
-                    "sources": st.count(),
-                })
+                DispatcherStatus {
+                    index: st.index,
+                    mode: if st.polling.load(Relaxed) {
+                        "polling"
+                    } else {
+                        "guest-driven"
+                    },
+                    switches: st.switches.load(Relaxed),
+                    wakeups: w,
+                    frames: f,
+                    frames_per_wakeup: if w > 0 {
+                        (f as f64 / w as f64 * 100.0).round() / 100.0
+                    } else {
+                        0.0
+                    },
+                    sources: st.count(),
+                }
             })
-            .collect();
-        serde_json::Value::Array(v)
+            .collect()
     }
 }
 

@@ -12,7 +12,10 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use socket2::SockAddr;
 use tracing::info;
-use vnet_control::{Change, Config, DataPathSettings, DestKind, Interface, Link, LinkKind};
+use vnet_control::status::{CryptoStatus, DispatchStatus, LinkState, PortRole, PortStatus};
+use vnet_control::{
+    Change, Config, DataPathSettings, DestKind, Interface, InterfaceKind, Link, LinkKind,
+};
 use vnet_core::{
     Decision, FastMap, FastSet, ForwardingTable, LearnTable, MatrixEntry, PortCounters,
     PortCountersSnapshot, PortId, PortInfo, PortKind, RouteRule, TrafficMatrix,
@@ -205,21 +208,6 @@ struct PortRuntime {
     tcp: Option<Arc<TcpLink>>,
     udp_peer: Option<IpAddr>,
     tcp_accept_peer: Option<IpAddr>,
-}
-
-/// The status of one port, for `show stats`.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct PortStatus {
-    pub kind: &'static str,
-    pub name: String,
-    pub vni: u32,
-    #[serde(flatten)]
-    pub counters: PortCountersSnapshot,
-    /// NIC-specific state (vhost-user: connection, paths taken, notifications).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nic: Option<serde_json::Value>,
-    /// Source-MAC and rate policy, with the token bucket's fill.
-    pub policy: serde_json::Value,
 }
 
 /// The live data path of one daemon.
@@ -529,7 +517,7 @@ impl Engine {
             name: i.name.clone(),
             source,
         };
-        if i.kind != "tap" {
+        if i.kind != InterfaceKind::Tap {
             return self.add_external_interface(i);
         }
         let tap = Arc::new(Tap::open(i).map_err(err)?);
@@ -594,7 +582,7 @@ impl Engine {
             .map_err(err)?;
         nic.configure(&self.dispatchers.settings());
         self.next_id += 1;
-        info!(name = %i.name, kind = i.kind, socket = ?i.socket, mac = %i.mac, vni = i.vni, "interface added");
+        info!(name = %i.name, kind = %i.kind, socket = ?i.socket, mac = %i.mac, vni = i.vni, "interface added");
         self.ports.insert(
             (DestKind::Interface, i.name.clone()),
             PortRuntime {
@@ -810,8 +798,8 @@ impl Engine {
         let rt = self.ports.get(&(kind, name.to_string()))?;
         Some(PortStatus {
             kind: match kind {
-                DestKind::Interface => "interface",
-                DestKind::Link => "link",
+                DestKind::Interface => PortRole::Interface,
+                DestKind::Link => PortRole::Link,
             },
             name: name.to_string(),
             vni: rt.entry.info.vni,
@@ -824,21 +812,22 @@ impl Engine {
         })
     }
 
-    /// `up`, `connecting` or `down` (TCP links); other links are connectionless and always up.
-    pub fn link_state(&self, name: &str) -> &'static str {
+    /// Whether a link can carry frames now (TCP: connected; encrypted: a session); other
+    /// links are connectionless and always up.
+    pub fn link_state(&self, name: &str) -> LinkState {
         match self.ports.get(&(DestKind::Link, name.to_string())) {
             Some(rt) => match &*rt.entry.tx {
                 PortTx::Udp(UdpLinkTx {
                     crypto: Some(c), ..
-                }) if !c.established() => "connecting",
-                _ => rt.tcp.as_ref().map(|t| t.state()).unwrap_or("up"),
+                }) if !c.established() => LinkState::Connecting,
+                _ => rt.tcp.as_ref().map(|t| t.state()).unwrap_or(LinkState::Up),
             },
-            None => "down",
+            None => LinkState::Down,
         }
     }
 
     /// An encrypted link's session state and counters; `None` for other links.
-    pub fn link_crypto(&self, name: &str) -> Option<serde_json::Value> {
+    pub fn link_crypto(&self, name: &str) -> Option<CryptoStatus> {
         let rt = self.ports.get(&(DestKind::Link, name.to_string()))?;
         match &*rt.entry.tx {
             PortTx::Udp(UdpLinkTx {
@@ -853,14 +842,14 @@ impl Engine {
     }
 
     /// The dispatchers' modes and counters, and the offload counters.
-    pub fn dispatch_status(&self) -> serde_json::Value {
-        serde_json::json!({
-            "settings": self.dispatchers.settings(),
-            "dispatchers": self.dispatchers.status(),
-            "offload": self.shared.offload.snapshot(),
-            "udp_gso": self.udp.gso_enabled(),
-            "udp_gro": self.udp.gro_enabled(),
-        })
+    pub fn dispatch_status(&self) -> DispatchStatus {
+        DispatchStatus {
+            settings: self.dispatchers.settings(),
+            dispatchers: self.dispatchers.status(),
+            offload: self.shared.offload.snapshot(),
+            udp_gso: self.udp.gso_enabled(),
+            udp_gro: self.udp.gro_enabled(),
+        }
     }
 
     /// Forwards frames as if the guest behind interface `name` had sent them (the gratuitous

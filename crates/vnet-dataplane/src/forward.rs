@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use socket2::SockAddr;
+use vnet_control::status::OffloadStatus;
 use vnet_core::{Decision, DropReason, FastMap, PortCounters, PortId, RouteCache, TrafficMatrix};
 use vnet_offload::{segment, Coalescer, GroOutput, Offered, PayloadRef, SegmentList, VirtioNetHdr};
 use vnet_wire::{EthernetFrame, MacAddr, WireError, VXLAN_HEADER_LEN};
@@ -47,18 +48,18 @@ pub struct OffloadCounters {
 }
 
 impl OffloadCounters {
-    pub fn snapshot(&self) -> serde_json::Value {
-        serde_json::json!({
-            "gso_frames": self.gso_frames.load(Relaxed),
-            "gso_segments": self.gso_segments.load(Relaxed),
-            "udp_gso_sends": self.udp_gso_sends.load(Relaxed),
-            "udp_batch_sends": self.udp_batch_sends.load(Relaxed),
-            "gro_merged": self.gro_merged.load(Relaxed),
-            "gro_frames": self.gro_frames.load(Relaxed),
-            "partial_csum": self.partial_csum.load(Relaxed),
-            "csum_completed": self.csum_completed.load(Relaxed),
-            "tunnel_gso": self.tunnel_gso.load(Relaxed),
-        })
+    pub fn snapshot(&self) -> OffloadStatus {
+        OffloadStatus {
+            gso_frames: self.gso_frames.load(Relaxed),
+            gso_segments: self.gso_segments.load(Relaxed),
+            udp_gso_sends: self.udp_gso_sends.load(Relaxed),
+            udp_batch_sends: self.udp_batch_sends.load(Relaxed),
+            gro_merged: self.gro_merged.load(Relaxed),
+            gro_frames: self.gro_frames.load(Relaxed),
+            partial_csum: self.partial_csum.load(Relaxed),
+            csum_completed: self.csum_completed.load(Relaxed),
+            tunnel_gso: self.tunnel_gso.load(Relaxed),
+        }
     }
 }
 

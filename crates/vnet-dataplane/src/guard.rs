@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use vnet_control::status::{PolicyStatus, RateStatus};
 use vnet_control::{PortPolicy, RateLimit};
 use vnet_core::{DropReason, TokenBucket};
 use vnet_wire::MacAddr;
@@ -98,21 +99,20 @@ impl PortGuard {
     }
 
     /// For `show stats`: the policy and the bucket's fill.
-    pub fn status(&self) -> serde_json::Value {
+    pub fn status(&self) -> PolicyStatus {
         let now = self.now_ns();
         let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
-        let rate = b.as_mut().map(|(r, bucket)| {
-            serde_json::json!({
-                "mbit": r.mbit,
-                "burst_kb": r.burst_kb,
-                "available_bytes": bucket.available(now),
-            })
-        });
-        let mut v = serde_json::json!({ "rate": rate });
-        if self.own_mac.is_some() {
-            v["any_source"] = self.any_source.load(Relaxed).into();
+        PolicyStatus {
+            rate: b.as_mut().map(|(r, bucket)| RateStatus {
+                mbit: r.mbit,
+                burst_kb: r.burst_kb,
+                available_bytes: bucket.available(now),
+            }),
+            any_source: self
+                .own_mac
+                .is_some()
+                .then(|| self.any_source.load(Relaxed)),
         }
-        v
     }
 }
 
@@ -163,6 +163,6 @@ mod tests {
         g.set(&PortPolicy::default());
         assert!(!g.is_limited());
         assert_eq!(g.check(mac(1), 100_000), Ok(()));
-        assert!(g.status()["rate"].is_null());
+        assert!(g.status().rate.is_none());
     }
 }

@@ -17,5 +17,5 @@ pub mod tcp;
 pub mod udp;
 mod worker;
 
-pub use engine::{DirectLink, Engine, EngineError, Ingress, NicFactory, PortStatus};
+pub use engine::{DirectLink, Engine, EngineError, Ingress, NicFactory};
 pub use nic::GuestNic;

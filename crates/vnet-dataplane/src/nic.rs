@@ -24,7 +24,7 @@ pub trait GuestNic: Send + Sync {
     fn configure(&self, _settings: &vnet_control::DataPathSettings) {}
 
     /// NIC-specific state and counters for `show stats`.
-    fn stats(&self) -> Option<serde_json::Value> {
+    fn stats(&self) -> Option<vnet_control::status::NicStatus> {
         None
     }
 }

@@ -12,6 +12,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+use vnet_control::status::LinkState;
 
 use tracing::{debug, info, warn};
 use vnet_core::{DropReason, PortId};
@@ -108,11 +109,11 @@ impl TcpLink {
         Ok((link, worker))
     }
 
-    pub fn state(&self) -> &'static str {
+    pub fn state(&self) -> LinkState {
         match self.state.load(Relaxed) {
-            UP => "up",
-            CONNECTING => "connecting",
-            _ => "down",
+            UP => LinkState::Up,
+            CONNECTING => LinkState::Connecting,
+            _ => LinkState::Down,
         }
     }
 

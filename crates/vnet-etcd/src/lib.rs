@@ -10,6 +10,8 @@
 //! The JSON is built and parsed in [`codec`], which is pure and tested on its own; this module
 //! only moves bytes.
 
+#![forbid(unsafe_code)]
+
 pub mod codec;
 
 use std::io::{BufRead, BufReader, Read};

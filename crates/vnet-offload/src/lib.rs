@@ -6,6 +6,8 @@
 //!
 //! Pure: no I/O. Every parser treats its input as hostile and returns an [`OffloadError`].
 
+#![forbid(unsafe_code)]
+
 mod checksum;
 mod gro;
 mod gso;

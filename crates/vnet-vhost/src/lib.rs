@@ -38,6 +38,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
+use vnet_control::status::{NicStatus, VhostUserStatus};
 use vnet_control::{DataPathSettings, Interface, NotifyMode};
 use vnet_dataplane::{GuestNic, Ingress, NicFactory};
 use vnet_offload::VirtioNetHdr;
@@ -91,38 +92,45 @@ impl GuestNic for VhostNic {
         self.dev.configure(net_config(s));
     }
 
-    fn stats(&self) -> Option<serde_json::Value> {
+    fn stats(&self) -> Option<NicStatus> {
         let s = &self.dev.stats;
         let n = self.dev.notify_counters();
         let mb = n.bytes as f64 / 1e6;
-        Some(serde_json::json!({
-            "kind": "vhost-user",
-            "socket": self.socket.display().to_string(),
-            "connected": self.dev.mem.load().is_some(),
-            "broken": self.dev.broken.load(Relaxed),
-            "connections": s.connections.load(Relaxed),
-            "queue_pairs": self.dev.pairs,
-            "queue_pairs_started": self.dev.pairs_started(),
-            "protocol_errors": s.protocol_errors.load(Relaxed),
-            "bad_chains": s.bad_chains.load(Relaxed),
-            "tx_cut_through": s.tx_cut_through.load(Relaxed),
-            "tx_copied": s.tx_copied.load(Relaxed),
-            "rx_cut_through": s.rx_cut_through.load(Relaxed),
-            "rx_direct_fallback": s.rx_direct_fallback.load(Relaxed),
-            "rx_direct": s.rx_direct.load(Relaxed),
-            "rx_copied": s.rx_copied.load(Relaxed),
-            "kicks": s.kicks.load(Relaxed),
-            "tx_notifications": s.tx_notifications.load(Relaxed),
-            "rx_notifications": n.notifications,
-            "rx_early": n.early,
-            "rx_early_masked": n.early_masked,
-            "rx_end_of_burst": n.end_of_burst,
-            "rx_skipped_cold": n.skipped_cold,
-            "rx_skipped_hot": n.skipped_hot,
-            "rx_early_found_nothing": n.early_found_nothing,
-            "rx_frames": n.frames,
-            "rx_frames_per_notification": if n.notifications > 0 { n.frames as f64 / n.notifications as f64 } else { 0.0 },
-            "rx_notifications_per_mb": if mb > 0.0 { n.notifications as f64 / mb } else { 0.0 },
+        Some(NicStatus::VhostUser(VhostUserStatus {
+            socket: self.socket.display().to_string(),
+            connected: self.dev.mem.load().is_some(),
+            broken: self.dev.broken.load(Relaxed),
+            connections: s.connections.load(Relaxed),
+            queue_pairs: self.dev.pairs,
+            queue_pairs_started: self.dev.pairs_started(),
+            protocol_errors: s.protocol_errors.load(Relaxed),
+            bad_chains: s.bad_chains.load(Relaxed),
+            tx_cut_through: s.tx_cut_through.load(Relaxed),
+            tx_copied: s.tx_copied.load(Relaxed),
+            rx_cut_through: s.rx_cut_through.load(Relaxed),
+            rx_direct_fallback: s.rx_direct_fallback.load(Relaxed),
+            rx_direct: s.rx_direct.load(Relaxed),
+            rx_copied: s.rx_copied.load(Relaxed),
+            kicks: s.kicks.load(Relaxed),
+            tx_notifications: s.tx_notifications.load(Relaxed),
+            rx_notifications: n.notifications,
+            rx_early: n.early,
+            rx_early_masked: n.early_masked,
+            rx_end_of_burst: n.end_of_burst,
+            rx_skipped_cold: n.skipped_cold,
+            rx_skipped_hot: n.skipped_hot,
+            rx_early_found_nothing: n.early_found_nothing,
+            rx_frames: n.frames,
+            rx_frames_per_notification: if n.notifications > 0 {
+                n.frames as f64 / n.notifications as f64
+            } else {
+                0.0
+            },
+            rx_notifications_per_mb: if mb > 0.0 {
+                n.notifications as f64 / mb
+            } else {
+                0.0
+            },
         }))
     }
 }

@@ -4,6 +4,8 @@
 //! Nothing here does I/O; everything that parses bytes from a guest or the wire returns a
 //! [`WireError`] instead of panicking, and is fuzzed (see `fuzz/`).
 
+#![forbid(unsafe_code)]
+
 mod ethernet;
 mod mac;
 mod stream;

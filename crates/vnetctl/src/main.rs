@@ -1,6 +1,8 @@
 //! `vnetctl`: sends control-language commands to a running vnetd and prints the answer; with
 //! `--etcd`, manages a whole overlay through etcd instead.
 
+#![forbid(unsafe_code)]
+
 mod cluster;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -28,6 +28,7 @@ use vnet_etcd::{prefix_end, Client, CompareTarget, EventKind, WatchMessage};
 use vnet_wire::MacAddr;
 
 use crate::daemon::Daemon;
+use vnet_control::status::ClusterStatus;
 
 pub struct AgentConfig {
     pub overlay: OverlayName,
@@ -153,27 +154,27 @@ impl Agent {
 
     fn report(&self) {
         let s = &self.status;
-        let v = json!({
-            "overlay": self.cfg.overlay.as_str(),
-            "host_id": self.cfg.host.as_str(),
-            "connected": s.connected,
-            "endpoints": self.client.endpoints().join(","),
-            "lease": self.lease.map(|l| format!("{l:x}")),
-            "revision": s.revision,
-            "policy": serde_json::to_value(self.state.policy()).unwrap_or_default(),
-            "hosts": self.state.hosts().len(),
-            "interfaces": self.state.interfaces().len(),
-            "operator_routes": self.state.routes().len(),
-            "sessions": s.sessions,
-            "syncs": s.syncs,
-            "events": s.events,
-            "bad_entries": s.bad_entries,
-            "announcements": s.announcements,
-            "last_error": s.last_error,
-            "conflicts": s.conflicts,
-            "failed": s.failed,
-            "host_id_in_use": s.host_id_in_use,
-        });
+        let v = ClusterStatus {
+            overlay: self.cfg.overlay.as_str().to_string(),
+            host_id: self.cfg.host.as_str().to_string(),
+            connected: s.connected,
+            endpoints: self.client.endpoints().join(","),
+            lease: self.lease.map(|l| format!("{l:x}")),
+            revision: s.revision,
+            policy: serde_json::to_value(self.state.policy()).unwrap_or_default(),
+            hosts: self.state.hosts().len(),
+            interfaces: self.state.interfaces().len(),
+            operator_routes: self.state.routes().len(),
+            sessions: s.sessions,
+            syncs: s.syncs,
+            events: s.events,
+            bad_entries: s.bad_entries,
+            announcements: s.announcements,
+            last_error: s.last_error.clone(),
+            conflicts: s.conflicts.clone(),
+            failed: s.failed.clone(),
+            host_id_in_use: s.host_id_in_use,
+        };
         *self
             .daemon
             .cluster_status

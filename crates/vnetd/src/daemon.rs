@@ -5,11 +5,12 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use serde_json::json;
 use vnet_cluster::{ClusterState, DerivedConfig, HostId};
-use vnet_control::{
-    parse_line, parse_script, Change, Command, Config, DestKind, LinkKind, ShowWhat,
+use vnet_control::status::{
+    ClusterReport, ClusterStatus, DaemonCounters, LinkStatus, MatrixReport, RouteStatus,
+    StatsReport,
 };
+use vnet_control::{parse_line, parse_script, Change, Command, Config, DestKind, ShowWhat};
 use vnet_dataplane::Engine;
 use vnet_wire::MacAddr;
 
@@ -51,15 +52,14 @@ pub struct Daemon {
     /// re-publishes.
     pub local_changes: AtomicU64,
     /// The etcd agent's status for `show cluster` (None without `--etcd`).
-    pub cluster_status: Mutex<Option<serde_json::Value>>,
+    pub cluster_status: Mutex<Option<ClusterStatus>>,
 }
 
 fn random_mac() -> MacAddr {
     let mut b = [0u8; 6];
-    // SAFETY: getrandom writes at most b.len() bytes into the live buffer b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
-        // Extremely unlikely; fall back to time-derived bytes, still locally administered.
+    if getrandom::fill(&mut b).is_err() {
+        // The kernel's random source failing is extremely unlikely; fall back to
+        // time-derived bytes, still locally administered.
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -89,12 +89,6 @@ impl Daemon {
 
     /// Runs one line of the control language; Ok is the output (possibly empty).
     pub fn execute_line(&self, line: &str) -> Result<String, String> {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["show", "cluster"] => return Ok(self.show_cluster(false)),
-            ["show", "cluster", "json"] => return Ok(self.show_cluster(true)),
-            _ => {}
-        }
         match parse_line(line) {
             Err(e) => Err(e.to_string()),
             Ok(None) => Ok(String::new()),
@@ -184,51 +178,120 @@ impl Daemon {
     }
 
     fn show_cluster(&self, json: bool) -> String {
-        let status = self
+        let agent = self
             .cluster_status
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let st = self.lock();
-        let derived: Vec<String> = st
-            .derived
-            .commands()
-            .iter()
-            .filter_map(vnet_cluster::render_command)
-            .collect();
-        let mut out = String::new();
+        let report = ClusterReport {
+            agent,
+            derived: st
+                .derived
+                .commands()
+                .iter()
+                .filter_map(vnet_cluster::render_command)
+                .collect(),
+        };
+        drop(st);
         if json {
-            out = json!({"agent": status, "derived": derived}).to_string();
-            out.push('\n');
-            return out;
+            return to_json_line(&report);
         }
-        match status {
+        let mut out = String::new();
+        match &report.agent {
             None => out.push_str("no etcd agent (vnetd runs without --etcd)\n"),
             Some(s) => {
-                for (k, v) in s.as_object().into_iter().flatten() {
-                    if v.is_array() {
-                        continue;
-                    }
-                    let v = v
-                        .as_str()
-                        .map(String::from)
-                        .unwrap_or_else(|| v.to_string());
-                    let _ = writeln!(out, "{k}: {v}");
+                let policy = s
+                    .policy
+                    .get("template")
+                    .and_then(|t| t.as_str())
+                    .map(String::from)
+                    .unwrap_or_else(|| s.policy.to_string());
+                let lease = s.lease.as_deref().unwrap_or("-");
+                let _ = writeln!(out, "overlay: {}", s.overlay);
+                let _ = writeln!(out, "host_id: {}", s.host_id);
+                let _ = writeln!(out, "connected: {}", s.connected);
+                let _ = writeln!(out, "endpoints: {}", s.endpoints);
+                let _ = writeln!(out, "lease: {lease}");
+                let _ = writeln!(out, "revision: {}", s.revision);
+                let _ = writeln!(out, "policy: {policy}");
+                let _ = writeln!(
+                    out,
+                    "hosts: {}, interfaces: {}, operator routes: {}",
+                    s.hosts, s.interfaces, s.operator_routes
+                );
+                let _ = writeln!(
+                    out,
+                    "sessions: {}, syncs: {}, events: {}, bad entries: {}, announcements: {}",
+                    s.sessions, s.syncs, s.events, s.bad_entries, s.announcements
+                );
+                if s.host_id_in_use {
+                    out.push_str("host_id_in_use: true (another daemon holds this host id)\n");
                 }
-                for c in s["conflicts"].as_array().into_iter().flatten() {
-                    let _ = writeln!(out, "conflict: {}", c.as_str().unwrap_or(""));
+                if !s.last_error.is_empty() {
+                    let _ = writeln!(out, "last_error: {}", s.last_error);
                 }
-                for c in s["failed"].as_array().into_iter().flatten() {
-                    let _ = writeln!(out, "not applied: {}", c.as_str().unwrap_or(""));
+                for c in &s.conflicts {
+                    let _ = writeln!(out, "conflict: {c}");
+                }
+                for c in &s.failed {
+                    let _ = writeln!(out, "not applied: {c}");
                 }
             }
         }
-        let _ = writeln!(out, "derived ({} lines):", derived.len());
-        for l in derived {
+        let _ = writeln!(out, "derived ({} lines):", report.derived.len());
+        for l in &report.derived {
             let _ = writeln!(out, "  {l}");
         }
         out
     }
+}
+
+fn to_json_line<T: serde::Serialize>(v: &T) -> String {
+    let mut out = serde_json::to_string(v).unwrap_or_default();
+    out.push('\n');
+    out
+}
+
+fn stats_report(st: &State, control_errors: u64) -> StatsReport {
+    let mut ports = Vec::new();
+    for i in &st.cfg.interfaces {
+        ports.extend(st.engine.port_status(DestKind::Interface, &i.name));
+    }
+    for l in &st.cfg.links {
+        ports.extend(st.engine.port_status(DestKind::Link, &l.name));
+    }
+    let daemon = st.engine.daemon_counters();
+    StatsReport {
+        ports,
+        daemon: DaemonCounters {
+            rx_datagrams: daemon.rx_frames,
+            rx_bytes: daemon.rx_bytes,
+            drops: daemon.drops,
+            control_errors,
+        },
+        dispatch: st.engine.dispatch_status(),
+    }
+}
+
+fn link_rows(st: &State) -> Vec<LinkStatus> {
+    st.cfg
+        .links
+        .iter()
+        .map(|l| {
+            let (remote, dev) = LinkStatus::endpoints(&l.kind);
+            LinkStatus {
+                name: l.name.clone(),
+                kind: l.kind.keyword(),
+                remote,
+                dev,
+                vni: l.vni,
+                state: st.engine.link_state(&l.name),
+                rate: st.cfg.link_rates.get(&l.name).copied(),
+                encrypted: st.engine.link_crypto(&l.name),
+            }
+        })
+        .collect()
 }
 
 /// Applies commands to the running configuration and the engine atomically: all or none.
@@ -274,6 +337,9 @@ impl Daemon {
         let Command::Show(what, json) = cmd else {
             return String::new();
         };
+        if *what == ShowWhat::Cluster {
+            return self.show_cluster(*json);
+        }
         let st = self.lock();
         let cfg = &st.cfg;
         let mut out = String::new();
@@ -306,73 +372,49 @@ impl Daemon {
                 }
             }
             ShowWhat::Links => {
-                let rows: Vec<serde_json::Value> = cfg
-                    .links
-                    .iter()
-                    .map(|l| {
-                        let (remote, dev) = match &l.kind {
-                            LinkKind::Udp(a) | LinkKind::TcpDial(a) => (Some(a.to_string()), None),
-                            LinkKind::TcpAccept(ip) => (Some(ip.to_string()), None),
-                            LinkKind::Direct(d) => (None, Some(d.clone())),
-                        };
-                        let mut row = json!({"name": l.name, "kind": l.kind.keyword(), "remote": remote, "dev": dev,
-                               "vni": l.vni, "state": st.engine.link_state(&l.name),
-                               "rate": cfg.link_rates.get(&l.name)});
-                        if let Some(c) = st.engine.link_crypto(&l.name) {
-                            row["encrypted"] = c;
-                        }
-                        row
-                    })
-                    .collect();
+                let rows = link_rows(&st);
                 if *json {
-                    out = serde_json::Value::Array(rows).to_string();
+                    out = to_json_line(&rows);
                 } else {
                     let _ = writeln!(
                         out,
                         "{:<16} {:<10} {:<28} {:>8} {:<10} POLICY",
                         "NAME", "TYPE", "REMOTE/DEVICE", "VNI", "STATE"
                     );
-                    for r in rows {
-                        let peer = r["remote"]
-                            .as_str()
-                            .or(r["dev"].as_str())
-                            .unwrap_or("-")
-                            .to_string();
-                        let name = r["name"].as_str().unwrap_or("");
+                    for r in &rows {
                         // An encrypted link says so beside its state ("up+enc").
                         let state = format!(
                             "{}{}",
-                            r["state"].as_str().unwrap_or(""),
-                            if r["encrypted"].is_object() {
-                                "+enc"
-                            } else {
-                                ""
-                            }
+                            r.state.as_str(),
+                            if r.encrypted.is_some() { "+enc" } else { "" }
                         );
                         let _ = writeln!(
                             out,
                             "{:<16} {:<10} {:<28} {:>8} {:<10} {}",
-                            name,
-                            r["kind"].as_str().unwrap_or(""),
-                            peer,
-                            r["vni"],
+                            r.name,
+                            r.kind,
+                            r.peer(),
+                            r.vni,
                             state,
-                            policy_text(false, cfg.link_rates.get(name))
+                            policy_text(false, r.rate.as_ref())
                         );
                     }
                 }
             }
             ShowWhat::Routes => {
-                let rows: Vec<serde_json::Value> = cfg
-                    .routes
-                    .iter()
-                    .map(|r| {
-                        json!({"src": r.src.to_string(), "dst": r.dst.to_string(), "to": r.to.kind.to_string(),
-                               "name": r.to.name, "vni": cfg.dest_vni(&r.to).unwrap_or(0)})
-                    })
-                    .collect();
                 if *json {
-                    out = serde_json::Value::Array(rows).to_string();
+                    let rows: Vec<RouteStatus> = cfg
+                        .routes
+                        .iter()
+                        .map(|r| RouteStatus {
+                            src: r.src.to_string(),
+                            dst: r.dst.to_string(),
+                            to: r.to.kind.to_string(),
+                            name: r.to.name.clone(),
+                            vni: cfg.dest_vni(&r.to).unwrap_or(0),
+                        })
+                        .collect();
+                    out = to_json_line(&rows);
                 } else {
                     let _ = writeln!(
                         out,
@@ -402,71 +444,18 @@ impl Daemon {
                 }
             }
             ShowWhat::Stats => {
-                let mut ports = Vec::new();
-                for i in &cfg.interfaces {
-                    ports.extend(st.engine.port_status(DestKind::Interface, &i.name));
-                }
-                for l in &cfg.links {
-                    ports.extend(st.engine.port_status(DestKind::Link, &l.name));
-                }
-                let daemon = st.engine.daemon_counters();
-                let control_errors = self.control_errors.load(Relaxed);
-                let dispatch = st.engine.dispatch_status();
+                let report = stats_report(&st, self.control_errors.load(Relaxed));
                 if *json {
-                    out = json!({"ports": ports, "daemon": {"rx_datagrams": daemon.rx_frames, "rx_bytes": daemon.rx_bytes, "drops": daemon.drops, "control_errors": control_errors}, "dispatch": dispatch}).to_string();
+                    out = to_json_line(&report);
                 } else {
-                    let _ = writeln!(
-                        out,
-                        "{:<9} {:<16} {:>8} {:>12} {:>14} {:>12} {:>14}  DROPS",
-                        "KIND", "NAME", "VNI", "RX FRAMES", "RX BYTES", "TX FRAMES", "TX BYTES"
-                    );
-                    for p in &ports {
-                        let drops: Vec<String> = p
-                            .counters
-                            .drops
-                            .iter()
-                            .map(|(k, v)| format!("{k}={v}"))
-                            .collect();
-                        let _ = writeln!(
-                            out,
-                            "{:<9} {:<16} {:>8} {:>12} {:>14} {:>12} {:>14}  {}",
-                            p.kind,
-                            p.name,
-                            p.vni,
-                            p.counters.rx_frames,
-                            p.counters.rx_bytes,
-                            p.counters.tx_frames,
-                            p.counters.tx_bytes,
-                            if drops.is_empty() {
-                                "-".to_string()
-                            } else {
-                                drops.join(" ")
-                            }
-                        );
-                    }
-                    let drops: Vec<String> = daemon
-                        .drops
-                        .iter()
-                        .map(|(k, v)| format!("{k}={v}"))
-                        .collect();
-                    let _ = writeln!(
-                        out,
-                        "daemon: {} datagrams received; drops: {}; control errors: {}",
-                        daemon.rx_frames,
-                        if drops.is_empty() {
-                            "-".to_string()
-                        } else {
-                            drops.join(" ")
-                        },
-                        control_errors
-                    );
-                    render_dispatch(&mut out, &dispatch);
+                    render_stats(&mut out, &report);
                 }
             }
+            ShowWhat::Cluster => {}
             ShowWhat::Matrix => {
                 let (pairs, overflow) = st.engine.matrix();
                 if *json {
-                    out = json!({"pairs": pairs, "overflow": overflow}).to_string();
+                    out = to_json_line(&MatrixReport { pairs, overflow });
                 } else {
                     let _ = writeln!(
                         out,
@@ -520,55 +509,80 @@ fn policy_text(any_source: bool, rate: Option<&vnet_control::RateLimit>) -> Stri
     }
 }
 
-/// The text form of the data path's state in `show stats`.
-fn render_dispatch(out: &mut String, d: &serde_json::Value) {
-    let s = &d["settings"];
-    let onoff = |v: &serde_json::Value| {
-        if v.as_bool() == Some(true) {
-            "on"
+/// The text form of `show stats`.
+fn render_stats(out: &mut String, r: &StatsReport) {
+    let drops_text = |d: &std::collections::BTreeMap<String, u64>| {
+        if d.is_empty() {
+            "-".to_string()
         } else {
-            "off"
+            d.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
         }
     };
     let _ = writeln!(
         out,
-        "data path: mode {} ({} dispatchers, yield {}, T_sleep {} us, T_nowork {} us, adaptive {}..{} pkt/s over {} ms); UDP GSO {}, GRO {}",
-        s["mode"].as_str().unwrap_or("?"),
-        s["dispatchers"],
-        s["yield"].as_str().unwrap_or("?"),
-        s["yield_sleep_us"],
-        s["yield_nowork_us"],
-        s["adaptive_low"],
-        s["adaptive_high"],
-        s["adaptive_window_ms"],
-        onoff(&d["udp_gso"]),
-        onoff(&d["udp_gro"]),
+        "{:<9} {:<16} {:>8} {:>12} {:>14} {:>12} {:>14}  DROPS",
+        "KIND", "NAME", "VNI", "RX FRAMES", "RX BYTES", "TX FRAMES", "TX BYTES"
     );
-    for x in d["dispatchers"].as_array().into_iter().flatten() {
+    for p in &r.ports {
+        let _ = writeln!(
+            out,
+            "{:<9} {:<16} {:>8} {:>12} {:>14} {:>12} {:>14}  {}",
+            p.kind.as_str(),
+            p.name,
+            p.vni,
+            p.counters.rx_frames,
+            p.counters.rx_bytes,
+            p.counters.tx_frames,
+            p.counters.tx_bytes,
+            drops_text(&p.counters.drops)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "daemon: {} datagrams received; drops: {}; control errors: {}",
+        r.daemon.rx_datagrams,
+        drops_text(&r.daemon.drops),
+        r.daemon.control_errors
+    );
+    let d = &r.dispatch;
+    let s = &d.settings;
+    let onoff = |v: bool| if v { "on" } else { "off" };
+    let _ = writeln!(
+        out,
+        "data path: mode {} ({} dispatchers, yield {}, T_sleep {} us, T_nowork {} us, adaptive {}..{} pkt/s over {} ms); UDP GSO {}, GRO {}",
+        s.mode,
+        s.dispatchers,
+        s.yield_strategy,
+        s.yield_sleep_us,
+        s.yield_nowork_us,
+        s.adaptive_low,
+        s.adaptive_high,
+        s.adaptive_window_ms,
+        onoff(d.udp_gso),
+        onoff(d.udp_gro),
+    );
+    for x in &d.dispatchers {
         let _ = writeln!(
             out,
             "  dispatcher {}: now {}, {} switches, {} wake-ups, {} frames, {} frames per wake-up, {} descriptors",
-            x["index"],
-            x["mode"].as_str().unwrap_or("?"),
-            x["switches"],
-            x["wakeups"],
-            x["frames"],
-            x["frames_per_wakeup"],
-            x["sources"]
+            x.index, x.mode, x.switches, x.wakeups, x.frames, x.frames_per_wakeup, x.sources
         );
     }
-    let o = &d["offload"];
+    let o = &d.offload;
     let _ = writeln!(
         out,
         "  offload: {} guest frames cut into {} segments ({} UDP_SEGMENT sends, {} sendmmsg calls); {} segments merged into {} frames for guests; {} checksums completed, {} partial ones passed on",
-        o["gso_frames"],
-        o["gso_segments"],
-        o["udp_gso_sends"],
-        o["udp_batch_sends"],
-        o["gro_merged"],
-        o["gro_frames"],
-        o["csum_completed"],
-        o["partial_csum"]
+        o.gso_frames,
+        o.gso_segments,
+        o.udp_gso_sends,
+        o.udp_batch_sends,
+        o.gro_merged,
+        o.gro_frames,
+        o.csum_completed,
+        o.partial_csum
     );
 }
 

@@ -1,5 +1,7 @@
 //! `vnetd`: the vnet daemon.
 
+#![forbid(unsafe_code)]
+
 mod agent;
 mod control;
 mod daemon;

@@ -1,0 +1,294 @@
+//! What the daemon reports about itself: the typed answers behind `show stats`, `show links`,
+//! `show routes`, `show matrix` and `show cluster` (text and JSON), and what metrics and the
+//! live view read. The data path fills these structs, the daemon renders them; a field renamed
+//! here is renamed everywhere at compile time, instead of printing `null` where a key was read
+//! back by name. The JSON form (serde) is what `show ... json` prints: keep its keys stable,
+//! scripts and tests read them.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use vnet_core::{MatrixEntry, PortCountersSnapshot};
+
+use crate::command::{LinkKind, RateLimit};
+use crate::model::DataPathSettings;
+
+/// Whether a port is one of this host's interfaces or a link to elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PortRole {
+    Interface,
+    Link,
+}
+
+impl PortRole {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PortRole::Interface => "interface",
+            PortRole::Link => "link",
+        }
+    }
+}
+
+/// One port's counters and state (`show stats`).
+#[derive(Debug, Clone, Serialize)]
+pub struct PortStatus {
+    pub kind: PortRole,
+    pub name: String,
+    pub vni: u32,
+    #[serde(flatten)]
+    pub counters: PortCountersSnapshot,
+    /// State of the NIC behind an interface that has more than counters (vhost-user).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nic: Option<NicStatus>,
+    /// Source-MAC and rate policy, with the token bucket's fill.
+    pub policy: PolicyStatus,
+}
+
+/// NIC-specific state, tagged by the NIC's kind.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind")]
+pub enum NicStatus {
+    #[serde(rename = "vhost-user")]
+    VhostUser(VhostUserStatus),
+}
+
+/// A vhost-user interface: its connection, the paths its frames took, its notifications.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VhostUserStatus {
+    pub socket: String,
+    pub connected: bool,
+    pub broken: bool,
+    pub connections: u64,
+    pub queue_pairs: usize,
+    pub queue_pairs_started: usize,
+    pub protocol_errors: u64,
+    pub bad_chains: u64,
+    pub tx_cut_through: u64,
+    pub tx_copied: u64,
+    pub rx_cut_through: u64,
+    pub rx_direct_fallback: u64,
+    pub rx_direct: u64,
+    pub rx_copied: u64,
+    pub kicks: u64,
+    pub tx_notifications: u64,
+    pub rx_notifications: u64,
+    pub rx_early: u64,
+    pub rx_early_masked: u64,
+    pub rx_end_of_burst: u64,
+    pub rx_skipped_cold: u64,
+    pub rx_skipped_hot: u64,
+    pub rx_early_found_nothing: u64,
+    pub rx_frames: u64,
+    pub rx_frames_per_notification: f64,
+    pub rx_notifications_per_mb: f64,
+}
+
+/// A port's policy as it stands.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PolicyStatus {
+    pub rate: Option<RateStatus>,
+    /// Interfaces only: whether the guest may send with any source MAC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub any_source: Option<bool>,
+}
+
+/// A port's token bucket.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RateStatus {
+    pub mbit: u32,
+    pub burst_kb: u32,
+    /// Bytes the bucket holds now (may be below zero by one frame).
+    pub available_bytes: i64,
+}
+
+/// One dispatcher thread.
+#[derive(Debug, Clone, Serialize)]
+pub struct DispatcherStatus {
+    pub index: usize,
+    /// `polling` or `guest-driven`, as the thread runs now.
+    pub mode: &'static str,
+    pub switches: u64,
+    pub wakeups: u64,
+    pub frames: u64,
+    pub frames_per_wakeup: f64,
+    /// Descriptors it reads.
+    pub sources: usize,
+}
+
+/// Software offload and batching counters of the whole data path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OffloadStatus {
+    pub gso_frames: u64,
+    pub gso_segments: u64,
+    pub udp_gso_sends: u64,
+    pub udp_batch_sends: u64,
+    pub gro_merged: u64,
+    pub gro_frames: u64,
+    pub partial_csum: u64,
+    pub csum_completed: u64,
+    pub tunnel_gso: u64,
+}
+
+/// The data path's settings and threads.
+#[derive(Debug, Clone, Serialize)]
+pub struct DispatchStatus {
+    pub settings: DataPathSettings,
+    pub dispatchers: Vec<DispatcherStatus>,
+    pub offload: OffloadStatus,
+    pub udp_gso: bool,
+    pub udp_gro: bool,
+}
+
+/// Traffic that belongs to no port (datagrams from unknown peers, bad greetings, ...).
+#[derive(Debug, Clone, Serialize)]
+pub struct DaemonCounters {
+    pub rx_datagrams: u64,
+    pub rx_bytes: u64,
+    pub drops: BTreeMap<String, u64>,
+    pub control_errors: u64,
+}
+
+/// `show stats json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatsReport {
+    pub ports: Vec<PortStatus>,
+    pub daemon: DaemonCounters,
+    pub dispatch: DispatchStatus,
+}
+
+/// Whether a link can carry frames now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LinkState {
+    /// Connectionless, or connected (TCP), or with an established session (encrypted).
+    Up,
+    /// Dialing (TCP) or handshaking (encrypted).
+    Connecting,
+    /// Not running (a TCP link waiting to be accepted, or a link that failed to come up).
+    Down,
+}
+
+impl LinkState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LinkState::Up => "up",
+            LinkState::Connecting => "connecting",
+            LinkState::Down => "down",
+        }
+    }
+}
+
+/// An encrypted link's session and handshake counters.
+#[derive(Debug, Clone, Serialize)]
+pub struct CryptoStatus {
+    pub peer_key: String,
+    pub session: &'static str,
+    pub session_age_ms: Option<u64>,
+    pub session_sent: Option<u64>,
+    pub session_received: Option<u64>,
+    pub sealed: u64,
+    pub opened: u64,
+    pub initiations_sent: u64,
+    pub responses_sent: u64,
+    pub handshakes_received: u64,
+    pub handshakes_completed: u64,
+    pub rekeys: u64,
+    pub initiations_replayed: u64,
+    pub initiations_throttled: u64,
+    pub bad_handshakes: u64,
+}
+
+/// One row of `show links`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkStatus {
+    pub name: String,
+    /// `udp`, `tcp` or `direct`.
+    pub kind: &'static str,
+    /// The peer's address (udp, tcp).
+    pub remote: Option<String>,
+    /// The host device (direct).
+    pub dev: Option<String>,
+    pub vni: u32,
+    pub state: LinkState,
+    pub rate: Option<RateLimit>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encrypted: Option<CryptoStatus>,
+}
+
+impl LinkStatus {
+    /// The peer (remote address or device) as `show links` prints it.
+    pub fn peer(&self) -> &str {
+        self.remote
+            .as_deref()
+            .or(self.dev.as_deref())
+            .unwrap_or("-")
+    }
+
+    /// The remote and device columns of a link of kind `kind`.
+    pub fn endpoints(kind: &LinkKind) -> (Option<String>, Option<String>) {
+        match kind {
+            LinkKind::Udp(a) | LinkKind::TcpDial(a) => (Some(a.to_string()), None),
+            LinkKind::TcpAccept(ip) => (Some(ip.to_string()), None),
+            LinkKind::Direct(d) => (None, Some(d.clone())),
+        }
+    }
+}
+
+/// One row of `show routes`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RouteStatus {
+    pub src: String,
+    pub dst: String,
+    /// `interface` or `link`.
+    pub to: String,
+    pub name: String,
+    pub vni: u32,
+}
+
+/// `show matrix json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MatrixReport {
+    pub pairs: Vec<MatrixEntry>,
+    /// Frames of pairs beyond the table's capacity.
+    pub overflow: u64,
+}
+
+/// The etcd agent's state (`show cluster`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ClusterStatus {
+    pub overlay: String,
+    pub host_id: String,
+    pub connected: bool,
+    /// The etcd endpoints, comma-separated.
+    pub endpoints: String,
+    /// The host's lease, in hex.
+    pub lease: Option<String>,
+    pub revision: i64,
+    /// The overlay's link template as stored in etcd.
+    pub policy: serde_json::Value,
+    pub hosts: usize,
+    pub interfaces: usize,
+    pub operator_routes: usize,
+    pub sessions: u64,
+    pub syncs: u64,
+    pub events: u64,
+    pub bad_entries: u64,
+    pub announcements: u64,
+    /// The last error of a session (empty when none).
+    pub last_error: String,
+    /// What the derivation skipped, and why.
+    pub conflicts: Vec<String>,
+    /// Derived commands the running configuration refused (retried at the next change).
+    pub failed: Vec<String>,
+    pub host_id_in_use: bool,
+}
+
+/// `show cluster json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterReport {
+    /// None without `--etcd`.
+    pub agent: Option<ClusterStatus>,
+    /// The commands the agent applied, as script lines.
+    pub derived: Vec<String>,
+}
