@@ -10,6 +10,7 @@ use vnet_control::status::{
     ClusterReport, ClusterStatus, DaemonCounters, LinkStatus, MatrixReport, RouteStatus,
     StatsReport,
 };
+use vnet_control::Interface;
 use vnet_control::{parse_line, parse_script, Change, Command, Config, DestKind, ShowWhat};
 use vnet_dataplane::Engine;
 use vnet_wire::MacAddr;
@@ -53,6 +54,9 @@ pub struct Daemon {
     pub local_changes: AtomicU64,
     /// The etcd agent's status for `show cluster` (None without `--etcd`).
     pub cluster_status: Mutex<Option<ClusterStatus>>,
+    /// The cluster state of the last synchronisation and when it was (for the metrics and the
+    /// live view; None before the first).
+    pub cluster_seen: Mutex<Option<(std::time::Instant, ClusterState)>>,
 }
 
 fn random_mac() -> MacAddr {
@@ -80,6 +84,7 @@ impl Daemon {
             control_errors: AtomicU64::new(0),
             local_changes: AtomicU64::new(0),
             cluster_status: Mutex::new(None),
+            cluster_seen: Mutex::new(None),
         }
     }
 
@@ -119,6 +124,8 @@ impl Daemon {
     /// before (as one atomic script, or command by command if that fails, so one refused
     /// command does not hold back the others), and records what was applied.
     pub fn sync_cluster(&self, host: &HostId, state: &ClusterState) -> SyncReport {
+        *self.cluster_seen.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((std::time::Instant::now(), state.clone()));
         let mut st = self.lock();
         let mut report = SyncReport::default();
         let running = st.cfg.clone();
@@ -165,6 +172,27 @@ impl Daemon {
     /// The local configuration (what `show config` prints).
     pub fn local_config(&self) -> Config {
         self.lock().local_config()
+    }
+
+    /// `show stats json`.
+    pub fn stats(&self) -> StatsReport {
+        stats_report(&self.lock(), self.control_errors.load(Relaxed))
+    }
+
+    /// `show links json`.
+    pub fn links(&self) -> Vec<LinkStatus> {
+        link_rows(&self.lock())
+    }
+
+    /// The running configuration's interfaces.
+    pub fn interfaces(&self) -> Vec<Interface> {
+        self.lock().cfg.interfaces.clone()
+    }
+
+    /// `show matrix json`.
+    pub fn matrix_report(&self) -> MatrixReport {
+        let (pairs, overflow) = self.lock().engine.matrix();
+        MatrixReport { pairs, overflow }
     }
 
     /// The traffic matrix of this host.
