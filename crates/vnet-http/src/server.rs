@@ -357,18 +357,27 @@ fn serve_connection(
         return;
     }
     // Close gracefully: unread bytes at close would reset the connection and could destroy
-    // the response before the client read it. Drain briefly, bounded in time and bytes.
+    // the response before the client read it (an oversized request is still arriving).
+    // Drain briefly, bounded in time and bytes.
     let _ = stream.shutdown(Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut sink = [0u8; 4096];
+    let deadline = Instant::now() + DRAIN_TIME;
+    let mut sink = [0u8; 16384];
     let mut drained = 0;
-    while drained < 65536 {
+    while drained < DRAIN_BYTES {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
         match stream.read(&mut sink) {
             Ok(0) | Err(_) => break,
             Ok(n) => drained += n,
         }
     }
 }
+
+/// How long, and how much, is read and discarded after a response before closing.
+const DRAIN_TIME: Duration = Duration::from_millis(500);
+const DRAIN_BYTES: usize = 2 << 20;
 
 #[cfg(test)]
 mod tests {
