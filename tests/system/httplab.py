@@ -147,10 +147,11 @@ class Chromium:
                 "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars",
                 f"--user-data-dir={self.profile}", f"--window-size={width},{height}",
                 "--remote-debugging-pipe", "about:blank"]
+        # bash: dash takes only one-digit descriptors in redirections.
         shell = f'exec 3<&{cmd_r} 4>&{resp_w} {cmd_r}<&- {resp_w}>&-; exec "$@"'
         self.log_path = lab.workdir / "chromium.log"
         log = open(self.log_path, "ab")
-        self.proc = ns.popen("sh", "-c", shell, "chromium", *argv, pass_fds=(cmd_r, resp_w),
+        self.proc = ns.popen("bash", "-c", shell, "chromium", *argv, pass_fds=(cmd_r, resp_w),
                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         os.close(cmd_r)

@@ -13,7 +13,7 @@ const HISTORY = 60;
   const m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
   if (m) {
     sessionStorage.setItem("vnet-token", decodeURIComponent(m[1]));
-    history.replaceState(null, "", location.pathname);
+    window.history.replaceState(null, "", location.pathname);
   }
 })();
 
@@ -31,7 +31,8 @@ async function getJSON(path) {
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
-    if (k === "class") e.className = v; else e.setAttribute(k, v);
+    // CSSOM, not a style attribute: the page's CSP refuses inline style attributes.
+    if (k === "class") e.className = v; else if (k === "background") e.style.background = v; else e.setAttribute(k, v);
   }
   for (const c of children) if (c !== null && c !== undefined) e.append(c instanceof Node ? c : String(c));
   return e;
@@ -67,7 +68,7 @@ function setStatus(text, ok) {
 
 // --- this host ---
 const prevPorts = new Map();   // key -> {t, rx_bytes, tx_bytes, rx_frames, tx_frames, drops}
-const history = new Map();     // key -> [bytes/s in+out]
+const portHistory = new Map(); // key -> [bytes/s in+out]
 let prevMatrix = null;         // {t, map key -> bytes}
 
 function sumDrops(d) { return Object.values(d || {}).reduce((a, b) => a + b, 0); }
@@ -76,7 +77,9 @@ function sparkline(values) {
   const w = 120, h = 22;
   const s = svg("svg", { width: w, height: h, class: "spark", viewBox: `0 0 ${w} ${h}` });
   const max = Math.max(1, ...values);
-  const pts = values.map((v, i) => `${(i * (w - 2)) / Math.max(1, HISTORY - 1) + 1},${h - 2 - (v / max) * (h - 4)}`);
+  // The newest sample at the right edge; the line grows leftwards over the first minute.
+  const step = (w - 2) / Math.max(1, HISTORY - 1);
+  const pts = values.map((v, i) => `${w - 1 - (values.length - 1 - i) * step},${h - 2 - (v / max) * (h - 4)}`);
   s.append(svg("polyline", { points: pts.join(" "), fill: "none", stroke: "#1f6feb", "stroke-width": 1.5 }));
   return s;
 }
@@ -95,10 +98,10 @@ function renderPorts(data) {
     const dropRate = prev && dt > 0 ? Math.max(0, (dropsNow - prev.drops) / dt) : 0;
     prevPorts.set(key, { t: data.now_ms, rx_bytes: p.rx_bytes, tx_bytes: p.tx_bytes,
       rx_frames: p.rx_frames, tx_frames: p.tx_frames, drops: dropsNow });
-    const h = history.get(key) || [];
+    const h = portHistory.get(key) || [];
     if (prev) h.push(inB + outB);
     while (h.length > HISTORY) h.shift();
-    history.set(key, h);
+    portHistory.set(key, h);
     const l = p.kind === "link" ? linkState.get(p.name) : null;
     const state = l ? l.state + (l.encrypted ? " (encrypted)" : "") : "";
     const drops = Object.entries(p.drops || {}).map(([r, n]) => r + " " + n).join(", ") || "-";
@@ -128,7 +131,7 @@ function renderDatapath(data) {
     pairs.push([`dispatcher ${x.index}`, `${x.mode}, ${x.frames_per_wakeup} frames per wake-up, ${x.switches} switches`]);
   }
   pairs.push(["offload", `UDP GSO ${d.udp_gso ? "on" : "off"}, GRO ${d.udp_gro ? "on" : "off"}`]);
-  pairs.push(["unmatched datagrams", String(data.stats.daemon.rx_datagrams)]);
+  pairs.push(["UDP socket", `${data.stats.daemon.rx_datagrams} datagrams received, ${sumDrops(data.stats.daemon.drops)} dropped before a link was known`]);
   $("datapath").replaceChildren(kv(pairs));
 }
 
@@ -168,8 +171,8 @@ function heatmap(target, labels, cells, note) {
   const head = el("tr", {}, el("th", {}, "from \\ to"), ...labels.map((l) => el("th", { class: "col" }, l)));
   const rows = labels.map((l, i) => el("tr", {}, el("th", {}, l), ...labels.map((_, j) => {
     const v = grid.get(i + "," + j) || 0;
-    return el("td", { style: `background:${heatColor(v, max)}`, title: `${l} -> ${labels[j]}: ${fmtBits(v)}`,
-      "data-rate": v.toFixed(1) });
+    return el("td", { background: heatColor(v, max), title: `${l} -> ${labels[j]}: ${fmtBits(v)}`,
+      "data-pair": `${l}>${labels[j]}`, "data-rate": v.toFixed(1) });
   })));
   target.replaceChildren(el("table", {}, head, ...rows));
   if (note) note.textContent = max > 0 ? `darkest: ${fmtBits(max)}` : "no traffic in the last interval";

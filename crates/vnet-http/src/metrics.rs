@@ -170,23 +170,23 @@ pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> Str
         }
     }
 
-    // Traffic that belongs to no port.
+    // The VXLAN socket as a whole, and what was dropped before any port was known.
     let d = &snap.stats.daemon;
     b.counter1(
-        "unmatched_datagrams",
-        "Datagrams that reached the VXLAN socket and belong to no link (unknown peers, bad headers).",
+        "udp_received_datagrams",
+        "Datagrams the VXLAN socket received, for all links.",
         None,
         d.rx_datagrams,
     );
     b.counter1(
-        "unmatched_datagram",
-        "Bytes of datagrams that belong to no link.",
+        "udp_received",
+        "Bytes of the datagrams the VXLAN socket received.",
         Some(Unit::Bytes),
         d.rx_bytes,
     );
     let unmatched_drops = b.counter(
         "unmatched_drops",
-        "Datagrams and connections that belong to no port, dropped by reason.",
+        "Datagrams and connections dropped before a port was known (unknown peer, bad VXLAN header), by reason.",
         None,
     );
     for r in DropReason::ALL {
@@ -727,7 +727,7 @@ mod tests {
             r#"vnet_port_drops_total{role="link",port="to-b",vni="7",reason="no_route"} 0"#,
             r#"vnet_link_state{link="to-b",state="up"} 1"#,
             r#"vnet_link_state{link="to-b",state="down"} 0"#,
-            "vnet_unmatched_datagrams_total 9",
+            "vnet_udp_received_datagrams_total 9",
             "vnet_control_errors_total 2",
             r#"vnet_http_refused_total{reason="timeout"} 1"#,
             "# TYPE vnet_port_transmit_bytes counter",

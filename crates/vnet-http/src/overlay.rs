@@ -9,7 +9,7 @@
 //! records what enters it), so a pair's rate is taken from the matrix of the source guest's
 //! host only.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
@@ -76,11 +76,17 @@ struct Seen {
     bytes: BTreeMap<PairKey, u64>,
 }
 
+/// The distinct matrices of one host seen within [`RATE_WINDOW_MS`], oldest first (at
+/// least the newest two).
 #[derive(Debug, Clone)]
 struct Track {
-    cur: Seen,
-    prev: Option<Seen>,
+    seen: VecDeque<Seen>,
 }
+
+/// Rates are averaged over the matrices seen in this window: a host's publications come late
+/// when its machine is busy, and one late put would otherwise halve one rate and double the
+/// next.
+pub const RATE_WINDOW_MS: u64 = 6000;
 
 /// Rates of the published matrices, from the matrices seen at successive reads.
 #[derive(Debug, Default)]
@@ -113,17 +119,20 @@ impl MatrixTracker {
                 bytes,
             };
             match self.hosts.get_mut(&m.host) {
-                Some(t) if t.cur.bytes == seen.bytes => {}
+                Some(t) if t.seen.back().map(|b| &b.bytes) == Some(&seen.bytes) => {}
                 Some(t) => {
-                    let old = std::mem::replace(&mut t.cur, seen);
-                    t.prev = Some(old);
+                    t.seen.push_back(seen);
+                    while t.seen.len() > 2
+                        && t.seen[1].at_ms + RATE_WINDOW_MS <= now_ms
+                    {
+                        t.seen.pop_front();
+                    }
                 }
                 None => {
                     self.hosts.insert(
                         m.host.clone(),
                         Track {
-                            cur: seen,
-                            prev: None,
+                            seen: VecDeque::from([seen]),
                         },
                     );
                 }
@@ -131,19 +140,20 @@ impl MatrixTracker {
         }
     }
 
-    /// The rates per host at `now_ms`: nothing for a host seen once, zero for one whose
-    /// matrix stood still for more than twice its last interval (plus a second).
+    /// The rates per host at `now_ms`, over the window: nothing for a host seen once, zero
+    /// for one whose matrix stood still for more than twice its last interval (plus a second).
     pub fn rates(&self, now_ms: u64) -> BTreeMap<String, Vec<PairRate>> {
         let mut out = BTreeMap::new();
         for (host, t) in &self.hosts {
-            let Some(prev) = &t.prev else {
+            let n = t.seen.len();
+            if n < 2 {
                 continue;
-            };
-            let interval = t.cur.at_ms.saturating_sub(prev.at_ms).max(1);
-            let still = now_ms.saturating_sub(t.cur.at_ms);
-            let stale = still > 2 * interval + 1000;
-            let rates = t
-                .cur
+            }
+            let (cur, last_prev, first) = (&t.seen[n - 1], &t.seen[n - 2], &t.seen[0]);
+            let last_interval = cur.at_ms.saturating_sub(last_prev.at_ms).max(1);
+            let stale = now_ms.saturating_sub(cur.at_ms) > 2 * last_interval + 1000;
+            let (prev, interval) = (first, cur.at_ms.saturating_sub(first.at_ms).max(1));
+            let rates = cur
                 .bytes
                 .iter()
                 .map(|(&(vni, src, dst), &now)| {
@@ -469,9 +479,14 @@ mod tests {
         // Still within two intervals: the rate holds; past them, it is zero.
         assert_eq!(t.rates(6000)["a"][0].bytes_per_s, 2000.0);
         assert_eq!(t.rates(7001)["a"][0].bytes_per_s, 0.0);
+        // Averaged over the window: 2000 more bytes 1 s later, then 8000 more 1 s after that:
+        // 10000 bytes over the 2 s since the oldest matrix in the window.
+        t.observe(7100, &[pm("a", vec![entry(1, 2, 7000)])]);
+        t.observe(8100, &[pm("a", vec![entry(1, 2, 15000)])]);
+        assert_eq!(t.rates(8100)["a"][0].bytes_per_s, 10000.0 / 6.1);
         // A restarted host counts from zero: no negative rate.
-        t.observe(8000, &[pm("a", vec![entry(1, 2, 10)])]);
-        assert_eq!(t.rates(8000)["a"][0].bytes_per_s, 0.0);
+        t.observe(15000, &[pm("a", vec![entry(1, 2, 10)])]);
+        assert_eq!(t.rates(15000)["a"][0].bytes_per_s, 0.0);
         // A host that no longer publishes is forgotten.
         t.observe(9000, &[]);
         assert!(t.rates(9000).is_empty());
