@@ -122,9 +122,7 @@ impl MatrixTracker {
                 Some(t) if t.seen.back().map(|b| &b.bytes) == Some(&seen.bytes) => {}
                 Some(t) => {
                     t.seen.push_back(seen);
-                    while t.seen.len() > 2
-                        && t.seen[1].at_ms + RATE_WINDOW_MS <= now_ms
-                    {
+                    while t.seen.len() > 2 && t.seen[1].at_ms + RATE_WINDOW_MS <= now_ms {
                         t.seen.pop_front();
                     }
                 }
