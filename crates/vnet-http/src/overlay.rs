@@ -157,7 +157,7 @@ impl MatrixTracker {
                 .map(|(&(vni, src, dst), &now)| {
                     let before = prev.bytes.get(&(vni, src, dst)).copied().unwrap_or(0);
                     // A restarted daemon counts from zero again: no rate from that.
-                    let delta = now.checked_sub(before).unwrap_or(0);
+                    let delta = now.saturating_sub(before);
                     let bytes_per_s = if stale {
                         0.0
                     } else {

@@ -39,12 +39,15 @@ pub fn agent_snapshot(daemon: &Daemon) -> Option<AgentSnapshot> {
     })
 }
 
+/// One read of the published matrices: when, and what it gave.
+type MatrixRead = (Instant, Result<Vec<PublishedMatrix>, String>);
+
 /// Where the overlay's published matrices are read from.
 pub struct MatrixReader {
     pub client: vnet_etcd::Client,
     pub overlay: OverlayName,
     pub host: HostId,
-    cache: Mutex<Option<(Instant, Result<Vec<PublishedMatrix>, String>)>>,
+    cache: Mutex<Option<MatrixRead>>,
 }
 
 impl MatrixReader {
