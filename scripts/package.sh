@@ -15,8 +15,10 @@ if ! cargo deb --version >/dev/null 2>&1; then
     cargo install cargo-deb --locked --quiet
 fi
 
-say "building vnetd, vnetctl, vnet-cni (release)"
-cargo build --release -p vnetd -p vnetctl -p vnet-cni --quiet
+say "building vnet (release)"
+# The whole workspace, as scripts/setup.sh builds it (a subset would unify features
+# differently and relink the binaries the tests use).
+cargo build --release --workspace --quiet
 
 say "man pages"
 mkdir -p target/package/man
