@@ -348,11 +348,14 @@ static __always_inline int outer_hop(struct __sk_buff *skb, const struct link_va
 			return 0;
 		}
 	}
+	/* Looked up as if the port's device forwarded the packet (input mode: the loader turns
+	 * on IPv4 forwarding on the port's device, which bpf_fib_lookup requires of the device it
+	 * is given; port_ingress takes every frame of it, so the stack never routes any). */
 	fib.family = 2; /* AF_INET */
 	fib.ipv4_src = l->local_be;
 	fib.ipv4_dst = l->remote_be;
-	fib.ifindex = l->underlay_ifindex;
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_OUTPUT);
+	fib.ifindex = skb->ifindex;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
 		return C_NEIGH_MISS;
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS) {

@@ -90,7 +90,7 @@ struct link_val {
 	__u32 local_be;      /* our address on the underlay (outer source) */
 	__u16 dport_be;      /* the remote's VXLAN UDP port */
 	__u16 flags;         /* LINK_* */
-	__u32 underlay_ifindex; /* the device the route to remote leaves by (for bpf_fib_lookup) */
+	__u32 reserved;
 	__u32 via_ifindex;   /* variant (a): a collect-metadata VXLAN device; 0 = encapsulate here */
 	__u32 pad;
 };

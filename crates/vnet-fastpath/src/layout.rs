@@ -109,7 +109,6 @@ pub struct LinkVal {
     pub local: Ipv4Addr,
     pub udp_port: u16,
     pub flags: u16,
-    pub underlay_ifindex: u32,
     pub via_ifindex: u32,
 }
 
@@ -124,7 +123,6 @@ impl LinkVal {
         b[12..16].copy_from_slice(&self.local.octets());
         b[16..18].copy_from_slice(&self.udp_port.to_be_bytes());
         b[18..20].copy_from_slice(&self.flags.to_ne_bytes());
-        b[20..24].copy_from_slice(&self.underlay_ifindex.to_ne_bytes());
         b[24..28].copy_from_slice(&self.via_ifindex.to_ne_bytes());
         b
     }
@@ -235,7 +233,6 @@ mod tests {
             local: Ipv4Addr::new(10, 0, 0, 1),
             udp_port: 4789,
             flags: 0,
-            underlay_ifindex: 3,
             via_ifindex: 0,
         }
         .to_bytes();

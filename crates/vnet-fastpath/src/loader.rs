@@ -100,8 +100,6 @@ pub struct LinkSpec {
     pub local: Ipv4Addr,
     /// The remote's VXLAN port.
     pub udp_port: u16,
-    /// The netdev the route to `remote` leaves by (bpf_fib_lookup needs a device).
-    pub underlay_ifindex: u32,
     /// Rate limit on what arrives from the link.
     pub rate: Option<Rate>,
     /// Variant (a), kept for measurement: a collect-metadata VXLAN device to hand frames to
@@ -294,6 +292,27 @@ fn invalid_data(msg: impl Into<String>) -> libbpf_rs::Error {
 
 fn map_err(map: &'static str) -> impl FnOnce(libbpf_rs::Error) -> Error {
     move |source| Error::Map { map, source }
+}
+
+/// Turns on IPv4 forwarding on a port's device: bpf_fib_lookup, which finds a link's outer
+/// next hop, requires it of the device it looks up from. The stack never sees a frame of a
+/// port's device (port_ingress takes them all), so this routes nothing. Without it, frames to
+/// links are punted (counted `fib_fail`).
+fn enable_forwarding(ifindex: u32) {
+    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `name` has IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr()) };
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: if_indextoname wrote a NUL-terminated name into `name`.
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    let path = format!("/proc/sys/net/ipv4/conf/{name}/forwarding");
+    if let Err(e) = std::fs::write(&path, "1") {
+        tracing::warn!(%path, %e, "fast path: cannot enable forwarding; frames to links will be punted");
+    }
 }
 
 /// Attaches `prog` at the tcx ingress of `ifindex`; the link lives as long as the fd.
@@ -568,6 +587,7 @@ impl FastPath {
             "port",
         )?;
         let val = self.port_val(spec, slot).to_bytes();
+        enable_forwarding(spec.ifindex);
         Self::zero_percpu(&self.maps.counters, "counters", slot, counter::COUNT * 8)?;
         self.write_rate(slot, spec.policy.rate)?;
         self.maps
@@ -699,7 +719,6 @@ impl FastPath {
             } else {
                 0
             },
-            underlay_ifindex: spec.underlay_ifindex,
             via_ifindex: spec.via_device.unwrap_or(0),
         };
         self.maps
@@ -980,7 +999,6 @@ impl FastPath {
         let mut ctx = [0u8; 192];
         ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
         if gso_size > 0 {
-            ctx[164..168].copy_from_slice(&2u32.to_ne_bytes());
             ctx[176..180].copy_from_slice(&gso_size.to_ne_bytes());
         }
         let mut out = vec![0u8; frame.len() + 256];
