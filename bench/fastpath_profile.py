@@ -54,7 +54,7 @@ def main(argv=None) -> int:
             # Only the test's own processes (the network work runs in their softirq context or in
             # ksoftirqd): the machine is shared, other work would blur the picture.
             rep = subprocess.run(["perf", "report", "-i", str(data), "--stdio", "--no-children", "--sort",
-                                  "symbol", "--percent-limit", "0.7", "-g", "none",
+                                  "symbol", "--percent-limit", "0.7", "-g", "none", "--percentage", "relative",
                                   "--comms", "iperf3,ksoftirqd/0,ksoftirqd/1"],
                                  capture_output=True, text=True).stdout
             lines = [l for l in rep.splitlines() if l.strip() and not l.startswith("#")][: a.top]

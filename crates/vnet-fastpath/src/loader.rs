@@ -435,21 +435,13 @@ impl FastPath {
         &self.cfg
     }
 
-    fn prog_fd(&self, p: Program) -> Result<BorrowedFd<'_>, Error> {
+    fn attach(&self, p: Program, ifindex: u32) -> Result<OwnedFd, Error> {
         let prog = self
             .obj
             .progs()
             .find(|x| x.name() == p.name())
             .ok_or_else(|| Error::Invalid(format!("program {} missing", p.name())))?;
-        // The fd belongs to `self.obj`, which outlives the borrow.
-        let raw = prog.as_fd().as_raw_fd();
-        // SAFETY: `raw` is the program's fd, owned by `self.obj`; the returned borrow is tied to
-        // `&self`, so the object (and the fd) lives at least as long as it.
-        Ok(unsafe { BorrowedFd::borrow_raw(raw) })
-    }
-
-    fn attach(&self, p: Program, ifindex: u32) -> Result<OwnedFd, Error> {
-        tcx_attach(self.prog_fd(p)?, ifindex).map_err(|source| Error::Attach { ifindex, source })
+        tcx_attach(prog.as_fd(), ifindex).map_err(|source| Error::Attach { ifindex, source })
     }
 
     fn attached_ifindexes(&self) -> BTreeSet<u32> {
@@ -1002,10 +994,12 @@ impl FastPath {
             ctx[176..180].copy_from_slice(&gso_size.to_ne_bytes());
         }
         let mut out = vec![0u8; frame.len() + 256];
-        let mut input = libbpf_rs::ProgramInput::default();
-        input.data_in = Some(frame);
-        input.data_out = Some(&mut out);
-        input.context_in = Some(&mut ctx);
+        let input = libbpf_rs::ProgramInput {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            context_in: Some(&mut ctx),
+            ..Default::default()
+        };
         let res = p.test_run(input).map_err(|source| Error::Map {
             map: "test_run",
             source,
