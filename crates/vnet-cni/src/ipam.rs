@@ -50,7 +50,12 @@ fn run(bin: &PathBuf, command: &str, stdin: &[u8]) -> Result<(bool, Vec<u8>), Cn
         .spawn()
         .map_err(io_err)?;
     if let Some(mut i) = child.stdin.take() {
-        i.write_all(stdin).map_err(io_err)?;
+        match i.write_all(stdin) {
+            // A plugin may exit without reading its input (host-local's VERSION does): its
+            // exit status and output say how it went.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            r => r.map_err(io_err)?,
+        }
     }
     let out = child.wait_with_output().map_err(io_err)?;
     let mut stdout = out.stdout;
