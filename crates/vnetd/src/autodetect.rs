@@ -75,10 +75,10 @@ fn resolve(e: &str) -> Vec<SocketAddr> {
 }
 
 fn route_source(to: SocketAddr) -> std::io::Result<IpAddr> {
-    let any: SocketAddr = if to.is_ipv4() {
-        "0.0.0.0:0".parse().expect("literal")
+    let any = if to.is_ipv4() {
+        SocketAddr::from(([0u8; 4], 0))
     } else {
-        "[::]:0".parse().expect("literal")
+        SocketAddr::from(([0u16; 8], 0))
     };
     let s = UdpSocket::bind(any)?;
     s.connect(to)?;
