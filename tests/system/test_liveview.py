@@ -106,3 +106,39 @@ def test_live_view_of_a_three_host_overlay(lab, etcd, record):
 def subprocess_devnull():
     import subprocess
     return subprocess.DEVNULL
+
+
+def test_live_view_of_one_host_without_etcd(lab, record):
+    """Without --etcd the page shows this host alone: its ports with moving rates and its own
+    traffic matrix as the heat map; the overlay section stays hidden."""
+    if not Path(httplab.CHROMIUM).exists():
+        pytest.fail("chromium is not installed: run scripts/setup.sh")
+    h = lab.host("solo")
+    g1 = lab.guest("s1", ip="192.168.71.1", mac=netlab.mac(1, 9, 1))
+    g2 = lab.guest("s2", ip="192.168.71.2", mac=netlab.mac(1, 9, 2))
+    h.start_vnetd(config="", args=["--http", "9300"])
+    h.add_vm(g1, "vm1", g1.mac)
+    h.add_vm(g2, "vm2", g2.mac)
+    lab.wait_ping(g1, g2.ip_addr)
+    flood = g1.popen("ping", "-i", "0.01", "-s", "1000", g2.ip_addr,
+                     stdout=subprocess_devnull(), stderr=subprocess_devnull())
+    browser = httplab.Chromium(lab, h)
+    try:
+        browser.navigate("http://127.0.0.1:9300/")
+        rate = "Number(document.querySelector('#ports tr[data-port=\"interface:vm1\"] td.in')?.dataset.rate || 0)"
+        netlab.wait_until(lambda: browser.eval(rate) > 1e4, 10, 0.3, what="vm1's rate on the page")
+        samples = []
+        for _ in range(4):
+            samples.append(browser.eval(rate))
+            time.sleep(1.1)
+        assert all(s > 1e4 for s in samples) and len(set(samples)) >= 2, samples
+        assert browser.eval("document.getElementById('overlay-section').hidden") is True
+        hot = browser.eval("[...document.querySelectorAll('#local-heatmap td')].filter(td => Number(td.dataset.rate) > 0).map(td => td.dataset.pair)")
+        assert f"{g1.mac}>{g2.mac}" in hot and f"{g2.mac}>{g1.mac}" in hot, hot
+        record("vm1_rate_samples_kbit", [round(s * 8 / 1e3) for s in samples])
+        browser.screenshot(lab.workdir / "liveview-solo.png")
+        (netlab.REPO / "results").mkdir(exist_ok=True)
+        shutil.copy(lab.workdir / "liveview-solo.png", netlab.REPO / "results" / "liveview-solo.png")
+    finally:
+        browser.close()
+        netlab.stop_pid(flood)
