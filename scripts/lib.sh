@@ -94,7 +94,7 @@ ensure_cnitool() {
     fi
     say "building cnitool $CNITOOL_VERSION (Go module proxy)"
     mkdir -p target/tools
-    GOBIN="$PWD/target/tools" GOFLAGS=-mod=mod \
+    GOBIN="$PWD/target/tools" \
         go install "github.com/containernetworking/cni/cnitool@$CNITOOL_VERSION"
     rm -f target/tools/.cnitool-*
     touch "$stamp"
