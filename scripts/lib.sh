@@ -92,6 +92,13 @@ ensure_cnitool() {
             ensure_packages golang-go
         fi
     fi
+    # cnitool v1.3 needs Go 1.21 or later (Debian 12's golang-go is 1.19).
+    local gov
+    gov=$(go env GOVERSION | sed 's/^go//')
+    if [ "$(printf '%s\n1.21\n' "$gov" | sort -V | head -n 1)" != 1.21 ]; then
+        echo "cnitool $CNITOOL_VERSION needs Go 1.21 or later; this machine has $gov" >&2
+        exit 1
+    fi
     say "building cnitool $CNITOOL_VERSION (Go module proxy)"
     mkdir -p target/tools
     GOBIN="$PWD/target/tools" \
