@@ -76,6 +76,24 @@ struct Args {
     etcd_matrix_interval: u64,
     #[command(flatten)]
     etcd_access: vnet_etcd::EtcdAccess,
+    /// Never load the kernel fast path (eBPF): everything runs in user space, veth interfaces
+    /// become TAPs. Without this flag vnetd loads it where the kernel allows, and says why not
+    /// where it does not.
+    #[arg(long)]
+    no_kernel_fastpath: bool,
+    /// Entries of the kernel's forwarding map (destinations beyond it go through vnetd).
+    #[arg(long, default_value_t = 16384, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    fastpath_table_size: u32,
+    /// (VNI, source, destination) pairs the kernel's traffic matrix keeps (least recently
+    /// used ones make room).
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    fastpath_matrix_size: u32,
+    /// Interfaces the kernel fast path can serve.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    fastpath_ports: u32,
+    /// Plain udp links the kernel fast path can serve.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    fastpath_links: u32,
 }
 
 fn main() {
@@ -284,6 +302,21 @@ fn run(args: Args) -> Result<()> {
     if let Some(k) = key {
         info!(public_key = %k.public(), "host key loaded");
         engine.set_static_key(k);
+    }
+    if args.no_kernel_fastpath {
+        info!("kernel fast path off (--no-kernel-fastpath): everything runs in user space");
+    } else {
+        let cfg = vnet_fastpath::FastPathConfig {
+            max_ports: args.fastpath_ports,
+            max_links: args.fastpath_links,
+            max_table: args.fastpath_table_size,
+            max_matrix: args.fastpath_matrix_size,
+            ..Default::default()
+        };
+        match engine.enable_kernel_path(cfg) {
+            Ok(()) => info!("kernel fast path loaded (eBPF at tcx): veth and netdev interfaces and plain udp links are forwarded in the kernel where the table decides"),
+            Err(why) => tracing::warn!("the kernel fast path is not available, so everything runs in user space (veth interfaces become TAPs): {why}"),
+        }
     }
     let daemon = Arc::new(Daemon::new(engine));
     if let Some(path) = &args.config {
