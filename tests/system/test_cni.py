@@ -39,12 +39,12 @@ def etcd(lab):
 class CniHost:
     """A host running vnetd --etcd, and the CNI configuration its runtime uses."""
 
-    def __init__(self, lab, etcd, role, first, last, mtu=1400):
+    def __init__(self, lab, etcd, role, first, last, mtu=1400, extra=()):
         self.lab = lab
         self.h = lab.host(role)
         self.h.start_vnetd(config="", args=[
             "--etcd", etcd.endpoint, "--overlay", OVERLAY, "--host-id", role,
-            "--advertise-addr", self.h.underlay_ip, "--etcd-lease-ttl", TTL])
+            "--advertise-addr", self.h.underlay_ip, "--etcd-lease-ttl", TTL, *extra])
         self.dir = lab.workdir / f"cni-{role}"
         (self.dir / "net.d").mkdir(parents=True)
         # The plugins: vnet-cni (as built) and Debian's host-local.
@@ -65,8 +65,8 @@ class CniHost:
     def cnitool(self, verb, container, args="", check=True):
         env = [f"NETCONFPATH={self.dir / 'net.d'}", f"CNI_PATH={self.dir / 'bin'}:{CNI_DIR}",
                "CNI_IFNAME=eth0", f"CNI_ARGS={args}"]
-        r = self.h.exec("env", *env, CNITOOL, verb, NET, f"/var/run/netns/{container.name}",
-                        check=False, timeout=60)
+        path = getattr(container, "cni_path", f"/var/run/netns/{container.name}")
+        r = self.h.exec("env", *env, CNITOOL, verb, NET, path, check=False, timeout=60)
         if check and r.returncode != 0:
             raise netlab.LabError(f"cnitool {verb} on {self.h.role}: rc={r.returncode}\n{r.stdout}\n{r.stderr}")
         return r
@@ -88,8 +88,14 @@ def container_ip(c):
 
 def test_cni_plugin_with_cnitool(lab, etcd, record):
     a = CniHost(lab, etcd, "h1", "10.77.0.10", "10.77.0.59")
-    b = CniHost(lab, etcd, "h2", "10.77.0.60", "10.77.0.109")
+    # h2 without the kernel fast path: its veth interfaces are TAPs served by vnetd.
+    b = CniHost(lab, etcd, "h2", "10.77.0.60", "10.77.0.109", extra=["--no-kernel-fastpath"])
     c1, c2 = lab.netns("c1"), lab.netns("c2")
+    # c1 is a named namespace (vnetd puts the device there); c2 is given to the runtime as a
+    # process's namespace, /proc/PID/ns/net, as some runtimes do (the plugin moves the device).
+    holder = c2.popen("sleep", "600")
+    c2.cni_path = f"/proc/{holder.pid}/ns/net"
+    host_devices = {x.h.role: set(x.h.links()) for x in (a, b)}
 
     r1 = json.loads(a.cnitool("add", c1).stdout)
     r2 = json.loads(b.cnitool("add", c2, args="IgnoreUnknown=1;MAC=52:54:00:77:00:02").stdout)
@@ -106,10 +112,17 @@ def test_cni_plugin_with_cnitool(lab, etcd, record):
     assert "UP" in link["flags"]
     assert container_ip(c1) == "10.77.0.10"
     assert "10.78.0.0/16" in c1.ip("route").stdout
-    # vnetd's side: one interface each, in VNI 5, a TAP (this vnetd has no veth kind yet).
+    assert r2["interfaces"][0]["sandbox"] == c2.cni_path
+    assert c2.links()["eth0"]["address"] == "52:54:00:77:00:02"
+    # vnetd's side: one interface each, in VNI 5, of the kernel fast path's veth kind (on h2,
+    # without the fast path, vnetd serves a TAP of the same name instead).
     (ia,), (ib,) = a.cni_interfaces(), b.cni_interfaces()
-    assert ia["vni"] == 5 and ia["mac"] == r1["interfaces"][0]["mac"] and ia["kind"] == "tap"
-    assert ib["mac"] == "52:54:00:77:00:02"
+    assert ia["vni"] == 5 and ia["mac"] == r1["interfaces"][0]["mac"] and ia["kind"] == "veth"
+    assert ib["mac"] == "52:54:00:77:00:02" and ib["kind"] == "veth"
+    assert ia["netns"] == c1.name and ib["netns"] is None
+    assert c2.links()["eth0"].get("link_type") == "ether"
+    record("c1_device_kind", json.loads(c1.ip("-d", "-j", "link", "show", "eth0").stdout)[0].get("linkinfo", {}).get("info_kind"))
+    record("c2_device_kind", json.loads(c2.ip("-d", "-j", "link", "show", "eth0").stdout)[0].get("linkinfo", {}).get("info_kind"))
     assert not [d for d in a.h.links() if d.startswith("vc")], "the device stayed on the host"
 
     # Across the overlay: routes from etcd placements, ping and iperf3.
@@ -120,9 +133,9 @@ def test_cni_plugin_with_cnitool(lab, etcd, record):
     after = a.h.stats()
     record("iperf3_container_to_container_gbps", round(res.gbps, 3))
     assert res.gbps > 0.05
+    # Across the link to h2: in vnetd's counters, or in the kernel fast path's merged into them.
     sent = netlab.delta(before, after, "c-h2-v5", "tx_bytes")
     assert sent > 0.9 * res.bytes, (sent, res.bytes)
-    assert netlab.delta(before, after, ia["name"], "rx_bytes") > 0.9 * res.bytes
 
     # CHECK: as ADD left it; then not, once the address is gone.
     a.cnitool("check", c1)
@@ -144,7 +157,7 @@ def test_cni_plugin_with_cnitool(lab, etcd, record):
         host.cnitool("del", c)
         assert host.cni_interfaces() == []
         assert "eth0" not in c.links()
-        assert not [d for d in host.h.links() if d.startswith("vc")]
+        assert set(host.h.links()) == host_devices[host.h.role], "devices left on the host"
         assert host.allocations() == []
     netlab.wait_until(lambda: json.loads(etcd.ctl("interfaces", "json")) == [], 10,
                       what="the placements to leave etcd")

@@ -183,6 +183,25 @@ pub fn move_to_netns(dev: &str, netns: &Path) -> io::Result<()> {
     Netlink::open()?.request(nl::move_to_netns(index, ns.as_raw_fd() as u32))
 }
 
+/// The name of the namespace at `netns` when it is a named one (`/run/netns/NAME` or
+/// `/var/run/netns/NAME`, as `ip netns`, containerd, CRI-O and podman make them): vnetd can
+/// then put the device there itself.
+pub fn netns_name(netns: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let parent = netns.parent()?;
+    if parent != Path::new("/run/netns") && parent != Path::new("/var/run/netns") {
+        return None;
+    }
+    let name = netns.file_name()?.to_str()?.to_string();
+    // The same file under /run/netns, where vnetd looks for it.
+    let named = Path::new("/run/netns").join(&name);
+    let (a, b) = (
+        std::fs::metadata(netns).ok()?,
+        std::fs::metadata(&named).ok()?,
+    );
+    (a.dev() == b.dev() && a.ino() == b.ino()).then_some(name)
+}
+
 /// What to set up on the container's interface.
 #[derive(Debug, Clone)]
 pub struct Setup {
@@ -200,6 +219,8 @@ pub fn configure(netns: &Path, s: Setup) -> io::Result<LinkInfo> {
         let mut nlk = Netlink::open()?;
         let index = ifindex(&s.dev)?;
         if s.ifname != s.dev {
+            // vnetd may have brought it up in the namespace already.
+            nlk.request(nl::set_down(index))?;
             nlk.request(nl::rename(index, &s.ifname)).map_err(|e| {
                 io::Error::new(e.kind(), format!("renaming {} to {}: {e}", s.dev, s.ifname))
             })?;

@@ -4,9 +4,10 @@
 //! plugin the configuration names (`host-local`, ...); with `vnetd --etcd` the interface is
 //! published to the overlay like any other, so every host routes to it.
 //!
-//! ADD: IPAM ADD; `interface add cni-… veth|tap ifname vc… mac MAC vni V [mtu M]` (and, without
-//! etcd, `route add any MAC interface cni-…`, in the same atomic batch); the device is moved
-//! into the container's namespace, renamed to CNI_IFNAME, given the addresses and routes, and
+//! ADD: IPAM ADD; `interface add cni-… veth|tap ifname vc… mac MAC vni V [mtu M] [netns NS]`
+//! (and, without etcd, `route add any MAC interface cni-…`, in the same atomic batch); the
+//! device is put into the container's namespace (by vnetd when the namespace is a named one,
+//! by the plugin otherwise), renamed to CNI_IFNAME, given the addresses and routes, and
 //! brought up. Any failure undoes what was done. DEL: `interface del` (a missing interface or
 //! a stopped vnetd is not an error: DEL is idempotent) and IPAM DEL. CHECK: vnetd has the
 //! interface with the previous result's MAC, the container has the device with it, up, with
@@ -199,6 +200,9 @@ fn add(cfg: &Config, env: &Env) -> Result<String, CniError> {
         ));
     }
 
+    // A named namespace: vnetd puts the device there itself (and the kernel fast path then
+    // delivers straight into it); any other (/proc/PID/ns/net): the plugin moves it.
+    let ns_name = link::netns_name(&netns);
     let script = |kind: &str| {
         let mut s = format!(
             "interface add {name} {kind} ifname {dev} mac {mac} vni {}",
@@ -206,6 +210,9 @@ fn add(cfg: &Config, env: &Env) -> Result<String, CniError> {
         );
         if let Some(m) = cfg.conf.mtu {
             s.push_str(&format!(" mtu {m}"));
+        }
+        if let Some(n) = &ns_name {
+            s.push_str(&format!(" netns {n}"));
         }
         let mut lines = vec![s];
         if !agent {
@@ -224,8 +231,10 @@ fn add(cfg: &Config, env: &Env) -> Result<String, CniError> {
     }
 
     let setup = || -> Result<AddResult, CniError> {
-        link::move_to_netns(&dev, &netns)
-            .map_err(|e| netlink_error("moving the device into the container", e))?;
+        if ns_name.is_none() {
+            link::move_to_netns(&dev, &netns)
+                .map_err(|e| netlink_error("moving the device into the container", e))?;
+        }
         let mut addresses = Vec::new();
         for ip in &ipam.ips {
             let n: IpNet = ip

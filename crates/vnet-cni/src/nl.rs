@@ -119,6 +119,11 @@ pub fn set_up(index: u32) -> Msg {
     Msg::new(RTM_NEWLINK, NLM_F_ACK, &ifinfo(index, IFF_UP, IFF_UP))
 }
 
+/// Takes device `index` down (a device is renamed only while down).
+pub fn set_down(index: u32) -> Msg {
+    Msg::new(RTM_NEWLINK, NLM_F_ACK, &ifinfo(index, 0, IFF_UP))
+}
+
 /// Adds `addr/prefix` to device `index`.
 pub fn add_address(index: u32, addr: IpAddr, prefix: u8) -> Msg {
     let mut h = vec![family(&addr), prefix, 0, RT_SCOPE_UNIVERSE];
