@@ -96,6 +96,11 @@ def test_prometheus_scrapes_a_running_overlay(lab, etcd, record):
         reasons = {m["reason"] for m, _ in prom.query(f'vnet_port_drops_total{{instance="{h1.http}",port="vm"}}')}
         assert {"spoofed_src", "rate_limited", "no_route", "bad_auth"} <= reasons
 
+        # Every port is served by exactly one data path (the kernel fast path or vnetd).
+        paths = prom.query(f'sum by (port) (vnet_port_data_path{{instance="{h1.http}"}})')
+        assert len(paths) == 3 and all(v == 1 for _, v in paths), paths
+        record("h1_port_paths", sorted((m["port"], m["path"]) for m, v in
+                                       prom.query(f'vnet_port_data_path{{instance="{h1.http}"}} == 1')))
         # Link state and dispatcher mode.
         assert len(prom.query(f'vnet_link_state{{instance="{h1.http}",state="up"}} == 1')) == 2
         assert len(prom.query(f'vnet_dispatcher_mode{{instance="{h1.http}"}} == 1')) >= 1

@@ -106,7 +106,7 @@ function renderPorts(data) {
     const state = l ? l.state + (l.encrypted ? " (encrypted)" : "") : "";
     const drops = Object.entries(p.drops || {}).map(([r, n]) => r + " " + n).join(", ") || "-";
     rows.push(el("tr", { "data-port": key },
-      el("td", {}, p.kind), el("td", { class: "mono" }, p.name), el("td", {}, p.vni),
+      el("td", {}, p.kind + (p.path === "kernel" ? " (kernel)" : "")), el("td", { class: "mono" }, p.name), el("td", {}, p.vni),
       el("td", { class: l ? "state-" + l.state : "" }, state),
       el("td", { class: "num in", "data-rate": inB.toFixed(1) }, fmtBits(inB)),
       el("td", { class: "num out", "data-rate": outB.toFixed(1) }, fmtBits(outB)),

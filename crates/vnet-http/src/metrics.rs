@@ -15,7 +15,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Metric, Registry, Unit};
-use vnet_control::status::{LinkState, NicStatus, PortStatus};
+use vnet_control::status::{DataPathKind, LinkState, NicStatus, PortStatus};
 use vnet_core::DropReason;
 
 use crate::server::{HttpCounters, Refusal};
@@ -205,6 +205,7 @@ pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> Str
     );
 
     links(&mut b, snap);
+    kernel(&mut b, snap);
     dispatch(&mut b, snap);
     vhost(&mut b, snap);
     agent(&mut b, snap);
@@ -342,6 +343,141 @@ fn links(b: &mut Builder, snap: &HostSnapshot) {
                 gset(&age, ll.clone(), ms as f64 / 1000.0);
             }
         }
+    }
+}
+
+/// The kernel fast path: which path serves each port, the kernel's share of its counters
+/// (already included in the port's), and the fast path's table and refusals.
+fn kernel(b: &mut Builder, snap: &HostSnapshot) {
+    let path = b.gauge(
+        "port_data_path",
+        "1 for the data path that serves the port (kernel: the eBPF fast path; user: vnetd), 0 for the other.",
+        None,
+    );
+    let c = |b: &mut Builder, name: &str, help: &str, unit| b.counter(name, help, unit);
+    let rx_frames = c(b, "kernel_port_receive_frames", "Frames the kernel fast path received from the port (included in vnet_port_receive_frames_total).", None);
+    let rx_bytes = c(
+        b,
+        "kernel_port_receive",
+        "Bytes the kernel fast path received from the port.",
+        Some(Unit::Bytes),
+    );
+    let tx_frames = c(
+        b,
+        "kernel_port_transmit_frames",
+        "Frames the kernel fast path sent to the port.",
+        None,
+    );
+    let tx_bytes = c(
+        b,
+        "kernel_port_transmit",
+        "Bytes the kernel fast path sent to the port.",
+        Some(Unit::Bytes),
+    );
+    let punted = c(
+        b,
+        "kernel_port_punted_frames",
+        "Frames the kernel handed to vnetd.",
+        None,
+    );
+    let from_vnetd = c(
+        b,
+        "kernel_port_from_vnetd_frames",
+        "Frames vnetd sent to the guest through the kernel.",
+        None,
+    );
+    let neigh_miss = c(
+        b,
+        "kernel_port_neigh_miss_frames",
+        "Frames to a link whose next hop was not resolved yet (sent by vnetd instead).",
+        None,
+    );
+    let encap_fail = c(
+        b,
+        "kernel_port_encap_fail_frames",
+        "Frames the kernel could not encapsulate (sent by vnetd instead).",
+        None,
+    );
+    let gro_passed = c(
+        b,
+        "kernel_port_gro_passed_datagrams",
+        "Merged UDP datagrams from the underlay passed on to vnetd's socket.",
+        None,
+    );
+    for p in &snap.stats.ports {
+        let l = port_labels(p);
+        for x in [DataPathKind::Kernel, DataPathKind::User] {
+            let v = if p.path == x { 1.0 } else { 0.0 };
+            gset(&path, with(l.clone(), "path", x.as_str()), v);
+        }
+        if let Some(k) = &p.kernel {
+            set(&rx_frames, l.clone(), k.rx_frames);
+            set(&rx_bytes, l.clone(), k.rx_bytes);
+            set(&tx_frames, l.clone(), k.tx_frames);
+            set(&tx_bytes, l.clone(), k.tx_bytes);
+            set(&punted, l.clone(), k.punted_frames);
+            set(&from_vnetd, l.clone(), k.from_vnetd_frames);
+            set(&neigh_miss, l.clone(), k.neigh_miss);
+            set(&encap_fail, l.clone(), k.encap_fail);
+            set(&gro_passed, l, k.gro_passed);
+        }
+    }
+    let Some(k) = &snap.stats.kernel else {
+        return;
+    };
+    let info = b.gauge(
+        "kernel_fastpath_info",
+        "The kernel fast path's mode (kernel, off) while it is loaded (always 1).",
+        None,
+    );
+    gset(&info, vec![("mode", k.mode.to_string())], 1.0);
+    for (name, help, v) in [
+        (
+            "kernel_table_entries",
+            "Entries in the fast path's forwarding table.",
+            k.table_entries,
+        ),
+        (
+            "kernel_table_size",
+            "The fast path's forwarding table's capacity.",
+            k.table_size,
+        ),
+        (
+            "kernel_table_left_out",
+            "Entries the full table could not take (their destinations go through vnetd).",
+            k.table_left_out,
+        ),
+        (
+            "kernel_matrix_size",
+            "The fast path's traffic matrix capacity.",
+            k.matrix_size,
+        ),
+    ] {
+        b.gauge1(name, help, None, v as f64);
+    }
+    for (name, help, v) in [
+        (
+            "kernel_unknown_link_datagrams",
+            "Underlay datagrams for no link of the fast path (left to vnetd).",
+            k.unknown_link,
+        ),
+        (
+            "kernel_not_vxlan_datagrams",
+            "Underlay datagrams that were not VXLAN (left to vnetd).",
+            k.not_vxlan,
+        ),
+        (
+            "kernel_fib_fail",
+            "Route lookups of the fast path that failed.",
+            k.fib_fail,
+        ),
+        (
+            "kernel_table_full",
+            "Table insertions refused because the table was full.",
+            k.table_full,
+        ),
+    ] {
+        b.counter1(name, help, None, v);
     }
 }
 
@@ -659,6 +795,8 @@ mod tests {
             kind,
             name: name.into(),
             vni: 7,
+            path: DataPathKind::User,
+            kernel: None,
             counters: PortCountersSnapshot {
                 rx_frames: rx / 100,
                 rx_bytes: rx,
@@ -691,6 +829,7 @@ mod tests {
                     udp_gso: true,
                     udp_gro: true,
                 },
+                kernel: None,
             },
             links: vec![LinkStatus {
                 name: "to-b".into(),
@@ -730,6 +869,7 @@ mod tests {
             "vnet_udp_received_datagrams_total 9",
             "vnet_control_errors_total 2",
             r#"vnet_http_refused_total{reason="timeout"} 1"#,
+            r#"vnet_port_data_path{role="interface",port="vm1",vni="7",path="user"} 1"#,
             "# TYPE vnet_port_transmit_bytes counter",
             "# UNIT vnet_port_transmit_bytes bytes",
         ] {
