@@ -309,6 +309,11 @@ impl Engine {
             },
             _ => false,
         };
+        // An interface the kernel serves is charged by the kernel before anything reaches
+        // vnetd; a link's frames are charged by whichever path takes them.
+        if kernel && kind == DestKind::Interface {
+            guard.set_rate_enforced(false);
+        }
         self.ports.insert(
             (kind, name.to_string()),
             PortRuntime {
