@@ -549,7 +549,7 @@ impl Engine {
     /// says why the kernel cannot (vnetd then runs everything in user space).
     pub fn enable_kernel_path(&mut self, mut cfg: FastPathConfig) -> Result<(), String> {
         cfg.vxlan_port = self.udp.local_addr().port();
-        let k = KernelPath::open(&cfg).map_err(|e| e.to_string())?;
+        let k = KernelPath::open(&cfg, self.udp.local_addr().ip()).map_err(|e| e.to_string())?;
         self.kernel = Some(k);
         Ok(())
     }

@@ -45,6 +45,9 @@ pub struct KernelPath {
     link_underlay: FastMap<PortId, u32>,
     /// Table entries left out because the map was full, at the last apply.
     pub left_out: usize,
+    /// The address vnetd's VXLAN socket is bound to, when it is one (then it is every link's
+    /// outer source: peers filter on it).
+    bound: Option<Ipv4Addr>,
 }
 
 fn rate(p: &PortPolicy) -> Option<Rate> {
@@ -64,8 +67,12 @@ fn fp_policy(p: &PortPolicy) -> vnet_fastpath::PortPolicy {
 impl KernelPath {
     /// Loads and verifies the programs; the error says in words why the kernel path is not
     /// available (vnetd then runs everything in user space).
-    pub fn open(cfg: &FastPathConfig) -> Result<KernelPath, Unavailable> {
+    pub fn open(cfg: &FastPathConfig, bound: IpAddr) -> Result<KernelPath, Unavailable> {
         let fp = FastPath::open(cfg)?;
+        let bound = match bound.to_canonical() {
+            IpAddr::V4(a) if !a.is_unspecified() => Some(a),
+            _ => None,
+        };
         Ok(KernelPath {
             fp,
             mode: FastPathMode::Kernel,
@@ -74,6 +81,7 @@ impl KernelPath {
             underlays: BTreeMap::new(),
             link_underlay: FastMap::default(),
             left_out: 0,
+            bound,
         })
     }
 
@@ -126,7 +134,7 @@ impl KernelPath {
                 let IpAddr::V4(r) = remote.ip().to_canonical() else {
                     return Ok(false);
                 };
-                let Some((local, dev)) = underlay_for(r) else {
+                let Some((local, dev)) = underlay_for(r, self.bound) else {
                     warn!(%remote, "no underlay device found for this link: its frames go through vnetd");
                     return Ok(false);
                 };
@@ -263,10 +271,10 @@ impl KernelPath {
     }
 }
 
-/// Our underlay address towards `remote` (the source the kernel's routing picks) and the device
-/// that holds it.
-fn underlay_for(remote: Ipv4Addr) -> Option<(Ipv4Addr, u32)> {
-    let probe = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+/// Our underlay address towards `remote` (vnetd's bound address, or else the source the
+/// kernel's routing picks) and the device that holds it.
+fn underlay_for(remote: Ipv4Addr, bound: Option<Ipv4Addr>) -> Option<(Ipv4Addr, u32)> {
+    let probe = UdpSocket::bind((bound.unwrap_or(Ipv4Addr::UNSPECIFIED), 0)).ok()?;
     probe.connect((remote, 9)).ok()?;
     let IpAddr::V4(local) = probe.local_addr().ok()?.ip() else {
         return None;
