@@ -15,7 +15,8 @@ import pytest
 
 import netlab
 
-CONFIGS = {"native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive", "vnet-encrypted"}
+CONFIGS = {"native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive", "vnet-encrypted",
+           "vnet-kernel"}
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
