@@ -153,7 +153,8 @@ def _job_dir(bed: Bed, p: Placement, ranks: list) -> tuple:
     agent = wd / "mpi-agent.sh"
     agent.write_text(AGENT)
     agent.chmod(0o755)
-    (wd / "hosts.map").write_text("".join(f"{p.ranks[i].ip} {p.ranks[i].ns.name}\n" for i in ranks))
+    hosts = {p.ranks[i].ip: p.ranks[i].ns.name for i in ranks}  # ranks may share a host
+    (wd / "hosts.map").write_text("".join(f"{ip} {ns}\n" for ip, ns in hosts.items()))
     slots: dict = {}
     for i in ranks:  # ranks are placed in the order of --host, by slot
         slots[p.ranks[i].ip] = slots.get(p.ranks[i].ip, 0) + 1
