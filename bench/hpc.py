@@ -4,7 +4,7 @@
 paths, reported like the dissertation's tables (value per configuration and its ratio to
 native). See bench/README.md, "MPI jobs over many guests".
 
-    sudo python3 bench/hpc.py                 # full run: 3 rounds, HPCC N=256, NetPIPE to 1 MB
+    sudo python3 bench/hpc.py                 # full run: 5 rounds, HPCC N=256, NetPIPE to 1 MB
     sudo python3 bench/hpc.py --quick         # one round, small sizes (the CI check)
     sudo python3 bench/hpc.py --mtus 1500,9000 --hosts 2 --configs native,vnet-adaptive
 
@@ -39,6 +39,7 @@ import json  # noqa: E402
 import random  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -107,7 +108,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", type=Path, help="output directory (default results/hpc-<UTC time>)")
     ap.add_argument("--quick", action="store_true",
                     help="one round, HPCC N=64, NetPIPE to 64 KB: checks that everything runs")
-    ap.add_argument("--rounds", type=int, help="rounds of every (job, configuration) (default 3; quick 1)")
+    ap.add_argument("--rounds", type=int, help="rounds of every (job, configuration) (default 5; quick 1)")
     ap.add_argument("--hosts", type=int, default=4, help="host namespaces the 4 guests spread over, 2-4 (default 4)")
     ap.add_argument("--mtus", default="1500", help="underlay MTUs, comma separated (default 1500; e.g. 1500,9000)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"configurations (default all: {','.join(CONFIGS)})")
@@ -119,7 +120,7 @@ def parse_args(argv=None):
                     help="extra `set` for every vnetd, e.g. --vnet-set 'yield timed' (repeatable)")
     ap.add_argument("--seed", type=int, help="seed of the order shuffle")
     a = ap.parse_args(argv)
-    a.rounds = a.rounds or (1 if a.quick else 3)
+    a.rounds = a.rounds or (1 if a.quick else 5)
     a.hpcc_n = a.hpcc_n or (64 if a.quick else 256)
     a.np_upper = a.np_upper or (65536 if a.quick else 1 << 20)
     a.mtus = [int(x) for x in a.mtus.split(",") if x]
@@ -167,8 +168,45 @@ def _job_dir(bed: Bed, p: Placement, ranks: list) -> tuple:
 
 
 def _exec(p: Placement, wd: Path, argv: list, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``argv`` (an mpirun) in rank 0's namespace. On timeout the whole job goes: mpirun,
+    the agents and daemons it started and their ranks share its session (SIGTERM so mpirun can
+    stop its daemons, then SIGKILL), and nothing of the job is left to compete with the next."""
     cmd = " ".join(_q(x) for x in argv)
-    return p.ranks[0].ns.exec("sh", "-c", f"cd {_q(str(wd))} && exec {cmd}", check=False, timeout=timeout)
+    proc = subprocess.Popen(["ip", "netns", "exec", p.ranks[0].ns.name, "sh", "-c",
+                             f"cd {_q(str(wd))} && exec {cmd}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        job = next((x for x in argv if x in ("hpcc", "NPopenmpi")), "mpirun")
+        raise JobError(f"{job} did not finish within {timeout:.0f} s (killed)")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _kill_leftovers(bed: Bed, p: Placement) -> int:
+    """After a failed job: kill any process still in the ranks' namespaces except the vnet
+    daemons (all of them were started by the job there). Returns how many."""
+    daemons = {h.vnetd.pid for h in bed.hosts if h.vnetd is not None}
+    n = 0
+    for ns in {r.ns.name: r.ns for r in p.ranks}.values():
+        for pid in netlab._netns_pids(ns.name):
+            if pid not in daemons and pid != os.getpid():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    n += 1
+                except OSError:
+                    pass
+    return n
 
 
 def _measured(p: Placement, run) -> tuple:
@@ -265,13 +303,13 @@ def plan(a, rng: random.Random) -> list:
 
 
 def estimate(job: str, a) -> float:
-    """Seconds one job takes on this 2-core machine when it is otherwise quiet (the progress
-    line rescales by how fast the finished jobs went)."""
+    """Seconds one job takes on this 2-core machine (medians seen under others' load; the
+    progress line rescales by how fast the finished jobs went)."""
     if job == "hpcc":
-        return 25.0 if a.quick else 70.0
+        return 8.0 if a.quick else 14.0
     if job == "netpipe":
-        return 5.0 if a.quick else 15.0
-    return 10.0  # building a configuration
+        return 2.5 if a.quick else 4.0
+    return 1.0  # building a configuration (a second or two; vnet's first waits for its daemons)
 
 
 def preflight(a) -> tuple:
@@ -382,15 +420,18 @@ def run_phase(bed: Bed, a, phase: str, tasks: list, doc: dict, prog: Progress, r
         try:
             p.prepare()
             if job == "hpcc":
-                rec.update(run_hpcc(bed, p, a.hpcc_n, raw, tag, timeout=300 if a.quick else 900))
+                rec.update(run_hpcc(bed, p, a.hpcc_n, raw, tag, timeout=600 if a.quick else 900))
             else:
-                rec.update(run_netpipe(bed, p, a.np_upper, a.np_repeats, raw, tag, timeout=240))
+                rec.update(run_netpipe(bed, p, a.np_upper, a.np_repeats, raw, tag, timeout=300))
             if not rec["check"]["ok"]:
                 prog.say(f"!! {tag} {job}: the counters do not show the job's bytes on {p.path}: "
                          f"{json.dumps(rec['check'])[:600]}")
         except (JobError, netlab.LabError, netlab.CtlError, subprocess.TimeoutExpired, TimeoutError,
                 OSError, KeyError, ValueError) as e:
             rec["error"] = f"{type(e).__name__}: {e}"
+            left = _kill_leftovers(bed, p)
+            if left:
+                rec["error"] += f" ({left} leftover processes of the job killed)"
             prog.say(f"!! {tag} {job} failed: {rec['error'][:500]}")
         if config.startswith("vnet") and not bed.daemons_alive():
             msg = f"a vnetd died during {tag} {job}; log tails:\n{bed.logs()[-3000:]}"

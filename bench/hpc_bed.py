@@ -34,6 +34,7 @@ from typing import Callable, Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "system"))
 import netlab  # noqa: E402
+from measure import proc_cpu  # noqa: E402
 
 RANKS = 4
 VXLAN_OVERHEAD = 50
@@ -293,7 +294,11 @@ def _park_vnet(bed: Bed) -> None:
 
 
 def _vnet_counters(bed: Bed) -> dict:
-    return {i: h.stats() for i, h in enumerate(bed.hosts)}
+    """``show stats json`` of every host (by index) and the daemons' CPU seconds so far."""
+    snap: dict = {i: h.stats() for i, h in enumerate(bed.hosts)}
+    snap["vnetd_cpu_s"] = sum(proc_cpu(h.vnetd.pid) for h in bed.hosts if h.vnetd is not None)
+    return snap
+
 
 
 def _vnet_check(bed: Bed, ranks: list, before: dict, after: dict, need: dict) -> dict:
@@ -335,7 +340,8 @@ def _dispatch_info(bed: Bed, before: dict, after: dict) -> dict:
             modes.append(f"h{i + 1}/{d['index']}:{d.get('mode')}")
     return {"dispatch": {"frames": frames, "wakeups": wakeups, "switches": switches,
                          "frames_per_wakeup": round(frames / wakeups, 2) if wakeups else None,
-                         "end_modes": modes}}
+                         "end_modes": modes},
+            "vnetd_cpu_s": round(after["vnetd_cpu_s"] - before["vnetd_cpu_s"], 2)}
 
 
 def vnet_mode(mode: str) -> Callable[[Bed], Placement]:

@@ -117,7 +117,8 @@ def _spread_table(doc, phase, job, figures: dict, cfgs: list) -> list:
 
 def _evidence_table(doc, phase, cfgs) -> list:
     L = ["| configuration | job | runs ok / runs | counters checked | MB the path carried (median) | "
-         "vnet: MB the guests handed to vnet (median) | drops seen |", "|---|---|---|---|---|---|---|"]
+         "vnet: MB the guests handed to vnet (median) | drops seen | vnetd CPU-s per run (median) | "
+         "load average (median) |", "|---|---|---|---|---|---|---|---|---|"]
     for c in cfgs:
         for job in ("hpcc", "netpipe"):
             runs = [r for r in doc["runs"] if r["phase"] == phase and r["config"] == c and r["job"] == job]
@@ -133,8 +134,11 @@ def _evidence_table(doc, phase, cfgs) -> list:
                 for k, n in ch.get("drops", {}).items():
                     drops[k] = drops.get(k, 0) + n
             dtxt = ", ".join(f"{k} {n}" for k, n in sorted(drops.items())) or "none"
+            load = med([r["loadavg"] for r in runs if r.get("loadavg", -1) >= 0])
+            cpu = med([r["info"]["vnetd_cpu_s"] for r in runs if "vnetd_cpu_s" in r.get("info", {})])
             L.append(f"| {c} | {job} | {len(good)} / {len(runs)} | {path} | {fmt(carried)} | "
-                     f"{fmt(guest) if guest is not None else '–'} | {dtxt if c.startswith('vnet') else '–'} |")
+                     f"{fmt(guest) if guest is not None else '–'} | {dtxt if c.startswith('vnet') else '–'} | "
+                     f"{fmt(cpu)} | {fmt(load)} |")
     return L
 
 

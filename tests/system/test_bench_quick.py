@@ -123,7 +123,7 @@ def test_hpc_bench_quick(tmp_path, tools):
     py = _matplotlib_python() or sys.executable
     out = tmp_path / "hpc"
     r = subprocess.run([py, str(netlab.REPO / "bench" / "hpc.py"), "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=900)
+                       capture_output=True, text=True, timeout=2400)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     doc = json.loads((out / "hpc.json").read_text())
     runs = doc["runs"]
