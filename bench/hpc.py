@@ -190,6 +190,12 @@ def _exec(p: Placement, wd: Path, argv: list, timeout: float) -> subprocess.Comp
                 continue
         job = next((x for x in argv if x in ("hpcc", "NPopenmpi")), "mpirun")
         raise JobError(f"{job} did not finish within {timeout:.0f} s (killed)")
+    except BaseException:  # Ctrl-C, SIGTERM: the job must not outlive the run
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
