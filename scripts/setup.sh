@@ -22,6 +22,12 @@ ensure_packages clang llvm libbpf-dev libelf-dev zlib1g-dev pkg-config bpftool
 # etcd for distributed control (#5): the system tests start their own etcd (own ports and data
 # directory, stopped by PID); the packaged service must not run beside them.
 ensure_etcd
+# Issue #12: Prometheus for the metrics test (its packaged service must not run: the test
+# starts its own in a namespace of its own), headless Chromium for the live-view test, the standard CNI
+# plugins (host-local IPAM) and cnitool (a CNI runtime) for the CNI plugin's test.
+ensure_packages_no_start prometheus
+ensure_packages chromium containernetworking-plugins
+ensure_cnitool
 ensure_cargo
 
 if ! python3 -c 'import pytest' 2>/dev/null; then

@@ -1074,6 +1074,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn load_failures_are_told_in_words() {
+        let log = "libbpf: prog 'port_ingress': BPF program load failed: Permission denied\n\
+                   libbpf: prog 'port_ingress': -- BEGIN PROG LOAD LOG --\n\
+                   misaligned stack access off 0+0+-154 size 4\n-- END PROG LOAD LOG --\n";
+        let e = libbpf_rs::Error::from(std::io::Error::from_raw_os_error(libc::EACCES));
+        match classify(e, log) {
+            Unavailable::Verifier { program, log } => {
+                assert_eq!(program, "port_ingress");
+                assert!(log.contains("misaligned"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = libbpf_rs::Error::from(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        assert!(matches!(classify(e, ""), Unavailable::KernelTooOld(_)));
+    }
+
+    #[test]
     fn kernel_versions() {
         assert_eq!(release_version("6.18.44-fc-v782"), Some((6, 18)));
         assert_eq!(release_version("5.10.0-28-amd64"), Some((5, 10)));

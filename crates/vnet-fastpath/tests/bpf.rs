@@ -81,6 +81,11 @@ fn lab_with(cfg: FastPathConfig) -> Option<Lab> {
             std::io::Error::last_os_error()
         ));
     }
+    // No IPv6 autoconfiguration chatter on the test's devices: it would reach the programs as
+    // frames nobody sent (this thread's /proc/sys/net is the new namespace's).
+    for knob in ["all", "default"] {
+        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{knob}/disable_ipv6"), "1");
+    }
     for l in [
         "link add pa type veth peer name pa-g",
         "link add pb type veth peer name pb-g",
@@ -665,6 +670,14 @@ fn dropping_the_fast_path_leaves_nothing_attached() {
     let (pa, pb, u0) = (l.pa, l.pb, l.underlay);
     assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (1, 1, 1));
     drop(l);
+    // The links go with their descriptors; the kernel may finish releasing them a moment after
+    // the close returns.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while (tcx_count(pa), tcx_count(pb), tcx_count(u0)) != (0, 0, 0)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (0, 0, 0));
     // and a new one attaches again
     let Some(l2) = lab_reuse() else { return };

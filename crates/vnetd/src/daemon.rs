@@ -10,6 +10,7 @@ use vnet_control::status::{
     ClusterReport, ClusterStatus, DaemonCounters, LinkStatus, MatrixReport, RouteStatus,
     StatsReport,
 };
+use vnet_control::Interface;
 use vnet_control::{parse_line, parse_script, Change, Command, Config, DestKind, ShowWhat};
 use vnet_dataplane::Engine;
 use vnet_wire::MacAddr;
@@ -53,6 +54,9 @@ pub struct Daemon {
     pub local_changes: AtomicU64,
     /// The etcd agent's status for `show cluster` (None without `--etcd`).
     pub cluster_status: Mutex<Option<ClusterStatus>>,
+    /// The cluster state of the last synchronisation and when it was (for the metrics and the
+    /// live view; None before the first).
+    pub cluster_seen: Mutex<Option<(std::time::Instant, ClusterState)>>,
 }
 
 fn random_mac() -> MacAddr {
@@ -80,6 +84,7 @@ impl Daemon {
             control_errors: AtomicU64::new(0),
             local_changes: AtomicU64::new(0),
             cluster_status: Mutex::new(None),
+            cluster_seen: Mutex::new(None),
         }
     }
 
@@ -119,6 +124,8 @@ impl Daemon {
     /// before (as one atomic script, or command by command if that fails, so one refused
     /// command does not hold back the others), and records what was applied.
     pub fn sync_cluster(&self, host: &HostId, state: &ClusterState) -> SyncReport {
+        *self.cluster_seen.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((std::time::Instant::now(), state.clone()));
         let mut st = self.lock();
         let mut report = SyncReport::default();
         let running = st.cfg.clone();
@@ -165,6 +172,27 @@ impl Daemon {
     /// The local configuration (what `show config` prints).
     pub fn local_config(&self) -> Config {
         self.lock().local_config()
+    }
+
+    /// `show stats json`.
+    pub fn stats(&self) -> StatsReport {
+        stats_report(&self.lock(), self.control_errors.load(Relaxed))
+    }
+
+    /// `show links json`.
+    pub fn links(&self) -> Vec<LinkStatus> {
+        link_rows(&self.lock())
+    }
+
+    /// The running configuration's interfaces.
+    pub fn interfaces(&self) -> Vec<Interface> {
+        self.lock().cfg.interfaces.clone()
+    }
+
+    /// `show matrix json`.
+    pub fn matrix_report(&self) -> MatrixReport {
+        let (pairs, overflow) = self.lock().engine.matrix();
+        MatrixReport { pairs, overflow }
     }
 
     /// The traffic matrix of this host.
@@ -271,6 +299,7 @@ fn stats_report(st: &State, control_errors: u64) -> StatsReport {
             control_errors,
         },
         dispatch: st.engine.dispatch_status(),
+        kernel: st.engine.kernel_status(),
     }
 }
 
@@ -348,24 +377,47 @@ impl Daemon {
             ShowWhat::Config => out = st.local_config().to_script(),
             ShowWhat::Interfaces => {
                 if *json {
-                    out = serde_json::to_string(&cfg.interfaces).unwrap_or_default();
+                    // The configuration of each interface, and which data path serves it.
+                    let rows: Vec<serde_json::Value> = cfg
+                        .interfaces
+                        .iter()
+                        .map(|i| {
+                            let mut v = serde_json::to_value(i).unwrap_or_default();
+                            if let Some(p) = st.engine.port_status(DestKind::Interface, &i.name) {
+                                v["path"] = p.path.as_str().into();
+                            }
+                            v
+                        })
+                        .collect();
+                    out = serde_json::to_string(&rows).unwrap_or_default();
                 } else {
                     let _ = writeln!(
                         out,
-                        "{:<16} {:<5} {:<15} {:<17} {:>5} {:<16} {:>8} POLICY",
-                        "NAME", "TYPE", "IFNAME", "MAC", "MTU", "NETNS", "VNI"
+                        "{:<16} {:<10} {:<15} {:<17} {:>5} {:<16} {:>8} {:<6} POLICY",
+                        "NAME", "TYPE", "IFNAME", "MAC", "MTU", "NETNS", "VNI", "PATH"
                     );
                     for i in &cfg.interfaces {
+                        let path = st
+                            .engine
+                            .port_status(DestKind::Interface, &i.name)
+                            .map(|p| p.path.as_str())
+                            .unwrap_or("-");
+                        let mtu = if i.mtu == 0 {
+                            "-".to_string()
+                        } else {
+                            i.mtu.to_string()
+                        };
                         let _ = writeln!(
                             out,
-                            "{:<16} {:<5} {:<15} {:<17} {:>5} {:<16} {:>8} {}",
+                            "{:<16} {:<10} {:<15} {:<17} {:>5} {:<16} {:>8} {:<6} {}",
                             i.name,
                             i.kind,
                             i.ifname,
                             i.mac.to_string(),
-                            i.mtu,
+                            mtu,
                             i.netns.as_deref().unwrap_or("-"),
                             i.vni,
+                            path,
                             policy_text(i.any_source, i.rate.as_ref())
                         );
                     }
@@ -539,6 +591,35 @@ fn render_stats(out: &mut String, r: &StatsReport) {
             p.counters.tx_bytes,
             drops_text(&p.counters.drops)
         );
+    }
+    if let Some(k) = &r.kernel {
+        let _ = writeln!(
+            out,
+            "kernel fast path: {}; forwarding map {}/{} entries{}; {} datagrams from unknown links passed to vnetd",
+            k.mode,
+            k.table_entries,
+            k.table_size,
+            if k.table_left_out > 0 {
+                format!(" ({} left out: map full)", k.table_left_out)
+            } else {
+                String::new()
+            },
+            k.unknown_link
+        );
+        for p in r.ports.iter().filter(|p| p.kernel.is_some()) {
+            if let Some(kp) = &p.kernel {
+                let _ = writeln!(
+                    out,
+                    "  {} {}: kernel forwarded {} frames in, {} out; {} handed to vnetd, {} from vnetd",
+                    p.kind.as_str(),
+                    p.name,
+                    kp.rx_frames,
+                    kp.tx_frames,
+                    kp.punted_frames,
+                    kp.from_vnetd_frames
+                );
+            }
+        }
     }
     let _ = writeln!(
         out,
