@@ -7,7 +7,12 @@ Built from tests/system/netlab.py (namespaces, vnetd processes, guaranteed clean
       |             |             |             |
      h1 eth0       h2 eth0       h3 eth0       h4 eth0      10.88.0.N/24   (native ranks here)
       |- vx1 + br-kx (kernel VXLAN, UDP 4789) -- veth -- guest kx<i>   192.168.82.<i+1>/24
-      |- vnetd (UDP 4790), TAP vn-r<i> ------------------ guest vn<i>   192.168.81.<i+1>/24
+      |- vnetd (UDP 4790), VNI 1: TAP r<i> -------------- guest vn<i>   192.168.81.<i+1>/24
+      |                    VNI 3: veth kr<i> (kernel fast path) -- guest kvn<i>  192.168.83.<i+1>/24
+
+One vnetd per host serves both vnet overlays, each with its own udp links (``to-h<N>``,
+``kto-h<N>``): the TAP guests are the ``vnet-<mode>`` configurations (the dispatchers switched
+with ``set mode``), the veth guests ``vnet-kernel`` (forwarded by the kernel's eBPF programs, #10).
 
 Guests are placed in blocks (ranks 0,1 on h1 and 2,3 on h2 with two hosts; one per host with
 four), so rank 0 and rank 3 are always on the first and the last host: the most distant pair,
@@ -16,7 +21,8 @@ that host's loopback (TCP, never shared memory), as co-located processes of a re
 
 **Adding a configuration** is one function that builds it and one line in ``CONFIGS``. The
 function receives the ``Bed`` (hosts, underlay, MTUs, ``bed.shared`` for parts several
-configurations share, such as the vnet daemons) and returns a ``Placement``: where the 4 ranks
+configurations share, such as the vnet daemons: ``vnet_overlay`` adds a VNI of guests to them)
+and returns a ``Placement``: where the 4 ranks
 run (namespace + address each), the subnet MPI must use, a ``prepare`` hook run before every
 measurement (the vnet modes switch the shared daemons there), and ``counters`` (a snapshot of
 the counters that prove which path a job's bytes took; ``check`` compares two snapshots).
@@ -44,13 +50,10 @@ VNI = 1
 WIRE_NET = "10.88.0"
 VNET_NET = "192.168.81"
 KX_NET = "192.168.82"
+VETH_NET = "192.168.83"
 # Mode the vnet daemons are parked in while another configuration runs: a polling dispatcher
 # would take CPU from the ranks of native or kernel-VXLAN jobs.
 PARK_MODE = "guest-driven"
-
-
-def vnet_mac(i: int) -> str:
-    return f"52:54:00:81:00:{i + 1:02x}"
 
 
 def kx_mac(i: int) -> str:
@@ -244,44 +247,74 @@ def build_kernel_vxlan(bed: Bed) -> Placement:
         prepare=lambda: _park_vnet(bed), mtu=bed.overlay_mtu)
 
 
-def link_name(to_host: int) -> str:
-    return f"to-h{to_host + 1}"
+@dataclass
+class VnetOverlay:
+    """One overlay on the shared vnet daemons: its own VNI, guests of one NIC kind, a udp link
+    from every host to every other (``{prefix}to-h<N>``) and routes to every guest's MAC."""
+    kind: str  # interface kind: tap (vnetd's user-space path) or veth (the kernel fast path)
+    vni: int
+    net: str  # the guests' /24
+    mac_byte: int  # the guests' MACs: 52:54:00:<mac_byte>:00:<rank + 1>
+    prefix: str  # of the interface (<prefix>r<rank>) and link names
+
+    def mac(self, i: int) -> str:
+        return f"52:54:00:{self.mac_byte:02x}:00:{i + 1:02x}"
+
+    def link(self, to_host: int) -> str:
+        return f"{self.prefix}to-h{to_host + 1}"
+
+    def iface(self, i: int) -> str:
+        return f"{self.prefix}r{i}"
 
 
-def vnet_daemons(bed: Bed) -> list:
-    """One vnetd per host (UDP 4790) with a udp link to every other host and one TAP per
-    rank living there; started once, shared by every ``vnet-*`` mode. Returns the ranks."""
-    if "vnet" in bed.shared:
-        return bed.shared["vnet"]
-    lab = bed.lab
-    ranks = []
-    for i in range(RANKS):
-        h = bed.host_of(i)
-        g = lab.guest(f"vn{i}", ip=f"{VNET_NET}.{i + 1}", mac=vnet_mac(i))
-        ranks.append(Rank(g, g.ip_addr, h))
+TAP_OVERLAY = VnetOverlay("tap", VNI, VNET_NET, 0x81, "")
+VETH_OVERLAY = VnetOverlay("veth", 3, VETH_NET, 0x83, "k")
+
+
+def vnet_daemons(bed: Bed) -> None:
+    """One vnetd per host (UDP 4790), started once in the parked mode; the ``vnet-*``
+    configurations add their overlays to these daemons at run time."""
+    if "vnetd" in bed.shared:
+        return
     for hi, host in enumerate(bed.hosts):
         lines = [f"# HPC benchmark host h{hi + 1}, wire MTU {bed.wire_mtu}", f"set mode {PARK_MODE}"]
         lines += [f"set {s}" for s in bed.vnet_settings]
-        for oi, other in enumerate(bed.hosts):
-            if oi != hi:
-                lines.append(f"link add {link_name(oi)} udp {other.underlay_ip}:{VNET_PORT} vni {VNI}")
-        for i, r in enumerate(ranks):
-            if r.host == hi:
-                lines.append(f"interface add r{i} tap mac {vnet_mac(i)} mtu {bed.overlay_mtu} netns {r.ns.name}")
-                lines.append(f"route add any {vnet_mac(i)} interface r{i}")
-            else:
-                lines.append(f"route add any {vnet_mac(i)} link {link_name(r.host)}")
         host.start_vnetd(config="\n".join(lines) + "\n", args=["--udp-port", VNET_PORT])
+    bed.shared["vnetd"] = True
+    bed.shared["vnet_mode"] = PARK_MODE
+
+
+def vnet_overlay(bed: Bed, ov: VnetOverlay) -> list:
+    """``ov`` on the shared daemons (built once, one atomic script per host); its ranks."""
+    key = f"overlay-{ov.vni}"
+    if key in bed.shared:
+        return bed.shared[key]
+    vnet_daemons(bed)
+    ranks = []
+    for i in range(RANKS):
+        h = bed.host_of(i)
+        g = bed.lab.guest(f"{ov.prefix}vn{i}", ip=f"{ov.net}.{i + 1}", mac=ov.mac(i))
+        ranks.append(Rank(g, g.ip_addr, h))
+    for hi, host in enumerate(bed.hosts):
+        lines = [f"link add {ov.link(oi)} udp {o.underlay_ip}:{VNET_PORT} vni {ov.vni}"
+                 for oi, o in enumerate(bed.hosts) if oi != hi]
         for i, r in enumerate(ranks):
             if r.host == hi:
-                r.ns.configure(host.interface(f"r{i}")["ifname"], bed.overlay_mtu)
-    bed.shared["vnet"] = ranks
-    bed.shared["vnet_mode"] = PARK_MODE
+                lines.append(f"interface add {ov.iface(i)} {ov.kind} mac {ov.mac(i)} mtu {bed.overlay_mtu} "
+                             f"netns {r.ns.name} vni {ov.vni}")
+                lines.append(f"route add any {ov.mac(i)} interface {ov.iface(i)}")
+            else:
+                lines.append(f"route add any {ov.mac(i)} link {ov.link(r.host)}")
+        host.script("\n".join(lines) + "\n")
+        for i, r in enumerate(ranks):
+            if r.host == hi:
+                r.ns.configure(host.interface(ov.iface(i))["ifname"], bed.overlay_mtu)
+    bed.shared[key] = ranks
     return ranks
 
 
 def _set_vnet_mode(bed: Bed, mode: str) -> None:
-    if "vnet" not in bed.shared or bed.shared.get("vnet_mode") == mode:
+    if "vnetd" not in bed.shared or bed.shared.get("vnet_mode") == mode:
         return
     for h in bed.hosts:
         h.ctl("set", "mode", mode)
@@ -300,34 +333,46 @@ def _vnet_counters(bed: Bed) -> dict:
     return snap
 
 
+def _kernel_share(stats: dict, port: str, key: str) -> int:
+    return (netlab.port_of(stats, port).get("kernel") or {}).get(key, 0)
 
-def _vnet_check(bed: Bed, ranks: list, before: dict, after: dict, need: dict) -> dict:
+
+def _vnet_check(bed: Bed, ov: VnetOverlay, ranks: list, before: dict, after: dict, need: dict,
+                kernel: bool) -> dict:
     """vnet's own counters (``show stats json``): for every ordered pair of hosts (a, b)
     the job's ranks span, a's link to b sent (tx_bytes) and b's link to a received (rx_bytes)
-    at least what the job must have moved from a to b (``need_between``). Drops on any vnet
-    port are reported."""
+    at least what the job must have moved from a to b (``need_between``); with ``kernel``,
+    the kernel's share of those links' counters must show it (the fast path carried it, not
+    vnetd). Drops on any vnet port are reported."""
     links = {}
     ok = True
     for (a, b), want in sorted(need_between(ranks, need).items()):
-        tx = netlab.delta(before[a], after[a], link_name(b), "tx_bytes")
-        rx = netlab.delta(before[b], after[b], link_name(a), "rx_bytes")
-        links[f"h{a + 1}->h{b + 1}"] = {"tx_bytes": tx, "rx_bytes": rx, "need": want}
+        tx = netlab.delta(before[a], after[a], ov.link(b), "tx_bytes")
+        rx = netlab.delta(before[b], after[b], ov.link(a), "rx_bytes")
+        links[f"h{a + 1}->h{b + 1}"] = entry = {"tx_bytes": tx, "rx_bytes": rx, "need": want}
         ok = ok and tx >= want and rx >= want
+        if kernel:
+            entry["kernel_tx_bytes"] = (_kernel_share(after[a], ov.link(b), "tx_bytes")
+                                        - _kernel_share(before[a], ov.link(b), "tx_bytes"))
+            entry["kernel_rx_bytes"] = (_kernel_share(after[b], ov.link(a), "rx_bytes")
+                                        - _kernel_share(before[b], ov.link(a), "rx_bytes"))
+            ok = ok and entry["kernel_tx_bytes"] >= want and entry["kernel_rx_bytes"] >= want
     drops = {}
     for i in range(bed.nhosts):
         for k, n in netlab.new_drops(before[i], after[i]).items():
             drops[f"h{i + 1}:{k}"] = n
-    # what the guests handed to vnet (TAP reads), for the cross-host share
-    guest_rx = sum(netlab.delta(before[ranks[i].host], after[ranks[i].host], f"r{i}", "rx_bytes")
+    # what the guests handed to vnet (their interfaces' rx), for the cross-host share
+    guest_rx = sum(netlab.delta(before[ranks[i].host], after[ranks[i].host], ov.iface(i), "rx_bytes")
                    for i in need["ranks"])
-    return {"ok": bool(ok), "path": "vnet udp links between hosts (vnetctl show stats json)",
-            "links": links, "drops": drops,
-            "total_tx_bytes": sum(v["tx_bytes"] for v in links.values()),
-            "guest_tx_bytes": guest_rx}
+    path = ("kernel fast path: the kernel's share of vnet's udp links (vnetctl show stats json)" if kernel
+            else "vnet udp links between hosts (vnetctl show stats json)")
+    return {"ok": bool(ok), "path": path, "links": links, "drops": drops,
+            "total_tx_bytes": sum(v["tx_bytes"] for v in links.values()), "guest_tx_bytes": guest_rx}
 
 
 def _dispatch_info(bed: Bed, before: dict, after: dict) -> dict:
-    """Dispatcher activity over the job: frames, wake-ups, mode switches, end modes."""
+    """Dispatcher activity over the job: frames, wake-ups, mode switches, end modes; and the
+    daemons' CPU time."""
     frames = wakeups = switches = 0
     modes = []
     for i in range(bed.nhosts):
@@ -344,25 +389,44 @@ def _dispatch_info(bed: Bed, before: dict, after: dict) -> dict:
             "vnetd_cpu_s": round(after["vnetd_cpu_s"] - before["vnetd_cpu_s"], 2)}
 
 
+def _vnet_placement(bed: Bed, name: str, ov: VnetOverlay, mode: str, kernel: bool) -> Placement:
+    ranks = vnet_overlay(bed, ov)
+    return Placement(
+        name, ranks, f"{ov.net}.0/24",
+        "kernel fast path (vnet link counters, kernel share)" if kernel else "vnet udp links (vnetctl show stats json)",
+        counters=lambda: _vnet_counters(bed),
+        check=lambda b, a, need: _vnet_check(bed, ov, ranks, b, a, need, kernel),
+        prepare=lambda: _set_vnet_mode(bed, mode), mtu=bed.overlay_mtu,
+        info=lambda b, a: _dispatch_info(bed, b, a))
+
+
 def vnet_mode(mode: str) -> Callable[[Bed], Placement]:
-    """A ``vnet-*`` configuration: the shared daemons switched to ``mode``."""
+    """A ``vnet-<mode>`` configuration: TAP guests served by vnetd in user space, the shared
+    daemons' dispatchers switched to ``mode``."""
     def build(bed: Bed) -> Placement:
-        ranks = vnet_daemons(bed)
-        return Placement(
-            f"vnet-{mode}", ranks, f"{VNET_NET}.0/24", "vnet udp links (vnetctl show stats json)",
-            counters=lambda: _vnet_counters(bed),
-            check=lambda b, a, need: _vnet_check(bed, ranks, b, a, need),
-            prepare=lambda: _set_vnet_mode(bed, mode), mtu=bed.overlay_mtu,
-            info=lambda b, a: _dispatch_info(bed, b, a))
+        return _vnet_placement(bed, f"vnet-{mode}", TAP_OVERLAY, mode, kernel=False)
     build.__doc__ = f"vnetd TAP guests on udp links, dispatchers in {mode} mode."
     return build
 
 
-# Every configuration, in report order. To add one (say the kernel fast path, `vnet-kernel`):
-# write `def build_X(bed) -> Placement` and add its line here.
+def build_vnet_kernel(bed: Bed) -> Placement:
+    """``veth`` guests on plain udp links of their own VNI, forwarded by the kernel fast path
+    (#10); the daemons stay parked (they see only what the kernel hands them)."""
+    p = _vnet_placement(bed, "vnet-kernel", VETH_OVERLAY, PARK_MODE, kernel=True)
+    for i, r in enumerate(p.ranks):
+        path = bed.hosts[r.host].interface(VETH_OVERLAY.iface(i)).get("path")
+        if path != "kernel":
+            raise netlab.LabError(f"vnet-kernel: the kernel fast path does not serve {VETH_OVERLAY.iface(i)} "
+                                  f"(path {path!r}): {bed.hosts[r.host].vnetd.log_text()[-1500:]}")
+    return p
+
+
+# Every configuration, in report order. To add one: write `def build_X(bed) -> Placement`
+# and add its line here.
 CONFIGS: dict = {
     "native": build_native,
     "kernel-vxlan": build_kernel_vxlan,
+    "vnet-kernel": build_vnet_kernel,
     "vnet-guest-driven": vnet_mode("guest-driven"),
     "vnet-adaptive": vnet_mode("adaptive"),
     "vnet-polling": vnet_mode("polling"),

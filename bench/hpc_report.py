@@ -34,7 +34,7 @@ NETPIPE = {
     "np_bw_mbps": ("Mbit/s", "higher", "NetPIPE peak bandwidth"),
 }
 COLORS = {"native": "#4d4d4d", "kernel-vxlan": "#1f77b4", "vnet-guest-driven": "#2ca02c",
-          "vnet-polling": "#d62728", "vnet-adaptive": "#ff7f0e"}
+          "vnet-polling": "#d62728", "vnet-adaptive": "#ff7f0e", "vnet-kernel": "#17becf"}
 
 
 def phases(doc: dict) -> list:

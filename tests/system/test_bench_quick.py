@@ -141,12 +141,17 @@ def test_hpc_bench_quick(tmp_path, tools):
             assert x["check"]["ok"], f"{c} {job}: counters do not show the bytes: {x['check']}"
             if c.startswith("vnet"):
                 ch = x["check"]
-                assert ch["path"].startswith("vnet udp links")
                 # HPCC: all 12 ordered pairs of the 4 hosts; NetPIPE: first <-> last host
                 assert len(ch["links"]) == (12 if job == "hpcc" else 2), ch["links"]
                 assert all(v["tx_bytes"] >= v["need"] > 0 and v["rx_bytes"] >= v["need"]
                            for v in ch["links"].values()), ch["links"]
-                assert x["info"]["dispatch"]["frames"] > 0
+                if c == "vnet-kernel":  # the kernel's eBPF programs carried it, not vnetd
+                    assert ch["path"].startswith("kernel fast path")
+                    assert all(v["kernel_tx_bytes"] >= v["need"] and v["kernel_rx_bytes"] >= v["need"]
+                               for v in ch["links"].values()), ch["links"]
+                else:
+                    assert ch["path"].startswith("vnet udp links")
+                    assert x["info"]["dispatch"]["frames"] > 0
             else:
                 assert ch_dev(x["check"]) in ("eth0", "vx1")
         hp = [x for x in runs if x["config"] == c and x["job"] == "hpcc"][0]
@@ -167,9 +172,11 @@ def ch_dev(check: dict) -> str:
 
 
 def test_hpc_counters_check_can_fail(tools):
-    """The counters check of bench/hpc.py is not vacuous: with no job run between the two
-    snapshots it fails, on vnet's link counters and on a kernel device; after a real NetPIPE
-    job between rank 0 and rank 3 (two hosts) it passes."""
+    """The counters check of bench/hpc.py is not vacuous: with no job run between its two
+    snapshots it fails (vnet's link counters, their kernel share, a kernel device); after a real
+    NetPIPE job between rank 0 and rank 3 (two hosts) it passes; and for vnet-kernel the same
+    job with the fast path off (`set fastpath off`: vnetd forwards it) fails, because the
+    kernel's share of the links did not carry it."""
     hpc, hpc_bed, _ = _hpc_modules()
     for b in (netlab.VNETD, netlab.VNETCTL):
         if not b.exists():
@@ -177,7 +184,7 @@ def test_hpc_counters_check_can_fail(tools):
     if shutil.which("mpirun") is None or shutil.which("NPopenmpi") is None:
         pytest.skip("MPI tools missing: bash scripts/bench.sh --install-only")
     with hpc_bed.Bed(hosts=2) as bed:
-        for c in ("native", "vnet-adaptive"):
+        for c in ("native", "vnet-adaptive", "vnet-kernel"):
             p = bed.build(c)
             p.prepare()
             need = {"per_pair": 1_000_000, "ranks": [0, 3]}
@@ -187,3 +194,14 @@ def test_hpc_counters_check_can_fail(tools):
             res = hpc.run_netpipe(bed, p, 1 << 16, 20, bed.workdir, c, timeout=120)
             assert res["check"]["ok"], res["check"]
             assert res["check"]["total_tx_bytes"] >= 2 * res["extra"]["payload_each_way"]
+        p = bed.placements["vnet-kernel"]
+        for h in bed.hosts:
+            h.ctl("set", "fastpath", "off")
+        try:
+            res = hpc.run_netpipe(bed, p, 1 << 16, 20, bed.workdir, "vnet-kernel-off", timeout=120)
+        finally:
+            for h in bed.hosts:
+                h.ctl("set", "fastpath", "kernel")
+        links = res["check"]["links"].values()
+        assert all(v["tx_bytes"] >= v["need"] for v in links), res["check"]  # vnetd carried it
+        assert not res["check"]["ok"], f"the kernel check passed with the fast path off: {res['check']}"
