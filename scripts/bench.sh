@@ -6,6 +6,7 @@
 #   bash scripts/bench.sh --quick          # CI smoke run (~1 min)
 #   bash scripts/bench.sh --install-only   # only the packages (for CI set-up)
 #   bash scripts/bench.sh --vhost-only [--quick]   # only the vhost-user data path (bench/vhost.py)
+#   bash scripts/bench.sh --hpc [--quick]  # only the MPI jobs over 4 guests (bench/hpc.py; its options)
 #   bash scripts/bench.sh --help           # every option of bench/run.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,11 +20,15 @@ fi
 
 install_only=0
 vhost_only=0
+hpc_only=0
 if [ "${1:-}" = "--install-only" ]; then
     install_only=1
     shift
 elif [ "${1:-}" = "--vhost-only" ]; then
     vhost_only=1
+    shift
+elif [ "${1:-}" = "--hpc" ]; then
+    hpc_only=1
     shift
 fi
 
@@ -49,6 +54,10 @@ if [ "$vhost_only" = 1 ]; then
     say "running the vhost-user data-path benchmark"
     exec python3 bench/vhost.py "$@"
 fi
+if [ "$hpc_only" = 1 ]; then
+    say "running the MPI jobs over many guests (HPCC, NetPIPE)"
+    exec python3 bench/hpc.py "$@"
+fi
 say "running the benchmark suite"
 python3 bench/run.py "$@"
 # The vhost-user data path (issue #4), next to the other results when --out was given.
@@ -65,4 +74,11 @@ if [ -n "$out" ]; then
     python3 bench/vhost.py $quick --out "$out"
 else
     python3 bench/vhost.py $quick
+fi
+# MPI jobs over 4 guests (issue #13): HPCC and NetPIPE, beside the others with --out.
+say "running the MPI jobs over many guests (HPCC, NetPIPE)"
+if [ -n "$out" ]; then
+    python3 bench/hpc.py $quick --out "$out"
+else
+    python3 bench/hpc.py $quick
 fi

@@ -96,3 +96,113 @@ def test_vhost_bench_quick(tmp_path, tools):
     assert "goal" in doc and (out / "vhost.md").read_text().count("|") > 20
     if _matplotlib_python():
         assert (out / "vhost.png").read_bytes()[:8] == PNG
+
+
+def _hpc_modules():
+    bench = str(netlab.REPO / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import hpc
+    import hpc_bed
+    import hpc_report
+    return hpc, hpc_bed, hpc_report
+
+
+def test_hpc_bench_quick(tmp_path, tools):
+    """``bench/hpc.py --quick``: HPCC with 4 ranks on 4 guests over 4 hosts and NetPIPE between
+    the most distant pair, on every configuration. Every configuration produced every HPCC
+    kernel's figure and NetPIPE's, every run's counters show its bytes on the configuration's
+    path (for vnet: vnet's own link counters, on every link between hosts), and the report
+    says the machine is oversubscribed."""
+    hpc, hpc_bed, hpc_report = _hpc_modules()
+    for b in (netlab.VNETD, netlab.VNETCTL):
+        if not b.exists():
+            pytest.fail(f"{b} not found: run `cargo build --release` first")
+    missing = [t for t in hpc.TOOLS if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"MPI tools missing ({', '.join(missing)}): bash scripts/bench.sh --install-only")
+    py = _matplotlib_python() or sys.executable
+    out = tmp_path / "hpc"
+    r = subprocess.run([py, str(netlab.REPO / "bench" / "hpc.py"), "--quick", "--out", str(out)],
+                       capture_output=True, text=True, timeout=2400)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    doc = json.loads((out / "hpc.json").read_text())
+    runs = doc["runs"]
+    errors = [f"{x['config']} {x['job']}: {x['error']}" for x in runs if x.get("error")]
+    assert not errors, "failed runs:\n" + "\n".join(errors)
+    configs = list(hpc_bed.CONFIGS)
+    assert doc["meta"]["configs"] == configs
+    for c in configs:
+        for job, figures in (("hpcc", hpc_report.KERNELS), ("netpipe", hpc_report.NETPIPE)):
+            done = [x for x in runs if x["config"] == c and x["job"] == job]
+            assert len(done) == 1, f"{c} {job}: {len(done)} runs"
+            x = done[0]
+            assert set(figures) <= set(x["figures"]), f"{c} {job} lacks {set(figures) - set(x['figures'])}"
+            assert all(v > 0 for v in x["figures"].values()), (c, job, x["figures"])
+            assert x["check"]["ok"], f"{c} {job}: counters do not show the bytes: {x['check']}"
+            if c.startswith("vnet"):
+                ch = x["check"]
+                # HPCC: all 12 ordered pairs of the 4 hosts; NetPIPE: first <-> last host
+                assert len(ch["links"]) == (12 if job == "hpcc" else 2), ch["links"]
+                assert all(v["tx_bytes"] >= v["need"] > 0 and v["rx_bytes"] >= v["need"]
+                           for v in ch["links"].values()), ch["links"]
+                if c == "vnet-kernel":  # the kernel's eBPF programs carried it, not vnetd
+                    assert ch["path"].startswith("kernel fast path")
+                    assert all(v["kernel_tx_bytes"] >= v["need"] and v["kernel_rx_bytes"] >= v["need"]
+                               for v in ch["links"].values()), ch["links"]
+                else:
+                    assert ch["path"].startswith("vnet udp links")
+                    assert x["info"]["dispatch"]["frames"] > 0
+            else:
+                assert ch_dev(x["check"]) in ("eth0", "vx1")
+        hp = [x for x in runs if x["config"] == c and x["job"] == "hpcc"][0]
+        assert hp["verification"] == {"randomaccess_errors": 0, "hpl_failed": 0}
+    md = (out / "hpc.md").read_text()
+    assert "| kernel | unit | native | kernel-vxlan |" in md
+    assert "**Oversubscribed:**" in md and "mpi_yield_when_idle 1" in md
+    for c in configs[1:]:
+        assert f"{c} / native" in md
+    png = out / "hpc.png"
+    if _matplotlib_python():
+        assert png.read_bytes()[:8] == PNG and png.stat().st_size > 5000
+        assert "(hpc.png)" in md
+
+
+def ch_dev(check: dict) -> str:
+    return check["path"].split()[2]
+
+
+def test_hpc_counters_check_can_fail(tools):
+    """The counters check of bench/hpc.py is not vacuous: with no job run between its two
+    snapshots it fails (vnet's link counters, their kernel share, a kernel device); after a real
+    NetPIPE job between rank 0 and rank 3 (two hosts) it passes; and for vnet-kernel the same
+    job with the fast path off (`set fastpath off`: vnetd forwards it) fails, because the
+    kernel's share of the links did not carry it."""
+    hpc, hpc_bed, _ = _hpc_modules()
+    for b in (netlab.VNETD, netlab.VNETCTL):
+        if not b.exists():
+            pytest.fail(f"{b} not found: run `cargo build --release` first")
+    if shutil.which("mpirun") is None or shutil.which("NPopenmpi") is None:
+        pytest.skip("MPI tools missing: bash scripts/bench.sh --install-only")
+    with hpc_bed.Bed(hosts=2) as bed:
+        for c in ("native", "vnet-adaptive", "vnet-kernel"):
+            p = bed.build(c)
+            p.prepare()
+            need = {"per_pair": 1_000_000, "ranks": [0, 3]}
+            idle = p.counters()
+            ch = p.check(idle, p.counters(), need)
+            assert not ch["ok"], f"{c}: check passed with no traffic: {ch}"
+            res = hpc.run_netpipe(bed, p, 1 << 16, 20, bed.workdir, c, timeout=120)
+            assert res["check"]["ok"], res["check"]
+            assert res["check"]["total_tx_bytes"] >= 2 * res["extra"]["payload_each_way"]
+        p = bed.placements["vnet-kernel"]
+        for h in bed.hosts:
+            h.ctl("set", "fastpath", "off")
+        try:
+            res = hpc.run_netpipe(bed, p, 1 << 16, 20, bed.workdir, "vnet-kernel-off", timeout=120)
+        finally:
+            for h in bed.hosts:
+                h.ctl("set", "fastpath", "kernel")
+        links = res["check"]["links"].values()
+        assert all(v["tx_bytes"] >= v["need"] for v in links), res["check"]  # vnetd carried it
+        assert not res["check"]["ok"], f"the kernel check passed with the fast path off: {res['check']}"

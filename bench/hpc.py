@@ -1,0 +1,476 @@
+#!/usr/bin/env python3
+"""MPI jobs over many guests (issue #13): HPC Challenge with 4 ranks on 4 guests spread over
+2-4 hosts, and NetPIPE between the most distant pair, for native, the kernel's VXLAN and vnet's
+paths, reported like the dissertation's tables (value per configuration and its ratio to
+native). See bench/README.md, "MPI jobs over many guests".
+
+    sudo python3 bench/hpc.py                 # full run: 5 rounds, HPCC N=256, NetPIPE to 1 MB
+    sudo python3 bench/hpc.py --quick         # one round, small sizes (the CI check)
+    sudo python3 bench/hpc.py --mtus 1500,9000 --hosts 2 --configs native,vnet-adaptive
+
+Output (``results/hpc-<UTC time>/`` or ``--out``): hpc.md (the tables), hpc.json (every run,
+its HPCC/NetPIPE figures and the counters that show which path its bytes took), hpc.png, and
+raw/hpc/ (hpccoutf.txt and NetPIPE's output of every run, the vnetd logs).
+
+How the jobs span namespaces and stay honest (as bench/mpi.py for two ranks): ``mpirun`` runs
+in rank 0's namespace and starts the other ranks' daemons through an ``plm_rsh_agent`` script
+that maps each "host" (an address) to its namespace; ``--mca btl tcp,self --mca pml ob1``
+keeps the ranks off shared memory (namespaces of one machine share /dev/shm), on the
+configuration's subnet; and every run's counters (vnet's own ``show stats json`` for vnet, the
+VXLAN device or the underlay NIC otherwise) must show at least the bytes the job must have moved
+between every pair of hosts. Four ranks (plus the daemons) share two cores: ranks yield when
+idle (``mpi_yield_when_idle 1``, ``--oversubscribe``, no binding), and only ratios within one
+run mean anything.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import ensure_matplotlib  # noqa: E402
+
+if __name__ == "__main__":
+    ensure_matplotlib(__file__)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from datetime import datetime, timezone  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import hpc_bed  # noqa: E402
+import hpc_report  # noqa: E402
+from hpc_bed import CONFIGS, RANKS, Bed, Placement, netlab  # noqa: E402
+from measure import background_cpu  # noqa: E402
+from mpi import AGENT, _q  # noqa: E402
+from run import Progress, _mmss, machine_info, vnet_version  # noqa: E402
+
+REPO = hpc_bed.REPO
+# HPCC sends 2,000,000-byte messages between every ordered pair of ranks in its ping-pong
+# bandwidth test (and many more in the ring tests): the floor a run's counters must show.
+HPCC_PAIR_BYTES = 2_000_000
+TOOLS = ("mpirun", "hpcc", "NPopenmpi")
+
+# HPL's input, then PTRANS's: 4 ranks on a 2 x 2 grid; every other HPCC kernel sizes its
+# problem from N (memory ~ 8 N^2 bytes): RandomAccess's table, FFT's vector, DGEMM, STREAM.
+HPCC_INPUT = """HPLinpack benchmark input file
+Innovative Computing Laboratory, University of Tennessee
+HPL.out      output file name (if any)
+8            device out (6=stdout,7=stderr,file)
+1            # of problems sizes (N)
+{n}          Ns
+1            # of NBs
+{nb}         NBs
+0            PMAP process mapping (0=Row-,1=Column-major)
+1            # of process grids (P x Q)
+2            Ps
+2            Qs
+16.0         threshold
+1            # of panel fact
+2            PFACTs (0=left, 1=Crout, 2=Right)
+1            # of recursive stopping criterium
+4            NBMINs (>= 1)
+1            # of panels in recursion
+2            NDIVs
+1            # of recursive panel fact.
+1            RFACTs (0=left, 1=Crout, 2=Right)
+1            # of broadcast
+1            BCASTs (0=1rg,1=1rM,2=2rg,3=2rM,4=Lng,5=LnM)
+1            # of lookahead depth
+1            DEPTHs (>=0)
+2            SWAP (0=bin-exch,1=long,2=mix)
+64           swapping threshold
+0            L1 in (0=transposed,1=no-transposed) form
+0            U  in (0=transposed,1=no-transposed) form
+1            Equilibration (0=no,1=yes)
+8            memory alignment in double (> 0)
+##### This line (no. 32) is ignored (it serves as a separator). ######
+0                               Number of additional problem sizes for PTRANS
+1200 10000 30000                values of N
+0                               number of additional blocking sizes for PTRANS
+40 9 8 13 13 20 16 32 64        values of NB
+"""
+
+# The figures of one HPCC run kept per kernel: name -> (hpccoutf.txt summary key, multiplier)
+HPCC_FIGURES = {k: (key, mult) for k, (key, mult, *_rest) in hpc_report.KERNELS.items()}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="output directory (default results/hpc-<UTC time>)")
+    ap.add_argument("--quick", action="store_true",
+                    help="one round, HPCC N=64, NetPIPE to 64 KB: checks that everything runs")
+    ap.add_argument("--rounds", type=int, help="rounds of every (job, configuration) (default 5; quick 1)")
+    ap.add_argument("--hosts", type=int, default=4, help="host namespaces the 4 guests spread over, 2-4 (default 4)")
+    ap.add_argument("--mtus", default="1500", help="underlay MTUs, comma separated (default 1500; e.g. 1500,9000)")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"configurations (default all: {','.join(CONFIGS)})")
+    ap.add_argument("--hpcc-n", type=int, help="HPL problem size N, which sizes every HPCC kernel (default 256; quick 64)")
+    ap.add_argument("--np-upper", type=int, help="NetPIPE's largest message, bytes (default 1048576; quick 65536)")
+    ap.add_argument("--np-repeats", type=int, default=50, help="NetPIPE round trips per message size (default 50)")
+    ap.add_argument("--no-netpipe", action="store_true", help="HPCC only")
+    ap.add_argument("--vnet-set", action="append", default=[], metavar="'KEY VALUE'",
+                    help="extra `set` for every vnetd, e.g. --vnet-set 'yield timed' (repeatable)")
+    ap.add_argument("--seed", type=int, help="seed of the order shuffle")
+    a = ap.parse_args(argv)
+    a.rounds = a.rounds or (1 if a.quick else 5)
+    a.hpcc_n = a.hpcc_n or (64 if a.quick else 256)
+    a.np_upper = a.np_upper or (65536 if a.quick else 1 << 20)
+    a.mtus = [int(x) for x in a.mtus.split(",") if x]
+    a.configs = [c for c in a.configs.split(",") if c]
+    for c in a.configs:
+        if c not in CONFIGS:
+            ap.error(f"unknown configuration {c!r} (choose from {', '.join(CONFIGS)})")
+    if not 2 <= a.hosts <= RANKS:
+        ap.error(f"--hosts must be 2..{RANKS}")
+    for m in a.mtus:
+        if not 1280 <= m <= 9000:
+            ap.error("MTUs must be 1280..9000")
+    if a.hpcc_n < 32:
+        ap.error("--hpcc-n must be at least 32")
+    if not 8 <= a.np_upper <= 1 << 26:
+        ap.error("--np-upper must be 8 B .. 64 MB")
+    return a
+
+
+# --- running one MPI job ------------------------------------------------------------------
+
+class JobError(RuntimeError):
+    pass
+
+
+def _job_dir(bed: Bed, p: Placement, ranks: list) -> tuple:
+    """A work directory with the rsh agent and its host map; the mpirun words that start
+    ``ranks`` (rank indexes, in order) on ``p``."""
+    wd = bed.workdir / f"job-{p.config}"
+    wd.mkdir(exist_ok=True)
+    agent = wd / "mpi-agent.sh"
+    agent.write_text(AGENT)
+    agent.chmod(0o755)
+    hosts = {p.ranks[i].ip: p.ranks[i].ns.name for i in ranks}  # ranks may share a host
+    (wd / "hosts.map").write_text("".join(f"{ip} {ns}\n" for ip, ns in hosts.items()))
+    slots: dict = {}
+    for i in ranks:  # ranks are placed in the order of --host, by slot
+        slots[p.ranks[i].ip] = slots.get(p.ranks[i].ip, 0) + 1
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", len(ranks),
+            "--host", ",".join(f"{ip}:{n}" for ip, n in slots.items()), "--bind-to", "none",
+            "--mca", "plm_rsh_agent", agent, "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+            "--mca", "btl_tcp_if_include", p.subnet, "--mca", "oob_tcp_if_include", p.subnet,
+            "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_base_warn_component_unused", "0"]
+    return wd, [str(x) for x in argv]
+
+
+def _exec(p: Placement, wd: Path, argv: list, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``argv`` (an mpirun) in rank 0's namespace. On timeout the whole job goes: mpirun,
+    the agents and daemons it started and their ranks share its session (SIGTERM so mpirun can
+    stop its daemons, then SIGKILL), and nothing of the job is left to compete with the next."""
+    cmd = " ".join(_q(x) for x in argv)
+    proc = subprocess.Popen(["ip", "netns", "exec", p.ranks[0].ns.name, "sh", "-c",
+                             f"cd {_q(str(wd))} && exec {cmd}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        job = next((x for x in argv if x in ("hpcc", "NPopenmpi")), "mpirun")
+        raise JobError(f"{job} did not finish within {timeout:.0f} s (killed)")
+    except BaseException:  # Ctrl-C, SIGTERM: the job must not outlive the run
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _kill_leftovers(bed: Bed, p: Placement) -> int:
+    """After a failed job: kill any process still in the ranks' namespaces except the vnet
+    daemons (all of them were started by the job there). Returns how many."""
+    daemons = {h.vnetd.pid for h in bed.hosts if h.vnetd is not None}
+    n = 0
+    for ns in {r.ns.name: r.ns for r in p.ranks}.values():
+        for pid in netlab._netns_pids(ns.name):
+            if pid not in daemons and pid != os.getpid():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    n += 1
+                except OSError:
+                    pass
+    return n
+
+
+def _measured(p: Placement, run) -> tuple:
+    """Run ``run()`` between two counter snapshots: (its result, before, after, wall seconds)."""
+    before = p.counters()
+    t0 = time.monotonic()
+    res = run()
+    wall = time.monotonic() - t0
+    return res, before, p.counters(), wall
+
+
+def parse_hpcc(text: str) -> dict:
+    """The summary section of hpccoutf.txt (``key=value`` lines) and its verification lines."""
+    vals = dict(re.findall(r"^(\w+)=(\S+)$", text, re.M))
+    figures = {}
+    for name, (key, mult) in HPCC_FIGURES.items():
+        try:
+            figures[name] = float(vals[key]) * mult
+        except (KeyError, ValueError):
+            continue
+    ra_errors = sum(int(n) for n in re.findall(r"Found (\d+) errors in", text))
+    hpl_failed = sum(int(n) for n in re.findall(r"(\d+) tests completed and failed residual checks", text))
+    return {"figures": figures, "verification": {"randomaccess_errors": ra_errors, "hpl_failed": hpl_failed},
+            "sizes": {k: vals.get(k) for k in ("HPL_N", "PTRANS_n", "MPIFFT_N", "MPIRandomAccess_N")}}
+
+
+def run_hpcc(bed: Bed, p: Placement, n: int, raw: Path, tag: str, timeout: float) -> dict:
+    ranks = list(range(RANKS))
+    wd, argv = _job_dir(bed, p, ranks)
+    (wd / "hpccinf.txt").write_text(HPCC_INPUT.format(n=n, nb=32 if n >= 128 else 16))
+    outf = wd / "hpccoutf.txt"
+    outf.unlink(missing_ok=True)
+    r, before, after, wall = _measured(p, lambda: _exec(p, wd, argv + ["hpcc"], timeout))
+    if r.returncode != 0 or not outf.exists():
+        raise JobError(f"hpcc (mpirun) rc={r.returncode}: {(r.stdout + r.stderr)[-1500:]}")
+    text = outf.read_text(errors="replace")
+    shutil.copy(outf, raw / f"hpcc-{tag}.txt")
+    res = parse_hpcc(text)
+    missing = [k for k in HPCC_FIGURES if k not in res["figures"]]
+    if missing:
+        raise JobError(f"hpccoutf.txt lacks {', '.join(missing)}")
+    v = res["verification"]
+    if v["randomaccess_errors"] or v["hpl_failed"]:
+        raise JobError(f"HPCC's own verification failed: {v}")
+    check = p.check(before, after, {"per_pair": HPCC_PAIR_BYTES, "ranks": ranks})
+    return dict(res, check=check, info=p.info(before, after), wall_s=round(wall, 2))
+
+
+def run_netpipe(bed: Bed, p: Placement, upper: int, repeats: int, raw: Path, tag: str, timeout: float) -> dict:
+    """NetPIPE (MPI) between rank 0 and rank 3: on the first and the last host."""
+    ranks = [0, RANKS - 1]
+    wd, argv = _job_dir(bed, p, ranks)
+    out = wd / "np.out"
+    out.unlink(missing_ok=True)
+    argv += ["NPopenmpi", "-l", "1", "-u", str(upper), "-p", "0", "-n", str(repeats), "-o", str(out)]
+    r, before, after, wall = _measured(p, lambda: _exec(p, wd, argv, timeout))
+    if r.returncode != 0 or not out.exists():
+        raise JobError(f"NetPIPE (mpirun) rc={r.returncode}: {(r.stdout + r.stderr)[-1500:]}")
+    rows = []
+    for line in out.read_text().splitlines():
+        f = line.split()
+        if len(f) >= 3:
+            try:
+                rows.append((int(f[0]), float(f[1]), float(f[2])))
+            except ValueError:
+                continue
+    if not rows:
+        raise JobError("NetPIPE wrote no results")
+    shutil.copy(out, raw / f"netpipe-{tag}.out")
+    # what NetPIPE moved each way at least: every size it reports, `repeats` times
+    payload = sum(s for s, _, _ in rows) * repeats
+    check = p.check(before, after, {"per_pair": payload, "ranks": ranks})
+    lat = next((row for row in rows if row[0] >= 8), rows[0])
+    best = max(rows, key=lambda row: row[1])
+    return {"figures": {"np_lat_us": lat[2] * 1e6, "np_bw_mbps": best[1]},
+            "extra": {"lat_size": lat[0], "bw_size": best[0], "payload_each_way": payload},
+            "curve": [{"bytes": s, "mbps": m, "usec": round(t * 1e6, 2)} for s, m, t in rows],
+            "check": check, "info": p.info(before, after), "wall_s": round(wall, 2)}
+
+
+# --- the plan ------------------------------------------------------------------------------
+
+def plan(a, rng: random.Random) -> list:
+    """[(round, job, config)]: every round runs every job on every configuration, in a new
+    random order per round and job, so slow drifts of the shared machine hit all alike."""
+    jobs = ["hpcc"] + ([] if a.no_netpipe else ["netpipe"])
+    tasks = []
+    for r in range(1, a.rounds + 1):
+        for job in jobs:
+            order = list(a.configs)
+            rng.shuffle(order)
+            tasks += [(r, job, c) for c in order]
+    return tasks
+
+
+def estimate(job: str, a) -> float:
+    """Seconds one job takes on this 2-core machine (medians seen under others' load; the
+    progress line rescales by how fast the finished jobs went)."""
+    if job == "hpcc":
+        return 8.0 if a.quick else 14.0
+    if job == "netpipe":
+        return 2.5 if a.quick else 4.0
+    return 1.0  # building a configuration (a second or two; vnet's first waits for its daemons)
+
+
+def preflight(a) -> tuple:
+    fatal = []
+    r = hpc_bed.have_root()
+    if r:
+        fatal.append(r)
+    for t in ("ip", "bridge", "ping", *TOOLS):
+        if shutil.which(t) is None:
+            fatal.append(f"missing tool {t} (bash scripts/bench.sh --install-only installs them)")
+    if any(c.startswith("vnet") for c in a.configs):
+        for b in (netlab.VNETD, netlab.VNETCTL):
+            if not b.exists():
+                fatal.append(f"{b} not found: cargo build --release")
+    notes = []
+    try:
+        import matplotlib  # noqa: F401  (only whether it is there)
+    except ImportError:
+        notes.append("plots skipped: matplotlib is not importable (apt-get install python3-matplotlib)")
+    return fatal, notes
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    fatal, notes = preflight(a)
+    if fatal:
+        for f in fatal:
+            print(f"hpc: {f}", file=sys.stderr)
+        return 2
+    started = datetime.now(timezone.utc)
+    out = (a.out or (REPO / "results" / f"hpc-{started.strftime('%Y%m%dT%H%M%SZ')}")).resolve()
+    raw = out / "raw" / "hpc"  # beside bench/run.py's raw/ when both share --out
+    raw.mkdir(parents=True, exist_ok=True)
+    seed = a.seed if a.seed is not None else int(time.time())
+    rng = random.Random(seed)
+    tasks = plan(a, rng)
+    est = len(a.mtus) * (sum(estimate(j, a) for _, j, _ in tasks) + estimate("build", a) * len(a.configs))
+    ntasks = len(a.mtus) * (len(tasks) + len(a.configs))
+    netlab.install_signal_cleanup()
+    netlab.sweep_stale()
+    placement = [f"rank {i}: host h{i * a.hosts // RANKS + 1}" for i in range(RANKS)]
+    doc = {"meta": {"started": started.strftime("%Y-%m-%d %H:%M:%S UTC"), "command": " ".join(sys.argv),
+                    "machine": machine_info(), "ncpu": os.cpu_count(), "vnet_version": vnet_version(),
+                    "ranks": RANKS, "hosts": a.hosts, "placement": placement, "mtus": a.mtus,
+                    "configs": a.configs, "rounds": a.rounds, "hpcc_n": a.hpcc_n, "np_upper": a.np_upper,
+                    "np_repeats": a.np_repeats, "vnet_settings": a.vnet_set, "quick": a.quick, "seed": seed,
+                    "oversubscribed": f"{RANKS} ranks (+ {a.hosts} vnetd for vnet) on {os.cpu_count()} CPUs",
+                    "mpi": "Open MPI, --mca btl tcp,self --mca pml ob1 --mca mpi_yield_when_idle 1 "
+                           "--oversubscribe --bind-to none",
+                    "background_cpu": [], "notes": list(notes)},
+           "runs": []}
+    prog = Progress(est, ntasks)
+    prog.say(f"hpc bench: {ntasks} steps ({len(a.configs)} configurations x {a.rounds} round(s), "
+             f"MTU {','.join(map(str, a.mtus))}), about {_mmss(est)}; output {out}")
+    for n in notes:
+        prog.say(f"note: {n}")
+    interrupted = False
+    try:
+        for mtu in a.mtus:
+            phase = f"mtu{mtu}"
+            prog.show(f"{phase}: building the underlay ({a.hosts} hosts)")
+            doc["meta"]["background_cpu"].append(round(background_cpu(1.0), 3))
+            with Bed(hosts=a.hosts, mtu=mtu, vnet_settings=a.vnet_set) as bed:
+                run_phase(bed, a, phase, tasks, doc, prog, raw)
+                for h in bed.hosts:
+                    for d in h.all_vnetd:
+                        shutil.copy(d.log, raw / f"{phase}-{d.log.name}")
+            _write(out, doc)
+    except KeyboardInterrupt:
+        interrupted = True
+        doc["meta"]["notes"].append("interrupted: the results are partial")
+        prog.say("interrupted: writing what was measured")
+    except Exception:  # noqa: BLE001  (report what was measured, then fail)
+        interrupted = True
+        doc["meta"]["notes"].append("the run stopped on an error:\n" + traceback.format_exc()[-2000:])
+        prog.say(traceback.format_exc())
+    finally:
+        netlab.close_all()
+    doc["meta"]["elapsed_s"] = round(prog.elapsed(), 1)
+    try:
+        doc["meta"]["plots"] = hpc_report.plot(doc, out)
+    except ImportError:
+        doc["meta"]["plots"] = []
+    except Exception:  # noqa: BLE001  (a plot failing must not lose the tables)
+        doc["meta"]["plots"] = []
+        doc["meta"]["notes"].append("plotting failed:\n" + traceback.format_exc()[-1500:])
+    _write(out, doc)
+    hpc_report.write_markdown(doc, out / "hpc.md")
+    prog.say(f"done in {_mmss(prog.elapsed())}: {out / 'hpc.md'}")
+    if interrupted:
+        return 130
+    errors = [r for r in doc["runs"] if r.get("error")]
+    bad = [r for r in doc["runs"] if r.get("check") and not r["check"]["ok"]]
+    return 1 if errors or bad else 0
+
+
+def run_phase(bed: Bed, a, phase: str, tasks: list, doc: dict, prog: Progress, raw: Path) -> None:
+    unbuilt = {}
+    for c in a.configs:
+        prog.show(f"{phase}: building {c}")
+        try:
+            bed.build(c)
+        except (netlab.LabError, netlab.CtlError, subprocess.TimeoutExpired, TimeoutError, OSError,
+                KeyError, ValueError) as e:
+            # one configuration that cannot be built (say no BPF here) must not stop the others
+            unbuilt[c] = f"{type(e).__name__}: {e}"
+            prog.say(f"!! {phase}: {c} could not be built, its jobs are skipped: {unbuilt[c][:500]}")
+        prog.step(estimate("build", a))
+    for rnd, job, config in tasks:
+        prog.show(f"{phase} round {rnd}/{a.rounds}: {job} on {config}")
+        tag = f"{phase}-r{rnd}-{config}"
+        rec = {"phase": phase, "mtu": bed.wire_mtu, "config": config, "round": rnd, "job": job,
+               "time": datetime.now(timezone.utc).strftime("%H:%M:%S"), "loadavg": _loadavg()}
+        if config in unbuilt:
+            doc["runs"].append(dict(rec, error=f"not built: {unbuilt[config]}"))
+            prog.step(estimate(job, a))
+            continue
+        p = bed.placements[config]
+        try:
+            p.prepare()
+            if job == "hpcc":
+                rec.update(run_hpcc(bed, p, a.hpcc_n, raw, tag, timeout=600 if a.quick else 900))
+            else:
+                rec.update(run_netpipe(bed, p, a.np_upper, a.np_repeats, raw, tag, timeout=300))
+            if not rec["check"]["ok"]:
+                prog.say(f"!! {tag} {job}: the counters do not show the job's bytes on {p.path}: "
+                         f"{json.dumps(rec['check'])[:600]}")
+        except (JobError, netlab.LabError, netlab.CtlError, subprocess.TimeoutExpired, TimeoutError,
+                OSError, KeyError, ValueError) as e:
+            rec["error"] = f"{type(e).__name__}: {e}"
+            left = _kill_leftovers(bed, p)
+            if left:
+                rec["error"] += f" ({left} leftover processes of the job killed)"
+            prog.say(f"!! {tag} {job} failed: {rec['error'][:500]}")
+        if config.startswith("vnet") and not bed.daemons_alive():
+            msg = f"a vnetd died during {tag} {job}; log tails:\n{bed.logs()[-3000:]}"
+            doc["meta"]["notes"].append(msg)
+            rec.setdefault("error", "vnetd died")
+            prog.say("!! " + msg)
+        doc["runs"].append(rec)
+        prog.step(estimate(job, a))
+
+
+def _loadavg() -> float:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return -1.0
+
+
+def _write(out: Path, doc: dict) -> None:
+    tmp = out / ".hpc.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    tmp.replace(out / "hpc.json")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
