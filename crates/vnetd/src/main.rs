@@ -98,7 +98,7 @@ fn read_token(path: &PathBuf) -> Result<String> {
 fn etcd_setup(
     args: &Args,
     public_key: Option<vnet_crypto::PublicKey>,
-) -> Result<Option<(agent::AgentConfig, vnet_etcd::Client)>> {
+) -> Result<Option<(vnet_agent::AgentConfig, vnet_etcd::Client)>> {
     let Some(endpoints) = &args.etcd else {
         return Ok(None);
     };
@@ -141,7 +141,7 @@ fn etcd_setup(
     args.etcd_access.apply_to(&mut cc).context("etcd access")?;
     let client = vnet_etcd::Client::new(&cc).context("etcd client")?;
     Ok(Some((
-        agent::AgentConfig {
+        vnet_agent::AgentConfig {
             overlay,
             host,
             record,
@@ -207,7 +207,7 @@ fn run(args: Args) -> Result<()> {
         Some((cfg, client)) => {
             info!(overlay = %cfg.overlay, host = %cfg.host, "etcd agent starting");
             Some(
-                agent::spawn(daemon.clone(), cfg, client, agent_stop.clone())
+                vnet_agent::spawn(daemon.clone(), cfg, client, agent_stop.clone())
                     .context("etcd agent thread")?,
             )
         }

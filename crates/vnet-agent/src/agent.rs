@@ -1,0 +1,524 @@
+//! The etcd agent (`vnetd --etcd`): registers this host and its interfaces under a lease,
+//! watches the overlay's keys and keeps the derived links and routes of the running
+//! configuration in line with them (vnet_cluster does the deriving; this is the I/O).
+//!
+//! One thread runs sessions. A session authenticates, renews or grants the lease, reads the
+//! whole overlay prefix, publishes what is missing, applies the derived diff, then watches
+//! from the read's revision (a second thread reads the stream) while renewing the lease,
+//! re-publishing after local changes and publishing the traffic matrix. Any etcd error ends
+//! the session; the running configuration stays as it is (forwarding goes on with the last
+//! derived configuration, nothing is deleted) and the next session, after a short backoff,
+//! re-reads everything and applies only the diff.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+use serde_json::json;
+use tracing::{debug, info, warn};
+use vnet_cluster::{
+    announce_frame, encode, key_for_host, key_for_interface, key_for_matrix, matrix_prefix,
+    overlay_prefix, ClusterState, HostId, HostRecord, InterfaceRecord, OverlayName,
+};
+use vnet_etcd::{prefix_end, Client, CompareTarget, EventKind, WatchMessage};
+use vnet_wire::MacAddr;
+
+use crate::DataPlane;
+use vnet_control::status::ClusterStatus;
+
+/// Who this host is in which overlay, and the agent's timing.
+pub struct AgentConfig {
+    pub overlay: OverlayName,
+    pub host: HostId,
+    /// What this host publishes about itself.
+    pub record: HostRecord,
+    pub lease_ttl: i64,
+    pub matrix_interval: Duration,
+}
+
+/// The longest wait between two attempts to reach etcd.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The most traffic-matrix pairs published (the heaviest ones).
+const MAX_MATRIX_PAIRS: usize = 512;
+
+type Placement = (u32, MacAddr);
+
+struct Agent {
+    daemon: Arc<dyn DataPlane>,
+    cfg: AgentConfig,
+    client: Arc<Client>,
+    stop: Arc<AtomicBool>,
+    state: ClusterState,
+    lease: Option<i64>,
+    /// The lease the host record and placements were last put under.
+    published_under: Option<i64>,
+    /// Placements this daemon wrote itself (removed again when the interface goes).
+    published: BTreeSet<Placement>,
+    /// The epoch of each placement last announced from here (a placement that moved has an
+    /// epoch above 0; each epoch of it on this host is announced once).
+    announced: BTreeMap<Placement, u64>,
+    /// Interfaces to announce (name, MAC) and how many more times.
+    announce: Vec<(String, MacAddr, u8)>,
+    local_seen: u64,
+    last_matrix: Vec<u8>,
+    status: Status,
+}
+
+#[derive(Default)]
+struct Status {
+    connected: bool,
+    revision: i64,
+    sessions: u64,
+    events: u64,
+    bad_entries: u64,
+    announcements: u64,
+    syncs: u64,
+    last_error: String,
+    conflicts: Vec<String>,
+    failed: Vec<String>,
+    /// Another daemon's lease holds this host id's record.
+    host_id_in_use: bool,
+}
+
+pub fn spawn(
+    daemon: Arc<dyn DataPlane>,
+    cfg: AgentConfig,
+    client: Client,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let state = ClusterState::new(cfg.overlay.clone());
+    let mut agent = Agent {
+        daemon,
+        cfg,
+        client: Arc::new(client),
+        stop,
+        state,
+        lease: None,
+        published_under: None,
+        published: BTreeSet::new(),
+        announced: BTreeMap::new(),
+        announce: Vec::new(),
+        local_seen: 0,
+        last_matrix: Vec::new(),
+        status: Status::default(),
+    };
+    std::thread::Builder::new()
+        .name("etcd-agent".into())
+        .spawn(move || agent.run())
+}
+
+impl Agent {
+    fn run(&mut self) {
+        let mut backoff = Duration::from_millis(100);
+        self.report();
+        while !self.stop.load(Relaxed) {
+            let result = self.session();
+            if self.stop.load(Relaxed) {
+                break;
+            }
+            if let Err(e) = result {
+                let msg = format!("{e:#}");
+                if self.status.connected {
+                    warn!("etcd: {msg}; keeping the last derived configuration");
+                    backoff = Duration::from_millis(100);
+                } else if msg != self.status.last_error {
+                    // Once per distinct error, not once per retry.
+                    warn!("etcd: {msg}; retrying");
+                } else {
+                    debug!("etcd: {msg}");
+                }
+                self.status.connected = false;
+                self.status.last_error = msg;
+                self.report();
+                self.sleep(backoff);
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+        // A clean stop takes this host out of the overlay at once, rather than after the TTL.
+        if let Some(id) = self.lease {
+            if let Err(e) = self.client.lease_revoke(id) {
+                debug!("etcd: revoking the lease at stop: {e}");
+            }
+        }
+    }
+
+    fn sleep(&self, d: Duration) {
+        let end = Instant::now() + d;
+        while !self.stop.load(Relaxed) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20).min(end - Instant::now()));
+        }
+    }
+
+    fn report(&self) {
+        let s = &self.status;
+        let v = ClusterStatus {
+            overlay: self.cfg.overlay.as_str().to_string(),
+            host_id: self.cfg.host.as_str().to_string(),
+            connected: s.connected,
+            endpoints: self.client.endpoints().join(","),
+            lease: self.lease.map(|l| format!("{l:x}")),
+            revision: s.revision,
+            policy: serde_json::to_value(self.state.policy()).unwrap_or_default(),
+            hosts: self.state.hosts().len(),
+            interfaces: self.state.interfaces().len(),
+            operator_routes: self.state.routes().len(),
+            sessions: s.sessions,
+            syncs: s.syncs,
+            events: s.events,
+            bad_entries: s.bad_entries,
+            announcements: s.announcements,
+            last_error: s.last_error.clone(),
+            conflicts: s.conflicts.clone(),
+            failed: s.failed.clone(),
+            host_id_in_use: s.host_id_in_use,
+        };
+        self.daemon.set_cluster_status(v);
+    }
+
+    fn is_matrix_key(&self, key: &str) -> bool {
+        key.starts_with(&matrix_prefix(&self.cfg.overlay))
+    }
+
+    fn session(&mut self) -> Result<()> {
+        let client = self.client.clone();
+        client.authenticate()?;
+        if let Some(id) = self.lease {
+            if client.lease_keepalive(id)? <= 0 {
+                info!(
+                    lease = format!("{id:x}"),
+                    "etcd: lease expired; registering again"
+                );
+                self.lease = None;
+            }
+        }
+        let lease = match self.lease {
+            Some(l) => l,
+            None => {
+                let (id, ttl) = client.lease_grant(self.cfg.lease_ttl)?;
+                info!(lease = format!("{id:x}"), ttl, "etcd: lease granted");
+                self.lease = Some(id);
+                // Everything is put again under the new lease.
+                self.last_matrix.clear();
+                id
+            }
+        };
+        let ttl = self.cfg.lease_ttl.max(1) as u64;
+        let keepalive_every = Duration::from_millis(ttl * 1000 / 3).max(Duration::from_millis(300));
+
+        let prefix = overlay_prefix(&self.cfg.overlay);
+        let read = client.get_prefix(prefix.as_bytes())?;
+        let mut entries = Vec::new();
+        for kv in &read.kvs {
+            match std::str::from_utf8(&kv.key) {
+                Ok(k) if self.is_matrix_key(k) => {}
+                Ok(k) => entries.push((k, kv.value.as_slice())),
+                Err(_) => self.status.bad_entries += 1,
+            }
+        }
+        let (state, bad) = ClusterState::from_entries(self.cfg.overlay.clone(), entries);
+        for (k, e) in &bad {
+            warn!(key = %k, "etcd: bad entry ignored: {e}");
+        }
+        self.status.bad_entries += bad.len() as u64;
+        self.state = state;
+        self.status.revision = read.revision;
+        self.local_seen = self.daemon.local_changes();
+        self.publish(lease)?;
+        self.sync();
+
+        // The watch: a thread reads the stream and hands the messages over.
+        let (tx, rx) = mpsc::channel();
+        let watch_stop = Arc::new(AtomicBool::new(false));
+        {
+            let (client, stop) = (client.clone(), watch_stop.clone());
+            let end = prefix_end(prefix.as_bytes());
+            let key = prefix.clone().into_bytes();
+            let from = read.revision + 1;
+            std::thread::Builder::new()
+                .name("etcd-watch".into())
+                .spawn(move || {
+                    let mut w = match client.watch(&key, Some(&end), from) {
+                        Ok(w) => w,
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    loop {
+                        let m = w.next_message();
+                        let ended = m.is_err();
+                        if stop.load(Relaxed) || tx.send(m).is_err() || ended {
+                            return;
+                        }
+                    }
+                })?;
+        }
+        let result = self.watch_loop(lease, &rx, keepalive_every);
+        watch_stop.store(true, Relaxed);
+        result
+    }
+
+    fn watch_loop(
+        &mut self,
+        lease: i64,
+        rx: &mpsc::Receiver<Result<WatchMessage, vnet_etcd::Error>>,
+        keepalive_every: Duration,
+    ) -> Result<()> {
+        let mut created = false;
+        let mut next_keepalive = Instant::now() + keepalive_every;
+        let mut next_matrix = Instant::now();
+        loop {
+            if self.stop.load(Relaxed) {
+                return Ok(());
+            }
+            let mut dirty = false;
+            let mut first = match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => bail!("watch ended"),
+            };
+            // Take everything already queued, so a burst of events costs one derivation.
+            while let Some(m) = first.take().or_else(|| rx.try_recv().ok()) {
+                match m? {
+                    WatchMessage::Created { .. } => {
+                        if !created {
+                            created = true;
+                            self.status.connected = true;
+                            self.status.last_error.clear();
+                            self.status.sessions += 1;
+                            info!(
+                                revision = self.status.revision,
+                                "etcd: watching the overlay"
+                            );
+                        }
+                    }
+                    WatchMessage::Progress { revision } => self.status.revision = revision,
+                    WatchMessage::Canceled { reason, .. } => bail!("watch canceled: {reason}"),
+                    WatchMessage::Events { revision, events } => {
+                        self.status.revision = revision;
+                        for ev in events {
+                            self.status.events += 1;
+                            let Ok(key) = std::str::from_utf8(&ev.kv.key) else {
+                                self.status.bad_entries += 1;
+                                continue;
+                            };
+                            if self.is_matrix_key(key) {
+                                continue;
+                            }
+                            let r = match ev.kind {
+                                EventKind::Put => self.state.apply_put(key, &ev.kv.value),
+                                EventKind::Delete => self.state.apply_delete(key),
+                            };
+                            match r {
+                                Ok(changed) => dirty |= changed,
+                                Err(e) => {
+                                    self.status.bad_entries += 1;
+                                    warn!(key, "etcd: bad entry ignored: {e}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let local = self.daemon.local_changes();
+            if local != self.local_seen {
+                self.local_seen = local;
+                dirty = true;
+            }
+            if dirty {
+                // Our own records may have been changed or deleted by someone else.
+                self.publish(lease)?;
+                self.sync();
+            }
+            self.send_announcements();
+            let now = Instant::now();
+            if now >= next_keepalive {
+                if self.client.lease_keepalive(lease)? <= 0 {
+                    self.lease = None;
+                    bail!("lease expired");
+                }
+                next_keepalive = now + keepalive_every;
+            }
+            if !self.cfg.matrix_interval.is_zero() && now >= next_matrix {
+                self.publish_matrix(lease)?;
+                next_matrix = now + self.cfg.matrix_interval;
+            }
+            self.report();
+        }
+    }
+
+    /// Puts this host's record and its interfaces' placements where the store lacks them or
+    /// holds something else; removes the placements of interfaces this daemon no longer has.
+    fn publish(&mut self, lease: i64) -> Result<()> {
+        let client = self.client.clone();
+        let force = self.published_under != Some(lease);
+        let overlay = &self.cfg.overlay;
+        let host = &self.cfg.host;
+        if force || self.state.host(host) != Some(&self.cfg.record) {
+            // Claim the host id: put the record only where none exists or ours (under our
+            // lease) is. Another live daemon with the same --host-id keeps it, and this one
+            // stops instead of overwriting it back and forth (which would make every host's
+            // links to this id flap and etcd's history grow without end).
+            let key = key_for_host(overlay, host).into_bytes();
+            let value = encode(&self.cfg.record);
+            let claimed = client.put_if(&key, CompareTarget::Version(0), &value, lease)?
+                || client.put_if(&key, CompareTarget::Lease(lease), &value, lease)?;
+            if !claimed {
+                self.status.host_id_in_use = true;
+                bail!(
+                    "host id {host} is held by another daemon's lease (a second daemon with the \
+                     same --host-id, or this one's previous run, until its lease expires)"
+                );
+            }
+            self.status.host_id_in_use = false;
+            // Derive from our own record now, not when the watch brings it back: until then
+            // the state would lack this host's key, and a host with a key must never derive a
+            // plaintext link.
+            self.state
+                .insert(vnet_cluster::ClusterEntry::Host(self.cfg.record.clone()));
+        }
+        let local = self.daemon.local_config();
+        let mut now_local = BTreeSet::new();
+        for i in &local.interfaces {
+            let at: Placement = (i.vni, i.mac);
+            now_local.insert(at);
+            let key = key_for_interface(overlay, i.vni, i.mac);
+            match self.state.placement(i.vni, i.mac) {
+                None => {
+                    let rec = InterfaceRecord {
+                        mac: i.mac,
+                        vni: i.vni,
+                        host_id: host.clone(),
+                        name: i.name.clone(),
+                        epoch: 0,
+                    };
+                    if rec.validate().is_err() {
+                        continue;
+                    }
+                    // Only if nobody placed it meanwhile: another host may serve it.
+                    let put = client.put_if(
+                        key.as_bytes(),
+                        CompareTarget::Version(0),
+                        &encode(&rec),
+                        lease,
+                    )?;
+                    if put {
+                        self.published.insert(at);
+                    }
+                }
+                Some(cur) if &cur.host_id == host => {
+                    if force || cur.name != i.name {
+                        let mut rec = cur.clone();
+                        rec.name = i.name.clone();
+                        // Keep the epoch; attach to the current lease.
+                        client.put_if(
+                            key.as_bytes(),
+                            CompareTarget::Value(encode(cur)),
+                            &encode(&rec),
+                            lease,
+                        )?;
+                    }
+                    self.published.insert(at);
+                }
+                // Placed on another host (moved away, or served there): its routes say so.
+                Some(_) => {}
+            }
+        }
+        let gone: Vec<Placement> = self
+            .published
+            .iter()
+            .filter(|p| !now_local.contains(p))
+            .copied()
+            .collect();
+        for (vni, mac) in gone {
+            if let Some(cur) = self.state.placement(vni, mac) {
+                if &cur.host_id == host {
+                    client.delete_if(
+                        key_for_interface(overlay, vni, mac).as_bytes(),
+                        CompareTarget::Value(encode(cur)),
+                    )?;
+                }
+            }
+            self.published.remove(&(vni, mac));
+        }
+        self.published_under = Some(lease);
+        Ok(())
+    }
+
+    /// Applies the derived diff, and queues announcements for interfaces that just moved here.
+    fn sync(&mut self) {
+        let report = self.daemon.sync_cluster(&self.cfg.host, &self.state);
+        self.status.syncs += 1;
+        for c in &report.applied {
+            info!("etcd: {c}");
+        }
+        for c in &report.failed {
+            warn!("etcd: not applied (retried at the next change): {c}");
+        }
+        for c in &report.conflicts {
+            if !self.status.conflicts.contains(c) {
+                info!("etcd: {c}");
+            }
+        }
+        self.status.conflicts = report.conflicts;
+        self.status.failed = report.failed;
+
+        // A placement that moved here (epoch above 0) is announced once per epoch, when this
+        // host has the interface: whether the interface came before the move or after it.
+        let local = self.daemon.local_config();
+        let mut announced = BTreeMap::new();
+        for ((vni, mac), rec) in self.state.interfaces() {
+            if rec.host_id != self.cfg.host || rec.epoch == 0 {
+                continue;
+            }
+            let Some(i) = local
+                .interfaces
+                .iter()
+                .find(|i| i.vni == *vni && i.mac == *mac)
+            else {
+                continue;
+            };
+            if self.announced.get(&(*vni, *mac)) != Some(&rec.epoch) {
+                info!(interface = %i.name, mac = %mac, epoch = rec.epoch, "etcd: interface moved here; announcing");
+                // Twice: now and at the next turn of the loop, in case the first is lost.
+                self.announce.push((i.name.clone(), *mac, 2));
+            }
+            announced.insert((*vni, *mac), rec.epoch);
+        }
+        self.announced = announced;
+    }
+
+    fn send_announcements(&mut self) {
+        for (name, mac, left) in &mut self.announce {
+            // The guest's IP address is not known to vnet: a gratuitous RARP carries the MAC.
+            let frame = announce_frame(*mac, None::<Ipv4Addr>).to_vec();
+            if self.daemon.inject_from_interface(name, &[frame]) {
+                self.status.announcements += 1;
+            }
+            *left -= 1;
+        }
+        self.announce.retain(|(_, _, left)| *left > 0);
+    }
+
+    fn publish_matrix(&mut self, lease: i64) -> Result<()> {
+        let mut pairs = self.daemon.matrix();
+        pairs.sort_by_key(|p| std::cmp::Reverse(p.bytes));
+        pairs.truncate(MAX_MATRIX_PAIRS);
+        pairs.sort_by_key(|p| (p.vni, p.src.0, p.dst.0));
+        let value = serde_json::to_vec(&json!({"host_id": self.cfg.host.as_str(), "pairs": pairs}))
+            .map_err(|e| anyhow!("matrix: {e}"))?;
+        if value != self.last_matrix || self.published_under != Some(lease) {
+            self.client.put(
+                key_for_matrix(&self.cfg.overlay, &self.cfg.host).as_bytes(),
+                &value,
+                lease,
+            )?;
+            self.last_matrix = value;
+        }
+        Ok(())
+    }
+}
