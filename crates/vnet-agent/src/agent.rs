@@ -38,6 +38,9 @@ pub struct AgentConfig {
     pub record: HostRecord,
     pub lease_ttl: i64,
     pub matrix_interval: Duration,
+    /// Set together with `stop`: leave without revoking the lease, as a crashed host would
+    /// (the scale harness plays host deaths with it; vnetd never sets it).
+    pub crash: Arc<AtomicBool>,
 }
 
 /// The longest wait between two attempts to reach etcd.
@@ -139,7 +142,7 @@ impl Agent {
             }
         }
         // A clean stop takes this host out of the overlay at once, rather than after the TTL.
-        if let Some(id) = self.lease {
+        if let Some(id) = self.lease.filter(|_| !self.cfg.crash.load(Relaxed)) {
             if let Err(e) = self.client.lease_revoke(id) {
                 debug!("etcd: revoking the lease at stop: {e}");
             }

@@ -147,6 +147,7 @@ fn etcd_setup(
             record,
             lease_ttl: args.etcd_lease_ttl,
             matrix_interval: std::time::Duration::from_secs(args.etcd_matrix_interval),
+            crash: Default::default(),
         },
         client,
     )))
