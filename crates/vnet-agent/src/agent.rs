@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +22,8 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 use vnet_cluster::{
     announce_frame, encode, key_for_host, key_for_interface, key_for_matrix, matrix_prefix,
-    overlay_prefix, ClusterState, HostId, HostRecord, InterfaceRecord, OverlayName,
+    overlay_prefix, parse_key, ClusterKey, ClusterState, Deriver, HostId, HostRecord,
+    InterfaceRecord, OverlayName,
 };
 use vnet_etcd::{prefix_end, Client, CompareTarget, EventKind, WatchMessage};
 use vnet_wire::MacAddr;
@@ -69,6 +70,25 @@ struct Agent {
     local_seen: u64,
     last_matrix: Vec<u8>,
     status: Status,
+    /// The incremental derivation (None until the session's first synchronisation).
+    deriver: Option<Deriver>,
+    /// Keys changed since the last synchronisation.
+    pending: Vec<ClusterKey>,
+    keepalive: Arc<KeepAlive>,
+}
+
+/// What the agent and its keep-alive thread share.
+struct KeepAlive {
+    /// The lease to renew (0: none).
+    lease: AtomicI64,
+    /// Renewal interval, milliseconds.
+    every_ms: AtomicI64,
+    /// The endpoint serving the session's watch (usize::MAX: none); keep-alives go there.
+    watch_endpoint: AtomicUsize,
+    /// The store said the lease is gone.
+    expired: AtomicBool,
+    /// The watch's member did not answer a keep-alive in time.
+    member_silent: AtomicBool,
 }
 
 #[derive(Default)]
@@ -94,10 +114,24 @@ pub fn spawn(
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let state = ClusterState::new(cfg.overlay.clone());
+    let keepalive = Arc::new(KeepAlive {
+        lease: AtomicI64::new(0),
+        every_ms: AtomicI64::new(1000),
+        watch_endpoint: AtomicUsize::new(usize::MAX),
+        expired: AtomicBool::new(false),
+        member_silent: AtomicBool::new(false),
+    });
+    let client = Arc::new(client);
+    {
+        let (client, stop, ka) = (client.clone(), stop.clone(), keepalive.clone());
+        std::thread::Builder::new()
+            .name("etcd-lease".into())
+            .spawn(move || keep_alive(&client, &stop, &ka))?;
+    }
     let mut agent = Agent {
         daemon,
         cfg,
-        client: Arc::new(client),
+        client,
         stop,
         state,
         lease: None,
@@ -108,6 +142,9 @@ pub fn spawn(
         local_seen: 0,
         last_matrix: Vec::new(),
         status: Status::default(),
+        deriver: None,
+        pending: Vec::new(),
+        keepalive,
     };
     std::thread::Builder::new()
         .name("etcd-agent".into())
@@ -141,6 +178,7 @@ impl Agent {
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
+        self.keepalive.lease.store(0, Relaxed);
         // A clean stop takes this host out of the overlay at once, rather than after the TTL.
         if let Some(id) = self.lease.filter(|_| !self.cfg.crash.load(Relaxed)) {
             if let Err(e) = self.client.lease_revoke(id) {
@@ -209,8 +247,13 @@ impl Agent {
                 id
             }
         };
-        let ttl = self.cfg.lease_ttl.max(1) as u64;
-        let keepalive_every = Duration::from_millis(ttl * 1000 / 3).max(Duration::from_millis(300));
+        let ttl = self.cfg.lease_ttl.max(1);
+        let ka = &self.keepalive;
+        ka.every_ms.store((ttl * 1000 / 3).max(300), Relaxed);
+        ka.watch_endpoint.store(usize::MAX, Relaxed);
+        ka.expired.store(false, Relaxed);
+        ka.member_silent.store(false, Relaxed);
+        ka.lease.store(lease, Relaxed);
 
         let prefix = overlay_prefix(&self.cfg.overlay);
         let read = client.get_prefix(prefix.as_bytes())?;
@@ -228,29 +271,38 @@ impl Agent {
         }
         self.status.bad_entries += bad.len() as u64;
         self.state = state;
+        self.deriver = None;
+        self.pending.clear();
         self.status.revision = read.revision;
         self.local_seen = self.daemon.local_changes();
         self.publish(lease)?;
         self.sync();
 
-        // The watch: a thread reads the stream and hands the messages over.
+        // The watch: a thread reads the stream and hands the messages over. Everything of the
+        // overlay but the traffic matrices (which every host re-puts while traffic flows:
+        // N hosts would each receive N hosts' matrices), as two ranges on one stream.
         let (tx, rx) = mpsc::channel();
         let watch_stop = Arc::new(AtomicBool::new(false));
         {
             let (client, stop) = (client.clone(), watch_stop.clone());
-            let end = prefix_end(prefix.as_bytes());
-            let key = prefix.clone().into_bytes();
+            let matrices = matrix_prefix(&self.cfg.overlay).into_bytes();
+            let ranges = vec![
+                (prefix.clone().into_bytes(), Some(matrices.clone())),
+                (prefix_end(&matrices), Some(prefix_end(prefix.as_bytes()))),
+            ];
             let from = read.revision + 1;
+            let endpoint = self.keepalive.clone();
             std::thread::Builder::new()
                 .name("etcd-watch".into())
                 .spawn(move || {
-                    let mut w = match client.watch(&key, Some(&end), from) {
+                    let mut w = match client.watch_ranges(&ranges, from) {
                         Ok(w) => w,
                         Err(e) => {
                             let _ = tx.send(Err(e));
                             return;
                         }
                     };
+                    endpoint.watch_endpoint.store(w.endpoint(), Relaxed);
                     loop {
                         let m = w.next_message();
                         let ended = m.is_err();
@@ -260,8 +312,9 @@ impl Agent {
                     }
                 })?;
         }
-        let result = self.watch_loop(lease, &rx, keepalive_every);
+        let result = self.watch_loop(lease, &rx);
         watch_stop.store(true, Relaxed);
+        self.keepalive.watch_endpoint.store(usize::MAX, Relaxed);
         result
     }
 
@@ -269,10 +322,8 @@ impl Agent {
         &mut self,
         lease: i64,
         rx: &mpsc::Receiver<Result<WatchMessage, vnet_etcd::Error>>,
-        keepalive_every: Duration,
     ) -> Result<()> {
         let mut created = false;
-        let mut next_keepalive = Instant::now() + keepalive_every;
         let mut next_matrix = Instant::now();
         loop {
             if self.stop.load(Relaxed) {
@@ -317,7 +368,13 @@ impl Agent {
                                 EventKind::Delete => self.state.apply_delete(key),
                             };
                             match r {
-                                Ok(changed) => dirty |= changed,
+                                Ok(true) => {
+                                    dirty = true;
+                                    if let Ok(k) = parse_key(&self.cfg.overlay, key) {
+                                        self.pending.push(k);
+                                    }
+                                }
+                                Ok(false) => {}
                                 Err(e) => {
                                     self.status.bad_entries += 1;
                                     warn!(key, "etcd: bad entry ignored: {e}");
@@ -339,12 +396,12 @@ impl Agent {
             }
             self.send_announcements();
             let now = Instant::now();
-            if now >= next_keepalive {
-                if self.client.lease_keepalive(lease)? <= 0 {
-                    self.lease = None;
-                    bail!("lease expired");
-                }
-                next_keepalive = now + keepalive_every;
+            if self.keepalive.expired.load(Relaxed) {
+                self.lease = None;
+                bail!("lease expired");
+            }
+            if self.keepalive.member_silent.load(Relaxed) {
+                bail!("the etcd member serving the watch did not answer a lease keep-alive; watching through another");
             }
             if !self.cfg.matrix_interval.is_zero() && now >= next_matrix {
                 self.publish_matrix(lease)?;
@@ -381,8 +438,12 @@ impl Agent {
             // Derive from our own record now, not when the watch brings it back: until then
             // the state would lack this host's key, and a host with a key must never derive a
             // plaintext link.
-            self.state
-                .insert(vnet_cluster::ClusterEntry::Host(self.cfg.record.clone()));
+            if self
+                .state
+                .insert(vnet_cluster::ClusterEntry::Host(self.cfg.record.clone()))
+            {
+                self.pending.push(ClusterKey::Host(host.clone()));
+            }
         }
         let local = self.daemon.local_config();
         let mut now_local = BTreeSet::new();
@@ -454,7 +515,20 @@ impl Agent {
 
     /// Applies the derived diff, and queues announcements for interfaces that just moved here.
     fn sync(&mut self) {
-        let report = self.daemon.sync_cluster(&self.cfg.host, &self.state);
+        let local = self.daemon.local_config();
+        let keys = std::mem::take(&mut self.pending);
+        let report = match &mut self.deriver {
+            Some(d) => {
+                let delta = d.update(&self.state, &keys, &local);
+                self.daemon.apply_derived(d.derivation(), Some(&delta))
+            }
+            None => {
+                let d = Deriver::new(self.cfg.host.clone(), &self.state, &local);
+                let r = self.daemon.apply_derived(d.derivation(), None);
+                self.deriver = Some(d);
+                r
+            }
+        };
         self.status.syncs += 1;
         for c in &report.applied {
             info!("etcd: {c}");
@@ -472,19 +546,16 @@ impl Agent {
 
         // A placement that moved here (epoch above 0) is announced once per epoch, when this
         // host has the interface: whether the interface came before the move or after it.
-        let local = self.daemon.local_config();
+        // From the local interfaces (a few), not the whole overlay's placements.
         let mut announced = BTreeMap::new();
-        for ((vni, mac), rec) in self.state.interfaces() {
+        for i in &local.interfaces {
+            let (vni, mac) = (&i.vni, &i.mac);
+            let Some(rec) = self.state.placement(*vni, *mac) else {
+                continue;
+            };
             if rec.host_id != self.cfg.host || rec.epoch == 0 {
                 continue;
             }
-            let Some(i) = local
-                .interfaces
-                .iter()
-                .find(|i| i.vni == *vni && i.mac == *mac)
-            else {
-                continue;
-            };
             if self.announced.get(&(*vni, *mac)) != Some(&rec.epoch) {
                 info!(interface = %i.name, mac = %mac, epoch = rec.epoch, "etcd: interface moved here; announcing");
                 // Twice: now and at the next turn of the loop, in case the first is lost.
@@ -523,5 +594,52 @@ impl Agent {
             self.last_matrix = value;
         }
         Ok(())
+    }
+}
+
+/// The lease keep-alive thread: renews the session's lease every TTL/3, on a thread of its own
+/// so that a slow etcd call of the agent cannot make it late. Each renewal goes to the member
+/// that serves the watch, with a deadline of the interval: a member that does not answer
+/// (frozen, partitioned, overloaded) is reported so the agent watches through another, and the
+/// renewal is retried at once through any member that answers.
+fn keep_alive(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
+    let mut next = Instant::now();
+    while !stop.load(Relaxed) {
+        // Short enough to notice a new lease or a stop soon, long enough that a thousand
+        // idle agents in one harness process cost little.
+        let wait = next.saturating_duration_since(Instant::now());
+        std::thread::sleep(wait.clamp(Duration::from_millis(10), Duration::from_millis(100)));
+        let lease = ka.lease.load(Relaxed);
+        let every = Duration::from_millis(ka.every_ms.load(Relaxed).max(100) as u64);
+        if lease == 0 || Instant::now() < next {
+            continue;
+        }
+        next = Instant::now() + every;
+        let endpoint = ka.watch_endpoint.load(Relaxed);
+        let first = if endpoint == usize::MAX {
+            client.lease_keepalive(lease)
+        } else {
+            match client.lease_keepalive_via(lease, endpoint, every) {
+                Err(e) if e.is_unreachable() => {
+                    warn!(
+                        endpoint = client.endpoints().get(endpoint).map(String::as_str),
+                        "etcd: the watch's member did not answer a keep-alive: {e}"
+                    );
+                    ka.member_silent.store(true, Relaxed);
+                    client.avoid_endpoint(endpoint);
+                    client.lease_keepalive(lease)
+                }
+                r => r,
+            }
+        };
+        match first {
+            Ok(ttl) if ttl <= 0 => ka.expired.store(true, Relaxed),
+            Ok(_) => {}
+            // Tried every member: the next attempt comes sooner than a full interval.
+            Err(e) => {
+                debug!("etcd: lease keep-alive failed: {e}");
+                next = Instant::now() + every / 4;
+            }
+        }
     }
 }

@@ -12,9 +12,9 @@ mod agent;
 
 pub use agent::{spawn, AgentConfig};
 
-use vnet_cluster::{ClusterState, HostId};
+use vnet_cluster::Derivation;
 use vnet_control::status::ClusterStatus;
-use vnet_control::Config;
+use vnet_control::{Command, Config};
 
 /// What one synchronisation with the cluster's state did.
 #[derive(Debug, Default, Clone)]
@@ -33,8 +33,12 @@ pub trait DataPlane: Send + Sync {
     fn local_config(&self) -> Config;
     /// A counter bumped by every change of the local configuration.
     fn local_changes(&self) -> u64;
-    /// Brings the derived part of the running configuration in line with `state` for `host`.
-    fn sync_cluster(&self, host: &HostId, state: &ClusterState) -> SyncReport;
+    /// Brings the derived part of the running configuration to `derivation`. `delta`, when
+    /// given, is what changed since the previous derivation passed here (the agent's
+    /// incremental derivation), in an order in which every command is valid; an implementation
+    /// may apply it instead of comparing the whole sets, as long as its record of what it
+    /// applied followed the previous derivation exactly.
+    fn apply_derived(&self, derivation: &Derivation, delta: Option<&[Command]>) -> SyncReport;
     /// This host's traffic matrix (published for `vnetctl suggest`).
     fn matrix(&self) -> Vec<vnet_core::MatrixEntry>;
     /// Sends frames into the overlay as if the guest behind interface `name` had sent them.

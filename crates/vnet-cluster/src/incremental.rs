@@ -59,6 +59,8 @@ pub struct Deriver {
     outcomes: BTreeMap<(HostId, u32), Outcome>,
     /// The routes each (VNI, MAC) contributes.
     mac_routes: BTreeMap<(u32, MacAddr), Vec<Route>>,
+    /// The conflicts among `outcomes` (kept apart so that listing them costs their number).
+    link_conflicts: BTreeMap<(HostId, u32), Conflict>,
     stale: BTreeMap<(u32, MacAddr), Conflict>,
     /// Derivations done in full, and batches done incrementally.
     pub full: u64,
@@ -90,6 +92,7 @@ impl Deriver {
             by_host: BTreeMap::new(),
             outcomes: BTreeMap::new(),
             mac_routes: BTreeMap::new(),
+            link_conflicts: BTreeMap::new(),
             stale: BTreeMap::new(),
             full: 0,
             incremental: 0,
@@ -190,6 +193,7 @@ impl Deriver {
                     .map(|(k, _)| k.clone())
                     .collect();
                 for k in pairs {
+                    self.link_conflicts.remove(&k);
                     if let Some(o) = self.outcomes.remove(&k) {
                         old.insert(k, o);
                     }
@@ -220,7 +224,7 @@ impl Deriver {
                 }
             }
         }
-        self.outcomes.extend(new);
+        self.set_outcomes(new);
 
         // Routes of the touched keys.
         let mut route_dels = Vec::new();
@@ -295,6 +299,15 @@ impl Deriver {
         cmds
     }
 
+    fn set_outcomes(&mut self, new: BTreeMap<(HostId, u32), Outcome>) {
+        for (k, o) in new {
+            if let Outcome::Skipped(Some(c)) = &o {
+                self.link_conflicts.insert(k.clone(), c.clone());
+            }
+            self.outcomes.insert(k, o);
+        }
+    }
+
     fn group_hosts(&self, addr: IpAddr) -> Vec<HostId> {
         self.by_addr
             .get(&addr)
@@ -360,14 +373,7 @@ impl Deriver {
 
     /// derive's conflicts, in its order: links, stale placements, moved local interfaces.
     fn conflicts(&self, state: &ClusterState) -> Vec<Conflict> {
-        let mut out: Vec<Conflict> = self
-            .outcomes
-            .values()
-            .filter_map(|o| match o {
-                Outcome::Skipped(Some(c)) => Some(c.clone()),
-                _ => None,
-            })
-            .collect();
+        let mut out: Vec<Conflict> = self.link_conflicts.values().cloned().collect();
         out.extend(self.stale.values().cloned());
         for i in &self.local.interfaces {
             if let Some(p) = state.placement(i.vni, i.mac) {
@@ -406,6 +412,7 @@ impl Deriver {
                 .insert(*mac);
         }
         self.outcomes.clear();
+        self.link_conflicts.clear();
         self.mac_routes.clear();
         self.stale.clear();
         if !self.fast {
@@ -415,7 +422,7 @@ impl Deriver {
         for a in addrs {
             let hosts = self.group_hosts(a);
             let o = self.group_outcomes(&hosts);
-            self.outcomes.extend(o);
+            self.set_outcomes(o);
         }
         let keys: BTreeSet<(u32, MacAddr)> = state
             .interfaces()

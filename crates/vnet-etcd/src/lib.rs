@@ -285,7 +285,7 @@ impl Client {
     /// error answer becomes [`Error::Codec`].
     fn post_raw(&self, path: &str, body: &Value, with_token: bool) -> Result<Vec<u8>, Error> {
         let token = if with_token { self.token() } else { None };
-        let resp = self.send(path, &body.to_string(), token.as_deref(), |url| {
+        let (resp, _) = self.send(path, &body.to_string(), token.as_deref(), |url| {
             self.agent.post(url).timeout(self.timeout)
         })?;
         read_body(resp)
@@ -300,41 +300,85 @@ impl Client {
         payload: &str,
         token: Option<&str>,
         request: impl Fn(&str) -> ureq::Request,
-    ) -> Result<ureq::Response, Error> {
+    ) -> Result<(ureq::Response, usize), Error> {
         let start = self.current.load(Relaxed);
         let n = self.endpoints.len();
         let mut last = String::new();
         for k in 0..n {
             let i = (start + k) % n;
-            let url = format!("{}{path}", self.endpoints[i]);
-            let mut req = request(&url).set("Content-Type", "application/json");
-            if let Some(t) = token {
-                req = req.set("Authorization", t);
-            }
-            match req.send_string(payload) {
-                Ok(resp) => {
-                    self.current.store(i, Relaxed);
-                    return Ok(resp);
-                }
-                Err(ureq::Error::Status(code, resp)) => {
-                    self.current.store(i, Relaxed);
-                    let body = read_error_body(resp);
-                    return Err(match codec::parse_answer(&body) {
-                        Err(e @ CodecError::Server { .. }) => e.into(),
-                        _ => CodecError::Server {
-                            code: -i64::from(code),
-                            message: http_error_text(code, &url, &body),
-                        }
-                        .into(),
-                    });
-                }
-                Err(e) => {
-                    debug!(endpoint = %self.endpoints[i], "etcd call failed: {e}");
-                    last = format!("{}: {e}", self.endpoints[i]);
-                }
+            match self.send_to(i, path, payload, token, &request) {
+                Err(Error::Unreachable(e)) => last = e,
+                Ok(resp) => return Ok((resp, i)),
+                Err(e) => return Err(e),
             }
         }
         Err(Error::Unreachable(last))
+    }
+
+    /// One attempt at endpoint `i` (see [`Client::send`]); an endpoint that answers becomes
+    /// the one later calls start with.
+    fn send_to(
+        &self,
+        i: usize,
+        path: &str,
+        payload: &str,
+        token: Option<&str>,
+        request: impl Fn(&str) -> ureq::Request,
+    ) -> Result<ureq::Response, Error> {
+        let Some(base) = self.endpoints.get(i) else {
+            return Err(Error::Endpoint(format!("#{i}")));
+        };
+        let url = format!("{base}{path}");
+        let mut req = request(&url).set("Content-Type", "application/json");
+        if let Some(t) = token {
+            req = req.set("Authorization", t);
+        }
+        match req.send_string(payload) {
+            Ok(resp) => {
+                self.current.store(i, Relaxed);
+                Ok(resp)
+            }
+            Err(ureq::Error::Status(code, resp)) => {
+                self.current.store(i, Relaxed);
+                let body = read_error_body(resp);
+                Err(match codec::parse_answer(&body) {
+                    Err(e @ CodecError::Server { .. }) => e.into(),
+                    _ => CodecError::Server {
+                        code: -i64::from(code),
+                        message: http_error_text(code, &url, &body),
+                    }
+                    .into(),
+                })
+            }
+            Err(e) => {
+                debug!(endpoint = %base, "etcd call failed: {e}");
+                Err(Error::Unreachable(format!("{base}: {e}")))
+            }
+        }
+    }
+
+    /// Makes later calls start with the endpoint after `i` (one found silent).
+    pub fn avoid_endpoint(&self, i: usize) {
+        let n = self.endpoints.len();
+        if n > 1 && self.current.load(Relaxed) == i {
+            self.current.store((i + 1) % n, Relaxed);
+        }
+    }
+
+    /// Renews a lease once through endpoint `i` only, waiting at most `timeout`: a member that
+    /// does not answer in time is reported unreachable rather than skipped. The agent sends
+    /// its keep-alives to the member that serves its watch, so the keep-alive doubles as a
+    /// probe of that member (a frozen or partitioned member fails it; a watch alone would
+    /// just stay silent).
+    pub fn lease_keepalive_via(&self, id: i64, i: usize, timeout: Duration) -> Result<i64, Error> {
+        let token = self.token();
+        let payload = codec::lease_id_request(id).to_string();
+        let resp = self.send_to(i, "/v3/lease/keepalive", &payload, token.as_deref(), |url| {
+            self.agent.post(url).timeout(timeout)
+        })?;
+        let body = read_body(resp)?;
+        let first = body.split(|b| *b == b'\n').next().unwrap_or(&[]);
+        Ok(codec::parse_lease_keepalive(first)?)
     }
 
     /// Authenticates (when a user is configured) and keeps the token for later calls.
@@ -467,19 +511,36 @@ impl Client {
         range_end: Option<&[u8]>,
         start_revision: i64,
     ) -> Result<Watch, Error> {
+        let end = range_end.map(<[u8]>::to_vec);
+        self.watch_ranges(&[(key.to_vec(), end)], start_revision)
+    }
+
+    /// Watches several key ranges on one stream (one create request each, newline-separated
+    /// in the request body; the gateway hands each to the server's watch stream), so a
+    /// watcher can leave out keys it has no use for without a connection per range.
+    pub fn watch_ranges(
+        &self,
+        ranges: &[(Vec<u8>, Option<Vec<u8>>)],
+        start_revision: i64,
+    ) -> Result<Watch, Error> {
         if self.user.is_some() && self.token().is_none() {
             self.authenticate()?;
         }
-        let payload = codec::watch_create_request(key, range_end, start_revision).to_string();
+        let payload: Vec<String> = ranges
+            .iter()
+            .map(|(k, e)| codec::watch_create_request(k, e.as_deref(), start_revision).to_string())
+            .collect();
         // require-leader (etcd's "hasleader" metadata): a member cut off from the cluster's
         // majority ends the watch instead of leaving it silently stale.
-        let resp = self.send("/v3/watch", &payload, self.token().as_deref(), |url| {
-            self.stream_agent
-                .post(url)
-                .set("Grpc-Metadata-hasleader", "true")
-        })?;
+        let (resp, endpoint) =
+            self.send("/v3/watch", &payload.join("\n"), self.token().as_deref(), |url| {
+                self.stream_agent
+                    .post(url)
+                    .set("Grpc-Metadata-hasleader", "true")
+            })?;
         Ok(Watch {
             reader: BufReader::new(resp.into_reader()),
+            endpoint,
         })
     }
 }
@@ -520,9 +581,15 @@ fn read_body(resp: ureq::Response) -> Result<Vec<u8>, Error> {
 /// An open watch: each [`Watch::next_message`] blocks until the server sends something.
 pub struct Watch {
     reader: BufReader<Box<dyn Read + Send + Sync + 'static>>,
+    endpoint: usize,
 }
 
 impl Watch {
+    /// The index (in [`Client::endpoints`]) of the endpoint serving this watch.
+    pub fn endpoint(&self) -> usize {
+        self.endpoint
+    }
+
     /// The next message; an error when the stream broke, ended or sent something bad (the
     /// watch is then useless: re-read and watch again).
     pub fn next_message(&mut self) -> Result<WatchMessage, Error> {

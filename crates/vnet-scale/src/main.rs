@@ -502,9 +502,26 @@ impl Harness {
         let before = self.sample();
         let t0 = Instant::now();
         let probed = self.move_probes(&moves, t0);
-        for (mac, vni, _, to, name) in &moves {
-            self.move_txn(&state, *mac, *vni, *to, name)?;
-        }
+        // Issued from 8 threads at once, as operators or an orchestrator moving a job would.
+        let this = &*self;
+        std::thread::scope(|s| -> Result<()> {
+            let workers: Vec<_> = moves
+                .chunks(moves.len().div_ceil(8).max(1))
+                .map(|chunk| {
+                    let state = &state;
+                    s.spawn(move || -> Result<()> {
+                        for (mac, vni, _, to, name) in chunk {
+                            this.move_txn(state, *mac, *vni, *to, name)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().map_err(|_| anyhow::anyhow!("move thread panicked"))??;
+            }
+            Ok(())
+        })?;
         let issued = t0.elapsed().as_secs_f64();
         let mut storm = self.step("storm", &probed, before, moves.len(), idle_rate)?;
         storm["moves"] = json!(moves.len());

@@ -4,9 +4,9 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use vnet_agent::{DataPlane, SyncReport};
-use vnet_cluster::{ClusterState, HostId};
+use vnet_cluster::Derivation;
 use vnet_control::status::ClusterStatus;
-use vnet_control::Config;
+use vnet_control::{Command, Config};
 
 use crate::daemon::Daemon;
 
@@ -19,8 +19,10 @@ impl DataPlane for Daemon {
         self.local_changes.load(Relaxed)
     }
 
-    fn sync_cluster(&self, host: &HostId, state: &ClusterState) -> SyncReport {
-        let r = Daemon::sync_cluster(self, host, state);
+    /// The daemon compares against its own record of what it applied (a refused command
+    /// stays out of it and is retried), so the delta is not needed here.
+    fn apply_derived(&self, derivation: &Derivation, _delta: Option<&[Command]>) -> SyncReport {
+        let r = Daemon::apply_derivation(self, derivation);
         SyncReport {
             applied: r.applied,
             failed: r.failed,

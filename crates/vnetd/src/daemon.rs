@@ -118,12 +118,19 @@ impl Daemon {
     /// state: derives from the local configuration, applies the diff from what was applied
     /// before (as one atomic script, or command by command if that fails, so one refused
     /// command does not hold back the others), and records what was applied.
+    #[cfg(test)]
     pub fn sync_cluster(&self, host: &HostId, state: &ClusterState) -> SyncReport {
+        let derivation = vnet_cluster::derive(host, state, &self.local_config());
+        self.apply_derivation(&derivation)
+    }
+
+    /// Brings the derived part of the running configuration to `derivation` (the etcd agent
+    /// derives incrementally and hands the result over here).
+    pub fn apply_derivation(&self, derivation: &vnet_cluster::Derivation) -> SyncReport {
         let mut st = self.lock();
         let mut report = SyncReport::default();
         let running = st.cfg.clone();
         st.derived.retain_present(&running);
-        let derivation = vnet_cluster::derive(host, state, &st.local_config());
         report.conflicts = derivation
             .conflicts
             .iter()
