@@ -6,7 +6,6 @@
 #   bash scripts/scale.sh                       # N = 10, 100, 300, 1000 hosts x 8 guests
 #   bash scripts/scale.sh --quick               # N = 10, 50 (a minute or two; CI runs this)
 #   bash scripts/scale.sh --hosts 100,200 --vnis 10 --baseline results/scale-X/scale.json
-#   bash scripts/scale.sh --daemons 200         # 200 real vnetd daemons instead (bench/scale_daemons.py)
 #   bash scripts/scale.sh --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,10 +16,6 @@ ensure_packages python3-matplotlib procps iproute2
 ensure_etcd
 ensure_cargo
 say "building the scale harness (release)"
-cargo build --release --quiet -p vnet-scale -p vnetd -p vnetctl
+cargo build --release --quiet -p vnet-scale
 
-if [ "${1:-}" = "--daemons" ]; then
-    shift
-    exec python3 bench/scale_daemons.py "$@"
-fi
 exec python3 bench/scale.py "$@"

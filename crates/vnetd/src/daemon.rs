@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use vnet_cluster::{ClusterState, DerivedConfig, HostId};
+use vnet_cluster::DerivedConfig;
 use vnet_control::status::{
     ClusterReport, ClusterStatus, DaemonCounters, LinkStatus, MatrixReport, RouteStatus,
     StatsReport,
@@ -119,7 +119,11 @@ impl Daemon {
     /// before (as one atomic script, or command by command if that fails, so one refused
     /// command does not hold back the others), and records what was applied.
     #[cfg(test)]
-    pub fn sync_cluster(&self, host: &HostId, state: &ClusterState) -> SyncReport {
+    pub fn sync_cluster(
+        &self,
+        host: &vnet_cluster::HostId,
+        state: &vnet_cluster::ClusterState,
+    ) -> SyncReport {
         let derivation = vnet_cluster::derive(host, state, &self.local_config());
         self.apply_derivation(&derivation)
     }
@@ -596,6 +600,7 @@ fn render_stats(out: &mut String, r: &StatsReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vnet_cluster::{ClusterState, HostId};
 
     fn daemon() -> Daemon {
         let engine = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
