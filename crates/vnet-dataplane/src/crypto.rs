@@ -2,6 +2,7 @@
 //! handshake messages in and out of the VXLAN socket, and the link's counters. The protocol
 //! itself is `vnet-crypto`.
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -93,7 +94,7 @@ impl LinkCrypto {
     }
 
     fn send(&self, msg: &[u8]) {
-        if let Err(r) = self.sock.send_parts(&self.to, &[msg], None) {
+        if let Err(r) = self.sock.send_parts(&self.to, &[msg.into()], None) {
             debug!(link = %self.name, ?r, "handshake message not sent");
         }
     }
@@ -191,7 +192,7 @@ impl LinkCrypto {
         let me = self.clone();
         Worker::spawn(format!("crypto-{}", self.name), move |stop| loop {
             me.tick();
-            match wait_readable(stop.fd(), &stop, Some(TICK)) {
+            match wait_readable(stop.as_raw_fd(), &stop, Some(TICK)) {
                 Ok(Wake::Timeout) => {}
                 Ok(_) => return,
                 Err(e) => {

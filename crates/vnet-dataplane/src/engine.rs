@@ -1,36 +1,41 @@
-//! The forwarding engine: owns the live ports, publishes an immutable [`Snapshot`] of them and
-//! of the route table for the forwarding threads, and hands the ports' descriptors to the
-//! dispatcher threads ([`crate::dispatch`]) that move the frames ([`crate::forward`]).
+//! The control side of the data path: the [`Engine`] creates and removes the OS objects a
+//! configuration change calls for (each port kind through its module in [`crate::ports`]),
+//! publishes an immutable [`Snapshot`] of ports and routes for the forwarding threads, and
+//! hands the ports' descriptors to the dispatcher threads ([`crate::dispatch`]).
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use socket2::SockAddr;
 use tracing::info;
 use vnet_control::status::{CryptoStatus, DispatchStatus, LinkState, PortRole, PortStatus};
-use vnet_control::{
-    Change, Config, DataPathSettings, DestKind, Interface, InterfaceKind, Link, LinkKind,
-};
+use vnet_control::{Change, Config, DestKind, Interface, InterfaceKind, Link, LinkKind};
 use vnet_core::{
-    Decision, FastMap, FastSet, ForwardingTable, LearnTable, MatrixEntry, PortCounters,
-    PortCountersSnapshot, PortId, PortInfo, PortKind, RouteRule, TrafficMatrix,
+    ForwardingTable, MatrixEntry, PortCounters, PortCountersSnapshot, PortId, PortInfo, PortKind,
+    RouteRule,
 };
 use vnet_offload::VirtioNetHdr;
-use vnet_wire::{MacAddr, VxlanRepr, VXLAN_HEADER_LEN};
+use vnet_wire::VxlanRepr;
 
+use crate::batch::UdpLinkTx;
 use crate::crypto::LinkCrypto;
-use crate::dispatch::{DispatcherSet, Source, SourceKind};
-use crate::forward::{process, FwdCtx, OffloadCounters, Origin, TxBatch};
+use crate::dispatch::{DispatcherSet, Source};
+use crate::forward::FwdCtx;
 use crate::guard::PortGuard;
+use crate::ingress::guest::Ingress;
+use crate::ingress::packet::PacketReader;
+use crate::ingress::tap::TapReader;
+use crate::ingress::udp::VxlanReader;
 use crate::nic::GuestNic;
 use crate::packet::PacketSocket;
+use crate::port::Port;
+use crate::ports::nic::NicPort;
+use crate::ports::tcp::{self, TcpLink, TcpRole};
+use crate::shared::{PortEntry, Shared, Snapshot};
 use crate::tap::Tap;
-use crate::tcp::{self, TcpLink, TcpRole};
 use crate::udp::VxlanSocket;
 use crate::worker::Worker;
 
@@ -49,151 +54,28 @@ pub enum EngineError {
     Dispatchers(io::Error),
 }
 
-/// How a frame leaves through a port.
-pub enum PortTx {
-    /// A guest's NIC: a TAP, or a vhost-user device.
-    Nic(Arc<dyn GuestNic>),
-    Udp(UdpLinkTx),
-    Tcp(Arc<TcpLink>),
-    Direct(Arc<PacketSocket>),
+/// What opening a port gives the engine: how frames leave (`port`), the descriptors the
+/// dispatchers read for it, its threads, and how datagrams and connections find it.
+struct Opened {
+    port: Arc<dyn Port>,
+    kind: PortKind,
+    counters: Arc<PortCounters>,
+    sources: Vec<Arc<Source>>,
+    workers: Vec<Worker>,
+    udp_peer: Option<IpAddr>,
+    tcp_accept_peer: Option<IpAddr>,
 }
 
-/// A UDP link a vhost-user interface receives from directly (see [`Ingress::direct_links`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DirectLink {
-    pub port: PortId,
-    pub peer: SocketAddr,
-    pub local: SocketAddr,
-    pub vni: u32,
-}
-
-/// The sending side of a udp link.
-pub struct UdpLinkTx {
-    pub sock: Arc<VxlanSocket>,
-    pub to: SockAddr,
-    pub header: [u8; VXLAN_HEADER_LEN],
-    /// Smallest datagram size the kernel refused to segment (larger than the path MTU);
-    /// runs of that size or more go one datagram at a time.
-    pub gso_refused: AtomicUsize,
-    /// Set for an encrypted link: datagrams are sealed, handshakes run.
-    pub crypto: Option<Arc<LinkCrypto>>,
-    /// The link's port counters (for drops found only when the batch is sent).
-    pub counters: Arc<PortCounters>,
-}
-
-/// What the forwarding threads know of a port.
-#[derive(Clone)]
-pub struct PortEntry {
-    pub info: PortInfo,
-    pub tx: Arc<PortTx>,
-    pub counters: Arc<PortCounters>,
-    /// Source-MAC and rate policy on what enters through the port.
-    pub guard: Arc<PortGuard>,
-}
-
-/// An immutable view of the ports and routes, swapped whole on every change.
-pub struct Snapshot {
-    pub table: ForwardingTable,
-    pub ports: FastMap<PortId, PortEntry>,
-    pub udp_peers: FastMap<(IpAddr, u32), PortId>,
-    pub udp_ips: FastSet<IpAddr>,
-    pub tcp_accept: FastMap<(IpAddr, u32), Arc<TcpLink>>,
-    pub udp: Arc<VxlanSocket>,
-}
-
-impl Snapshot {
-    /// Tells every guest NIC that a forwarding batch ended (its notification decision).
-    pub fn end_of_burst(&self) {
-        for p in self.ports.values() {
-            if let PortTx::Nic(n) = &*p.tx {
-                n.end_of_burst();
-            }
-        }
-    }
-
-    /// Counts a frame read on `port` that never reached forwarding.
-    pub fn count_rx_drop(&self, port: PortId, len: usize, reason: vnet_core::DropReason) {
-        if let Some(p) = self.ports.get(&port) {
-            p.counters.rx(len);
-            p.counters.count_drop(reason);
-        }
-    }
-
-    fn empty(udp: Arc<VxlanSocket>) -> Snapshot {
-        Snapshot {
-            table: ForwardingTable::default(),
-            ports: FastMap::default(),
-            udp_peers: FastMap::default(),
-            udp_ips: FastSet::default(),
-            tcp_accept: FastMap::default(),
-            udp,
-        }
-    }
-}
-
-/// State shared by the engine and every forwarding thread.
-pub struct Shared {
-    pub snapshot: ArcSwap<Snapshot>,
-    learning: AtomicBool,
-    learn: RwLock<LearnTable>,
-    pub(crate) matrix: Mutex<TrafficMatrix>,
-    /// Counters for traffic that belongs to no port (unknown peers, bad greetings, ...).
-    pub daemon: PortCounters,
-    pub offload: OffloadCounters,
-    epoch: Instant,
-}
-
-impl Shared {
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
-    pub fn port_counters(&self, id: PortId) -> Option<Arc<PortCounters>> {
-        self.snapshot
-            .load()
-            .ports
-            .get(&id)
-            .map(|p| p.counters.clone())
-    }
-
-    pub fn tcp_accept_link(&self, peer: IpAddr, vni: u32) -> Option<Arc<TcpLink>> {
-        self.snapshot.load().tcp_accept.get(&(peer, vni)).cloned()
-    }
-
-    /// With learning on: records where `src` was seen and returns the learning generation
-    /// (for route caches); `None` when learning is off.
-    pub(crate) fn learn_observe(&self, vni: u32, src: MacAddr, port: PortId) -> Option<u64> {
-        if !self.learning.load(Relaxed) {
-            return None;
-        }
-        let now = self.now_ms();
-        let fresh = self
-            .learn
-            .read()
-            .map(|t| t.is_current(vni, src, port, now))
-            .unwrap_or(true);
-        if !fresh && src.is_unicast() {
-            if let Ok(mut t) = self.learn.write() {
-                t.observe(vni, src, port, now);
-            }
-        }
-        Some(self.learn.read().map(|t| t.generation()).unwrap_or(0))
-    }
-
-    pub(crate) fn learned(&self, vni: u32, mac: MacAddr) -> Option<PortId> {
-        self.learn
-            .read()
-            .ok()
-            .and_then(|t| t.lookup(vni, mac, self.now_ms()))
-    }
-
-    /// Drops learned MACs not seen for a while (called now and then by a dispatcher).
-    pub(crate) fn expire_learned(&self) {
-        if self.learning.load(Relaxed) {
-            let now = self.now_ms();
-            if let Ok(mut t) = self.learn.write() {
-                t.expire(now);
-            }
+impl Opened {
+    fn new(port: Arc<dyn Port>, kind: PortKind) -> Opened {
+        Opened {
+            port,
+            kind,
+            counters: Arc::new(PortCounters::default()),
+            sources: vec![],
+            workers: vec![],
+            udp_peer: None,
+            tcp_accept_peer: None,
         }
     }
 }
@@ -203,9 +85,8 @@ struct PortRuntime {
     entry: PortEntry,
     /// Descriptors the dispatchers read (TAP queues, a packet socket).
     sources: Vec<Arc<Source>>,
-    /// Threads of TCP links; stopped when dropped.
+    /// Threads of the port (TCP links, encrypted links' handshakes); stopped when dropped.
     workers: Vec<Worker>,
-    tcp: Option<Arc<TcpLink>>,
     udp_peer: Option<IpAddr>,
     tcp_accept_peer: Option<IpAddr>,
 }
@@ -231,182 +112,6 @@ pub trait NicFactory: Send + Sync {
     fn create(&self, iface: &Interface, ingress: Ingress) -> io::Result<Arc<dyn GuestNic>>;
 }
 
-/// How a NIC that is not read by the dispatchers (vhost-user) hands its guest's frames to the
-/// overlay, on its own thread.
-#[derive(Clone)]
-pub struct Ingress {
-    shared: Arc<Shared>,
-    port: PortId,
-}
-
-impl Ingress {
-    /// Forwards frames the guest sent, each with its virtio-net header, as one batch. A
-    /// partial checksum of an ordinary frame is completed in place first.
-    pub fn forward(&self, ctx: &mut FwdCtx, frames: &mut [(VirtioNetHdr, Vec<u8>)]) {
-        let snap = self.shared.snapshot.load_full();
-        let mut ready: Vec<(VirtioNetHdr, &[u8])> = Vec::with_capacity(frames.len());
-        for (vh, f) in frames.iter_mut() {
-            if vh.gso_kind() == VirtioNetHdr::GSO_NONE && vh.needs_csum() {
-                match vnet_offload::complete_checksum(f, vh) {
-                    Ok(()) => vh.flags = VirtioNetHdr::F_DATA_VALID,
-                    Err(_) => {
-                        snap.count_rx_drop(self.port, f.len(), vnet_core::DropReason::BadOffload);
-                        continue;
-                    }
-                }
-            }
-            ready.push((*vh, &f[..]));
-        }
-        self.forward_slices(ctx, &ready);
-    }
-
-    /// Forwards frames that may live in guest memory (vhost-user cut-through): nothing here
-    /// writes to them. A partial checksum (`NEEDS_CSUM`) is completed where the frame leaves
-    /// (in a copy of its headers), or handed on to a guest that takes partial checksums.
-    pub fn forward_slices(&self, ctx: &mut FwdCtx, frames: &[(VirtioNetHdr, &[u8])]) {
-        let snap = self.shared.snapshot.load_full();
-        let mut batch = TxBatch::default();
-        for (vh, f) in frames {
-            if !f.is_empty() {
-                process(
-                    &self.shared,
-                    &snap,
-                    ctx,
-                    self.port,
-                    *vh,
-                    f,
-                    Origin::Local,
-                    &mut batch,
-                );
-            }
-        }
-        batch.flush(&self.shared, &snap.udp);
-        ctx.flush(&self.shared);
-        snap.end_of_burst();
-    }
-
-    /// The snapshot generation: it changes whenever ports or routes do.
-    pub fn generation(&self) -> u64 {
-        self.shared.snapshot.load().table.generation()
-    }
-
-    /// The UDP links this interface may receive from directly (vhost-user cut-through):
-    /// those of its VNI, when it is the only interface in that VNI and learning is off, so
-    /// that every frame from such a link is either for it or not for this host at all.
-    pub fn direct_links(&self) -> Vec<DirectLink> {
-        let snap = self.shared.snapshot.load();
-        if self.shared.learning.load(Relaxed) {
-            return vec![];
-        }
-        let Some(me) = snap.ports.get(&self.port) else {
-            return vec![];
-        };
-        let vni = me.info.vni;
-        let others = snap.ports.iter().any(|(id, p)| {
-            *id != self.port && p.info.vni == vni && p.info.kind != PortKind::OverlayLink
-        });
-        if others {
-            return vec![];
-        }
-        let local = snap.udp.local_addr();
-        // Encrypted links never take the cut-through path (it reads plaintext VXLAN straight
-        // into the guest), nor does any link to a peer address an encrypted link shares: the
-        // connected socket would take that link's datagrams too.
-        let encrypted_peers: Vec<Option<SocketAddr>> = snap
-            .ports
-            .values()
-            .filter_map(|p| match &*p.tx {
-                PortTx::Udp(l) if l.crypto.is_some() => Some(l.to.as_socket()),
-                _ => None,
-            })
-            .collect();
-        snap.ports
-            .iter()
-            .filter(|(_, p)| p.info.vni == vni)
-            .filter_map(|(id, p)| match &*p.tx {
-                PortTx::Udp(l) if l.crypto.is_some() => None,
-                PortTx::Udp(l) if encrypted_peers.contains(&l.to.as_socket()) => None,
-                PortTx::Udp(l) => l.to.as_socket().map(|peer| DirectLink {
-                    port: *id,
-                    peer,
-                    local,
-                    vni,
-                }),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// A frame that arrived on `link` straight into this interface's guest buffers: true
-    /// (and counted on both ports and in the traffic matrix) when the route table sends it
-    /// to this interface alone; false when it must take the ordinary path
-    /// ([`Self::forward_from`]).
-    pub fn accept_direct(
-        &self,
-        ctx: &mut FwdCtx,
-        link: PortId,
-        dst: MacAddr,
-        src: MacAddr,
-        len: usize,
-    ) -> bool {
-        let snap = self.shared.snapshot.load();
-        // A rate-limited link's frames take the ordinary path, where the limit applies.
-        match snap.ports.get(&link) {
-            Some(l) if !l.guard.is_limited() => {}
-            _ => return false,
-        }
-        let ok = matches!(
-            snap.table.decide(link, src, dst, false, None),
-            Decision::Forward(t) if t.len() == 1 && t[0] == self.port
-        );
-        if ok {
-            if let (Some(l), Some(me)) = (snap.ports.get(&link), snap.ports.get(&self.port)) {
-                l.counters.rx(len);
-                me.counters.tx(len);
-                ctx.record(me.info.vni, src, dst, len);
-            }
-        }
-        ok
-    }
-
-    /// Frames that arrived on `link` but are not for this interface alone: the ordinary path.
-    pub fn forward_from(&self, ctx: &mut FwdCtx, link: PortId, frames: &[Vec<u8>]) {
-        let snap = self.shared.snapshot.load_full();
-        let mut batch = TxBatch::default();
-        for f in frames {
-            process(
-                &self.shared,
-                &snap,
-                ctx,
-                link,
-                VirtioNetHdr::default(),
-                f,
-                Origin::Local,
-                &mut batch,
-            );
-        }
-        batch.flush(&self.shared, &snap.udp);
-        ctx.flush(&self.shared);
-        snap.end_of_burst();
-    }
-
-    /// Counts a frame from the guest that never became a frame (a bad descriptor chain).
-    pub fn count_drop(&self, reason: vnet_core::DropReason) {
-        if let Some(c) = self.shared.port_counters(self.port) {
-            c.rx(0);
-            c.count_drop(reason);
-        }
-    }
-
-    /// Counts a datagram received on `link` that was dropped before forwarding.
-    pub fn count_link_drop(&self, link: PortId, len: usize, reason: vnet_core::DropReason) {
-        if let Some(c) = self.shared.port_counters(link) {
-            c.rx(len);
-            c.count_drop(reason);
-        }
-    }
-}
-
 impl Engine {
     /// Lets the engine create NICs of kinds other than `tap`.
     pub fn set_nic_factory(&mut self, f: Box<dyn NicFactory>) {
@@ -417,17 +122,11 @@ impl Engine {
     pub fn new(udp_bind: SocketAddr) -> io::Result<Engine> {
         let udp = Arc::new(VxlanSocket::bind(udp_bind)?);
         info!(addr = %udp.local_addr(), gro = udp.gro_enabled(), "VXLAN socket bound");
-        let shared = Arc::new(Shared {
-            snapshot: ArcSwap::from_pointee(Snapshot::empty(udp.clone())),
-            learning: AtomicBool::new(false),
-            learn: RwLock::new(LearnTable::default()),
-            matrix: Mutex::new(TrafficMatrix::default()),
-            daemon: PortCounters::default(),
-            offload: OffloadCounters::default(),
-            epoch: Instant::now(),
-        });
-        let mut dispatchers = DispatcherSet::new(shared.clone(), DataPathSettings::default())?;
-        dispatchers.add(Arc::new(Source::new(None, SourceKind::Udp(udp.clone()))));
+        let shared = Arc::new(Shared::new(udp.clone()));
+        let mut dispatchers = DispatcherSet::new(shared.clone(), Default::default())?;
+        dispatchers.add(Arc::new(Source::new(Box::new(VxlanReader {
+            sock: udp.clone(),
+        }))));
         Ok(Engine {
             shared,
             udp,
@@ -448,12 +147,6 @@ impl Engine {
 
     pub fn udp_local_addr(&self) -> SocketAddr {
         self.udp.local_addr()
-    }
-
-    fn alloc_id(&mut self) -> PortId {
-        let id = PortId(self.next_id);
-        self.next_id += 1;
-        id
     }
 
     /// Creates or removes the OS objects one change calls for. Call [`Engine::rebuild`]
@@ -501,9 +194,7 @@ impl Engine {
             }
             Change::Settings { new, .. } => {
                 for rt in self.ports.values() {
-                    if let PortTx::Nic(n) = &*rt.entry.tx {
-                        n.configure(new);
-                    }
+                    rt.entry.port.configure(new);
                 }
                 self.dispatchers
                     .configure(new.clone())
@@ -512,201 +203,191 @@ impl Engine {
         }
     }
 
+    /// Opens the interface's port by its kind (the registration of interface kinds).
     fn add_interface(&mut self, i: &Interface) -> Result<(), EngineError> {
-        let err = |source| EngineError::Interface {
+        let id = PortId(self.next_id);
+        let opened = match i.kind {
+            InterfaceKind::Tap => self.open_tap(i, id),
+            InterfaceKind::VhostUser => self.open_external(i, id),
+        }
+        .map_err(|source| EngineError::Interface {
             name: i.name.clone(),
             source,
-        };
-        if i.kind != InterfaceKind::Tap {
-            return self.add_external_interface(i);
-        }
-        let tap = Arc::new(Tap::open(i).map_err(err)?);
-        let id = self.alloc_id();
-        let entry = PortEntry {
-            info: PortInfo {
-                vni: i.vni,
-                kind: PortKind::Interface,
-            },
-            tx: Arc::new(PortTx::Nic(tap.clone())),
-            counters: Arc::new(PortCounters::default()),
-            guard: Arc::new(PortGuard::interface(i.mac, &i.policy())),
-        };
-        let sources: Vec<Arc<Source>> = (0..tap.queues())
-            .map(|q| {
-                Arc::new(Source::new(
-                    Some(id),
-                    SourceKind::Tap {
-                        tap: tap.clone(),
-                        queue: q,
-                    },
-                ))
+        })?;
+        self.next_id += 1;
+        opened.port.configure(&self.dispatchers.settings());
+        info!(name = %i.name, kind = %i.kind, ifname = %i.ifname, mac = %i.mac, vni = i.vni,
+              netns = ?i.netns, socket = ?i.socket, queues = i.queues, offload = i.offload,
+              "interface added");
+        let guard = PortGuard::interface(i.mac, &i.policy());
+        self.insert(DestKind::Interface, &i.name, id, i.vni, opened, guard);
+        Ok(())
+    }
+
+    /// A TAP vnetd reads and writes: one dispatcher source per queue.
+    fn open_tap(&self, i: &Interface, id: PortId) -> io::Result<Opened> {
+        let tap = Arc::new(Tap::open(i)?);
+        let mut o = Opened::new(Arc::new(NicPort(tap.clone())), PortKind::Interface);
+        o.sources = (0..tap.queues())
+            .map(|queue| {
+                Arc::new(Source::new(Box::new(TapReader {
+                    tap: tap.clone(),
+                    queue,
+                    port: id,
+                })))
             })
             .collect();
-        info!(name = %i.name, ifname = %i.ifname, mac = %i.mac, vni = i.vni, netns = ?i.netns,
-              queues = i.queues, offload = i.offload, "interface added");
-        self.ports.insert(
-            (DestKind::Interface, i.name.clone()),
-            PortRuntime {
-                id,
-                entry,
-                sources,
-                workers: vec![],
-                tcp: None,
-                udp_peer: None,
-                tcp_accept_peer: None,
-            },
-        );
-        Ok(())
+        Ok(o)
     }
 
-    fn add_external_interface(&mut self, i: &Interface) -> Result<(), EngineError> {
-        let err = |source| EngineError::Interface {
-            name: i.name.clone(),
-            source,
-        };
+    /// A NIC the daemon's factory makes (vhost-user): it has its own thread.
+    fn open_external(&self, i: &Interface, id: PortId) -> io::Result<Opened> {
         let Some(factory) = &self.nic_factory else {
-            return Err(err(io::Error::new(
+            return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!("{} interfaces are not available", i.kind),
-            )));
+            ));
         };
-        let id = PortId(self.next_id);
-        let nic = factory
-            .create(
-                i,
-                Ingress {
-                    shared: self.shared.clone(),
-                    port: id,
-                },
-            )
-            .map_err(err)?;
-        nic.configure(&self.dispatchers.settings());
-        self.next_id += 1;
-        info!(name = %i.name, kind = %i.kind, socket = ?i.socket, mac = %i.mac, vni = i.vni, "interface added");
-        self.ports.insert(
-            (DestKind::Interface, i.name.clone()),
-            PortRuntime {
-                id,
-                entry: PortEntry {
-                    info: PortInfo {
-                        vni: i.vni,
-                        kind: PortKind::Interface,
-                    },
-                    tx: Arc::new(PortTx::Nic(nic)),
-                    counters: Arc::new(PortCounters::default()),
-                    guard: Arc::new(PortGuard::interface(i.mac, &i.policy())),
-                },
-                sources: vec![],
-                workers: vec![],
-                tcp: None,
-                udp_peer: None,
-                tcp_accept_peer: None,
+        let nic = factory.create(
+            i,
+            Ingress {
+                shared: self.shared.clone(),
+                port: id,
             },
-        );
-        Ok(())
+        )?;
+        Ok(Opened::new(Arc::new(NicPort(nic)), PortKind::Interface))
     }
 
+    /// Opens the link's port by its kind (the registration of link kinds).
     fn add_link(&mut self, l: &Link) -> Result<(), EngineError> {
+        let id = PortId(self.next_id);
         let err = |source| EngineError::Link {
             name: l.name.clone(),
             source,
         };
-        let id = self.alloc_id();
-        let mut kind = PortKind::OverlayLink;
-        let mut sources = Vec::new();
-        let mut workers = Vec::new();
-        let (mut tcp, mut udp_peer, mut tcp_accept_peer) = (None, None, None);
-        let counters = Arc::new(PortCounters::default());
-        let mut crypto = None;
-        let tx = match &l.kind {
-            LinkKind::Udp(to) => {
-                let local_v6 = self.udp.local_addr().is_ipv6();
-                if to.is_ipv6() && !local_v6 {
-                    return Err(EngineError::Unsupported {
-                        name: l.name.clone(),
-                        why: format!("{to} is IPv6 but the UDP socket is bound to IPv4 (start vnetd with --bind ::)"),
-                    });
-                }
-                let to_sa = match (local_v6, to) {
-                    (true, SocketAddr::V4(v4)) => {
-                        SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
-                    }
-                    _ => *to,
-                };
-                udp_peer = Some(to.ip().to_canonical());
-                if let Some(peer_key) = l.encrypt {
-                    let Some(key) = self.static_key.clone() else {
-                        return Err(EngineError::Unsupported {
-                            name: l.name.clone(),
-                            why: "an encrypted link needs this host's key (start vnetd with --key-file)".into(),
-                        });
-                    };
-                    let c = Arc::new(LinkCrypto::new(
-                        &l.name,
-                        key,
-                        peer_key,
-                        l.vni,
-                        self.udp.clone(),
-                        SockAddr::from(to_sa),
-                    ));
-                    workers.push(c.start_timer().map_err(err)?);
-                    crypto = Some(c);
-                }
-                PortTx::Udp(UdpLinkTx {
-                    sock: self.udp.clone(),
-                    to: SockAddr::from(to_sa),
-                    header: VxlanRepr { vni: l.vni }.header(),
-                    gso_refused: AtomicUsize::new(usize::MAX),
-                    crypto: crypto.clone(),
-                    counters: counters.clone(),
-                })
-            }
+        let opened = match &l.kind {
+            LinkKind::Udp(to) => self.open_udp(l, *to)?,
             LinkKind::TcpDial(addr) => {
                 let (link, w) =
                     TcpLink::start(self.shared.clone(), id, l.vni, TcpRole::Dial(*addr))
                         .map_err(err)?;
-                tcp = Some(link.clone());
-                workers.push(w);
-                PortTx::Tcp(link)
+                let mut o = Opened::new(link, PortKind::OverlayLink);
+                o.workers.push(w);
+                o
             }
             LinkKind::TcpAccept(ip) => {
                 let (link, w) =
                     TcpLink::start(self.shared.clone(), id, l.vni, TcpRole::Accept).map_err(err)?;
-                tcp = Some(link.clone());
-                workers.push(w);
-                tcp_accept_peer = Some(ip.to_canonical());
-                PortTx::Tcp(link)
+                let mut o = Opened::new(link, PortKind::OverlayLink);
+                o.workers.push(w);
+                o.tcp_accept_peer = Some(ip.to_canonical());
+                o
             }
             LinkKind::Direct(dev) => {
                 let sock = Arc::new(PacketSocket::open(dev).map_err(err)?);
-                kind = PortKind::DirectLink;
-                sources.push(Arc::new(Source::new(
-                    Some(id),
-                    SourceKind::Direct(sock.clone()),
-                )));
-                PortTx::Direct(sock)
+                let mut o = Opened::new(sock.clone(), PortKind::DirectLink);
+                o.sources.push(Arc::new(Source::new(Box::new(PacketReader {
+                    sock,
+                    port: id,
+                }))));
+                o
             }
         };
-        info!(name = %l.name, kind = %l.kind, vni = l.vni, encrypted = crypto.is_some(), "link added");
+        self.next_id += 1;
+        info!(name = %l.name, kind = %l.kind, vni = l.vni,
+              encrypted = opened.port.as_udp().map(|u| u.crypto.is_some()).unwrap_or(false),
+              "link added");
+        // The rate, if any, comes with the Policy change that follows AddLink.
+        let guard = PortGuard::link(&Default::default());
+        self.insert(DestKind::Link, &l.name, id, l.vni, opened, guard);
+        Ok(())
+    }
+
+    /// A udp link: datagrams on the shared VXLAN socket, sealed when it is encrypted.
+    fn open_udp(&self, l: &Link, to: SocketAddr) -> Result<Opened, EngineError> {
+        let local_v6 = self.udp.local_addr().is_ipv6();
+        if to.is_ipv6() && !local_v6 {
+            return Err(EngineError::Unsupported {
+                name: l.name.clone(),
+                why: format!(
+                    "{to} is IPv6 but the UDP socket is bound to IPv4 (start vnetd with --bind ::)"
+                ),
+            });
+        }
+        let to_sa = match (local_v6, to) {
+            (true, SocketAddr::V4(v4)) => {
+                SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
+            }
+            _ => to,
+        };
+        let counters = Arc::new(PortCounters::default());
+        let mut workers = Vec::new();
+        let crypto = match l.encrypt {
+            None => None,
+            Some(peer_key) => {
+                let Some(key) = self.static_key.clone() else {
+                    return Err(EngineError::Unsupported {
+                        name: l.name.clone(),
+                        why:
+                            "an encrypted link needs this host's key (start vnetd with --key-file)"
+                                .into(),
+                    });
+                };
+                let c = Arc::new(LinkCrypto::new(
+                    &l.name,
+                    key,
+                    peer_key,
+                    l.vni,
+                    self.udp.clone(),
+                    SockAddr::from(to_sa),
+                ));
+                workers.push(c.start_timer().map_err(|source| EngineError::Link {
+                    name: l.name.clone(),
+                    source,
+                })?);
+                Some(c)
+            }
+        };
+        let tx = UdpLinkTx {
+            sock: self.udp.clone(),
+            to: SockAddr::from(to_sa),
+            header: VxlanRepr { vni: l.vni }.header(),
+            gso_refused: AtomicUsize::new(usize::MAX),
+            crypto,
+            counters: counters.clone(),
+        };
+        let mut o = Opened::new(Arc::new(tx), PortKind::OverlayLink);
+        o.counters = counters;
+        o.workers = workers;
+        o.udp_peer = Some(to.ip().to_canonical());
+        Ok(o)
+    }
+
+    fn insert(
+        &mut self,
+        kind: DestKind,
+        name: &str,
+        id: PortId,
+        vni: u32,
+        o: Opened,
+        guard: PortGuard,
+    ) {
         self.ports.insert(
-            (DestKind::Link, l.name.clone()),
+            (kind, name.to_string()),
             PortRuntime {
                 id,
                 entry: PortEntry {
-                    info: PortInfo { vni: l.vni, kind },
-                    tx: Arc::new(tx),
-                    counters,
-                    // The rate, if any, comes with the Policy change that follows AddLink.
-                    guard: Arc::new(PortGuard::link(&Default::default())),
+                    info: PortInfo { vni, kind: o.kind },
+                    port: o.port,
+                    counters: o.counters,
+                    guard: Arc::new(guard),
                 },
-                sources,
-                workers,
-                tcp,
-                udp_peer,
-                tcp_accept_peer,
+                sources: o.sources,
+                workers: o.workers,
+                udp_peer: o.udp_peer,
+                tcp_accept_peer: o.tcp_accept_peer,
             },
         );
-        Ok(())
     }
 
     fn remove_port(&mut self, kind: DestKind, name: &str) {
@@ -724,7 +405,7 @@ impl Engine {
         let mut udp_peers = old.udp_peers.clone();
         udp_peers.retain(|_, p| *p != rt.id);
         let mut tcp_accept = old.tcp_accept.clone();
-        tcp_accept.retain(|_, l| rt.tcp.as_ref().map(|t| !Arc::ptr_eq(t, l)).unwrap_or(true));
+        tcp_accept.retain(|_, p| *p != rt.id);
         self.shared.snapshot.store(Arc::new(Snapshot {
             table: old.table.clone(),
             ports,
@@ -761,8 +442,8 @@ impl Engine {
                 snap.udp_peers.insert((ip, rt.entry.info.vni), rt.id);
                 snap.udp_ips.insert(ip);
             }
-            if let (Some(ip), Some(l)) = (rt.tcp_accept_peer, &rt.tcp) {
-                snap.tcp_accept.insert((ip, rt.entry.info.vni), l.clone());
+            if let Some(ip) = rt.tcp_accept_peer {
+                snap.tcp_accept.insert((ip, rt.entry.info.vni), rt.id);
             }
         }
         let rules: Vec<RouteRule> = cfg
@@ -804,10 +485,7 @@ impl Engine {
             name: name.to_string(),
             vni: rt.entry.info.vni,
             counters: rt.entry.counters.snapshot(),
-            nic: match &*rt.entry.tx {
-                PortTx::Nic(n) => n.stats(),
-                _ => None,
-            },
+            nic: rt.entry.port.nic_status(),
             policy: rt.entry.guard.status(),
         })
     }
@@ -816,12 +494,7 @@ impl Engine {
     /// links are connectionless and always up.
     pub fn link_state(&self, name: &str) -> LinkState {
         match self.ports.get(&(DestKind::Link, name.to_string())) {
-            Some(rt) => match &*rt.entry.tx {
-                PortTx::Udp(UdpLinkTx {
-                    crypto: Some(c), ..
-                }) if !c.established() => LinkState::Connecting,
-                _ => rt.tcp.as_ref().map(|t| t.state()).unwrap_or(LinkState::Up),
-            },
+            Some(rt) => rt.entry.port.state(),
             None => LinkState::Down,
         }
     }
@@ -829,12 +502,11 @@ impl Engine {
     /// An encrypted link's session state and counters; `None` for other links.
     pub fn link_crypto(&self, name: &str) -> Option<CryptoStatus> {
         let rt = self.ports.get(&(DestKind::Link, name.to_string()))?;
-        match &*rt.entry.tx {
-            PortTx::Udp(UdpLinkTx {
-                crypto: Some(c), ..
-            }) => Some(c.status()),
-            _ => None,
-        }
+        rt.entry
+            .port
+            .as_udp()
+            .and_then(|u| u.crypto.as_ref())
+            .map(|c| c.status())
     }
 
     pub fn daemon_counters(&self) -> PortCountersSnapshot {
@@ -889,5 +561,78 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The control side without root: links and routes need no devices.
+    use super::*;
+    use vnet_control::status::LinkState;
+    use vnet_control::Command;
+
+    fn apply_script(e: &mut Engine, cfg: &mut Config, script: &str) {
+        let mut gen = || vnet_wire::MacAddr::local_from_random([1, 2, 3, 4, 5, 6]);
+        for (_, cmd) in vnet_control::parse_script(script).expect("script") {
+            for ch in cfg.apply(&cmd, &mut gen).expect("valid") {
+                e.apply(&ch).expect("engine");
+            }
+        }
+        e.rebuild(cfg);
+    }
+
+    #[test]
+    fn links_and_routes_reach_the_snapshot_and_go_again() {
+        let mut e = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
+        let mut cfg = Config::default();
+        apply_script(
+            &mut e,
+            &mut cfg,
+            "link add b udp 127.0.0.1:4799 vni 7\nlink add c tcp 127.0.0.1:1 vni 7\n\
+             route add any 52:54:00:00:00:09 link b\n",
+        );
+        let snap = e.shared.snapshot.load_full();
+        assert_eq!(snap.ports.len(), 2);
+        assert_eq!(snap.udp_peers.len(), 1);
+        assert!(snap
+            .udp_ips
+            .contains(&"127.0.0.1".parse::<IpAddr>().unwrap()));
+        assert_eq!(e.link_state("b"), LinkState::Up);
+        assert_ne!(e.link_state("c"), LinkState::Up, "nobody listens on port 1");
+        assert_eq!(e.link_state("nope"), LinkState::Down);
+        let st = e.port_status(DestKind::Link, "b").expect("status");
+        assert_eq!((st.vni, st.kind), (7, PortRole::Link));
+        assert!(e.link_crypto("b").is_none());
+        assert!(!e.inject_from_interface("nope", &[]));
+        let gen = snap.table.generation();
+        // Removing a link takes it out of the snapshot at once, and its peer with it.
+        let del = Command::LinkDel("b".into());
+        let mut g = || vnet_wire::MacAddr::local_from_random([1, 2, 3, 4, 5, 6]);
+        for ch in cfg.apply(&del, &mut g).expect("valid") {
+            e.apply(&ch).expect("engine");
+        }
+        e.rebuild(&cfg);
+        let snap = e.shared.snapshot.load_full();
+        assert_eq!(snap.ports.len(), 1);
+        assert!(snap.udp_peers.is_empty());
+        assert!(snap.table.generation() > gen);
+        e.shutdown();
+        assert!(e.shared.snapshot.load().ports.is_empty());
+    }
+
+    #[test]
+    fn an_encrypted_link_needs_a_key() {
+        let mut e = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
+        let mut cfg = Config::default();
+        let key = vnet_crypto::PrivateKey::generate().expect("key").public();
+        let cmd = vnet_control::parse_line(&format!("link add s udp 127.0.0.1 encrypt {key}"))
+            .expect("parse")
+            .expect("a command");
+        let mut g = || vnet_wire::MacAddr::local_from_random([1, 2, 3, 4, 5, 6]);
+        let ch = cfg.apply(&cmd, &mut g).expect("valid");
+        assert!(matches!(
+            e.apply(&ch[0]),
+            Err(EngineError::Unsupported { .. })
+        ));
     }
 }

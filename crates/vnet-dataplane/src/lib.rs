@@ -1,21 +1,44 @@
-//! The vnet data path: the OS edge. TAP devices ([`tap`]), the VXLAN/UDP socket ([`udp`]),
-//! TCP links ([`tcp`]), direct links on a host NIC ([`packet`]), the dispatcher threads that
-//! read them ([`dispatch`]), the forwarding of each frame with software offloads
-//! ([`forward`]), and the [`Engine`] that owns it all.
+//! The vnet data path: the OS edge. Read it in layers, each importing only those below:
+//!
+//! ```text
+//! engine      the control side: opens ports by kind, publishes snapshots   (engine.rs)
+//! dispatch    dispatcher threads: epoll, polling, modes, pinning            (dispatch.rs)
+//! ingress     how frames enter, one reader per source kind                  (ingress/)
+//! forward     a frame's decision, and its fan-out to ports                   (forward.rs)
+//! ports       how frames leave, one module per port kind                     (ports/)
+//! port        the interface between forward and ports; shared: the snapshot (port.rs, shared.rs)
+//! batch       UDP datagrams deferred to the end of a batch                   (batch.rs)
+//! devices     TAP, VXLAN socket, packet socket, guest-NIC trait, guards      (tap.rs, udp.rs, ...)
+//! os          system calls, netlink, namespaces, threads                     (sys.rs, netns.rs, ...)
+//! ```
+//!
+//! A frame's path: a dispatcher finds a descriptor ready, its [`ingress::Reader`] reads a
+//! batch and hands each frame to [`forward::process`], which checks it, looks up the route
+//! and calls [`port::Port::send`] on each egress port; a udp link's datagrams wait in the
+//! batch ([`batch::TxBatch`]) and go out together at its end.
 
+pub mod batch;
 pub mod crypto;
 pub mod dispatch;
 pub mod engine;
 pub mod forward;
 pub mod guard;
+pub mod ingress;
+pub mod netlink;
 pub mod netns;
 pub mod nic;
 pub mod packet;
+pub mod port;
+pub mod ports;
+pub mod shared;
 pub mod sys;
 pub mod tap;
-pub mod tcp;
 pub mod udp;
 mod worker;
 
-pub use engine::{DirectLink, Engine, EngineError, Ingress, NicFactory};
+#[cfg(test)]
+mod testing;
+
+pub use engine::{Engine, EngineError, NicFactory};
+pub use ingress::guest::{DirectLink, GuestFrame, Ingress, GUEST_HEAD};
 pub use nic::GuestNic;

@@ -31,29 +31,44 @@ pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// An eventfd used to wake a worker thread out of `poll` when it must stop.
-#[derive(Debug)]
-pub struct EventFd(OwnedFd);
+/// The epoll set of the dispatchers and of the vhost-user threads: `vmm-sys-util`'s.
+pub use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+/// An eventfd that wakes a thread out of `poll`/`epoll_wait` (non-blocking, close-on-exec):
+/// `vmm-sys-util`'s, the one every part of vnet uses.
+pub use vmm_sys_util::eventfd::EventFd;
 
-impl EventFd {
-    pub fn new() -> io::Result<EventFd> {
-        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
-        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
-        // SAFETY: fd is a fresh, valid descriptor owned by nobody else.
-        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
+/// A new eventfd for waking threads.
+pub fn eventfd() -> io::Result<EventFd> {
+    EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)
+}
 
-    pub fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe {
-            libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8);
+/// Wakes whoever polls `e` (a full counter already means "awake", so an error is harmless).
+pub fn signal(e: &EventFd) {
+    let _ = e.write(1);
+}
+
+/// Waits for events on `ep`, retrying when a signal interrupts the wait; returns how many.
+pub fn epoll_wait(ep: &Epoll, timeout_ms: i32, events: &mut [EpollEvent]) -> io::Result<usize> {
+    loop {
+        match ep.wait(timeout_ms, events) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
         }
     }
+}
 
-    pub fn fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
+/// Adds `fd` to `ep`, readable, with `token` (level-triggered).
+pub fn epoll_add(ep: &Epoll, fd: RawFd, token: u64) -> io::Result<()> {
+    ep.ctl(
+        ControlOperation::Add,
+        fd,
+        EpollEvent::new(EventSet::IN, token),
+    )
+}
+
+/// Removes `fd` from `ep`.
+pub fn epoll_del(ep: &Epoll, fd: RawFd) -> io::Result<()> {
+    ep.ctl(ControlOperation::Delete, fd, EpollEvent::default())
 }
 
 /// What `wait_readable` saw.
@@ -73,7 +88,7 @@ pub fn wait_readable(fd: RawFd, stop: &EventFd, timeout: Option<Duration>) -> io
             revents: 0,
         },
         libc::pollfd {
-            fd: stop.fd(),
+            fd: stop.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         },
@@ -101,10 +116,82 @@ pub fn wait_readable(fd: RawFd, stop: &EventFd, timeout: Option<Duration>) -> io
     }
 }
 
+/// Waits up to `ms` milliseconds (-1: forever) for `events` (`POLLIN`, `POLLOUT`) on `fd`;
+/// true when they came.
+pub fn poll_one(fd: RawFd, events: libc::c_short, ms: i32) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, and we pass the count 1.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(r > 0)
+}
+
 /// `read(2)` into a buffer.
 pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: buf is a live, writable slice and we pass its true length.
     cvt_size(unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) })
+}
+
+/// One piece of a datagram or frame for a system call that reads it (an `iovec`): ordinary
+/// memory, or a guest's shared memory that vnet never reads itself, only hands to the kernel.
+#[derive(Clone, Copy)]
+pub struct IoPart<'a> {
+    iov: libc::iovec,
+    _borrow: std::marker::PhantomData<&'a [u8]>,
+}
+
+// SAFETY: an IoPart is a read-only view (a pointer and a length) of bytes borrowed for 'a,
+// like a `&'a [u8]` or a `VolatileSlice<'a>`, both of which may be shared between threads.
+unsafe impl Send for IoPart<'_> {}
+// SAFETY: as above; nothing is ever written through it.
+unsafe impl Sync for IoPart<'_> {}
+
+impl<'a> From<&'a [u8]> for IoPart<'a> {
+    fn from(b: &'a [u8]) -> Self {
+        IoPart {
+            iov: libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            },
+            _borrow: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<'a> IoPart<'a> {
+    /// Guest memory by its volatile slice: the kernel reads it; vnet does not.
+    pub fn from_volatile(s: &vm_memory::VolatileSlice<'a>) -> Self {
+        IoPart {
+            iov: libc::iovec {
+                iov_base: s.ptr_guard().as_ptr() as *mut libc::c_void,
+                iov_len: s.len(),
+            },
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.iov.iov_len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.iov.iov_len == 0
+    }
+
+    pub fn iovec(&self) -> libc::iovec {
+        self.iov
+    }
 }
 
 /// The iovecs of `parts`, for system calls that only read them (the kernel never writes
@@ -202,4 +289,130 @@ pub fn set_up(name: &str) -> io::Result<()> {
     let flags = i16::from_ne_bytes([r.data[0], r.data[1]]) | libc::IFF_UP as i16;
     r.data[..2].copy_from_slice(&flags.to_ne_bytes());
     r.ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS)
+}
+
+/// One message of a `recvmmsg` batch.
+#[derive(Debug, Clone, Copy)]
+pub struct Msg {
+    /// Bytes received (the full datagram's length when it was truncated).
+    pub len: usize,
+    /// The datagram was larger than the iovecs given for it (`MSG_TRUNC`).
+    pub truncated: bool,
+    /// The `UDP_GRO` segment size, when the kernel merged several datagrams into this one.
+    pub gro_segment: Option<usize>,
+    /// The sender (for unconnected sockets).
+    pub from: Option<std::net::SocketAddr>,
+}
+
+const UDP_GRO_CMSG: libc::c_int = 104;
+
+/// `recvmmsg(2)` without blocking, with the headers, addresses and control buffers kept
+/// between calls: the UDP dispatcher's batched receive and vhost-user's cut-through receive
+/// both use it.
+pub struct MmsgReceiver {
+    hdrs: Vec<libc::mmsghdr>,
+    addrs: Vec<libc::sockaddr_storage>,
+    cbufs: Vec<[u64; 8]>,
+}
+
+// SAFETY: the raw pointers inside the headers are rewritten before every call and never
+// dereferenced by us; the struct is only scratch space owned by one thread at a time.
+unsafe impl Send for MmsgReceiver {}
+
+impl MmsgReceiver {
+    pub fn new(batch: usize) -> MmsgReceiver {
+        MmsgReceiver {
+            // SAFETY: mmsghdr and sockaddr_storage are plain data; zeroed is a valid value.
+            hdrs: (0..batch).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            // SAFETY: as above.
+            addrs: (0..batch).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            cbufs: vec![[0; 8]; batch],
+        }
+    }
+
+    /// Receives up to `iovs.len() / per` messages on `fd`, message k into
+    /// `iovs[k * per..(k + 1) * per]`, and appends what each got to `out` (cleared first).
+    /// An empty socket is `Ok` with nothing received.
+    ///
+    /// # Safety
+    /// Every iovec must point at memory that is valid for writes of its length for the
+    /// duration of the call (the kernel writes there).
+    pub unsafe fn recv(
+        &mut self,
+        fd: RawFd,
+        iovs: &mut [libc::iovec],
+        per: usize,
+        out: &mut Vec<Msg>,
+    ) -> io::Result<()> {
+        out.clear();
+        let n = (iovs.len() / per.max(1)).min(self.hdrs.len());
+        for k in 0..n {
+            let h = &mut self.hdrs[k].msg_hdr;
+            h.msg_name = (&mut self.addrs[k] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            h.msg_iov = iovs[k * per..].as_mut_ptr();
+            h.msg_iovlen = per;
+            h.msg_control = self.cbufs[k].as_mut_ptr().cast();
+            h.msg_controllen = std::mem::size_of::<[u64; 8]>();
+            h.msg_flags = 0;
+            self.hdrs[k].msg_len = 0;
+        }
+        // SAFETY: every header points at a live address, control area (ours, of the sizes
+        // given) and iovecs that the caller guarantees writable; the kernel writes only there.
+        let r = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.hdrs.as_mut_ptr(),
+                n as u32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(()),
+                _ => Err(e),
+            };
+        }
+        for k in 0..r as usize {
+            let h = &self.hdrs[k];
+            let mut gro_segment = None;
+            // SAFETY: walks the control messages the kernel wrote into cbufs[k], within
+            // msg_controllen, reading the c_int payload of a UDP_GRO message.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO_CMSG {
+                        let g = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                        if g > 0 {
+                            gro_segment = Some(g as usize);
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
+                }
+            }
+            out.push(Msg {
+                len: h.msg_len as usize,
+                truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+                gro_segment,
+                from: (h.msg_hdr.msg_namelen > 0)
+                    .then(|| sockaddr_to_std(&self.addrs[k]))
+                    .flatten(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> {
+    // SAFETY: the storage was filled by the kernel for the socket's family; SockAddr::new takes
+    // a copy of it with its full size.
+    let sa = unsafe {
+        socket2::SockAddr::new(
+            *ss,
+            std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+        )
+    };
+    sa.as_socket()
 }

@@ -13,7 +13,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tracing::warn;
 use vnet_core::DropReason;
 
-use crate::sys::cvt;
+use crate::sys::{cvt, IoPart, MmsgReceiver, Msg};
 
 /// Socket buffers large enough to ride out a scheduling hiccup at 10 Gbit/s.
 const SOCKET_BUFFER: usize = 8 << 20;
@@ -37,6 +37,8 @@ pub struct VxlanSocket {
 /// may be shorter); `seg == len` without GRO.
 #[derive(Debug, Clone, Copy)]
 pub struct Received {
+    /// Which of the caller's buffers holds it.
+    pub buf: usize,
     pub len: usize,
     pub seg: usize,
     pub from: SocketAddr,
@@ -160,10 +162,10 @@ impl VxlanSocket {
     pub fn send_parts(
         &self,
         to: &SockAddr,
-        parts: &[&[u8]],
+        parts: &[IoPart<'_>],
         gso_size: Option<u16>,
     ) -> Result<(), Option<DropReason>> {
-        let iov = crate::sys::iovecs(parts);
+        let iov: Vec<libc::iovec> = parts.iter().map(IoPart::iovec).collect();
         // Room for one cmsg carrying a u16 (CMSG_SPACE(2) is 24 on 64-bit Linux).
         let mut cbuf = [0u64; 4];
         // SAFETY: msghdr is plain data; zeroed is a valid empty header.
@@ -218,13 +220,13 @@ impl VxlanSocket {
 
     /// Sends several datagrams, each gathered from its parts, in one `sendmmsg`; returns how
     /// many were sent.
-    pub fn send_many<const P: usize>(&self, msgs: &[(&SockAddr, [&[u8]; P])]) -> usize {
+    pub fn send_many<const P: usize>(&self, msgs: &[(&SockAddr, [IoPart<'_>; P])]) -> usize {
         if msgs.is_empty() {
             return 0;
         }
         let mut iovs: Vec<libc::iovec> = Vec::with_capacity(msgs.len() * P);
         for (_, parts) in msgs {
-            crate::sys::push_iovecs(&mut iovs, parts);
+            iovs.extend(parts.iter().map(IoPart::iovec));
         }
         let mut hdrs: Vec<libc::mmsghdr> = msgs
             .iter()
@@ -261,9 +263,14 @@ impl VxlanSocket {
     }
 
     /// Receives up to `bufs.len()` messages without blocking; fills `out` (cleared first).
-    pub fn recv_batch(&self, bufs: &mut [Vec<u8>], out: &mut Vec<Received>) -> io::Result<()> {
+    pub fn recv_batch(
+        &self,
+        rx: &mut MmsgReceiver,
+        bufs: &mut [Vec<u8>],
+        msgs: &mut Vec<Msg>,
+        out: &mut Vec<Received>,
+    ) -> io::Result<()> {
         out.clear();
-        let n = bufs.len();
         let mut iovs: Vec<libc::iovec> = bufs
             .iter_mut()
             .map(|b| libc::iovec {
@@ -271,66 +278,17 @@ impl VxlanSocket {
                 iov_len: b.len(),
             })
             .collect();
-        // SAFETY: sockaddr_storage and the cmsg buffers are plain data; zeroed is valid.
-        let mut addrs: Vec<libc::sockaddr_storage> = (0..n).map(|_| unsafe { zeroed() }).collect();
-        let mut cbufs: Vec<[u64; 8]> = vec![[0; 8]; n];
-        let mut hdrs: Vec<libc::mmsghdr> = (0..n)
-            .map(|i| {
-                // SAFETY: as above.
-                let mut m: libc::mmsghdr = unsafe { zeroed() };
-                m.msg_hdr.msg_name = (&mut addrs[i] as *mut libc::sockaddr_storage).cast();
-                m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
-                m.msg_hdr.msg_iov = &mut iovs[i];
-                m.msg_hdr.msg_iovlen = 1;
-                m.msg_hdr.msg_control = cbufs[i].as_mut_ptr().cast();
-                m.msg_hdr.msg_controllen = size_of::<[u64; 8]>();
-                m
-            })
-            .collect();
-        // SAFETY: every header points at a live buffer, address and control area of the sizes
-        // given; the kernel writes only within them.
-        let r = unsafe {
-            libc::recvmmsg(
-                self.fd(),
-                hdrs.as_mut_ptr(),
-                n as u32,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return match e.raw_os_error() {
-                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(()),
-                _ => Err(e),
-            };
-        }
-        for (i, h) in hdrs.iter().take(r as usize).enumerate() {
-            let len = h.msg_len as usize;
-            if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+        // SAFETY: every iovec covers one of our own buffers, borrowed mutably for the call.
+        unsafe { rx.recv(self.fd(), &mut iovs, 1, msgs)? };
+        for (buf, m) in msgs.iter().enumerate() {
+            if m.truncated {
                 continue; // larger than our buffer: cannot be a valid VXLAN datagram of ours
             }
-            let mut seg = len;
-            // SAFETY: walks the control messages the kernel wrote into cbufs[i], within
-            // msg_controllen, reading a c_int payload of the UDP_GRO message.
-            unsafe {
-                let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-                while !c.is_null() {
-                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
-                        let g = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
-                        if g > 0 {
-                            seg = g as usize;
-                        }
-                    }
-                    c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
-                }
-            }
-            let Some(from) = sockaddr_to_std(&addrs[i]) else {
-                continue;
-            };
+            let Some(from) = m.from else { continue };
             out.push(Received {
-                len,
-                seg: seg.max(1),
+                buf,
+                len: m.len,
+                seg: m.gro_segment.unwrap_or(m.len).max(1),
                 from,
             });
         }
@@ -338,26 +296,13 @@ impl VxlanSocket {
     }
 }
 
-fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    // SAFETY: the storage was filled by the kernel for the socket's family; SockAddr::new takes
-    // a copy of it with its full size.
-    let sa = unsafe { SockAddr::new(*ss, size_of::<libc::sockaddr_storage>() as u32) };
-    sa.as_socket()
-}
-
 fn wait_writable(fd: RawFd) -> io::Result<()> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd, length 1.
-    let r = unsafe { libc::poll(&mut p, 1, 1000) };
-    if r <= 0 {
-        return Err(io::Error::new(
+    if crate::sys::poll_one(fd, libc::POLLOUT, 1000)? {
+        Ok(())
+    } else {
+        Err(io::Error::new(
             io::ErrorKind::TimedOut,
             "send buffer stayed full",
-        ));
+        ))
     }
-    Ok(())
 }

@@ -28,7 +28,7 @@ impl Worker {
         body: impl FnOnce(Arc<EventFd>) + Send + 'static,
         stopper: impl FnOnce() + Send + 'static,
     ) -> io::Result<Worker> {
-        let stop = Arc::new(EventFd::new()?);
+        let stop = Arc::new(crate::sys::eventfd()?);
         let s = stop.clone();
         let handle = std::thread::Builder::new()
             .name(name)
@@ -41,7 +41,7 @@ impl Worker {
     }
 
     pub fn stop(&mut self) {
-        self.stop.signal();
+        crate::sys::signal(&self.stop);
         if let Some(f) = self.stopper.take() {
             f();
         }

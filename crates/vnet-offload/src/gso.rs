@@ -224,58 +224,7 @@ pub fn segment(frame: &[u8], vh: &VirtioNetHdr, out: &mut SegmentList) -> Result
 pub(crate) mod tests {
     use super::*;
     use crate::checksum::checksum;
-
-    /// A TCP/IPv4 frame as a guest's TSO hands it over: pseudo-header sum in the checksum field.
-    pub fn tso_frame(payload: usize, v6: bool) -> (Vec<u8>, VirtioNetHdr) {
-        let mut f = vec![0x52, 0x54, 0, 0, 0, 2, 0x52, 0x54, 0, 0, 0, 1];
-        let l3_len = if v6 { 40 } else { 20 };
-        if v6 {
-            f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
-            f.extend_from_slice(&((32 + payload) as u16).to_be_bytes());
-            f.extend_from_slice(&[6, 64]);
-            f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
-            f.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
-        } else {
-            f.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
-            f.extend_from_slice(&0u16.to_be_bytes()); // as TSO leaves it
-            f.extend_from_slice(&[
-                0x12, 0x34, 0x40, 0, 64, 6, 0, 0, 192, 168, 1, 1, 192, 168, 1, 2,
-            ]);
-        }
-        // TCP: ports, seq, ack, doff 8 (12 bytes of options), flags ACK|PSH, window
-        f.extend_from_slice(&[
-            0x13, 0x88, 0xc0, 0x00, 0, 0, 0x10, 0, 0, 0, 0, 1, 0x80, 0x18, 0x01, 0xf5, 0, 0, 0, 0,
-        ]);
-        f.extend_from_slice(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]);
-        for i in 0..payload {
-            f.push((i * 7 + 3) as u8);
-        }
-        let hl = 14 + l3_len + 32;
-        let layout = parse_l3l4(&f).unwrap();
-        let ps = fold(layout.pseudo_sum(&f, 32 + payload));
-        f[14 + l3_len + 16..14 + l3_len + 18].copy_from_slice(&ps.to_be_bytes());
-        let vh = VirtioNetHdr {
-            flags: VirtioNetHdr::F_NEEDS_CSUM,
-            gso_type: if v6 {
-                VirtioNetHdr::GSO_TCPV6
-            } else {
-                VirtioNetHdr::GSO_TCPV4
-            },
-            hdr_len: hl as u16,
-            gso_size: 1448,
-            csum_start: (14 + l3_len) as u16,
-            csum_offset: 16,
-        };
-        (f, vh)
-    }
-
-    /// Checks a wire frame's IPv4 header and TCP checksums the way a receiver would.
-    pub fn valid(frame: &[u8]) -> bool {
-        let l = parse_l3l4(frame).unwrap();
-        let ip_ok = l.l3 == L3::V6 || checksum(&frame[14..14 + l.l3_len]) == 0;
-        let s = l.pseudo_sum(frame, l.ip_end - l.l4_off()) + sum(&frame[l.l4_off()..l.ip_end], 0);
-        ip_ok && fold(s) == 0xffff
-    }
+    pub use crate::test_frames::{tso_frame, valid};
 
     fn join(list: &SegmentList, frame: &[u8], i: usize) -> Vec<u8> {
         list.parts(frame, i).concat()

@@ -14,6 +14,9 @@ mod gso;
 mod headers;
 mod virtio;
 
+#[cfg(any(test, feature = "test-frames"))]
+pub mod test_frames;
+
 pub use checksum::{checksum, fold, sum};
 pub use gro::{
     l4_checksum_ok, partial_checksum_hint, Coalescer, GroOutput, Offered, PayloadRef,

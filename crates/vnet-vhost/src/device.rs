@@ -23,11 +23,11 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{
     Address, Bytes, FileOffset, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryMmap,
-    GuestRegionMmap, MmapRegion,
+    GuestRegionMmap, MmapRegion, VolatileSlice,
 };
 use vnet_core::DropReason;
 use vnet_dataplane::forward::FwdCtx;
-use vnet_dataplane::Ingress;
+use vnet_dataplane::{GuestFrame, Ingress};
 use vnet_offload::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 use vnet_wire::MAX_FRAME_LEN;
 
@@ -489,8 +489,10 @@ impl Dev {
         f[22..28].copy_from_slice(&mac);
         f[32..38].copy_from_slice(&mac);
         let mut ctx = lock(&self.ctx);
-        self.ingress
-            .forward_slices(&mut ctx, &[(VirtioNetHdr::default(), &f[..])]);
+        self.ingress.forward_guest(
+            &mut ctx,
+            &[(VirtioNetHdr::default(), GuestFrame::Copied(&f[..]))],
+        );
     }
 
     /// Takes every frame the guest transmitted on ring `index`, in batches, into the overlay.
@@ -551,26 +553,21 @@ impl Dev {
         }
     }
 
-    fn forward_items(&self, items: &[TxItem], arena: &[Vec<u8>]) {
-        let mut frames: Vec<(VirtioNetHdr, &[u8])> = Vec::with_capacity(items.len());
+    fn forward_items(&self, items: &[TxItem<'_>], arena: &[Vec<u8>]) {
+        let mut frames: Vec<(VirtioNetHdr, GuestFrame<'_>)> = Vec::with_capacity(items.len());
         let (mut cut, mut copied) = (0, 0);
         for it in items {
             match it.frame {
-                TxFrame::Guest { ptr, len } => {
-                    // SAFETY: `ptr..ptr+len` lies inside one mapped guest region (checked by
-                    // `get_slice`), and `self.mem` keeps that mapping alive until this function
-                    // returns (the caller holds an `Arc` to it). The guest may change these
-                    // bytes while we read them: they are only ever read as packet data, every
-                    // offset taken from them is bounds-checked against this slice, so a guest
-                    // can corrupt only its own frame. What a check decides on is copied first:
-                    // the forwarding path reads the MACs once and sends that checked copy, so
-                    // rewriting the frame after the source-MAC check cannot spoof a source.
-                    let f = unsafe { std::slice::from_raw_parts(ptr, len) };
-                    frames.push((it.vh, f));
+                // The guest's memory goes on as a volatile slice: the forwarding path copies
+                // what it reads (the headers, the MACs it checks and then sends) and hands the
+                // rest to the kernel, so a guest rewriting its frame meanwhile can corrupt only
+                // its own frame, never spoof a checked source.
+                TxFrame::Guest(vs) => {
+                    frames.push((it.vh, GuestFrame::Shared(vs)));
                     cut += 1;
                 }
                 TxFrame::Copied(k) => {
-                    frames.push((it.vh, &arena[k]));
+                    frames.push((it.vh, GuestFrame::Copied(&arena[k])));
                     copied += 1;
                 }
                 TxFrame::Bad(why) => self.bad_chain(why),
@@ -580,7 +577,7 @@ impl Dev {
         self.stats.tx_copied.fetch_add(copied, Relaxed);
         if !frames.is_empty() {
             let mut ctx = lock(&self.ctx);
-            self.ingress.forward_slices(&mut ctx, &frames);
+            self.ingress.forward_guest(&mut ctx, &frames);
         }
     }
 
@@ -805,29 +802,27 @@ pub fn drain_eventfd(f: &File) {
     let _ = (&*f).read(&mut b);
 }
 
-struct TxItem {
+struct TxItem<'m> {
     head: u16,
     vh: VirtioNetHdr,
-    frame: TxFrame,
+    frame: TxFrame<'m>,
 }
 
-enum TxFrame {
-    /// In guest memory: pointer into a mapped region, length.
-    Guest {
-        ptr: *const u8,
-        len: usize,
-    },
+enum TxFrame<'m> {
+    /// In one piece of guest memory, which the guest may rewrite at any moment: reached only
+    /// through this volatile slice, never as a Rust slice.
+    Guest(VolatileSlice<'m>),
     /// Copied into the arena at this index.
     Copied(usize),
     Bad(&'static str),
 }
 
-fn read_tx_chain<M>(
+fn read_tx_chain<'m, M>(
     chain: virtio_queue::DescriptorChain<M>,
-    mem: &Mem,
+    mem: &'m Mem,
     cut: bool,
     arena: &mut Vec<Vec<u8>>,
-) -> TxItem
+) -> TxItem<'m>
 where
     M: std::ops::Deref,
     M::Target: GuestMemory,
@@ -889,10 +884,7 @@ where
                 Ok(vs) => TxItem {
                     head,
                     vh,
-                    frame: TxFrame::Guest {
-                        ptr: vs.ptr_guard().as_ptr(),
-                        len: vs.len(),
-                    },
+                    frame: TxFrame::Guest(vs),
                 },
                 Err(_) => bad("descriptor outside guest memory"),
             };
@@ -1037,4 +1029,261 @@ fn write_rx(
         }
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The descriptor walks on a real `GuestMemoryMmap`, with rings built by `virtio-queue`'s
+    //! own test helpers: what a guest (or a hostile one) can put in its rings.
+
+    use super::*;
+    use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+
+    const MEM: u64 = 0x10_0000;
+    const BUF: u64 = 0x8_0000;
+
+    fn mem() -> Mem {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).expect("guest memory")
+    }
+
+    fn desc(addr: u64, len: u32, flags: u16) -> RawDescriptor {
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
+    }
+
+    /// A transmit frame: the virtio-net header (no offloads) and an Ethernet frame.
+    fn put_frame(m: &Mem, at: u64, frame: &[u8]) {
+        m.write_slice(&[0u8; HDR_LEN], GuestAddress(at)).unwrap();
+        m.write_slice(frame, GuestAddress(at + HDR_LEN as u64))
+            .unwrap();
+    }
+
+    fn frame(len: usize) -> Vec<u8> {
+        let mut f = vec![0u8; len];
+        f[..6].copy_from_slice(&[0x52, 0x54, 0, 0, 0, 2]);
+        f[6..12].copy_from_slice(&[0x52, 0x54, 0, 0, 0, 1]);
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        for (i, b) in f.iter_mut().enumerate().skip(14) {
+            *b = i as u8;
+        }
+        f
+    }
+
+    fn walk(
+        m: &Mem,
+        descs: &[RawDescriptor],
+        cut: bool,
+    ) -> (Option<Vec<u8>>, Option<&'static str>) {
+        let q = MockSplitQueue::new(m, 16);
+        let chain = q.build_desc_chain(descs).expect("chain");
+        let mut arena = Vec::new();
+        let item = read_tx_chain(chain, m, cut, &mut arena);
+        match item.frame {
+            TxFrame::Guest(vs) => {
+                let mut v = vec![0u8; vs.len()];
+                vs.copy_to(&mut v[..]);
+                (Some(v), None)
+            }
+            TxFrame::Copied(k) => (Some(arena[k].clone()), None),
+            TxFrame::Bad(why) => (None, Some(why)),
+        }
+    }
+
+    #[test]
+    fn one_descriptor_frame_is_cut_through_or_copied() {
+        let m = mem();
+        let f = frame(1500);
+        put_frame(&m, BUF, &f);
+        let d = [desc(BUF, (HDR_LEN + f.len()) as u32, 0)];
+        let q = MockSplitQueue::new(&m, 16);
+        let chain = q.build_desc_chain(&d).unwrap();
+        let mut arena = Vec::new();
+        assert!(matches!(
+            read_tx_chain(chain, &m, true, &mut arena).frame,
+            TxFrame::Guest(_)
+        ));
+        assert_eq!(walk(&m, &d, true).0.as_deref(), Some(&f[..]));
+        assert_eq!(walk(&m, &d, false).0.as_deref(), Some(&f[..]));
+    }
+
+    #[test]
+    fn header_then_frame_is_one_piece_and_a_scattered_frame_is_gathered() {
+        let m = mem();
+        let f = frame(600);
+        put_frame(&m, BUF, &f);
+        // [header][frame]: still one piece of memory for the frame.
+        let d = [
+            desc(BUF, HDR_LEN as u32, 0),
+            desc(BUF + HDR_LEN as u64, f.len() as u32, 0),
+        ];
+        assert_eq!(walk(&m, &d, true).0.as_deref(), Some(&f[..]));
+        // The frame in three pieces, the header split too: gathered into a copy.
+        let d = [
+            desc(BUF, 4, 0),
+            desc(BUF + 4, (HDR_LEN - 4 + 100) as u32, 0),
+            desc(BUF + HDR_LEN as u64 + 100, (f.len() - 100) as u32, 0),
+        ];
+        let mut arena = Vec::new();
+        let q = MockSplitQueue::new(&m, 16);
+        let item = read_tx_chain(q.build_desc_chain(&d).unwrap(), &m, true, &mut arena);
+        assert!(matches!(item.frame, TxFrame::Copied(0)));
+        assert_eq!(arena[0], f);
+    }
+
+    #[test]
+    fn hostile_chains_are_refused() {
+        let m = mem();
+        put_frame(&m, BUF, &frame(100));
+        // A write-only descriptor in a transmit chain.
+        let d = [desc(BUF, 200, VRING_DESC_F_WRITE as u16)];
+        assert!(walk(&m, &d, true).1.unwrap().contains("write-only"));
+        // Shorter than header + Ethernet header.
+        let d = [desc(BUF, (HDR_LEN + 13) as u32, 0)];
+        assert!(walk(&m, &d, true).1.is_some());
+        // Outside guest memory (cut-through and copying both check).
+        let d = [desc(MEM - 20, 200, 0)];
+        assert!(walk(&m, &d, true).1.unwrap().contains("outside"));
+        assert!(walk(&m, &d, false).1.unwrap().contains("outside"));
+        // More bytes than any frame.
+        let d = [desc(BUF, u32::MAX / 2, 0), desc(BUF, u32::MAX / 2, 0)];
+        assert!(walk(&m, &d, true).1.unwrap().contains("more bytes"));
+        // More descriptors than a frame needs (a 65-descriptor chain).
+        let d: Vec<RawDescriptor> = (0..(MAX_CHAIN_DESCS as u64 + 1))
+            .map(|i| desc(BUF + i * 16, 16, 0))
+            .collect();
+        let q = MockSplitQueue::new(&m, 128);
+        let mut arena = Vec::new();
+        let item = read_tx_chain(q.build_desc_chain(&d).unwrap(), &m, true, &mut arena);
+        assert!(matches!(item.frame, TxFrame::Bad(w) if w.contains("more descriptors")));
+    }
+
+    #[test]
+    fn a_guest_rewriting_its_frame_changes_only_what_is_read_later() {
+        // The cut-through frame is a volatile view: a read after the guest rewrites its
+        // memory sees the new bytes (no stale Rust slice, no assumption that they are fixed).
+        let m = mem();
+        let f = frame(200);
+        put_frame(&m, BUF, &f);
+        let d = [desc(BUF, (HDR_LEN + f.len()) as u32, 0)];
+        let q = MockSplitQueue::new(&m, 16);
+        let mut arena = Vec::new();
+        let item = read_tx_chain(q.build_desc_chain(&d).unwrap(), &m, true, &mut arena);
+        let TxFrame::Guest(vs) = item.frame else {
+            panic!("not cut-through")
+        };
+        m.write_slice(&[0xee; 6], GuestAddress(BUF + HDR_LEN as u64 + 6))
+            .unwrap();
+        let mut now = [0u8; 12];
+        vs.copy_to(&mut now[..]);
+        assert_eq!(&now[6..12], &[0xee; 6]);
+    }
+
+    /// A receive ring of `n` single-descriptor chains of `len` bytes each.
+    fn rx_queue(m: &Mem, n: u16, len: u32) -> (MockSplitQueue<'_, Mem>, Queue) {
+        let q = MockSplitQueue::new(m, 16);
+        let descs: Vec<RawDescriptor> = (0..n)
+            .map(|i| {
+                RawDescriptor::from(SplitDescriptor::new(
+                    BUF + i as u64 * 0x1_0000,
+                    len,
+                    VRING_DESC_F_WRITE as u16,
+                    0,
+                ))
+            })
+            .collect();
+        for (i, d) in descs.iter().enumerate() {
+            q.desc_table().store(i as u16, *d).unwrap();
+            q.avail().ring().ref_at(i).unwrap().store(i as u16);
+        }
+        q.avail().idx().store(n);
+        let queue: Queue = q.create_queue().unwrap();
+        (q, queue)
+    }
+
+    #[test]
+    fn receive_fills_one_buffer_or_merges_several() {
+        let m = mem();
+        let f = frame(1000);
+        // One buffer large enough.
+        let (_q, mut queue) = rx_queue(&m, 2, 2048);
+        assert!(matches!(
+            write_rx(
+                &mut queue,
+                &m,
+                &VirtioNetHdr::default(),
+                &[&f[..10], &f[10..]],
+                true
+            ),
+            Ok(true)
+        ));
+        let mut got = vec![0u8; f.len()];
+        m.read_slice(&mut got, GuestAddress(BUF + HDR_LEN as u64))
+            .unwrap();
+        assert_eq!(got, f);
+        // num_buffers (the last two bytes of the header) says 1.
+        let mut nb = [0u8; 2];
+        m.read_slice(&mut nb, GuestAddress(BUF + VIRTIO_NET_HDR_LEN as u64))
+            .unwrap();
+        assert_eq!(u16::from_le_bytes(nb), 1);
+
+        // Buffers of 512 bytes: merged over as many as it takes with MRG_RXBUF; refused
+        // without.
+        let (_q, mut queue) = rx_queue(&m, 4, 512);
+        assert!(matches!(
+            write_rx(&mut queue, &m, &VirtioNetHdr::default(), &[&f], true),
+            Ok(true)
+        ));
+        m.read_slice(&mut nb, GuestAddress(BUF + VIRTIO_NET_HDR_LEN as u64))
+            .unwrap();
+        assert_eq!(
+            u16::from_le_bytes(nb) as usize,
+            (HDR_LEN + f.len()).div_ceil(512)
+        );
+        let (_q, mut queue) = rx_queue(&m, 4, 512);
+        assert!(matches!(
+            write_rx(&mut queue, &m, &VirtioNetHdr::default(), &[&f], false),
+            Err(RxError::Chain(_))
+        ));
+        // Not enough buffers: nothing consumed.
+        let (_q, mut queue) = rx_queue(&m, 1, 512);
+        let before = queue.next_avail();
+        assert!(matches!(
+            write_rx(&mut queue, &m, &VirtioNetHdr::default(), &[&f], true),
+            Ok(false)
+        ));
+        assert_eq!(queue.next_avail(), before);
+    }
+
+    #[test]
+    fn receive_into_hostile_buffers_marks_the_ring() {
+        let m = mem();
+        let f = frame(100);
+        // A buffer smaller than the virtio-net header.
+        let (_q, mut queue) = rx_queue(&m, 1, 4);
+        assert!(matches!(
+            write_rx(&mut queue, &m, &VirtioNetHdr::default(), &[&f], true),
+            Err(RxError::Ring(_))
+        ));
+        // A buffer outside guest memory.
+        let q = MockSplitQueue::new(&m, 16);
+        q.desc_table()
+            .store(
+                0,
+                RawDescriptor::from(SplitDescriptor::new(
+                    MEM - 8,
+                    4096,
+                    VRING_DESC_F_WRITE as u16,
+                    0,
+                )),
+            )
+            .unwrap();
+        q.avail().ring().ref_at(0).unwrap().store(0);
+        q.avail().idx().store(1);
+        let mut queue: Queue = q.create_queue().unwrap();
+        assert!(matches!(
+            write_rx(&mut queue, &m, &VirtioNetHdr::default(), &[&f], true),
+            Err(RxError::Ring(_))
+        ));
+    }
 }

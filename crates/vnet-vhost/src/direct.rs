@@ -25,6 +25,7 @@ use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 use vnet_core::DropReason;
+use vnet_dataplane::sys::{MmsgReceiver, Msg};
 use vnet_dataplane::DirectLink;
 use vnet_wire::{MacAddr, VXLAN_HEADER_LEN};
 
@@ -34,10 +35,12 @@ use crate::notify::Action;
 const BATCH: usize = 32;
 const SOCKET_BUFFER: usize = 4 << 20;
 
-/// A connected socket for one UDP link.
+/// A connected socket for one UDP link, with its `recvmmsg` scratch.
 pub struct DirectSock {
     pub fd: OwnedFd,
     pub link: DirectLink,
+    rx: MmsgReceiver,
+    msgs: Vec<Msg>,
 }
 
 impl DirectSock {
@@ -64,6 +67,8 @@ impl DirectSock {
         Ok(DirectSock {
             fd: sock.into(),
             link,
+            rx: MmsgReceiver::new(BATCH),
+            msgs: Vec::with_capacity(BATCH),
         })
     }
 
@@ -93,7 +98,7 @@ fn vxlan_ok(h: &[u8; VXLAN_HEADER_LEN], vni: u32) -> bool {
 
 impl Dev {
     /// Receives what `d`'s peer sent straight into the guest's receive buffers.
-    pub fn direct_receive(&self, d: &DirectSock) -> io::Result<Received> {
+    pub fn direct_receive(&self, d: &mut DirectSock) -> io::Result<Received> {
         let Some(mem) = self.mem.load_full() else {
             return Ok(Received::Off);
         };
@@ -152,10 +157,10 @@ impl Dev {
         // iovecs: [scratch VXLAN header, guest buffer after the virtio-net header].
         let n = bufs.len();
         let mut scratch = [[0u8; VXLAN_HEADER_LEN]; BATCH];
-        let mut iovs = [[libc::iovec {
+        let mut iovs = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
-        }; 2]; BATCH];
+        }; 2 * BATCH];
         for (k, &(_, addr, len)) in bufs.iter().enumerate() {
             let Some(a) = addr.checked_add(HDR_LEN as u64) else {
                 rewind(&mut ring.queue, bufs.len());
@@ -172,43 +177,24 @@ impl Dev {
                     return Ok(Received::Off);
                 }
             };
-            iovs[k][0] = libc::iovec {
+            iovs[2 * k] = libc::iovec {
                 iov_base: scratch[k].as_mut_ptr().cast(),
                 iov_len: VXLAN_HEADER_LEN,
             };
-            iovs[k][1] = libc::iovec {
+            iovs[2 * k + 1] = libc::iovec {
                 iov_base: slice.ptr_guard_mut().as_ptr().cast(),
                 iov_len: slice.len(),
             };
         }
-        // SAFETY: zeroed mmsghdrs are valid; each is pointed at its own two iovecs below.
-        let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-        for k in 0..n {
-            msgs[k].msg_hdr.msg_iov = iovs[k].as_mut_ptr();
-            msgs[k].msg_hdr.msg_iovlen = 2;
+        // SAFETY: `iovs[..2n]` cover `scratch` (ours) and guest receive buffers inside regions
+        // mapped by `mem`, which we hold for the whole call; the kernel writes at most iov_len
+        // bytes to each.
+        let r = unsafe { d.rx.recv(d.raw(), &mut iovs[..2 * n], 2, &mut d.msgs) };
+        if let Err(e) = r {
+            rewind(&mut ring.queue, bufs.len());
+            return Err(e);
         }
-        // SAFETY: `msgs[..n]` point at iovecs that cover `scratch` (ours) and guest buffers
-        // inside regions mapped by `mem`, which we hold for the whole call; the kernel writes
-        // at most iov_len bytes to each.
-        let got = unsafe {
-            libc::recvmmsg(
-                d.raw(),
-                msgs.as_mut_ptr(),
-                n as u32,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
-        };
-        let got = if got < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
-                rewind(&mut ring.queue, bufs.len());
-                return Err(e);
-            }
-            0
-        } else {
-            got as usize
-        };
+        let got = d.msgs.len();
         let mut fallback: Vec<Vec<u8>> = Vec::new();
         let mut used: Vec<(u16, u32)> = Vec::with_capacity(got);
         let mut ctx = self.ctx.lock().unwrap_or_else(|p| p.into_inner());
@@ -216,9 +202,8 @@ impl Dev {
         // buffer unpublished; a later frame is then moved down into it (rare), so buffers are
         // still used in ring order.
         let mut w = 0;
-        for k in 0..got {
-            let len = msgs[k].msg_len as usize;
-            let trunc = msgs[k].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+        for (k, m) in d.msgs.iter().enumerate().take(got) {
+            let (len, trunc) = (m.len, m.truncated);
             if trunc || len < VXLAN_HEADER_LEN + 14 || !vxlan_ok(&scratch[k], d.link.vni) {
                 let r = if trunc {
                     DropReason::Oversize
@@ -340,5 +325,21 @@ impl Dev {
             self.ingress.forward_from(&mut ctx, d.link.port, &frames);
         }
         Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_vxlan_of_the_links_vni_is_taken_in_place() {
+        let h = vnet_wire::VxlanRepr { vni: 7 }.header();
+        assert!(vxlan_ok(&h, 7));
+        assert!(!vxlan_ok(&h, 8));
+        // The I flag missing: not VXLAN (an encrypted link's message starts with 1..3).
+        let mut bad = h;
+        bad[0] = 3;
+        assert!(!vxlan_ok(&bad, 7));
     }
 }

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 use vnet_control::status::{NicStatus, VhostUserStatus};
 use vnet_control::{DataPathSettings, Interface, NotifyMode};
+use vnet_dataplane::sys::{self, ControlOperation, Epoll, EpollEvent, EventSet};
 use vnet_dataplane::{GuestNic, Ingress, NicFactory};
 use vnet_offload::VirtioNetHdr;
 
@@ -215,13 +216,7 @@ impl NicFactory for VhostFactory {
 
 /// Waits up to `ms` for `fd` to be readable.
 fn wait_readable(fd: RawFd, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+    sys::poll_one(fd, libc::POLLIN, ms).unwrap_or(false)
 }
 
 fn connect(
@@ -285,7 +280,7 @@ fn serve(dev: Arc<Dev>, socket: PathBuf, client: bool, listener: Option<UnixList
 /// One frontend connection: its requests, the transmit and receive kicks, the backlog and
 /// notification backstop, until it closes or misbehaves.
 fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Result<()> {
-    let mut epoll = Epoll::new()?;
+    let mut epoll = EpollSet::new()?;
     epoll.add(stream.as_raw_fd(), TOKEN_SOCKET)?;
     epoll.add(dev.wake.as_raw_fd(), TOKEN_WAKE)?;
     let mut ring_fds: Vec<Option<RawFd>> = vec![None; dev.rings.len()];
@@ -370,7 +365,7 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
                 }
                 t if t >= TOKEN_DIRECT => {
                     let i = (t - TOKEN_DIRECT) as usize;
-                    let Some(d) = direct.get(i) else { continue };
+                    let Some(d) = direct.get_mut(i) else { continue };
                     let mut rearm = true;
                     for _ in 0..DIRECT_ROUNDS {
                         match dev.direct_receive(d)? {
@@ -437,86 +432,73 @@ fn handle_message(
     Ok(())
 }
 
-/// A small epoll set: file descriptors with tokens, level-triggered.
-struct Epoll {
-    fd: std::os::fd::OwnedFd,
+/// The session's epoll set (the dataplane's, `vmm-sys-util`'s): file descriptors with
+/// tokens, level-triggered, or one-shot for the cut-through sockets.
+struct EpollSet {
+    ep: Epoll,
+    events: Vec<EpollEvent>,
 }
 
-impl Epoll {
-    fn new() -> io::Result<Epoll> {
-        // SAFETY: plain syscall; the result is checked and owned at once.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a new descriptor we own.
-        Ok(Epoll {
-            fd: unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) },
+impl EpollSet {
+    fn new() -> io::Result<EpollSet> {
+        Ok(EpollSet {
+            ep: Epoll::new()?,
+            events: vec![EpollEvent::default(); 16],
         })
     }
 
     fn add(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: token,
-        };
-        // SAFETY: `ev` is valid for the call; the kernel copies it.
-        let r = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        sys::epoll_add(&self.ep, fd, token)
     }
 
     /// Added disarmed after each event: [`Self::rearm`] when ready for more.
     fn add_oneshot(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_ADD, fd, token, libc::EPOLLONESHOT as u32)
+        let ev = EpollEvent::new(EventSet::IN | EventSet::ONE_SHOT, token);
+        self.ep.ctl(ControlOperation::Add, fd, ev)
     }
 
     fn rearm(&mut self, fd: RawFd, token: u64) -> io::Result<()> {
-        self.ctl(libc::EPOLL_CTL_MOD, fd, token, libc::EPOLLONESHOT as u32)
-    }
-
-    fn ctl(&mut self, op: i32, fd: RawFd, token: u64, extra: u32) -> io::Result<()> {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32 | extra,
-            u64: token,
-        };
-        // SAFETY: `ev` is valid for the call; the kernel copies it.
-        let r = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut ev) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        let ev = EpollEvent::new(EventSet::IN | EventSet::ONE_SHOT, token);
+        self.ep.ctl(ControlOperation::Modify, fd, ev)
     }
 
     fn del(&mut self, fd: RawFd) -> io::Result<()> {
-        // SAFETY: a null event is allowed for EPOLL_CTL_DEL.
-        let r = unsafe {
-            libc::epoll_ctl(
-                self.fd.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                fd,
-                std::ptr::null_mut(),
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        sys::epoll_del(&self.ep, fd)
     }
 
     fn wait(&mut self, timeout_ms: i32) -> io::Result<Vec<u64>> {
-        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 16];
-        // SAFETY: `evs` has room for the 16 events we ask for.
-        let n = unsafe { libc::epoll_wait(self.fd.as_raw_fd(), evs.as_mut_ptr(), 16, timeout_ms) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(Vec::new());
-            }
-            return Err(e);
-        }
-        Ok(evs[..n as usize].iter().map(|e| e.u64).collect())
+        let n = sys::epoll_wait(&self.ep, timeout_ms, &mut self.events)?;
+        Ok(self.events[..n].iter().map(|e| e.data()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_epoll_set_reports_tokens_and_one_shots_need_rearming() {
+        let mut ep = EpollSet::new().unwrap();
+        let a = sys::eventfd().unwrap();
+        let b = sys::eventfd().unwrap();
+        ep.add(a.as_raw_fd(), 5).unwrap();
+        ep.add_oneshot(b.as_raw_fd(), 9).unwrap();
+        assert!(ep.wait(0).unwrap().is_empty());
+        sys::signal(&a);
+        sys::signal(&b);
+        let mut got = ep.wait(100).unwrap();
+        got.sort();
+        assert_eq!(got, vec![5, 9]);
+        // Still readable: the level-triggered one reports again, the one-shot does not...
+        assert_eq!(ep.wait(0).unwrap(), vec![5]);
+        // ...until rearmed.
+        ep.rearm(b.as_raw_fd(), 9).unwrap();
+        let mut got = ep.wait(0).unwrap();
+        got.sort();
+        assert_eq!(got, vec![5, 9]);
+        ep.del(a.as_raw_fd()).unwrap();
+        let _ = b.read();
+        ep.rearm(b.as_raw_fd(), 9).unwrap();
+        assert!(ep.wait(0).unwrap().is_empty());
     }
 }

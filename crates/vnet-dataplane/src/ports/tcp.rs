@@ -10,7 +10,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 use vnet_control::status::LinkState;
 
@@ -22,8 +22,11 @@ use vnet_wire::{
     VXLAN_HEADER_LEN,
 };
 
-use crate::engine::Shared;
-use crate::forward::{process, FwdCtx as RxCtx, Origin, TxBatch};
+use crate::batch::TxBatch;
+use crate::forward::{process, Arrival, FwdCtx as RxCtx};
+use crate::port::{Frame, Port, Tx};
+use crate::ports::each_segment;
+use crate::shared::Shared;
 use crate::sys::{wait_readable, EventFd, Wake};
 use crate::worker::Worker;
 
@@ -63,6 +66,8 @@ struct Conn {
 }
 
 pub struct TcpLink {
+    /// This link, for the reader threads a connection starts.
+    me: Weak<TcpLink>,
     port: PortId,
     vni: u32,
     role: TcpRole,
@@ -83,7 +88,8 @@ impl TcpLink {
         vni: u32,
         role: TcpRole,
     ) -> io::Result<(Arc<TcpLink>, Worker)> {
-        let link = Arc::new(TcpLink {
+        let link = Arc::new_cyclic(|me| TcpLink {
+            me: me.clone(),
             port,
             vni,
             role,
@@ -343,9 +349,7 @@ impl TcpLink {
                             &snap,
                             &mut ctx,
                             self.port,
-                            VirtioNetHdr::default(),
-                            frame,
-                            Origin::Local,
+                            Arrival::local(VirtioNetHdr::default(), frame),
                             &mut batch,
                         );
                     }
@@ -353,7 +357,7 @@ impl TcpLink {
                     Err(_) => self.count(DropReason::BadVxlan),
                 }
             }
-            batch.flush(&self.shared, &snap.udp);
+            batch.flush(&self.shared.offload, &self.shared.daemon, &snap.udp);
             ctx.flush(&self.shared);
             if broken {
                 break;
@@ -462,7 +466,7 @@ fn handshake(shared: &Shared, mut s: TcpStream, peer: SocketAddr) {
         shared.daemon.count_drop(DropReason::BadStream);
         return;
     };
-    let Some(link) = shared.tcp_accept_link(peer.ip().to_canonical(), h.vni) else {
+    let Some(link) = shared.tcp_accept_port(peer.ip().to_canonical(), h.vni) else {
         warn!(%peer, vni = h.vni, "tcp listener: no tcp accept link for this peer; closing");
         shared.daemon.count_drop(DropReason::UnknownPeer);
         return;
@@ -472,7 +476,33 @@ fn handshake(shared: &Shared, mut s: TcpStream, peer: SocketAddr) {
         return;
     }
     info!(%peer, "tcp link accepted");
-    link.attach(s);
+    link.accept_stream(s);
+}
+
+impl Port for TcpLink {
+    fn send<'a>(&'a self, tx: &mut Tx<'_, 'a>, f: &Frame<'a>) -> Result<(), DropReason> {
+        let frame = match f.whole() {
+            Some(b) => b,
+            None => f.copy_into(tx.scratch),
+        };
+        each_segment(tx.offload, frame, &f.vh, tx.seg, &f.macs, |parts| {
+            TcpLink::send(self, parts)
+        })
+    }
+
+    fn state(&self) -> LinkState {
+        TcpLink::state(self)
+    }
+
+    fn accept_stream(&self, stream: TcpStream) -> bool {
+        match self.me.upgrade() {
+            Some(link) => {
+                link.attach(stream);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -504,5 +534,66 @@ mod tests {
         assert!(unanswered(&io::ErrorKind::WouldBlock.into()));
         assert!(!unanswered(&io::ErrorKind::ConnectionRefused.into()));
         assert!(!unanswered(&io::ErrorKind::InvalidData.into()));
+    }
+
+    #[test]
+    fn frames_sent_through_the_port_arrive_framed_on_the_stream() {
+        use crate::batch::TxBatch;
+        use crate::forward::{process, Arrival, FwdCtx};
+        use crate::testing::*;
+        let sh = shared();
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let (link, mut worker) = TcpLink::start(
+            sh.clone(),
+            PortId(3),
+            5,
+            TcpRole::Dial(listener.local_addr().expect("addr")),
+        )
+        .expect("link");
+        let mut a = TestPort::interface(1, mac(1), Arc::new(Recorder::default()));
+        a.vni = 5;
+        let mut l = TestPort::link(3, link.clone());
+        l.vni = 5;
+        let mut r = route(mac(9), 3);
+        r.vni = 5;
+        publish(&sh, vec![a, l], vec![r]);
+        // The peer's side: greet back, then read records.
+        let (mut s, _) = listener.accept().expect("accept");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut hello = [0u8; STREAM_HELLO_LEN];
+        s.read_exact(&mut hello).expect("greeting");
+        assert_eq!(StreamHello::parse(&hello).expect("hello").vni, 5);
+        s.write_all(&StreamHello { vni: 5 }.emit()).unwrap();
+        let frames: Vec<Vec<u8>> = (0..3).map(|i| frame(mac(9), mac(1), 100 + i)).collect();
+        let snap = sh.snapshot.load_full();
+        let mut batch = TxBatch::default();
+        for f in &frames {
+            process(
+                &sh,
+                &snap,
+                &mut FwdCtx::new(),
+                PortId(1),
+                Arrival::local(VirtioNetHdr::default(), f),
+                &mut batch,
+            );
+        }
+        let mut dec = StreamDecoder::new();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while got.len() < 3 {
+            let n = s.read(&mut buf).expect("records");
+            assert!(n > 0, "stream closed early");
+            dec.push(&buf[..n]);
+            while let Ok(Some(r)) = dec.next_range() {
+                got.push(dec.buffer()[r].to_vec());
+            }
+        }
+        for (rec, f) in got.iter().zip(&frames) {
+            let p = VxlanPacket::new_checked(&rec[..]).expect("VXLAN record");
+            assert_eq!(p.vni(), 5);
+            assert_eq!(&rec[VXLAN_HEADER_LEN..], &f[..]);
+        }
+        assert_eq!(Port::state(&*link), LinkState::Up);
+        worker.stop();
     }
 }

@@ -1,0 +1,418 @@
+//! UDP datagrams waiting for the end of a forwarding batch, and how they are sent: a run of
+//! consecutive datagrams to one link, all of one size but the last (which may be shorter),
+//! goes as one `sendmsg` with `UDP_SEGMENT` (the kernel's stack handles the run once); the rest
+//! go in `sendmmsg` batches, in order. Datagrams of encrypted links are sealed first (equal
+//! plaintext sizes give equal ciphertext sizes, so runs survive). Where runs split is a pure
+//! function ([`plan_runs`]) tested on its own.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+use socket2::SockAddr;
+use vm_memory::VolatileSlice;
+use vnet_core::{DropReason, PortCounters};
+use vnet_wire::VXLAN_HEADER_LEN;
+
+use crate::crypto::LinkCrypto;
+use crate::shared::OffloadCounters;
+use crate::sys::IoPart;
+use crate::udp::{VxlanSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+
+/// The sending side of a udp link.
+pub struct UdpLinkTx {
+    pub sock: Arc<VxlanSocket>,
+    pub to: SockAddr,
+    pub header: [u8; VXLAN_HEADER_LEN],
+    /// Smallest datagram size the kernel refused to segment (larger than the path MTU);
+    /// runs of that size or more go one datagram at a time.
+    pub gso_refused: AtomicUsize,
+    /// Set for an encrypted link: datagrams are sealed, handshakes run.
+    pub crypto: Option<Arc<LinkCrypto>>,
+    /// The link's port counters (for drops found only when the batch is sent).
+    pub counters: Arc<PortCounters>,
+}
+
+/// The bytes of a datagram after the part vnet rewrote: ordinary memory, or a guest's shared
+/// memory (vhost-user cut-through), which is never read here, only handed to the kernel.
+#[derive(Clone, Copy)]
+pub enum Rest<'a> {
+    Local(&'a [u8]),
+    Guest(VolatileSlice<'a>),
+}
+
+impl<'a> Rest<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            Rest::Local(b) => b.len(),
+            Rest::Guest(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn part(&self) -> IoPart<'a> {
+        match self {
+            Rest::Local(b) => IoPart::from(*b),
+            Rest::Guest(s) => IoPart::from_volatile(s),
+        }
+    }
+
+    /// Appends these bytes to `out` (a volatile copy for guest memory).
+    pub fn copy_into(&self, out: &mut Vec<u8>) {
+        match self {
+            Rest::Local(b) => out.extend_from_slice(b),
+            Rest::Guest(s) => {
+                let at = out.len();
+                out.resize(at + s.len(), 0);
+                s.copy_to(&mut out[at..]);
+            }
+        }
+    }
+}
+
+/// Datagrams waiting to be sent, borrowing the frames they carry.
+#[derive(Default)]
+pub struct TxBatch<'a> {
+    /// (link, head, rest): `head` is a range of `heads` (bytes we wrote: the checked MACs, or
+    /// headers with a completed checksum), `rest` the frame bytes after it, borrowed.
+    udp: Vec<(&'a UdpLinkTx, Range<usize>, Rest<'a>)>,
+    heads: Vec<u8>,
+}
+
+/// One datagram ready to send: its link, its parts, its length.
+type Ready<'b> = (&'b UdpLinkTx, [IoPart<'b>; 3], usize);
+
+/// How a run of datagrams goes out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Run {
+    /// Datagrams `range` in one `UDP_SEGMENT` send of `size`-byte segments.
+    Segmented { range: Range<usize>, size: usize },
+    /// Datagrams `range`, each on its own (in a `sendmmsg` batch).
+    Singles(Range<usize>),
+}
+
+/// Splits datagrams (their link, as an identity, and their sizes) into runs: consecutive
+/// datagrams to the same link, all of the first one's size except the last, which may be
+/// shorter, at most `GSO_MAX_SEGMENTS` and `GSO_MAX_BYTES` per run; a run of one, or one the
+/// link cannot segment (`gso_ok(first item of the run, size)` false), is sent as singles.
+pub fn plan_runs(
+    items: &[(usize, usize)],
+    mut gso_ok: impl FnMut(usize, usize) -> bool,
+) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    let mut i = 0;
+    while i < items.len() {
+        let (link, size) = items[i];
+        let per = (GSO_MAX_BYTES / size.max(1)).clamp(1, GSO_MAX_SEGMENTS);
+        let mut j = i + 1;
+        while j < items.len() && j - i < per {
+            let (l, len) = items[j];
+            if l != link || len > size {
+                break;
+            }
+            j += 1;
+            if len < size {
+                break;
+            }
+        }
+        if j - i > 1 && gso_ok(i, size) {
+            runs.push(Run::Segmented { range: i..j, size });
+        } else {
+            match runs.last_mut() {
+                Some(Run::Singles(r)) if r.end == i => r.end = j,
+                _ => runs.push(Run::Singles(i..j)),
+            }
+        }
+        i = j;
+    }
+    runs
+}
+
+impl<'a> TxBatch<'a> {
+    pub fn is_empty(&self) -> bool {
+        self.udp.is_empty()
+    }
+
+    /// Datagrams queued so far.
+    pub fn len(&self) -> usize {
+        self.udp.len()
+    }
+
+    /// Queues a datagram of `link`: `head` (copied into the batch) then `rest` (borrowed).
+    pub fn push(&mut self, link: &'a UdpLinkTx, head: &[&[u8]], rest: Rest<'a>) {
+        let at = self.heads.len();
+        for h in head {
+            self.heads.extend_from_slice(h);
+        }
+        self.udp.push((link, at..self.heads.len(), rest));
+    }
+
+    /// Seals the datagrams of encrypted links (into `sealed`) and lists every datagram with
+    /// the parts it is sent from; a datagram of an encrypted link without a session is
+    /// dropped and counted (`no_session`).
+    fn ready<'b>(&'b self, sealed: &'b mut Vec<u8>) -> Vec<Ready<'b>> {
+        let mut scratch = Vec::new();
+        let mut plain = Vec::new();
+        let mut ranges: Vec<Option<Range<usize>>> = Vec::with_capacity(self.udp.len());
+        // The session of the previous entry's link: batches mostly go to one link.
+        let mut last: Option<(*const UdpLinkTx, Option<Arc<vnet_crypto::Session>>)> = None;
+        for (l, h, rest) in &self.udp {
+            let Some(c) = &l.crypto else {
+                ranges.push(None);
+                continue;
+            };
+            let session = match &last {
+                Some((p, s)) if std::ptr::eq(*p, *l) => s.clone(),
+                _ => {
+                    let s = c.sending_session();
+                    last = Some((*l as *const UdpLinkTx, s.clone()));
+                    s
+                }
+            };
+            // What is sealed must be read: a guest's bytes are copied (volatile) first.
+            let body: &[u8] = match rest {
+                Rest::Local(b) => b,
+                Rest::Guest(_) => {
+                    plain.clear();
+                    rest.copy_into(&mut plain);
+                    &plain
+                }
+            };
+            let at = sealed.len();
+            let r = match session {
+                Some(s) => s
+                    .seal(
+                        &[&l.header[..], &self.heads[h.clone()], body],
+                        &mut scratch,
+                        sealed,
+                    )
+                    .map_err(crate::crypto::drop_reason),
+                None => Err(DropReason::NoSession),
+            };
+            match r {
+                Ok(()) => {
+                    c.sealed.fetch_add(1, Relaxed);
+                    ranges.push(Some(at..sealed.len()));
+                }
+                Err(reason) => {
+                    l.counters.count_drop(reason);
+                    ranges.push(Some(at..at));
+                }
+            }
+        }
+        let sealed: &'b Vec<u8> = sealed;
+        self.udp
+            .iter()
+            .zip(ranges)
+            .filter_map(|((l, h, rest), r)| match r {
+                None => Some((
+                    *l,
+                    [
+                        IoPart::from(&l.header[..]),
+                        IoPart::from(&self.heads[h.clone()]),
+                        rest.part(),
+                    ],
+                    VXLAN_HEADER_LEN + h.len() + rest.len(),
+                )),
+                Some(r) if r.is_empty() => None,
+                Some(r) => Some((
+                    *l,
+                    [
+                        IoPart::from(&sealed[r.clone()]),
+                        IoPart::from(&[][..]),
+                        IoPart::from(&[][..]),
+                    ],
+                    r.len(),
+                )),
+            })
+            .collect()
+    }
+
+    /// Sends the batch (see the module header) and empties it.
+    pub fn flush(&mut self, offload: &OffloadCounters, daemon: &PortCounters, sock: &VxlanSocket) {
+        if self.udp.is_empty() {
+            return;
+        }
+        let mut sealed = Vec::new();
+        let items = self.ready(&mut sealed);
+        // Links by identity, for the pure planner.
+        let keys: Vec<(usize, usize)> = items
+            .iter()
+            .map(|(l, _, len)| (*l as *const UdpLinkTx as usize, *len))
+            .collect();
+        let runs = plan_runs(&keys, |first, size| {
+            sock.gso_enabled() && size < items[first].0.gso_refused.load(Relaxed)
+        });
+        let mut singles: Vec<(&SockAddr, [IoPart<'_>; 3])> = Vec::new();
+        let send_singles = |singles: &mut Vec<(&SockAddr, [IoPart<'_>; 3])>| {
+            if singles.is_empty() {
+                return;
+            }
+            let sent = sock.send_many(singles);
+            offload.udp_batch_sends.fetch_add(1, Relaxed);
+            for _ in sent..singles.len() {
+                daemon.count_drop(DropReason::TxError);
+            }
+            singles.clear();
+        };
+        let mut parts: Vec<IoPart<'_>> = Vec::new();
+        for run in runs {
+            let range = match run {
+                Run::Segmented { range, size } => {
+                    let link = items[range.start].0;
+                    parts.clear();
+                    for (_, p, _) in &items[range.clone()] {
+                        parts.extend_from_slice(p);
+                    }
+                    send_singles(&mut singles);
+                    match sock.send_parts(&link.to, &parts, Some(size as u16)) {
+                        Ok(()) => {
+                            offload.udp_gso_sends.fetch_add(1, Relaxed);
+                            continue;
+                        }
+                        Err(None) => {
+                            // Larger than the path MTU: remember, and send these one by one.
+                            link.gso_refused.fetch_min(size, Relaxed);
+                            range
+                        }
+                        Err(Some(r)) => {
+                            for _ in range {
+                                daemon.count_drop(r);
+                            }
+                            continue;
+                        }
+                    }
+                }
+                Run::Singles(range) => range,
+            };
+            for (l, p, _) in &items[range] {
+                singles.push((&l.to, *p));
+            }
+        }
+        send_singles(&mut singles);
+        drop(singles);
+        drop(items);
+        self.udp.clear();
+        self.heads.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(items: &[(usize, usize)]) -> Vec<Run> {
+        plan_runs(items, |_, _| true)
+    }
+
+    #[test]
+    fn equal_sizes_to_one_link_make_one_run() {
+        let items = vec![(1, 1000); 10];
+        assert_eq!(
+            runs(&items),
+            vec![Run::Segmented {
+                range: 0..10,
+                size: 1000
+            }]
+        );
+    }
+
+    #[test]
+    fn a_shorter_datagram_ends_a_run_a_longer_one_starts_the_next() {
+        let items = [(1, 1000), (1, 1000), (1, 400), (1, 1000), (1, 1200)];
+        assert_eq!(
+            runs(&items),
+            vec![
+                Run::Segmented {
+                    range: 0..3,
+                    size: 1000
+                },
+                Run::Singles(3..5),
+            ]
+        );
+    }
+
+    #[test]
+    fn another_link_ends_a_run() {
+        let items = [(1, 100), (1, 100), (2, 100), (2, 100), (1, 100)];
+        assert_eq!(
+            runs(&items),
+            vec![
+                Run::Segmented {
+                    range: 0..2,
+                    size: 100
+                },
+                Run::Segmented {
+                    range: 2..4,
+                    size: 100
+                },
+                Run::Singles(4..5),
+            ]
+        );
+    }
+
+    #[test]
+    fn runs_are_bounded_by_count_and_bytes() {
+        let items = vec![(1, 100); 150];
+        let r = runs(&items);
+        assert_eq!(
+            r[0],
+            Run::Segmented {
+                range: 0..GSO_MAX_SEGMENTS,
+                size: 100
+            }
+        );
+        let items = vec![(1, 9000); 20];
+        let per = GSO_MAX_BYTES / 9000;
+        assert_eq!(
+            runs(&items)[0],
+            Run::Segmented {
+                range: 0..per,
+                size: 9000
+            }
+        );
+        // Every datagram is in exactly one run, in order.
+        let mut next = 0;
+        for run in runs(&vec![(1, 9000); 20]) {
+            let r = match run {
+                Run::Segmented { range, .. } | Run::Singles(range) => range,
+            };
+            assert_eq!(r.start, next);
+            next = r.end;
+        }
+        assert_eq!(next, 20);
+    }
+
+    #[test]
+    fn no_segmentation_means_one_batch_of_singles() {
+        let items = [(1, 100), (1, 100), (2, 50), (2, 50)];
+        assert_eq!(plan_runs(&items, |_, _| false), vec![Run::Singles(0..4)]);
+        // refused only for link 2 (items 2 and 3)
+        assert_eq!(
+            plan_runs(&items, |first, _| items[first].0 == 1),
+            vec![
+                Run::Segmented {
+                    range: 0..2,
+                    size: 100
+                },
+                Run::Singles(2..4)
+            ]
+        );
+    }
+
+    #[test]
+    fn hostile_sizes_do_not_panic() {
+        let items = [(1, 0), (1, 0), (1, usize::MAX), (1, 65535), (1, 1)];
+        let r = runs(&items);
+        let covered: usize = r
+            .iter()
+            .map(|x| match x {
+                Run::Segmented { range, .. } | Run::Singles(range) => range.len(),
+            })
+            .sum();
+        assert_eq!(covered, items.len());
+    }
+}

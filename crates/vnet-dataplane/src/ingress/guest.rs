@@ -1,0 +1,265 @@
+//! How a NIC that is not read by the dispatchers (vhost-user, with its own thread) hands its
+//! guest's frames to the overlay, and the vhost-user cut-through receive's questions to the
+//! route table ([`Ingress::direct_links`], [`Ingress::accept_direct`]).
+//!
+//! A frame the guest transmitted may be handed over where it lies, in the guest's shared
+//! memory ([`GuestFrame::Shared`]): the guest can rewrite those bytes at any moment, so vnet
+//! never makes a Rust slice of them. Its first bytes are copied (the headers every check reads);
+//! the rest goes to the kernel as an iovec (a udp link's datagram) or is copied by a port that
+//! must read it. A frame whose offload header needs its bytes read (a checksum to complete,
+//! a segment to cut) is copied whole first.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use vm_memory::VolatileSlice;
+use vnet_core::{Decision, DropReason, PortId, PortKind};
+use vnet_offload::VirtioNetHdr;
+use vnet_wire::MacAddr;
+
+use crate::batch::TxBatch;
+use crate::forward::{process, Arrival, FwdCtx};
+use crate::port::Origin;
+use crate::shared::Shared;
+
+/// How many bytes of a frame in guest memory are copied for the checks: every header the
+/// forwarding path reads (Ethernet, IP, TCP/UDP) fits.
+pub const GUEST_HEAD: usize = 128;
+
+/// A UDP link a vhost-user interface receives from directly (see [`Ingress::direct_links`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectLink {
+    pub port: PortId,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub vni: u32,
+}
+
+/// A frame a guest transmitted, as its NIC found it.
+#[derive(Clone, Copy)]
+pub enum GuestFrame<'a> {
+    /// Gathered into memory of vnet's own.
+    Copied(&'a [u8]),
+    /// In one piece of the guest's shared memory (cut-through).
+    Shared(VolatileSlice<'a>),
+}
+
+/// A guest's way into the overlay, for a NIC on its own thread.
+#[derive(Clone)]
+pub struct Ingress {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) port: PortId,
+}
+
+impl Ingress {
+    /// Forwards frames (owned, with their virtio-net headers) as one batch. A partial checksum
+    /// of an ordinary frame is completed in place first.
+    pub fn forward(&self, ctx: &mut FwdCtx, frames: &mut [(VirtioNetHdr, Vec<u8>)]) {
+        let snap = self.shared.snapshot.load_full();
+        let mut ready: Vec<(VirtioNetHdr, GuestFrame<'_>)> = Vec::with_capacity(frames.len());
+        for (vh, f) in frames.iter_mut() {
+            if vh.gso_kind() == VirtioNetHdr::GSO_NONE && vh.needs_csum() {
+                match vnet_offload::complete_checksum(f, vh) {
+                    Ok(()) => vh.flags = VirtioNetHdr::F_DATA_VALID,
+                    Err(_) => {
+                        snap.count_rx_drop(self.port, f.len(), DropReason::BadOffload);
+                        continue;
+                    }
+                }
+            }
+            ready.push((*vh, GuestFrame::Copied(&f[..])));
+        }
+        self.forward_guest(ctx, &ready);
+    }
+
+    /// Forwards frames the guest transmitted, as one batch; see the module header for frames
+    /// in guest memory. Nothing here writes to them.
+    pub fn forward_guest(&self, ctx: &mut FwdCtx, frames: &[(VirtioNetHdr, GuestFrame<'_>)]) {
+        let snap = self.shared.snapshot.load_full();
+        // Everything that must be read is copied before forwarding starts: the heads of
+        // shared frames, and the whole of those whose offload header needs their bytes.
+        let shared_count = frames
+            .iter()
+            .filter(|(_, f)| matches!(f, GuestFrame::Shared(_)))
+            .count();
+        let mut heads = vec![0u8; shared_count * GUEST_HEAD];
+        let mut owned: Vec<Vec<u8>> = Vec::new();
+        let mut plan: Vec<Planned> = Vec::with_capacity(frames.len());
+        let mut k = 0;
+        for (vh, f) in frames {
+            plan.push(match f {
+                GuestFrame::Copied(_) => Planned::Copied,
+                GuestFrame::Shared(s) if needs_bytes(vh) => {
+                    let mut v = vec![0u8; s.len()];
+                    s.copy_to(&mut v[..]);
+                    owned.push(v);
+                    Planned::Owned(owned.len() - 1)
+                }
+                GuestFrame::Shared(s) => {
+                    let n = s.len().min(GUEST_HEAD);
+                    s.copy_to(&mut heads[k * GUEST_HEAD..k * GUEST_HEAD + n]);
+                    k += 1;
+                    Planned::Head(k - 1, n)
+                }
+            });
+        }
+        let mut batch = TxBatch::default();
+        for ((vh, f), p) in frames.iter().zip(&plan) {
+            let a = match (f, p) {
+                (GuestFrame::Copied(b), _) => Arrival::local(*vh, b),
+                (_, Planned::Owned(j)) => Arrival::local(*vh, &owned[*j]),
+                (GuestFrame::Shared(s), Planned::Head(h, n)) => Arrival {
+                    vh: *vh,
+                    head: &heads[h * GUEST_HEAD..h * GUEST_HEAD + n],
+                    tail: (s.len() > *n).then(|| s.offset(*n).ok()).flatten(),
+                    origin: Origin::Local,
+                },
+                _ => continue,
+            };
+            if !a.is_empty() {
+                process(&self.shared, &snap, ctx, self.port, a, &mut batch);
+            }
+        }
+        batch.flush(&self.shared.offload, &self.shared.daemon, &snap.udp);
+        ctx.flush(&self.shared);
+        snap.end_of_burst();
+    }
+
+    /// The snapshot generation: it changes whenever ports or routes do.
+    pub fn generation(&self) -> u64 {
+        self.shared.snapshot.load().table.generation()
+    }
+
+    /// The UDP links this interface may receive from directly (vhost-user cut-through):
+    /// those of its VNI, when it is the only interface in that VNI and learning is off, so
+    /// that every frame from such a link is either for it or not for this host at all.
+    pub fn direct_links(&self) -> Vec<DirectLink> {
+        let snap = self.shared.snapshot.load();
+        if self.shared.learning.load(Relaxed) {
+            return vec![];
+        }
+        let Some(me) = snap.ports.get(&self.port) else {
+            return vec![];
+        };
+        let vni = me.info.vni;
+        let others = snap.ports.iter().any(|(id, p)| {
+            *id != self.port && p.info.vni == vni && p.info.kind != PortKind::OverlayLink
+        });
+        if others {
+            return vec![];
+        }
+        let local = snap.udp.local_addr();
+        // Encrypted links never take the cut-through path (it reads plaintext VXLAN straight
+        // into the guest), nor does any link to a peer address an encrypted link shares: the
+        // connected socket would take that link's datagrams too.
+        let encrypted_peers: Vec<Option<SocketAddr>> = snap
+            .ports
+            .values()
+            .filter_map(|p| p.port.as_udp())
+            .filter(|l| l.crypto.is_some())
+            .map(|l| l.to.as_socket())
+            .collect();
+        snap.ports
+            .iter()
+            .filter(|(_, p)| p.info.vni == vni)
+            .filter_map(|(id, p)| {
+                let l = p.port.as_udp()?;
+                if l.crypto.is_some() || encrypted_peers.contains(&l.to.as_socket()) {
+                    return None;
+                }
+                l.to.as_socket().map(|peer| DirectLink {
+                    port: *id,
+                    peer,
+                    local,
+                    vni,
+                })
+            })
+            .collect()
+    }
+
+    /// A frame that arrived on `link` straight into this interface's guest buffers: true
+    /// (and counted on both ports and in the traffic matrix) when the route table sends it
+    /// to this interface alone; false when it must take the ordinary path
+    /// ([`Self::forward_from`]).
+    pub fn accept_direct(
+        &self,
+        ctx: &mut FwdCtx,
+        link: PortId,
+        dst: MacAddr,
+        src: MacAddr,
+        len: usize,
+    ) -> bool {
+        let snap = self.shared.snapshot.load();
+        // A rate-limited link's frames take the ordinary path, where the limit applies.
+        match snap.ports.get(&link) {
+            Some(l) if !l.guard.is_limited() => {}
+            _ => return false,
+        }
+        let ok = matches!(
+            snap.table.decide(link, src, dst, false, None),
+            Decision::Forward(t) if t.len() == 1 && t[0] == self.port
+        );
+        if ok {
+            if let (Some(l), Some(me)) = (snap.ports.get(&link), snap.ports.get(&self.port)) {
+                l.counters.rx(len);
+                me.counters.tx(len);
+                ctx.record(me.info.vni, src, dst, len);
+            }
+        }
+        ok
+    }
+
+    /// Frames that arrived on `link` but are not for this interface alone: the ordinary path.
+    pub fn forward_from(&self, ctx: &mut FwdCtx, link: PortId, frames: &[Vec<u8>]) {
+        let snap = self.shared.snapshot.load_full();
+        let mut batch = TxBatch::default();
+        for f in frames {
+            process(
+                &self.shared,
+                &snap,
+                ctx,
+                link,
+                Arrival::local(VirtioNetHdr::default(), f),
+                &mut batch,
+            );
+        }
+        batch.flush(&self.shared.offload, &self.shared.daemon, &snap.udp);
+        ctx.flush(&self.shared);
+        snap.end_of_burst();
+    }
+
+    /// Counts a frame from the guest that never became a frame (a bad descriptor chain).
+    pub fn count_drop(&self, reason: DropReason) {
+        if let Some(c) = self.shared.port_counters(self.port) {
+            c.rx(0);
+            c.count_drop(reason);
+        }
+    }
+
+    /// Counts a datagram received on `link` that was dropped before forwarding.
+    pub fn count_link_drop(&self, link: PortId, len: usize, reason: DropReason) {
+        if let Some(c) = self.shared.port_counters(link) {
+            c.rx(len);
+            c.count_drop(reason);
+        }
+    }
+}
+
+/// How `forward_guest` holds a frame while the batch is forwarded.
+enum Planned {
+    Copied,
+    /// Copied whole (index into the owned copies).
+    Owned(usize),
+    /// Its first `n` bytes copied (index into the heads); the rest stays in guest memory.
+    Head(usize, usize),
+}
+
+/// Whether a frame's offload header makes some port read its bytes: a partial checksum to
+/// complete or a large segment to cut.
+fn needs_bytes(vh: &VirtioNetHdr) -> bool {
+    vh.gso_kind() != VirtioNetHdr::GSO_NONE || vh.needs_csum()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,112 @@
+//! The VXLAN socket's reader on loopback: who may send, what is forwarded, what is counted.
+
+use std::net::UdpSocket;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vnet_wire::VxlanRepr;
+
+use super::{is_tunnel_gso, VxlanReader};
+use crate::ingress::{Reader, RxWork};
+use crate::testing::*;
+
+/// A daemon socket with a guest (port 2, mac 2) and a udp link (port 3) from 127.0.0.1 in
+/// VNI 7; returns the peer's socket to send from.
+fn lab() -> (
+    Arc<crate::shared::Shared>,
+    Arc<Recorder>,
+    UdpSocket,
+    VxlanReader,
+) {
+    let sh = shared();
+    let guest = Arc::new(Recorder::default());
+    let mut g = TestPort::interface(2, mac(2), guest.clone());
+    g.vni = 7;
+    let mut l = TestPort::link(3, Arc::new(Recorder::default()));
+    l.vni = 7;
+    l.udp_peer = Some("127.0.0.1".parse().unwrap());
+    let mut rule = route(mac(2), 2);
+    rule.vni = 7;
+    publish(&sh, vec![g, l], vec![rule]);
+    let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+    peer.connect(sh.snapshot.load().udp.local_addr()).unwrap();
+    let reader = VxlanReader {
+        sock: sh.snapshot.load().udp.clone(),
+    };
+    (sh, guest, peer, reader)
+}
+
+fn drain(sh: &crate::shared::Shared, r: &VxlanReader, w: &mut RxWork, want: usize) -> usize {
+    let mut n = 0;
+    for _ in 0..200 {
+        let snap = sh.snapshot.load_full();
+        n += r.drain(w, sh, &snap).unwrap();
+        if n >= want {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    n
+}
+
+fn dgram(vni: u32, f: &[u8]) -> Vec<u8> {
+    let mut d = VxlanRepr { vni }.header().to_vec();
+    d.extend_from_slice(f);
+    d
+}
+
+#[test]
+fn datagrams_of_a_link_reach_the_guest_and_bad_ones_are_counted() {
+    let (sh, guest, peer, r) = lab();
+    let mut w = RxWork::new(0);
+    let f = frame(mac(2), mac(9), 200);
+    peer.send(&dgram(7, &f)).unwrap();
+    // Unknown VNI from a known peer; not VXLAN at all; shorter than a header.
+    peer.send(&dgram(8, &f)).unwrap();
+    peer.send(&[0u8; 40]).unwrap();
+    peer.send(&[0x08, 0]).unwrap();
+    assert_eq!(drain(&sh, &r, &mut w, 4), 4);
+    let got = guest.take();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].bytes, f);
+    assert_eq!(counters(&sh, 3).rx_frames, 1);
+    let d = sh.daemon.snapshot();
+    assert_eq!(d.drops.get("unknown_vni"), Some(&1));
+    assert_eq!(d.drops.get("bad_vxlan"), Some(&2));
+}
+
+#[test]
+fn a_stranger_is_refused_before_anything_is_parsed() {
+    let (sh, guest, _peer, r) = lab();
+    // 127.0.0.2 is loopback too, but no link's peer.
+    let stranger = UdpSocket::bind("127.0.0.2:0").unwrap();
+    stranger
+        .send_to(
+            &dgram(7, &frame(mac(2), mac(9), 100)),
+            sh.snapshot.load().udp.local_addr(),
+        )
+        .unwrap();
+    let mut w = RxWork::new(0);
+    assert_eq!(drain(&sh, &r, &mut w, 1), 1);
+    assert!(guest.take().is_empty());
+    assert_eq!(sh.daemon.snapshot().drops.get("unknown_peer"), Some(&1));
+}
+
+#[test]
+fn tunnel_gso_is_told_from_a_gro_batch() {
+    // One VXLAN datagram whose inner IPv4 frame claims 3000 bytes, with a "segment size" of
+    // 1400: an unsegmented inner frame from a kernel sender.
+    let mut f = frame(mac(2), mac(9), 3014);
+    f[14] = 0x45;
+    f[16..18].copy_from_slice(&3000u16.to_be_bytes());
+    let d = dgram(7, &f);
+    assert!(is_tunnel_gso(&d, 1400));
+    // Datagrams merged by GRO: the first inner frame ends at the segment boundary.
+    let mut g = frame(mac(2), mac(9), 1014);
+    g[14] = 0x45;
+    g[16..18].copy_from_slice(&1000u16.to_be_bytes());
+    let d = dgram(7, &g);
+    assert!(!is_tunnel_gso(&d, d.len()));
+    // Garbage is neither.
+    assert!(!is_tunnel_gso(&[1, 2, 3], 1));
+}

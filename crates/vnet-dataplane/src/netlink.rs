@@ -1,0 +1,281 @@
+//! rtnetlink, synchronously: the few link operations vnet needs (find a device, move one into
+//! a namespace, bring one up, delete one), with messages built and parsed by
+//! `netlink-packet-route` rather than by hand. One request at a time on a socket of the calling
+//! thread's namespace; every answer is checked (an error reply becomes an `io::Error`).
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+    NLM_F_REQUEST,
+};
+use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+/// What vnet reads of a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkDesc {
+    pub index: u32,
+    pub name: String,
+    /// `veth`, `tun`, `vxlan`, ... (`None` for a device without a kind, such as loopback).
+    pub kind: Option<String>,
+    pub alias: Option<String>,
+    pub mtu: Option<u32>,
+    pub address: Option<[u8; 6]>,
+    pub up: bool,
+}
+
+/// A route-netlink socket in the calling thread's network namespace.
+pub struct Rtnl {
+    sock: Socket,
+    seq: u32,
+}
+
+impl Rtnl {
+    pub fn open() -> io::Result<Rtnl> {
+        let mut sock = Socket::new(NETLINK_ROUTE)?;
+        sock.bind_auto()?;
+        sock.connect(&SocketAddr::new(0, 0))?;
+        Ok(Rtnl { sock, seq: 0 })
+    }
+
+    /// Sends one request and collects the answers (a dump's messages, or nothing but the ACK).
+    pub fn request(
+        &mut self,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+    ) -> io::Result<Vec<RouteNetlinkMessage>> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | flags;
+        header.sequence_number = self.seq;
+        let mut m = NetlinkMessage::new(header, NetlinkPayload::from(msg));
+        m.finalize();
+        let mut buf = vec![0u8; m.buffer_len()];
+        m.serialize(&mut buf);
+        self.sock.send(&buf, 0)?;
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        let mut out = Vec::new();
+        let mut rx: Vec<u8> = Vec::with_capacity(65536);
+        loop {
+            rx.clear();
+            self.sock.recv(&mut rx, 0)?;
+            let mut off = 0;
+            while off < rx.len() {
+                let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rx[off..])
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                let len = reply.header.length as usize;
+                if len == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "empty netlink reply",
+                    ));
+                }
+                off += len;
+                if reply.header.sequence_number != self.seq {
+                    continue; // an answer to an earlier request that timed out on our side
+                }
+                match reply.payload {
+                    NetlinkPayload::Done(_) => return Ok(out),
+                    NetlinkPayload::Error(e) => {
+                        return match e.code {
+                            None => Ok(out), // the ACK
+                            Some(_) => Err(e.to_io()),
+                        };
+                    }
+                    NetlinkPayload::InnerMessage(m) => {
+                        out.push(m);
+                        if !dump {
+                            return Ok(out);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Every link of the namespace.
+    pub fn links(&mut self) -> io::Result<Vec<LinkDesc>> {
+        let answers = self.request(
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+            NLM_F_DUMP,
+        )?;
+        Ok(answers
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(describe(&l)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The link called `name`, if there is one.
+    pub fn link(&mut self, name: &str) -> io::Result<Option<LinkDesc>> {
+        let mut m = LinkMessage::default();
+        m.attributes.push(LinkAttribute::IfName(name.to_string()));
+        match self.request(RouteNetlinkMessage::GetLink(m), 0) {
+            Ok(a) => Ok(a.into_iter().find_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(describe(&l)),
+                _ => None,
+            })),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Moves link `index` into the namespace open as `ns`.
+    pub fn move_to_netns(&mut self, index: u32, ns: &impl AsRawFd) -> io::Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.attributes
+            .push(LinkAttribute::NetNsFd(ns.as_raw_fd() as RawFd));
+        self.request(RouteNetlinkMessage::SetLink(m), NLM_F_ACK)
+            .map(drop)
+    }
+
+    /// Sets link `index` up (or down).
+    pub fn set_up(&mut self, index: u32, up: bool) -> io::Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.header.flags = if up {
+            LinkFlags::Up
+        } else {
+            LinkFlags::empty()
+        };
+        m.header.change_mask = LinkFlags::Up;
+        self.request(RouteNetlinkMessage::SetLink(m), NLM_F_ACK)
+            .map(drop)
+    }
+
+    /// Sets link `index`'s alias (vnet marks what it created with one).
+    pub fn set_alias(&mut self, index: u32, alias: &str) -> io::Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.attributes.push(LinkAttribute::IfAlias(alias.to_string()));
+        self.request(RouteNetlinkMessage::SetLink(m), NLM_F_ACK)
+            .map(drop)
+    }
+
+    /// Creates a veth pair `name` <-> `peer`; the peer end goes straight into `peer_ns` when
+    /// one is given.
+    pub fn add_veth(
+        &mut self,
+        name: &str,
+        peer: &str,
+        peer_ns: Option<&impl AsRawFd>,
+    ) -> io::Result<()> {
+        let mut p = LinkMessage::default();
+        p.attributes.push(LinkAttribute::IfName(peer.to_string()));
+        if let Some(ns) = peer_ns {
+            p.attributes
+                .push(LinkAttribute::NetNsFd(ns.as_raw_fd() as RawFd));
+        }
+        let mut m = LinkMessage::default();
+        m.attributes.push(LinkAttribute::IfName(name.to_string()));
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(netlink_packet_route::link::InfoData::Veth(
+                netlink_packet_route::link::InfoVeth::Peer(p),
+            )),
+        ]));
+        self.request(
+            RouteNetlinkMessage::NewLink(m),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )
+        .map(drop)
+    }
+
+    /// Deletes link `index` (a veth pair goes with both its ends).
+    pub fn del_link(&mut self, index: u32) -> io::Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        self.request(RouteNetlinkMessage::DelLink(m), NLM_F_ACK)
+            .map(drop)
+    }
+}
+
+/// What vnet reads of a link message (pure).
+pub fn describe(l: &LinkMessage) -> LinkDesc {
+    let mut d = LinkDesc {
+        index: l.header.index,
+        name: String::new(),
+        kind: None,
+        alias: None,
+        mtu: None,
+        address: None,
+        up: l.header.flags.contains(LinkFlags::Up),
+    };
+    for a in &l.attributes {
+        match a {
+            LinkAttribute::IfName(n) => d.name = n.clone(),
+            LinkAttribute::IfAlias(n) => d.alias = Some(n.clone()),
+            LinkAttribute::Mtu(m) => d.mtu = Some(*m),
+            LinkAttribute::Address(b) if b.len() == 6 => {
+                let mut mac = [0u8; 6];
+                mac.copy_from_slice(b);
+                d.address = Some(mac);
+            }
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    if let LinkInfo::Kind(k) = i {
+                        d.kind = Some(k.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_message_is_described() {
+        let mut m = LinkMessage::default();
+        m.header.index = 7;
+        m.header.flags = LinkFlags::Up;
+        m.attributes = vec![
+            LinkAttribute::IfName("vn-a".into()),
+            LinkAttribute::IfAlias("vnet:a".into()),
+            LinkAttribute::Mtu(1450),
+            LinkAttribute::Address(vec![0x52, 0x54, 0, 0, 0, 1]),
+            LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Veth)]),
+        ];
+        // Through the wire format and back, as the kernel's answer would come.
+        let mut nm = NetlinkMessage::new(
+            NetlinkHeader::default(),
+            NetlinkPayload::from(RouteNetlinkMessage::NewLink(m)),
+        );
+        nm.finalize();
+        let mut buf = vec![0u8; nm.buffer_len()];
+        nm.serialize(&mut buf);
+        let back = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf).unwrap();
+        let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) = back.payload else {
+            panic!("not a link message")
+        };
+        let d = describe(&l);
+        assert_eq!(d.index, 7);
+        assert_eq!(d.name, "vn-a");
+        assert_eq!(d.alias.as_deref(), Some("vnet:a"));
+        assert_eq!(d.mtu, Some(1450));
+        assert_eq!(d.address, Some([0x52, 0x54, 0, 0, 0, 1]));
+        assert_eq!(d.kind.as_deref(), Some("veth"));
+        assert!(d.up);
+    }
+
+    #[test]
+    fn the_loopback_link_is_found_without_privilege() {
+        // Reading links needs no privilege; every namespace has `lo`.
+        let mut nl = Rtnl::open().expect("netlink socket");
+        let lo = nl.link("lo").expect("request").expect("lo exists");
+        assert_eq!(lo.index, 1);
+        assert!(nl.links().expect("dump").iter().any(|l| l.name == "lo"));
+        assert_eq!(nl.link("vn-nosuchdev").expect("request"), None);
+    }
+}

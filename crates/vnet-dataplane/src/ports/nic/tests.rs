@@ -1,0 +1,143 @@
+//! Frames to a guest's NIC: whole with offloads, cut without, coalesced from the wire.
+
+use std::sync::Arc;
+
+use vnet_core::PortId;
+use vnet_offload::test_frames::{tso_frame, valid};
+use vnet_offload::{segment, PayloadRef, SegmentList, VirtioNetHdr};
+use vnet_wire::MacAddr;
+
+use super::{flush_coalescers, NicPort};
+use crate::batch::TxBatch;
+use crate::forward::{process, Arrival, FwdCtx};
+use crate::testing::*;
+
+/// Interface 1 (the sender, a recorder) and interface 2 (the NIC under test) in VNI 1.
+fn lab(nic: Arc<FakeNic>, from_link: bool) -> (Arc<crate::shared::Shared>, Vec<u8>, VirtioNetHdr) {
+    let sh = shared();
+    let (f, vh) = tso_frame(10_000, false);
+    let src = MacAddr::from_bytes(&f[6..12]);
+    let dst = MacAddr::from_bytes(&f[..6]);
+    let first = if from_link {
+        TestPort::link(1, Arc::new(Recorder::default()))
+    } else {
+        TestPort::interface(1, src, Arc::new(Recorder::default()))
+    };
+    publish(
+        &sh,
+        vec![first, TestPort::interface(2, dst, Arc::new(NicPort(nic)))],
+        vec![route(dst, 2)],
+    );
+    (sh, f, vh)
+}
+
+#[test]
+fn a_tso_frame_stays_whole_for_a_nic_with_offloads() {
+    let nic = Arc::new(FakeNic::new(true, 1500));
+    let (sh, f, vh) = lab(nic.clone(), false);
+    let snap = sh.snapshot.load_full();
+    let mut batch = TxBatch::default();
+    process(
+        &sh,
+        &snap,
+        &mut FwdCtx::new(),
+        PortId(1),
+        Arrival::local(vh, &f),
+        &mut batch,
+    );
+    let w = nic.take();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].0, vh);
+    assert_eq!(w[0].1, f);
+}
+
+#[test]
+fn a_tso_frame_is_cut_for_a_nic_without_offloads() {
+    let nic = Arc::new(FakeNic::new(false, 1500));
+    let (sh, f, vh) = lab(nic.clone(), false);
+    let snap = sh.snapshot.load_full();
+    let mut batch = TxBatch::default();
+    process(
+        &sh,
+        &snap,
+        &mut FwdCtx::new(),
+        PortId(1),
+        Arrival::local(vh, &f),
+        &mut batch,
+    );
+    let w = nic.take();
+    assert_eq!(w.len(), 10_000usize.div_ceil(vh.gso_size as usize));
+    for (h, frame) in &w {
+        assert_eq!(*h, VirtioNetHdr::default());
+        assert!(valid(frame));
+        assert!(frame.len() <= 1514);
+    }
+}
+
+#[test]
+fn segments_from_the_wire_are_merged_back_for_the_guest() {
+    let nic = Arc::new(FakeNic::new(true, 1500));
+    let (sh, f, vh) = lab(nic.clone(), true);
+    // The wire's segments, one per receive buffer, as the UDP dispatcher holds them.
+    let mut segs = SegmentList::new();
+    segment(&f, &vh, &mut segs).unwrap();
+    let bufs: Vec<Vec<u8>> = (0..segs.len())
+        .map(|i| segs.parts(&f, i).concat())
+        .collect();
+    let snap = sh.snapshot.load_full();
+    let mut batch = TxBatch::default();
+    let mut ctx = FwdCtx::new();
+    // All but the last segment (which carries PSH and would end the run at once).
+    let n = bufs.len();
+    for (i, b) in bufs.iter().enumerate().take(n - 1) {
+        let at = PayloadRef {
+            buf: i as u32,
+            start: 0,
+            end: b.len() as u32,
+        };
+        process(
+            &sh,
+            &snap,
+            &mut ctx,
+            PortId(1),
+            Arrival::wire(b, at, &bufs),
+            &mut batch,
+        );
+    }
+    // Held until the end of the receive batch, then one frame.
+    assert!(nic.take().is_empty());
+    flush_coalescers(&sh, &snap, &mut ctx, &bufs);
+    let w = nic.take();
+    assert_eq!(w.len(), 1, "one merged frame");
+    assert_eq!(w[0].0.gso_kind(), VirtioNetHdr::GSO_TCPV4);
+    let hl = vh.hdr_len as usize;
+    let merged: Vec<u8> = bufs[..n - 1]
+        .iter()
+        .flat_map(|b| b[hl..].to_vec())
+        .collect();
+    assert_eq!(&w[0].1[hl..], &merged[..]);
+    assert_eq!(counters(&sh, 2).tx_frames, (n - 1) as u64);
+}
+
+#[test]
+fn a_broadcast_from_the_wire_is_not_held() {
+    let nic = Arc::new(FakeNic::new(true, 1500));
+    let (sh, _, _) = lab(nic.clone(), true);
+    let b = vec![frame(MacAddr::BROADCAST, mac(7), 60)];
+    let at = PayloadRef {
+        buf: 0,
+        start: 0,
+        end: 60,
+    };
+    let snap = sh.snapshot.load_full();
+    let mut batch = TxBatch::default();
+    process(
+        &sh,
+        &snap,
+        &mut FwdCtx::new(),
+        PortId(1),
+        Arrival::wire(&b[0], at, &b),
+        &mut batch,
+    );
+    assert_eq!(nic.take().len(), 1);
+}

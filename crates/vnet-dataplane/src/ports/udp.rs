@@ -1,0 +1,171 @@
+//! A udp link's way out: each frame becomes a VXLAN datagram in the batch ([`TxBatch`]), sent
+//! when the batch ends as an iovec [VXLAN header, checked MACs, rest of the frame] (nothing
+//! copied, even from a guest's shared memory). A guest's 64 KB TSO frame is cut in user space
+//! (headers written to scratch, checksums computed, payloads left in place) and sent as runs of
+//! up to 64 datagrams in one `sendmsg` with `UDP_SEGMENT`. An encrypted link's datagrams are
+//! sealed when the batch is sent.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use socket2::SockAddr;
+use vnet_core::DropReason;
+use vnet_offload::{segment, SegmentList, VirtioNetHdr};
+use vnet_wire::VXLAN_HEADER_LEN;
+
+use crate::batch::{Rest, UdpLinkTx};
+use crate::port::{Frame, Port, Tx};
+use crate::shared::OffloadCounters;
+use crate::sys::IoPart;
+use crate::udp::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+
+/// Largest frame a UDP link carries whole: one UDP datagram holds at most 65507 bytes (IPv4).
+pub const UDP_MAX_FRAME: usize = 65507 - VXLAN_HEADER_LEN;
+
+impl Port for UdpLinkTx {
+    fn send<'a>(&'a self, tx: &mut Tx<'_, 'a>, f: &Frame<'a>) -> Result<(), DropReason> {
+        let gso = f.vh.gso_kind() != VirtioNetHdr::GSO_NONE;
+        let Some(frame) = f.whole() else {
+            // A guest's frame in its shared memory (always plain: see `Ingress::forward_guest`):
+            // the datagram is [VXLAN header, MACs + the copied head, the guest's bytes].
+            if gso || f.vh.needs_csum() {
+                return Err(DropReason::BadOffload);
+            }
+            if f.len() > self.max_frame() {
+                return Err(DropReason::Oversize);
+            }
+            let rest = f.tail.map(Rest::Guest).unwrap_or(Rest::Local(&[]));
+            tx.batch.push(self, &[&f.macs, &f.head[12..]], rest);
+            return Ok(());
+        };
+        if gso && self.crypto.is_some() {
+            // Encrypted: cut in user space; every segment is sealed on its own at flush
+            // (runs of equal-size segments still go as one UDP_SEGMENT send).
+            segment(frame, &f.vh, tx.seg).map_err(|_| DropReason::BadOffload)?;
+            tx.seg.pin_macs(&f.macs);
+            tx.offload.gso(tx.seg.len());
+            for s in &tx.seg.segs {
+                tx.batch.push(
+                    self,
+                    &[&tx.seg.headers[s.hdr.clone()]],
+                    Rest::Local(&frame[s.payload.clone()]),
+                );
+            }
+            return Ok(());
+        }
+        if gso {
+            return send_segmented(tx.offload, self, frame, &f.vh, tx.seg, &f.macs);
+        }
+        if frame.len() > self.max_frame() {
+            return Err(DropReason::Oversize);
+        }
+        if f.vh.needs_csum() {
+            // Complete the checksum in a copy of the headers; the rest of the frame is sent
+            // from where it is.
+            match segment(frame, &f.vh, tx.seg) {
+                Ok(()) if tx.seg.len() == 1 => {
+                    tx.seg.pin_macs(&f.macs);
+                    let rest = tx.seg.segs[0].payload.clone();
+                    tx.batch
+                        .push(self, &[&tx.seg.headers], Rest::Local(&frame[rest]));
+                    Ok(())
+                }
+                _ => Err(DropReason::BadOffload),
+            }
+        } else {
+            tx.batch.push(self, &[&f.macs], Rest::Local(&frame[12..]));
+            Ok(())
+        }
+    }
+
+    fn as_udp(&self) -> Option<&UdpLinkTx> {
+        Some(self)
+    }
+
+    fn state(&self) -> vnet_control::status::LinkState {
+        match &self.crypto {
+            Some(c) if !c.established() => vnet_control::status::LinkState::Connecting,
+            _ => vnet_control::status::LinkState::Up,
+        }
+    }
+}
+
+impl UdpLinkTx {
+    /// The largest frame one datagram of this link carries.
+    fn max_frame(&self) -> usize {
+        if self.crypto.is_some() {
+            UDP_MAX_FRAME - vnet_crypto::DATA_OVERHEAD
+        } else {
+            UDP_MAX_FRAME
+        }
+    }
+}
+
+/// Sends a guest's large segment as VXLAN datagrams: cut in user space (headers only; the
+/// payload is gathered from the guest's buffer), then one `UDP_SEGMENT` send per run of up to
+/// 64 segments.
+fn send_segmented(
+    offload: &OffloadCounters,
+    link: &UdpLinkTx,
+    frame: &[u8],
+    vh: &VirtioNetHdr,
+    seg: &mut SegmentList,
+    macs: &[u8; 12],
+) -> Result<(), DropReason> {
+    let UdpLinkTx {
+        sock,
+        to,
+        header,
+        gso_refused,
+        ..
+    } = link;
+    segment(frame, vh, seg).map_err(|_| DropReason::BadOffload)?;
+    seg.pin_macs(macs);
+    offload.gso(seg.len());
+    let n = seg.len();
+    let dgram = |k: usize| VXLAN_HEADER_LEN + seg.segs[k].hdr.len() + seg.segs[k].payload.len();
+    // segment() makes every datagram the same size but the last, so any run of consecutive
+    // segments is a valid UDP_SEGMENT send; runs are bounded by count and by bytes.
+    let per = (GSO_MAX_BYTES / dgram(0)).clamp(1, GSO_MAX_SEGMENTS);
+    let mut parts: Vec<IoPart<'_>> = Vec::with_capacity(per * 3);
+    for i in (0..n).step_by(per) {
+        let j = (i + per).min(n);
+        parts.clear();
+        for k in i..j {
+            let [h, p] = seg.parts(frame, k);
+            parts.extend_from_slice(&[IoPart::from(&header[..]), h.into(), p.into()]);
+        }
+        let size = dgram(i);
+        let gso = (j - i > 1 && sock.gso_enabled() && size < gso_refused.load(Relaxed))
+            .then_some(size as u16);
+        let result = match gso {
+            Some(_) => sock.send_parts(to, &parts, gso),
+            None => Err(None),
+        };
+        match result {
+            Ok(()) => {
+                offload.udp_gso_sends.fetch_add(1, Relaxed);
+            }
+            Err(None) => {
+                if gso.is_some() {
+                    gso_refused.fetch_min(size, Relaxed);
+                }
+                // No segmentation offload for this run: its datagrams go in one sendmmsg.
+                let msgs: Vec<(&SockAddr, [IoPart<'_>; 3])> = (i..j)
+                    .map(|k| {
+                        let [h, p] = seg.parts(frame, k);
+                        (to, [IoPart::from(&header[..]), h.into(), p.into()])
+                    })
+                    .collect();
+                if sock.send_many(&msgs) < msgs.len() {
+                    return Err(DropReason::TxError);
+                }
+                offload.udp_batch_sends.fetch_add(1, Relaxed);
+            }
+            Err(Some(r)) => return Err(r),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

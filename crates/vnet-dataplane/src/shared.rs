@@ -1,0 +1,201 @@
+//! What the forwarding threads share: the immutable [`Snapshot`] of ports and routes (swapped
+//! whole on every configuration change), the learning table, the traffic matrix, and counters
+//! that belong to no port. The control side ([`crate::Engine`]) writes these; the hot path
+//! ([`crate::forward`], [`crate::ingress`], [`crate::ports`]) only reads them, so this module
+//! sits below both and imports neither.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use vnet_control::status::OffloadStatus;
+use vnet_core::{
+    DropReason, FastMap, FastSet, ForwardingTable, LearnTable, PortCounters, PortId, PortInfo,
+    TrafficMatrix,
+};
+use vnet_wire::MacAddr;
+
+use crate::guard::PortGuard;
+use crate::port::Port;
+use crate::udp::VxlanSocket;
+
+/// What the forwarding threads know of a port.
+#[derive(Clone)]
+pub struct PortEntry {
+    pub info: PortInfo,
+    /// How frames leave through it (one implementation per port kind, [`crate::ports`]).
+    pub port: Arc<dyn Port>,
+    pub counters: Arc<PortCounters>,
+    /// Source-MAC and rate policy on what enters through the port.
+    pub guard: Arc<PortGuard>,
+}
+
+/// An immutable view of the ports and routes, swapped whole on every change.
+pub struct Snapshot {
+    pub table: ForwardingTable,
+    pub ports: FastMap<PortId, PortEntry>,
+    /// UDP links by (peer address, VNI): how a datagram finds its ingress port.
+    pub udp_peers: FastMap<(IpAddr, u32), PortId>,
+    /// Every UDP link peer's address (datagrams from elsewhere are `unknown_peer`).
+    pub udp_ips: FastSet<IpAddr>,
+    /// `tcp accept` links by (peer address, VNI), for the listeners.
+    pub tcp_accept: FastMap<(IpAddr, u32), PortId>,
+    pub udp: Arc<VxlanSocket>,
+}
+
+impl Snapshot {
+    pub fn empty(udp: Arc<VxlanSocket>) -> Snapshot {
+        Snapshot {
+            table: ForwardingTable::default(),
+            ports: FastMap::default(),
+            udp_peers: FastMap::default(),
+            udp_ips: FastSet::default(),
+            tcp_accept: FastMap::default(),
+            udp,
+        }
+    }
+
+    /// Tells every port that a forwarding batch ended (a guest NIC's notification decision).
+    pub fn end_of_burst(&self) {
+        for p in self.ports.values() {
+            p.port.end_of_burst();
+        }
+    }
+
+    /// Counts a frame read on `port` that never reached forwarding.
+    pub fn count_rx_drop(&self, port: PortId, len: usize, reason: DropReason) {
+        if let Some(p) = self.ports.get(&port) {
+            p.counters.rx(len);
+            p.counters.count_drop(reason);
+        }
+    }
+}
+
+/// Offload and batching counters, shared by all forwarding threads.
+#[derive(Debug, Default)]
+pub struct OffloadCounters {
+    /// Frames from guests that vnet cut into wire segments, and the segments.
+    pub gso_frames: AtomicU64,
+    pub gso_segments: AtomicU64,
+    /// `sendmsg` calls with `UDP_SEGMENT`, and `sendmmsg` calls.
+    pub udp_gso_sends: AtomicU64,
+    pub udp_batch_sends: AtomicU64,
+    /// Received segments merged into a larger frame for a guest, and frames so delivered.
+    pub gro_merged: AtomicU64,
+    pub gro_frames: AtomicU64,
+    /// Frames whose checksum a local sender left partial (veth), passed on as partial.
+    pub partial_csum: AtomicU64,
+    /// Partial checksums completed in user space.
+    pub csum_completed: AtomicU64,
+    /// Unsegmented large frames received from a kernel VXLAN peer (tunnel GSO over veth).
+    pub tunnel_gso: AtomicU64,
+}
+
+impl OffloadCounters {
+    pub fn gso(&self, segments: usize) {
+        self.gso_frames.fetch_add(1, Relaxed);
+        self.gso_segments.fetch_add(segments as u64, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> OffloadStatus {
+        OffloadStatus {
+            gso_frames: self.gso_frames.load(Relaxed),
+            gso_segments: self.gso_segments.load(Relaxed),
+            udp_gso_sends: self.udp_gso_sends.load(Relaxed),
+            udp_batch_sends: self.udp_batch_sends.load(Relaxed),
+            gro_merged: self.gro_merged.load(Relaxed),
+            gro_frames: self.gro_frames.load(Relaxed),
+            partial_csum: self.partial_csum.load(Relaxed),
+            csum_completed: self.csum_completed.load(Relaxed),
+            tunnel_gso: self.tunnel_gso.load(Relaxed),
+        }
+    }
+}
+
+/// State shared by the engine and every forwarding thread.
+pub struct Shared {
+    pub snapshot: ArcSwap<Snapshot>,
+    pub(crate) learning: AtomicBool,
+    pub(crate) learn: RwLock<LearnTable>,
+    pub(crate) matrix: Mutex<TrafficMatrix>,
+    /// Counters for traffic that belongs to no port (unknown peers, bad greetings, ...).
+    pub daemon: PortCounters,
+    pub offload: OffloadCounters,
+    epoch: Instant,
+}
+
+impl Shared {
+    pub fn new(udp: Arc<VxlanSocket>) -> Shared {
+        Shared {
+            snapshot: ArcSwap::from_pointee(Snapshot::empty(udp)),
+            learning: AtomicBool::new(false),
+            learn: RwLock::new(LearnTable::default()),
+            matrix: Mutex::new(TrafficMatrix::default()),
+            daemon: PortCounters::default(),
+            offload: OffloadCounters::default(),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    pub fn port_counters(&self, id: PortId) -> Option<Arc<PortCounters>> {
+        self.snapshot
+            .load()
+            .ports
+            .get(&id)
+            .map(|p| p.counters.clone())
+    }
+
+    /// The `tcp accept` link for connections from `peer` in `vni`.
+    pub fn tcp_accept_port(&self, peer: IpAddr, vni: u32) -> Option<Arc<dyn Port>> {
+        let snap = self.snapshot.load();
+        let id = snap.tcp_accept.get(&(peer, vni))?;
+        snap.ports.get(id).map(|e| e.port.clone())
+    }
+
+    pub fn learning(&self) -> bool {
+        self.learning.load(Relaxed)
+    }
+
+    /// With learning on: records where `src` was seen and returns the learning generation
+    /// (for route caches); `None` when learning is off.
+    pub(crate) fn learn_observe(&self, vni: u32, src: MacAddr, port: PortId) -> Option<u64> {
+        if !self.learning.load(Relaxed) {
+            return None;
+        }
+        let now = self.now_ms();
+        let fresh = self
+            .learn
+            .read()
+            .map(|t| t.is_current(vni, src, port, now))
+            .unwrap_or(true);
+        if !fresh && src.is_unicast() {
+            if let Ok(mut t) = self.learn.write() {
+                t.observe(vni, src, port, now);
+            }
+        }
+        Some(self.learn.read().map(|t| t.generation()).unwrap_or(0))
+    }
+
+    pub(crate) fn learned(&self, vni: u32, mac: MacAddr) -> Option<PortId> {
+        self.learn
+            .read()
+            .ok()
+            .and_then(|t| t.lookup(vni, mac, self.now_ms()))
+    }
+
+    /// Drops learned MACs not seen for a while (called now and then by a dispatcher).
+    pub(crate) fn expire_learned(&self) {
+        if self.learning.load(Relaxed) {
+            let now = self.now_ms();
+            if let Ok(mut t) = self.learn.write() {
+                t.expire(now);
+            }
+        }
+    }
+}
