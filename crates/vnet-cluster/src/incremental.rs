@@ -113,7 +113,12 @@ impl Deriver {
     /// Brings the derivation up to date after the keys `changed` changed in `state` (and the
     /// local configuration is now `local`); returns the commands that turn the previous
     /// derived configuration into the new one, in an order in which each is valid.
-    pub fn update(&mut self, state: &ClusterState, changed: &[ClusterKey], local: &Config) -> Vec<Command> {
+    pub fn update(
+        &mut self,
+        state: &ClusterState,
+        changed: &[ClusterKey],
+        local: &Config,
+    ) -> Vec<Command> {
         let structural = changed.iter().any(|k| match k {
             ClusterKey::Policy | ClusterKey::Route(_) => true,
             ClusterKey::Host(h) => h == &self.host,
@@ -272,7 +277,10 @@ impl Deriver {
         let config = &mut self.derivation.config;
         let mut cmds = Vec::new();
         for r in route_dels {
-            if let Ok(p) = config.routes.binary_search_by(|x| route_order(x).cmp(&route_order(&r))) {
+            if let Ok(p) = config
+                .routes
+                .binary_search_by(|x| route_order(x).cmp(&route_order(&r)))
+            {
                 config.routes.remove(p);
             }
             cmds.push(route_command(RouteOp::Del, &r));
@@ -290,7 +298,10 @@ impl Deriver {
             cmds.push(link_add_command(&l));
         }
         for r in route_adds {
-            if let Err(p) = config.routes.binary_search_by(|x| route_order(x).cmp(&route_order(&r))) {
+            if let Err(p) = config
+                .routes
+                .binary_search_by(|x| route_order(x).cmp(&route_order(&r)))
+            {
                 config.routes.insert(p, r.clone());
             }
             cmds.push(route_command(RouteOp::Add, &r));
@@ -322,7 +333,9 @@ impl Deriver {
         // Pairs in (host, VNI) order; the first linked one per peer wins (SharedPeer).
         let mut first: Vec<Link> = Vec::new();
         for h in hosts {
-            let Some(rec) = self.records.get(h) else { continue };
+            let Some(rec) = self.records.get(h) else {
+                continue;
+            };
             if h == &self.host {
                 continue;
             }
@@ -358,7 +371,12 @@ impl Deriver {
     fn routes_of(&self, state: &ClusterState, (vni, mac): (u32, MacAddr)) -> Vec<Route> {
         let mut out = Vec::new();
         let p = state.placement(vni, mac);
-        for i in self.local.interfaces.iter().filter(|i| i.vni == vni && i.mac == mac) {
+        for i in self
+            .local
+            .interfaces
+            .iter()
+            .filter(|i| i.vni == vni && i.mac == mac)
+        {
             if p.is_none_or(|p| p.host_id == self.host) {
                 out.push(route_to(mac, DestKind::Interface, &i.name));
             }
@@ -437,7 +455,10 @@ impl Deriver {
             }
             if let Some(p) = state.placement(key.0, key.1) {
                 if p.host_id == self.host
-                    && !local.interfaces.iter().any(|i| i.vni == key.0 && i.mac == key.1)
+                    && !local
+                        .interfaces
+                        .iter()
+                        .any(|i| i.vni == key.0 && i.mac == key.1)
                 {
                     self.stale.insert(
                         key,

@@ -373,9 +373,13 @@ impl Client {
     pub fn lease_keepalive_via(&self, id: i64, i: usize, timeout: Duration) -> Result<i64, Error> {
         let token = self.token();
         let payload = codec::lease_id_request(id).to_string();
-        let resp = self.send_to(i, "/v3/lease/keepalive", &payload, token.as_deref(), |url| {
-            self.agent.post(url).timeout(timeout)
-        })?;
+        let resp = self.send_to(
+            i,
+            "/v3/lease/keepalive",
+            &payload,
+            token.as_deref(),
+            |url| self.agent.post(url).timeout(timeout),
+        )?;
         let body = read_body(resp)?;
         let first = body.split(|b| *b == b'\n').next().unwrap_or(&[]);
         Ok(codec::parse_lease_keepalive(first)?)
@@ -532,12 +536,16 @@ impl Client {
             .collect();
         // require-leader (etcd's "hasleader" metadata): a member cut off from the cluster's
         // majority ends the watch instead of leaving it silently stale.
-        let (resp, endpoint) =
-            self.send("/v3/watch", &payload.join("\n"), self.token().as_deref(), |url| {
+        let (resp, endpoint) = self.send(
+            "/v3/watch",
+            &payload.join("\n"),
+            self.token().as_deref(),
+            |url| {
                 self.stream_agent
                     .post(url)
                     .set("Grpc-Metadata-hasleader", "true")
-            })?;
+            },
+        )?;
         Ok(Watch {
             reader: BufReader::new(resp.into_reader()),
             endpoint,

@@ -177,7 +177,10 @@ impl Harness {
             public_key: None,
             version: SCHEMA_VERSION,
         };
-        let (stop, crash) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (stop, crash) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
         let cfg = vnet_agent::AgentConfig {
             overlay: self.overlay.clone(),
             host: id.clone(),
@@ -321,7 +324,14 @@ impl Harness {
     }
 
     /// The move transaction, as `vnetctl --etcd move` makes it.
-    fn move_txn(&self, state: &ClusterState, mac: MacAddr, vni: u32, to: usize, name: &str) -> Result<()> {
+    fn move_txn(
+        &self,
+        state: &ClusterState,
+        mac: MacAddr,
+        vni: u32,
+        to: usize,
+        name: &str,
+    ) -> Result<()> {
         let current = state
             .placement(vni, mac)
             .with_context(|| format!("no placement of {mac}"))?;
@@ -355,7 +365,11 @@ impl Harness {
     }
 
     /// The probes of a set of moves (mac, vni, from, to, name) for every alive agent of the VNI.
-    fn move_probes(&self, moves: &[(MacAddr, u32, usize, usize, String)], t0: Instant) -> Vec<usize> {
+    fn move_probes(
+        &self,
+        moves: &[(MacAddr, u32, usize, usize, String)],
+        t0: Instant,
+    ) -> Vec<usize> {
         let mut probed = Vec::new();
         for (i, h) in self.hosts.iter().enumerate().filter(|(_, h)| h.alive) {
             let mut want = Vec::new();
@@ -389,7 +403,7 @@ impl Harness {
     fn run(&mut self) -> Result<Value> {
         let n = self.args.hosts;
         let g = self.args.guests;
-        if self.args.vnis == 0 || n < 2 * self.args.vnis || n % self.args.vnis != 0 {
+        if self.args.vnis == 0 || n < 2 * self.args.vnis || !n.is_multiple_of(self.args.vnis) {
             bail!("--hosts must be a multiple of --vnis, with at least two hosts per VNI");
         }
         let mut steps = Vec::new();
@@ -450,9 +464,13 @@ impl Harness {
         let idle0 = self.sample();
         std::thread::sleep(Duration::from_secs(3));
         let idle1 = self.sample();
-        let idle_rate = (idle1.own_cpu - idle0.own_cpu) / idle1.at.duration_since(idle0.at).as_secs_f64();
-        let etcd_idle = (idle1.etcd_cpu - idle0.etcd_cpu) / idle1.at.duration_since(idle0.at).as_secs_f64();
-        self.progress(&format!("idle: agents {idle_rate:.3} cores, etcd {etcd_idle:.3} cores"));
+        let idle_rate =
+            (idle1.own_cpu - idle0.own_cpu) / idle1.at.duration_since(idle0.at).as_secs_f64();
+        let etcd_idle =
+            (idle1.etcd_cpu - idle0.etcd_cpu) / idle1.at.duration_since(idle0.at).as_secs_f64();
+        self.progress(&format!(
+            "idle: agents {idle_rate:.3} cores, etcd {etcd_idle:.3} cores"
+        ));
 
         // Join: host n registers with its guests; every host of its VNI must route to them.
         let j = n;
@@ -460,7 +478,9 @@ impl Harness {
         let t0 = Instant::now();
         let mut probed = Vec::new();
         for (i, h) in self.peers(vni_j) {
-            let want = (0..g).map(|k| via_link(guest_mac(j, k), &host_id(j), vni_j)).collect();
+            let want = (0..g)
+                .map(|k| via_link(guest_mac(j, k), &host_id(j), vni_j))
+                .collect();
             h.recorder.set_probe(Probe::new(t0, want, vec![]));
             probed.push(i);
         }
@@ -518,7 +538,8 @@ impl Harness {
                 })
                 .collect();
             for w in workers {
-                w.join().map_err(|_| anyhow::anyhow!("move thread panicked"))??;
+                w.join()
+                    .map_err(|_| anyhow::anyhow!("move thread panicked"))??;
             }
             Ok(())
         })?;
@@ -534,7 +555,10 @@ impl Harness {
         let lease = {
             let key = key_for_host(&self.overlay, &self.hosts[victim].id);
             let r = self.client.range(key.as_bytes(), None)?;
-            r.kvs.first().map(|kv| kv.lease).context("victim not registered")?
+            r.kvs
+                .first()
+                .map(|kv| kv.lease)
+                .context("victim not registered")?
         };
         {
             let h = &mut self.hosts[victim];
@@ -548,7 +572,9 @@ impl Harness {
         let t0 = Instant::now();
         let mut probed = Vec::new();
         for (i, h) in self.peers(vni_j) {
-            let gone = (0..g).map(|k| via_link(guest_mac(victim, k), &host_id(victim), vni_j)).collect();
+            let gone = (0..g)
+                .map(|k| via_link(guest_mac(victim, k), &host_id(victim), vni_j))
+                .collect();
             h.recorder.set_probe(Probe::new(t0, vec![], gone));
             probed.push(i);
         }

@@ -182,7 +182,11 @@ impl DataPlane for Recorder {
                 .filter_map(vnet_cluster::render_command)
                 .collect(),
             failed: Vec::new(),
-            conflicts: derivation.conflicts.iter().map(ToString::to_string).collect(),
+            conflicts: derivation
+                .conflicts
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
         };
         if let Some(p) = probe.as_mut() {
             for c in &cmds {

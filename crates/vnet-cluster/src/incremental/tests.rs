@@ -67,24 +67,30 @@ fn arb_event() -> impl Strategy<Value = Event> {
 /// Host a's local configuration: interfaces (MACs from the placements' pool), sometimes a link
 /// and a route that compete with derived ones.
 fn arb_local() -> impl Strategy<Value = Config> {
-    (proptest::collection::vec((1u32..4, 1u8..7), 1..5), any::<bool>()).prop_map(|(ifaces, extra)| {
-        let mut c = Config::default();
-        let mut script: Vec<String> = ifaces
-            .iter()
-            .enumerate()
-            .map(|(n, (vni, m))| format!("interface add vm{n} tap mac 02:00:00:00:00:0{m} vni {vni}"))
-            .collect();
-        if extra {
-            script.push("link add up udp 10.0.0.2".into());
-            script.push("route add any 02:00:00:00:00:03 link up".into());
-        }
-        for line in script {
-            if let Ok(Some(cmd)) = parse_line(&line) {
-                let _ = c.apply(&cmd, &mut || MacAddr([2, 0, 0, 0, 0, 0xee]));
+    (
+        proptest::collection::vec((1u32..4, 1u8..7), 1..5),
+        any::<bool>(),
+    )
+        .prop_map(|(ifaces, extra)| {
+            let mut c = Config::default();
+            let mut script: Vec<String> = ifaces
+                .iter()
+                .enumerate()
+                .map(|(n, (vni, m))| {
+                    format!("interface add vm{n} tap mac 02:00:00:00:00:0{m} vni {vni}")
+                })
+                .collect();
+            if extra {
+                script.push("link add up udp 10.0.0.2".into());
+                script.push("route add any 02:00:00:00:00:03 link up".into());
             }
-        }
-        c
-    })
+            for line in script {
+                if let Ok(Some(cmd)) = parse_line(&line) {
+                    let _ = c.apply(&cmd, &mut || MacAddr([2, 0, 0, 0, 0, 0xee]));
+                }
+            }
+            c
+        })
 }
 
 fn apply_event(state: &mut ClusterState, e: &Event) -> Option<ClusterKey> {
@@ -141,7 +147,9 @@ fn the_common_case_is_incremental() {
     let mut local = Config::default();
     local
         .apply(
-            &parse_line("interface add vm1 tap mac 02:00:00:00:00:01 vni 1").unwrap().unwrap(),
+            &parse_line("interface add vm1 tap mac 02:00:00:00:00:01 vni 1")
+                .unwrap()
+                .unwrap(),
             &mut || MacAddr::ZERO,
         )
         .unwrap();
