@@ -3,12 +3,15 @@
 //! configuration in line with them (vnet_cluster does the deriving; this is the I/O).
 //!
 //! One thread runs sessions. A session authenticates, renews or grants the lease, reads the
-//! whole overlay prefix, publishes what is missing, applies the derived diff, then watches
-//! from the read's revision (a second thread reads the stream) while renewing the lease,
-//! re-publishing after local changes and publishing the traffic matrix. Any etcd error ends
-//! the session; the running configuration stays as it is (forwarding goes on with the last
-//! derived configuration, nothing is deleted) and the next session, after a short backoff,
-//! re-reads everything and applies only the diff.
+//! whole overlay prefix (in pages, the first time), publishes what is missing, applies the
+//! derived diff, then watches from the read's revision (a second thread reads the stream)
+//! while re-publishing after local changes and publishing the traffic matrix; a third thread
+//! renews the lease. Any etcd error ends the session; the running configuration stays as it
+//! is (forwarding goes on with the last derived configuration, nothing is deleted) and the
+//! next session, after a jittered backoff, resumes the watch after the last revision it
+//! applied, so etcd replays only what it missed. Only the first session, or one whose revision
+//! was compacted away, reads everything again (issue #13: at a few hundred hosts, sessions
+//! that failed under load and re-read the whole overlay kept etcd saturated for minutes).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -25,7 +28,7 @@ use vnet_cluster::{
     overlay_prefix, parse_key, ClusterKey, ClusterState, Deriver, HostId, HostRecord,
     InterfaceRecord, OverlayName,
 };
-use vnet_etcd::{prefix_end, Client, CompareTarget, EventKind, WatchMessage};
+use vnet_etcd::{prefix_end, Client, Compare, CompareTarget, EventKind, TxnOp, WatchMessage};
 use vnet_wire::MacAddr;
 
 use crate::DataPlane;
@@ -44,8 +47,11 @@ pub struct AgentConfig {
     pub crash: Arc<AtomicBool>,
 }
 
-/// The longest wait between two attempts to reach etcd.
+/// The longest wait between two attempts to reach etcd (each wait is jittered down to half
+/// of it, so that agents failing together do not retry together).
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Keys per page of the first read (about 300 KB of the gateway's JSON).
+const READ_PAGE: i64 = 1000;
 /// The most traffic-matrix pairs published (the heaviest ones).
 const MAX_MATRIX_PAIRS: usize = 512;
 
@@ -75,6 +81,10 @@ struct Agent {
     /// Keys changed since the last synchronisation.
     pending: Vec<ClusterKey>,
     keepalive: Arc<KeepAlive>,
+    /// The revision up to which every event has been applied to `state` (None: read it all).
+    resume: Option<i64>,
+    /// State of the backoff's jitter (xorshift; no need for good randomness).
+    jitter: u64,
 }
 
 /// What the agent and its keep-alive thread share.
@@ -145,7 +155,10 @@ pub fn spawn(
         deriver: None,
         pending: Vec::new(),
         keepalive,
+        resume: None,
+        jitter: 0,
     };
+    agent.jitter = seed(agent.cfg.host.as_str());
     std::thread::Builder::new()
         .name("etcd-agent".into())
         .spawn(move || agent.run())
@@ -174,7 +187,8 @@ impl Agent {
                 self.status.connected = false;
                 self.status.last_error = msg;
                 self.report();
-                self.sleep(backoff);
+                let wait = self.jittered(backoff);
+                self.sleep(wait);
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
@@ -185,6 +199,14 @@ impl Agent {
                 debug!("etcd: revoking the lease at stop: {e}");
             }
         }
+    }
+
+    /// `d` scaled by a random factor in [0.5, 1).
+    fn jittered(&mut self, d: Duration) -> Duration {
+        self.jitter ^= self.jitter << 13;
+        self.jitter ^= self.jitter >> 7;
+        self.jitter ^= self.jitter << 17;
+        d.mul_f64(0.5 + (self.jitter % 1000) as f64 / 2000.0)
     }
 
     fn sleep(&self, d: Duration) {
@@ -256,24 +278,12 @@ impl Agent {
         ka.lease.store(lease, Relaxed);
 
         let prefix = overlay_prefix(&self.cfg.overlay);
-        let read = client.get_prefix(prefix.as_bytes())?;
-        let mut entries = Vec::new();
-        for kv in &read.kvs {
-            match std::str::from_utf8(&kv.key) {
-                Ok(k) if self.is_matrix_key(k) => {}
-                Ok(k) => entries.push((k, kv.value.as_slice())),
-                Err(_) => self.status.bad_entries += 1,
-            }
-        }
-        let (state, bad) = ClusterState::from_entries(self.cfg.overlay.clone(), entries);
-        for (k, e) in &bad {
-            warn!(key = %k, "etcd: bad entry ignored: {e}");
-        }
-        self.status.bad_entries += bad.len() as u64;
-        self.state = state;
-        self.deriver = None;
-        self.pending.clear();
-        self.status.revision = read.revision;
+        let from = match self.resume {
+            // What this agent applied is a consistent state at that revision: watch on from
+            // there (etcd replays the rest), unless it has been compacted away.
+            Some(revision) => revision + 1,
+            None => self.read_all(&prefix)? + 1,
+        };
         self.local_seen = self.daemon.local_changes();
         self.publish(lease)?;
         self.sync();
@@ -290,7 +300,6 @@ impl Agent {
                 (prefix.clone().into_bytes(), Some(matrices.clone())),
                 (prefix_end(&matrices), Some(prefix_end(prefix.as_bytes()))),
             ];
-            let from = read.revision + 1;
             let endpoint = self.keepalive.clone();
             std::thread::Builder::new()
                 .name("etcd-watch".into())
@@ -350,12 +359,28 @@ impl Agent {
                             );
                         }
                     }
-                    WatchMessage::Progress { revision } => self.status.revision = revision,
-                    WatchMessage::Canceled { reason, .. } => bail!("watch canceled: {reason}"),
+                    WatchMessage::Progress { revision } => {
+                        self.status.revision = revision;
+                        self.resume = self.resume.max(Some(revision));
+                    }
+                    WatchMessage::Canceled {
+                        reason,
+                        compact_revision,
+                    } => {
+                        if compact_revision > 0 {
+                            // The events since `resume` are gone: read everything again.
+                            self.resume = None;
+                        }
+                        bail!("watch canceled: {reason}")
+                    }
                     WatchMessage::Events { revision, events } => {
                         self.status.revision = revision;
                         for ev in events {
                             self.status.events += 1;
+                            // Not the message's revision: etcd may send the events of a
+                            // long catch-up in several messages, each with the store's
+                            // current revision.
+                            self.resume = self.resume.max(Some(ev.kv.mod_revision));
                             let Ok(key) = std::str::from_utf8(&ev.kv.key) else {
                                 self.status.bad_entries += 1;
                                 continue;
@@ -411,11 +436,41 @@ impl Agent {
         }
     }
 
+    /// Reads the whole overlay (but the traffic matrices) as one snapshot, in pages, into a
+    /// new state; the derivation starts over. Returns the snapshot's revision.
+    fn read_all(&mut self, prefix: &str) -> Result<i64> {
+        let read = self
+            .client
+            .get_prefix_paged(prefix.as_bytes(), READ_PAGE)?;
+        let mut entries = Vec::new();
+        for kv in &read.kvs {
+            match std::str::from_utf8(&kv.key) {
+                Ok(k) if self.is_matrix_key(k) => {}
+                Ok(k) => entries.push((k, kv.value.as_slice())),
+                Err(_) => self.status.bad_entries += 1,
+            }
+        }
+        let (state, bad) = ClusterState::from_entries(self.cfg.overlay.clone(), entries);
+        for (k, e) in &bad {
+            warn!(key = %k, "etcd: bad entry ignored: {e}");
+        }
+        self.status.bad_entries += bad.len() as u64;
+        self.state = state;
+        self.deriver = None;
+        self.pending.clear();
+        self.status.revision = read.revision;
+        self.resume = Some(read.revision);
+        Ok(read.revision)
+    }
+
     /// Puts this host's record and its interfaces' placements where the store lacks them or
     /// holds something else; removes the placements of interfaces this daemon no longer has.
     fn publish(&mut self, lease: i64) -> Result<()> {
         let client = self.client.clone();
         let force = self.published_under != Some(lease);
+        if force && self.register_at_once(lease)? {
+            return Ok(());
+        }
         let overlay = &self.cfg.overlay;
         let host = &self.cfg.host;
         if force || self.state.host(host) != Some(&self.cfg.record) {
@@ -513,6 +568,77 @@ impl Agent {
         Ok(())
     }
 
+    /// A host registering afresh (none of its keys in the store) puts its record and every
+    /// placement in one transaction, so the other agents get one watch message (one revision)
+    /// for the whole host instead of one per key: at 1,000 hosts x 8 guests that is 9 times
+    /// fewer messages through etcd's gateway during bring-up, and a join reaches every agent
+    /// at once. Returns false (nothing written) when any key exists; [`Agent::publish`] then
+    /// goes key by key.
+    fn register_at_once(&mut self, lease: i64) -> Result<bool> {
+        let overlay = &self.cfg.overlay;
+        let host = &self.cfg.host;
+        if self.state.host(host).is_some() {
+            return Ok(false);
+        }
+        let local = self.daemon.local_config();
+        let mut records = Vec::new();
+        for i in &local.interfaces {
+            if self.state.placement(i.vni, i.mac).is_some() {
+                return Ok(false);
+            }
+            let rec = InterfaceRecord {
+                mac: i.mac,
+                vni: i.vni,
+                host_id: host.clone(),
+                name: i.name.clone(),
+                epoch: 0,
+            };
+            if rec.validate().is_ok() {
+                records.push(rec);
+            }
+        }
+        // etcd refuses transactions of more than 128 operations (its --max-txn-ops).
+        if records.len() + 1 > 128 {
+            return Ok(false);
+        }
+        let host_key = key_for_host(overlay, host).into_bytes();
+        let mut compare = vec![Compare {
+            key: host_key.clone(),
+            target: CompareTarget::Version(0),
+        }];
+        let mut puts = vec![TxnOp::Put {
+            key: host_key,
+            value: encode(&self.cfg.record),
+            lease,
+        }];
+        for rec in &records {
+            let key = key_for_interface(overlay, rec.vni, rec.mac).into_bytes();
+            compare.push(Compare {
+                key: key.clone(),
+                target: CompareTarget::Version(0),
+            });
+            puts.push(TxnOp::Put {
+                key,
+                value: encode(rec),
+                lease,
+            });
+        }
+        if !self.client.txn(&compare, &puts, &[])? {
+            return Ok(false);
+        }
+        self.status.host_id_in_use = false;
+        if self
+            .state
+            .insert(vnet_cluster::ClusterEntry::Host(self.cfg.record.clone()))
+        {
+            self.pending.push(ClusterKey::Host(host.clone()));
+        }
+        self.published
+            .extend(records.iter().map(|r| (r.vni, r.mac)));
+        self.published_under = Some(lease);
+        Ok(true)
+    }
+
     /// Applies the derived diff, and queues announcements for interfaces that just moved here.
     fn sync(&mut self) {
         let local = self.daemon.local_config();
@@ -600,8 +726,8 @@ impl Agent {
 /// The lease keep-alive thread: renews the session's lease every TTL/3, on a thread of its own
 /// so that a slow etcd call of the agent cannot make it late. Each renewal goes to the member
 /// that serves the watch, with a deadline of the interval: a member that does not answer
-/// (frozen, partitioned, overloaded) is reported so the agent watches through another, and the
-/// renewal is retried at once through any member that answers.
+/// (frozen, partitioned) while another one does is reported so the agent watches through
+/// that one; the renewal is retried at once through any member that answers.
 fn keep_alive(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
     let mut next = Instant::now();
     while !stop.load(Relaxed) {
@@ -620,14 +746,21 @@ fn keep_alive(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
             client.lease_keepalive(lease)
         } else {
             match client.lease_keepalive_via(lease, endpoint, every) {
-                Err(e) if e.is_unreachable() => {
-                    warn!(
-                        endpoint = client.endpoints().get(endpoint).map(String::as_str),
-                        "etcd: the watch's member did not answer a keep-alive: {e}"
-                    );
-                    ka.member_silent.store(true, Relaxed);
+                Err(e) if e.is_unreachable() && client.endpoints().len() > 1 => {
                     client.avoid_endpoint(endpoint);
-                    client.lease_keepalive(lease)
+                    let r = client.lease_keepalive(lease);
+                    // Silent only if another member answered in its place: when none does,
+                    // the store is down or overloaded, and moving the watch would only add
+                    // a full catch-up to its load (at 300 hosts on one loaded etcd, every
+                    // late keep-alive restarted a session).
+                    if r.is_ok() && client.current_endpoint() != endpoint {
+                        warn!(
+                            endpoint = client.endpoints().get(endpoint).map(String::as_str),
+                            "etcd: the watch's member did not answer a keep-alive: {e}"
+                        );
+                        ka.member_silent.store(true, Relaxed);
+                    }
+                    r
                 }
                 r => r,
             }
@@ -642,4 +775,12 @@ fn keep_alive(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
             }
         }
     }
+}
+
+/// A seed for the backoff's jitter that differs between hosts and runs.
+fn seed(host: &str) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write(host.as_bytes());
+    h.finish() | 1
 }

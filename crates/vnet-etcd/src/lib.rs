@@ -29,6 +29,8 @@ use tracing::debug;
 
 /// The largest unary answer read (a range of a whole overlay fits easily).
 pub const MAX_ANSWER_LEN: u64 = 64 * 1024 * 1024;
+/// How many times one page of [`Client::get_prefix_paged`] is asked, its timeout doubling.
+pub const PAGE_TIMEOUT_STEPS: u32 = 4;
 /// The largest single message of a watch stream.
 pub const MAX_WATCH_MESSAGE_LEN: usize = 16 * 1024 * 1024;
 
@@ -283,10 +285,16 @@ impl Client {
 
     /// One POST to the first endpoint that answers; `Ok` holds the body of a 2xx answer, an
     /// error answer becomes [`Error::Codec`].
-    fn post_raw(&self, path: &str, body: &Value, with_token: bool) -> Result<Vec<u8>, Error> {
+    fn post_raw(
+        &self,
+        path: &str,
+        body: &Value,
+        with_token: bool,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, Error> {
         let token = if with_token { self.token() } else { None };
         let (resp, _) = self.send(path, &body.to_string(), token.as_deref(), |url| {
-            self.agent.post(url).timeout(self.timeout)
+            self.agent.post(url).timeout(timeout)
         })?;
         read_body(resp)
     }
@@ -357,6 +365,11 @@ impl Client {
         }
     }
 
+    /// The index of the endpoint calls start with (the one that answered last).
+    pub fn current_endpoint(&self) -> usize {
+        self.current.load(Relaxed)
+    }
+
     /// Makes later calls start with the endpoint after `i` (one found silent).
     pub fn avoid_endpoint(&self, i: usize) {
         let n = self.endpoints.len();
@@ -394,6 +407,7 @@ impl Client {
             "/v3/auth/authenticate",
             &codec::authenticate_request(name, password),
             false,
+            self.timeout,
         )?;
         self.set_token(Some(codec::parse_token(&body)?));
         Ok(())
@@ -402,10 +416,15 @@ impl Client {
     /// A call with the token; an answer saying the token is bad gets one fresh token and one
     /// retry.
     fn post(&self, path: &str, body: &Value) -> Result<Vec<u8>, Error> {
+        self.post_within(path, body, self.timeout)
+    }
+
+    /// [`Client::post`] with a call timeout of its own.
+    fn post_within(&self, path: &str, body: &Value, timeout: Duration) -> Result<Vec<u8>, Error> {
         if self.user.is_some() && self.token().is_none() {
             self.authenticate()?;
         }
-        match self.post_raw(path, body, true) {
+        match self.post_raw(path, body, true, timeout) {
             Err(Error::Codec(CodecError::Server { code, message }))
                 if self.user.is_some()
                     && (code == codec::CODE_UNAUTHENTICATED
@@ -414,7 +433,7 @@ impl Client {
                 debug!("etcd token refused ({message}); authenticating again");
                 self.set_token(None);
                 self.authenticate()?;
-                self.post_raw(path, body, true)
+                self.post_raw(path, body, true, timeout)
             }
             r => r,
         }
@@ -428,6 +447,52 @@ impl Client {
 
     pub fn get_prefix(&self, prefix: &[u8]) -> Result<RangeResponse, Error> {
         self.range(prefix, Some(&prefix_end(prefix)))
+    }
+
+    /// Every key starting with `prefix`, as one snapshot read in pages of at most `page` keys
+    /// (each page at the first page's revision, continuing after the last key read).
+    ///
+    /// Why: a thousand hosts' overlay is megabytes of JSON, and the gateway's encoding of it
+    /// costs etcd about 15 µs per key; in one answer, under load, that is what exceeds a call
+    /// timeout and makes an agent read it all again. A page is small enough to finish, etcd
+    /// serves other calls between pages, and a page that times out is asked again with twice
+    /// the timeout (up to [`PAGE_TIMEOUT_STEPS`] times) instead of starting over. A snapshot
+    /// revision compacted away meanwhile is an error (read again from the start).
+    pub fn get_prefix_paged(&self, prefix: &[u8], page: i64) -> Result<RangeResponse, Error> {
+        let end = prefix_end(prefix);
+        let mut from = prefix.to_vec();
+        let mut all = RangeResponse::default();
+        loop {
+            let request = codec::range_page_request(&from, &end, page, all.revision);
+            let mut timeout = self.timeout;
+            let mut attempt = 1;
+            let body = loop {
+                match self.post_within("/v3/kv/range", &request, timeout) {
+                    Err(e) if e.is_unreachable() && attempt < PAGE_TIMEOUT_STEPS => {
+                        debug!(attempt, ?timeout, "etcd: range page failed: {e}");
+                        timeout *= 2;
+                        attempt += 1;
+                    }
+                    r => break r?,
+                }
+            };
+            let r = codec::parse_range(&body)?;
+            if all.revision == 0 {
+                all.revision = r.revision;
+                all.count = r.count;
+            }
+            let Some(last) = r.kvs.last() else {
+                return Ok(all);
+            };
+            // The next page starts just after the last key (keys are ordered bytewise).
+            from = last.key.clone();
+            from.push(0);
+            let more = r.more && page > 0;
+            all.kvs.extend(r.kvs);
+            if !more {
+                return Ok(all);
+            }
+        }
     }
 
     /// Puts `value` at `key`, attached to `lease` (0: none). Returns the new revision.

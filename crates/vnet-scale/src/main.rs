@@ -238,7 +238,7 @@ impl Harness {
     fn read_state(&self) -> Result<ClusterState> {
         let r = self
             .client
-            .get_prefix(overlay_prefix(&self.overlay).as_bytes())?;
+            .get_prefix_paged(overlay_prefix(&self.overlay).as_bytes(), 1000)?;
         let matrices = matrix_prefix(&self.overlay);
         let entries = r.kvs.iter().filter_map(|kv| {
             let k = std::str::from_utf8(&kv.key).ok()?;
@@ -426,10 +426,7 @@ impl Harness {
             let ready = self
                 .hosts
                 .iter()
-                .filter(|h| {
-                    let d = h.recorder.derived();
-                    d.routes.len() == expect_routes && d.links.len() == per_vni - 1
-                })
+                .filter(|h| h.recorder.counts() == (per_vni - 1, expect_routes))
                 .count();
             if ready == n {
                 break;

@@ -123,6 +123,13 @@ impl Recorder {
         lock(&self.derived).clone()
     }
 
+    /// The numbers of derived links and routes (without copying them: the bring-up loop asks
+    /// every agent every 50 ms, and at 1,000 hosts a copy is 8,000 routes).
+    pub fn counts(&self) -> (usize, usize) {
+        let d = lock(&self.derived);
+        (d.links.len(), d.routes.len())
+    }
+
     /// Sets a probe, checked now and after every synchronisation.
     pub fn set_probe(&self, mut probe: Probe) {
         let derived = lock(&self.derived);
