@@ -439,9 +439,7 @@ impl Agent {
     /// Reads the whole overlay (but the traffic matrices) as one snapshot, in pages, into a
     /// new state; the derivation starts over. Returns the snapshot's revision.
     fn read_all(&mut self, prefix: &str) -> Result<i64> {
-        let read = self
-            .client
-            .get_prefix_paged(prefix.as_bytes(), READ_PAGE)?;
+        let read = self.client.get_prefix_paged(prefix.as_bytes(), READ_PAGE)?;
         let mut entries = Vec::new();
         for kv in &read.kvs {
             match std::str::from_utf8(&kv.key) {

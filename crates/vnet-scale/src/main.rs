@@ -14,6 +14,7 @@
 mod recorder;
 mod stats;
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -63,6 +64,9 @@ struct Args {
     /// The longest wait for one step to converge, seconds.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
+    /// The longest wait for bring-up, seconds (0: 0.6 s per host, at least 180).
+    #[arg(long, default_value_t = 0)]
+    bringup_timeout: u64,
     /// Agents started at once during bring-up (then the next wave).
     #[arg(long, default_value_t = 100)]
     wave: usize,
@@ -112,12 +116,21 @@ fn interface_add(name: &str, mac: MacAddr, vni: u32) -> Result<Command> {
         .context("empty command")
 }
 
+/// Per probed agent, the move each of its probe's `want` and `gone` routes belongs to.
+type MoveTags = BTreeMap<usize, (Vec<usize>, Vec<usize>)>;
+
+fn secs(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.3}"))
+}
+
 struct Harness {
     args: Args,
     overlay: OverlayName,
     client: Client,
     hosts: Vec<Host>,
     t_start: Instant,
+    /// The probes of the last step, taken from the recorders.
+    probes: Vec<(usize, Probe)>,
 }
 
 /// Resource counters at one moment.
@@ -249,23 +262,60 @@ impl Harness {
 
     /// Waits until every probe is done (or the timeout), then returns each probed agent's
     /// time in seconds (None: not converged).
-    fn wait_probes(&self, probed: &[usize]) -> Vec<Option<f64>> {
+    /// The probes are kept in `self.probes` (agent index, probe) for per-change figures.
+    fn wait_probes(&mut self, probed: &[usize]) -> Vec<Option<f64>> {
         let deadline = Instant::now() + Duration::from_secs(self.args.timeout);
         while Instant::now() < deadline
             && !probed.iter().all(|&i| self.hosts[i].recorder.probe_done())
         {
             std::thread::sleep(Duration::from_millis(5));
         }
+        self.probes = probed
+            .iter()
+            .filter_map(|&i| Some((i, self.hosts[i].recorder.take_probe()?)))
+            .collect();
         probed
             .iter()
             .map(|&i| {
-                self.hosts[i]
-                    .recorder
-                    .take_probe()
-                    .and_then(|p| p.done)
+                self.probes
+                    .iter()
+                    .find(|(k, _)| *k == i)
+                    .and_then(|(_, p)| p.done)
                     .map(|d| d.as_secs_f64())
             })
             .collect()
+    }
+
+    /// Per move and agent, the time from the move's transaction being sent to the agent having
+    /// applied all of it (its new route present, its old one gone), from the last step's
+    /// probes; `tags` says which move each probed route belongs to, `issued` when each move
+    /// was sent (both since the probes' start). None: not applied.
+    fn per_move_times(&self, tags: &MoveTags, issued: &[Option<Duration>]) -> Vec<Option<f64>> {
+        let mut out = Vec::new();
+        for (i, probe) in &self.probes {
+            let Some((want_tags, gone_tags)) = tags.get(i) else {
+                continue;
+            };
+            let mut applied: BTreeMap<usize, Option<Duration>> = BTreeMap::new();
+            let routes = want_tags
+                .iter()
+                .zip(&probe.want_at)
+                .chain(gone_tags.iter().zip(&probe.gone_at));
+            for (m, at) in routes {
+                let e = applied.entry(*m).or_insert(Some(Duration::ZERO));
+                *e = match (*e, at) {
+                    (Some(a), Some(b)) => Some(a.max(*b)),
+                    _ => None,
+                };
+            }
+            for (m, at) in applied {
+                out.push(match (at, issued.get(m).copied().flatten()) {
+                    (Some(a), Some(s)) => Some(a.saturating_sub(s).as_secs_f64()),
+                    _ => None,
+                });
+            }
+        }
+        out
     }
 
     /// Measures one step: `act` makes the change and returns the number of store events it
@@ -310,8 +360,10 @@ impl Harness {
             "agents_wrong_after": wrong,
         });
         self.progress(&format!(
-            "{name}: p50 {:?} p99 {:?} max {:?} s, {missing} not converged, {wrong} agents wrong",
-            v["p50_s"], v["p99_s"], v["max_s"]
+            "{name}: p50 {} p99 {} max {} s, {missing} not converged, {wrong} agents wrong",
+            secs(stats::percentile(&done, 50.0)),
+            secs(stats::percentile(&done, 99.0)),
+            secs(done.last().copied())
         ));
         Ok(v)
     }
@@ -331,7 +383,7 @@ impl Harness {
         vni: u32,
         to: usize,
         name: &str,
-    ) -> Result<()> {
+    ) -> Result<Instant> {
         let current = state
             .placement(vni, mac)
             .with_context(|| format!("no placement of {mac}"))?;
@@ -340,6 +392,7 @@ impl Harness {
         let host_kv = self.client.range(host_key.as_bytes(), None)?;
         let host_kv = host_kv.kvs.first().context("destination not registered")?;
         let plan = plan_move(&self.overlay, current, to_id, name)?;
+        let sent = Instant::now();
         let ok = self.client.txn(
             &[
                 Compare {
@@ -361,7 +414,7 @@ impl Harness {
         if !ok {
             bail!("move of {mac} refused (store changed)");
         }
-        Ok(())
+        Ok(sent)
     }
 
     /// The probes of a set of moves (mac, vni, from, to, name) for every alive agent of the VNI.
@@ -369,12 +422,14 @@ impl Harness {
         &self,
         moves: &[(MacAddr, u32, usize, usize, String)],
         t0: Instant,
+        tags: &mut MoveTags,
     ) -> Vec<usize> {
         let mut probed = Vec::new();
         for (i, h) in self.hosts.iter().enumerate().filter(|(_, h)| h.alive) {
             let mut want = Vec::new();
             let mut gone = Vec::new();
-            for (mac, vni, from, to, name) in moves {
+            let (mut want_tags, mut gone_tags) = (Vec::new(), Vec::new());
+            for (m, (mac, vni, from, to, name)) in moves.iter().enumerate() {
                 if h.vni != *vni {
                     continue;
                 }
@@ -385,15 +440,19 @@ impl Harness {
                 } else {
                     want.push(via_link(*mac, new, *vni));
                 }
+                want_tags.push(m);
                 if i == *from {
                     let g = u16::from_be_bytes([mac.0[4], mac.0[5]]);
                     gone.push(route_to(*mac, DestKind::Interface, format!("g{g}")));
+                    gone_tags.push(m);
                 } else if i != *to {
                     gone.push(via_link(*mac, old, *vni));
+                    gone_tags.push(m);
                 }
             }
             if !want.is_empty() {
                 h.recorder.set_probe(Probe::new(t0, want, gone));
+                tags.insert(i, (want_tags, gone_tags));
                 probed.push(i);
             }
         }
@@ -420,7 +479,11 @@ impl Harness {
         }
         let per_vni = n / self.args.vnis;
         let expect_routes = g as usize * per_vni;
-        let deadline = Instant::now() + Duration::from_secs(self.args.timeout.max(60) * 3);
+        let bringup_limit = match self.args.bringup_timeout {
+            0 => (n as u64 * 6 / 10).max(180),
+            t => t,
+        };
+        let deadline = Instant::now() + Duration::from_secs(bringup_limit);
         let mut last_report = Instant::now();
         loop {
             let ready = self
@@ -495,7 +558,7 @@ impl Harness {
         let before = self.sample();
         let t0 = Instant::now();
         let moves = vec![(mac, vni, from, to, name.clone())];
-        let probed = self.move_probes(&moves, t0);
+        let probed = self.move_probes(&moves, t0, &mut MoveTags::new());
         self.move_txn(&state, mac, vni, to, &name)?;
         steps.push(self.step("move", &probed, before, 1, idle_rate)?);
 
@@ -518,32 +581,59 @@ impl Harness {
         let state = self.read_state()?;
         let before = self.sample();
         let t0 = Instant::now();
-        let probed = self.move_probes(&moves, t0);
+        let mut tags = MoveTags::new();
+        let probed = self.move_probes(&moves, t0, &mut tags);
         // Issued from 8 threads at once, as operators or an orchestrator moving a job would.
         let this = &*self;
-        std::thread::scope(|s| -> Result<()> {
+        let chunk_len = moves.len().div_ceil(8).max(1);
+        let sent: Vec<Option<Duration>> = std::thread::scope(|s| -> Result<_> {
             let workers: Vec<_> = moves
-                .chunks(moves.len().div_ceil(8).max(1))
+                .chunks(chunk_len)
                 .map(|chunk| {
                     let state = &state;
-                    s.spawn(move || -> Result<()> {
+                    s.spawn(move || -> Result<Vec<Option<Duration>>> {
+                        let mut sent = Vec::new();
                         for (mac, vni, _, to, name) in chunk {
-                            this.move_txn(state, *mac, *vni, *to, name)?;
+                            let at = this.move_txn(state, *mac, *vni, *to, name)?;
+                            sent.push(Some(at.duration_since(t0)));
                         }
-                        Ok(())
+                        Ok(sent)
                     })
                 })
                 .collect();
+            let mut sent = Vec::new();
             for w in workers {
-                w.join()
-                    .map_err(|_| anyhow::anyhow!("move thread panicked"))??;
+                sent.extend(
+                    w.join()
+                        .map_err(|_| anyhow::anyhow!("move thread panicked"))??,
+                );
             }
-            Ok(())
+            Ok(sent)
         })?;
         let issued = t0.elapsed().as_secs_f64();
         let mut storm = self.step("storm", &probed, before, moves.len(), idle_rate)?;
+        let mut per_move: Vec<f64> = Vec::new();
+        let mut per_move_missing = 0;
+        for t in self.per_move_times(&tags, &sent) {
+            match t {
+                Some(t) => per_move.push(t),
+                None => per_move_missing += 1,
+            }
+        }
+        per_move.sort_by(f64::total_cmp);
         storm["moves"] = json!(moves.len());
         storm["issue_s"] = json!(issued);
+        // Each move from its own transaction to each agent: what "a move reaches every agent"
+        // means while 99 others are under way.
+        storm["per_move_p50_s"] = json!(stats::percentile(&per_move, 50.0));
+        storm["per_move_p99_s"] = json!(stats::percentile(&per_move, 99.0));
+        storm["per_move_max_s"] = json!(per_move.last());
+        storm["per_move_not_applied"] = json!(per_move_missing);
+        self.progress(&format!(
+            "storm: moves issued in {issued:.2} s; each move to each agent p50 {} p99 {} s",
+            secs(stats::percentile(&per_move, 50.0)),
+            secs(stats::percentile(&per_move, 99.0))
+        ));
         steps.push(storm);
 
         // Death: the joined host stops without a word; its lease is revoked at t0 (what the
@@ -631,6 +721,7 @@ fn main() -> Result<()> {
         client,
         hosts: Vec::new(),
         t_start: Instant::now(),
+        probes: Vec::new(),
     };
     let result = h.run();
     h.shutdown();

@@ -23,6 +23,10 @@ pub struct Probe {
     missing: Vec<Route>,
     present: Vec<Route>,
     pub done: Option<Duration>,
+    /// When each route of `want` was first present, and each of `gone` first absent (since
+    /// `since`): per-change times within a step of many changes (the storm).
+    pub want_at: Vec<Option<Duration>>,
+    pub gone_at: Vec<Option<Duration>>,
 }
 
 impl Probe {
@@ -34,6 +38,8 @@ impl Probe {
             missing: Vec::new(),
             present: Vec::new(),
             done: None,
+            want_at: Vec::new(),
+            gone_at: Vec::new(),
         }
     }
 
@@ -50,6 +56,17 @@ impl Probe {
             .filter(|r| derived.routes.contains(r))
             .cloned()
             .collect();
+        let now = self.since.elapsed();
+        self.want_at = self
+            .want
+            .iter()
+            .map(|r| (!self.missing.contains(r)).then_some(now))
+            .collect();
+        self.gone_at = self
+            .gone
+            .iter()
+            .map(|r| (!self.present.contains(r)).then_some(now))
+            .collect();
         self.check();
     }
 
@@ -62,6 +79,19 @@ impl Probe {
             dst: spec.dst,
             to: spec.to.clone(),
         };
+        let now = self.since.elapsed();
+        let first = |routes: &[Route], at: &mut [Option<Duration>]| {
+            for (w, t) in routes.iter().zip(at.iter_mut()) {
+                if *w == r && t.is_none() {
+                    *t = Some(now);
+                }
+            }
+        };
+        match op {
+            vnet_control::RouteOp::Add => first(&self.want, &mut self.want_at),
+            vnet_control::RouteOp::Del => first(&self.gone, &mut self.gone_at),
+            vnet_control::RouteOp::Replace => {}
+        }
         match op {
             vnet_control::RouteOp::Add => {
                 self.missing.retain(|m| *m != r);
