@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-CONFIG_ORDER = ["native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive", "vnet-encrypted"]
+CONFIG_ORDER = ["native", "kernel-vxlan", "vnet-kernel", "vnet-guest-driven", "vnet-polling", "vnet-adaptive",
+                "vnet-encrypted"]
 VNET_CONFIGS = ["vnet-guest-driven", "vnet-polling", "vnet-adaptive"]
 COLORS = {"native": "#4d4d4d", "kernel-vxlan": "#1f77b4", "vnet-guest-driven": "#2ca02c",
-          "vnet-polling": "#d62728", "vnet-adaptive": "#ff7f0e", "vnet-encrypted": "#9467bd"}
+          "vnet-polling": "#d62728", "vnet-adaptive": "#ff7f0e", "vnet-encrypted": "#9467bd",
+          "vnet-kernel": "#17becf"}
 
 def ensure_matplotlib(script: str) -> None:
     """Debian's python3-matplotlib is installed for /usr/bin/python3; when another python3
@@ -160,6 +162,42 @@ def goal_checks(samples, phase) -> list:
     return out
 
 
+def kernel_goal_checks(samples, phase) -> list:
+    """The goals of issue #10 for one phase (the kernel fast path, `vnet-kernel`)."""
+    g = group(samples, phase)
+
+    def m(metric, config):
+        return med(g.get((metric, config), []))
+
+    out = []
+    v, kx, nat = m("tcp1_gbps", "vnet-kernel"), m("tcp1_gbps", "kernel-vxlan"), m("tcp1_gbps", "native")
+    if v is not None and kx:
+        out.append(("TCP 1 stream ≥ 1.1× kernel VXLAN", f"{fmt(v)} vs {fmt(kx)} Gbit/s = {v / kx:.2f}×",
+                    v >= 1.1 * kx))
+    if v is not None and nat and phase.startswith("mtu9000"):
+        out.append(("TCP 1 stream ≥ 0.75× native (wire MTU 9000)", f"{fmt(v)} vs {fmt(nat)} Gbit/s = {v / nat:.2f}×",
+                    v >= 0.75 * nat))
+    r, rkx, rnat = (m("rtt64_p50_us", c) for c in ("vnet-kernel", "kernel-vxlan", "native"))
+    if r is not None and rkx:
+        out.append(("64 B RTT p50 ≤ kernel VXLAN", f"{fmt(r)} vs {fmt(rkx)} µs = {r / rkx:.2f}×", r <= rkx))
+    if r is not None and rnat:
+        out.append(("64 B RTT p50 ≤ 1.3× native", f"{fmt(r)} vs {fmt(rnat)} µs = {r / rnat:.2f}×", r <= 1.3 * rnat))
+    c, ckx = m("cpu_s_per_gb_tcp1", "vnet-kernel"), m("cpu_s_per_gb_tcp1", "kernel-vxlan")
+    if c is not None and ckx:
+        out.append(("machine CPU-s per GB ≤ kernel VXLAN", f"{fmt(c)} vs {fmt(ckx)} = {c / ckx:.2f}×", c <= ckx))
+    for metric, label, higher in (("mpi_pingpong_lat_us", "MPI (NetPIPE) latency", False),
+                                  ("mpi_pingpong_bw_gbps", "MPI (NetPIPE) bandwidth", True),
+                                  ("hpcc_pingpong_lat_us", "HPCC ping-pong latency", False),
+                                  ("hpcc_pingpong_bw_gbps", "HPCC ping-pong bandwidth", True)):
+        a, b, n = m(metric, "vnet-kernel"), m(metric, "kernel-vxlan"), m(metric, "native")
+        if a is None or not b:
+            continue
+        within = a >= 0.9 * b if higher else a <= 1.1 * b
+        nat_txt = f"; {a / n:.2f}× native" if n else ""
+        out.append((f"{label} within 10 % of kernel VXLAN", f"{fmt(a)} vs {fmt(b)} = {a / b:.2f}×{nat_txt}", within))
+    return out
+
+
 def encryption_table(samples, phase) -> list:
     """vnet plaintext (adaptive) against vnet encrypted (adaptive, Noise link): same daemons."""
     g = group(samples, phase)
@@ -233,6 +271,15 @@ def write_summary(doc: dict, path: Path) -> None:
             L.append("| goal | measured (medians) | |")
             L.append("| --- | --- | --- |")
             for goal, detail, met in goals:
+                L.append(f"| {goal} | {detail} | **{'met' if met else 'not met'}** |")
+            L.append("")
+        kgoals = kernel_goal_checks(samples, phase)
+        if kgoals:
+            L.append("### Goals of issue #10 (the kernel fast path, `vnet-kernel`)")
+            L.append("")
+            L.append("| goal | measured (medians) | |")
+            L.append("| --- | --- | --- |")
+            for goal, detail, met in kgoals:
                 L.append(f"| {goal} | {detail} | **{'met' if met else 'not met'}** |")
             L.append("")
         L.append("### All metrics")

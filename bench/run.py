@@ -36,7 +36,7 @@ import testbed  # noqa: E402
 from testbed import CONFIGS, REPO, Testbed, is_vnet, netlab  # noqa: E402
 
 ALL_METRICS = ["tcp1", "tcp4", "udp", "rtt64", "sweep"]
-MPI_CONFIGS = ["native", "kernel-vxlan", "vnet-adaptive"]
+MPI_CONFIGS = ["native", "kernel-vxlan", "vnet-kernel", "vnet-adaptive"]
 # Message sizes of the latency sweep per wire MTU (64 B comes from the rtt64 test). Every
 # sockperf run costs 2.4 s on top of its -t (a fixed 2 s pause after its warm-up), so the
 # default run keeps the sweep short: at MTU 9000 only the size where jumbo frames matter most.

@@ -43,9 +43,11 @@ KERNEL_VXLAN_PORT = 4789
 VNET_PORT = 4790
 VNI = 1
 
-CONFIGS = ["native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive", "vnet-encrypted"]
+CONFIGS = ["native", "kernel-vxlan", "vnet-kernel", "vnet-guest-driven", "vnet-polling", "vnet-adaptive",
+           "vnet-encrypted"]
+# The kernel fast path needs no polling dispatcher (vnetd sees only its ARP): parked mode.
 VNET_MODE = {"vnet-guest-driven": "guest-driven", "vnet-polling": "polling", "vnet-adaptive": "adaptive",
-             "vnet-encrypted": "adaptive"}
+             "vnet-encrypted": "adaptive", "vnet-kernel": "guest-driven"}
 # Mode the daemons are parked in while another configuration is measured: no busy polling
 # may steal CPU from the native or kernel-VXLAN runs.
 PARK_MODE = "guest-driven"
@@ -55,6 +57,9 @@ VNET_NET = "192.168.71"
 KX_NET = "192.168.72"
 ENC_NET = "192.168.73"
 ENC_VNI = 2
+FP_NET = "192.168.74"
+FP_VNI = 3
+FP_MAC = ("52:54:00:b3:00:01", "52:54:00:b3:00:02")
 ENC_MAC = ("52:54:00:b2:00:01", "52:54:00:b2:00:02")
 VNET_MAC = ("52:54:00:b0:00:01", "52:54:00:b0:00:02")
 KX_MAC = ("52:54:00:b1:00:01", "52:54:00:b1:00:02")
@@ -66,7 +71,7 @@ def is_vnet(config: str) -> bool:
 
 def vnet_link(config: str) -> str:
     """The vnet link a configuration's traffic crosses."""
-    return "peer-enc" if config == "vnet-encrypted" else "peer"
+    return {"vnet-encrypted": "peer-enc", "vnet-kernel": "peer-k"}.get(config, "peer")
 
 
 @dataclass
@@ -163,6 +168,8 @@ class Testbed:
                             for i in range(2)]
         self.enc_guests = [lab.guest(f"e{'ab'[i]}", ip=f"{ENC_NET}.{i + 1}", mac=ENC_MAC[i])
                            for i in range(2)]
+        self.fp_guests = [lab.guest(f"f{'ab'[i]}", ip=f"{FP_NET}.{i + 1}", mac=FP_MAC[i])
+                          for i in range(2)]
         self.enc_mtu = self.overlay_mtu - CRYPTO_OVERHEAD
         keys = {}
         for h in (self.hA, self.hB):
@@ -173,6 +180,7 @@ class Testbed:
         for i, (h, o) in enumerate(((self.hA, self.hB), (self.hB, self.hA))):
             g, og = self.vnet_guests[i], self.vnet_guests[1 - i]
             e, oe = self.enc_guests[i], self.enc_guests[1 - i]
+            f, of = self.fp_guests[i], self.fp_guests[1 - i]
             lines = [f"# vnet benchmark host {h.role}, wire MTU {self.wire_mtu}",
                      f"set mode {PARK_MODE}"]
             lines += [f"set {s}" for s in self.vnet_settings]
@@ -183,19 +191,28 @@ class Testbed:
                       f"interface add vm-enc tap mac {e.mac} mtu {self.enc_mtu} netns {e.name} vni {ENC_VNI}",
                       f"link add peer-enc udp {o.underlay_ip}:{VNET_PORT} vni {ENC_VNI} encrypt {keys[o][1]}",
                       f"route add any {e.mac} interface vm-enc",
-                      f"route add any {oe.mac} link peer-enc"]
+                      f"route add any {oe.mac} link peer-enc",
+                      # the kernel fast path: a veth guest on a plain link of its own VNI
+                      f"interface add vm-k veth mac {f.mac} mtu {self.overlay_mtu} netns {f.name} vni {FP_VNI}",
+                      f"link add peer-k udp {o.underlay_ip}:{VNET_PORT} vni {FP_VNI}",
+                      f"route add any {f.mac} interface vm-k",
+                      f"route add any {of.mac} link peer-k"]
             h.start_vnetd(config="\n".join(lines) + "\n", args=["--udp-port", VNET_PORT, "--key-file", keys[h][0]])
             g.configure(h.interface("vm")["ifname"], self.overlay_mtu)
             e.configure(h.interface("vm-enc")["ifname"], self.enc_mtu)
+            f.configure(h.interface("vm-k")["ifname"], self.overlay_mtu)
+            if h.interface("vm-k").get("path") != "kernel":
+                raise RuntimeError(f"vnet-kernel: the kernel fast path does not serve vm-k on {h.role}: "
+                                   f"{h.vnetd.log_text()[-1500:]}")
         self.mode = PARK_MODE
 
-        for gs in (self.kx_guests, self.vnet_guests, self.enc_guests):
+        for gs in (self.kx_guests, self.vnet_guests, self.enc_guests, self.fp_guests):
             for i, g in enumerate(gs):
                 o = gs[1 - i]
                 g.ip("neigh", "replace", o.ip_addr, "lladdr", o.mac, "dev", g.ifname, "nud", "permanent")
 
         # every path answers before anything is measured
-        for cfg in ("native", "kernel-vxlan", "vnet-adaptive", "vnet-encrypted"):
+        for cfg in ("native", "kernel-vxlan", "vnet-adaptive", "vnet-encrypted", "vnet-kernel"):
             ep = self.endpoint(cfg)
             lab.wait_ping(ep.client, ep.server_ip, timeout=15)
 
@@ -218,6 +235,9 @@ class Testbed:
         if config == "vnet-encrypted":
             a, b = self.enc_guests
             return Endpoint(config, a, b, a.ip_addr, b.ip_addr, f"{ENC_NET}.0/24", self.enc_mtu)
+        if config == "vnet-kernel":
+            a, b = self.fp_guests
+            return Endpoint(config, a, b, a.ip_addr, b.ip_addr, f"{FP_NET}.0/24", self.overlay_mtu)
         if is_vnet(config):
             a, b = self.vnet_guests
             return Endpoint(config, a, b, a.ip_addr, b.ip_addr, f"{VNET_NET}.0/24", self.overlay_mtu)
@@ -304,6 +324,18 @@ def check_path(config: str, before: dict, after: dict, ab_bytes: int, ba_bytes: 
         out["path"] = f"vnet link '{vnet_link(config)}' (show stats json)"
         ok = (d["A_link_tx_bytes"] >= ab_bytes and d["B_link_rx_bytes"] >= ab_bytes
               and d["B_link_tx_bytes"] >= ba_bytes and d["A_link_rx_bytes"] >= ba_bytes)
+        if config == "vnet-kernel":
+            # The kernel's own share of the link's counters carried it, not vnetd.
+            k = {}
+            for side in ("A", "B"):
+                kb = netlab.port_of(before[side], vnet_link(config)).get("kernel") or {}
+                ka = netlab.port_of(after[side], vnet_link(config)).get("kernel") or {}
+                for key in ("tx_bytes", "rx_bytes", "tx_frames", "rx_frames"):
+                    k[f"{side}_kernel_{key}"] = ka.get(key, 0) - kb.get(key, 0)
+            out.update(k)
+            out["path"] = f"kernel fast path, link '{vnet_link(config)}' (show stats json: its kernel share)"
+            ok = ok and (k["A_kernel_tx_bytes"] >= ab_bytes and k["B_kernel_rx_bytes"] >= ab_bytes
+                         and k["B_kernel_tx_bytes"] >= ba_bytes and k["A_kernel_rx_bytes"] >= ba_bytes)
         drops = {}
         for side in ("A", "B"):
             for reason in _all_reasons(before[side], after[side]):

@@ -7,7 +7,10 @@ of docs/control-language.md. The demo pings across the overlay, runs iperf3 betw
 different hosts, measures the same on the bare veth underlay and on the Linux kernel's own
 VXLAN for comparison, prints a table and removes everything (also on Ctrl-C or failure).
 
-    sudo python3 scripts/demo.py [--seconds 3] [--no-kernel] [--hold]
+    sudo python3 scripts/demo.py [--seconds 3] [--kind veth|tap] [--no-kernel] [--hold]
+
+The VMs' NICs are `veth` interfaces by default, which the kernel fast path forwards (eBPF,
+programmed by vnetd); `--kind tap` gives them TAPs served by vnetd in user space.
 
 Needs root, /dev/net/tun, iproute2, ping and iperf3, and the release build
 (`cargo build --release`; or set VNETD / VNETCTL).
@@ -66,6 +69,8 @@ def main():
     ap.add_argument("--mtu", type=int, default=1450,
                     help="VM MTU (default 1450: the encapsulated frame fits the 1500-byte underlay, as the "
                          "kernel VXLAN's default; 1500 makes vnet fragment)")
+    ap.add_argument("--kind", choices=("veth", "tap"), default="veth",
+                    help="the VMs' interface kind: veth (the kernel fast path, default) or tap (vnetd in user space)")
     ap.add_argument("--no-kernel", action="store_true", help="skip the kernel VXLAN comparison")
     ap.add_argument("--hold", action="store_true", help="keep the topology until Enter is pressed")
     args = ap.parse_args()
@@ -92,7 +97,7 @@ def main():
 
 def run(lab, args):
     step("building 3 hosts x 2 VMs (network namespaces) joined by a veth + bridge underlay")
-    m = netlab.udp_mesh(lab, ("A", "B", "C"), guests_per_host=2, mtu=args.mtu)
+    m = netlab.udp_mesh(lab, ("A", "B", "C"), guests_per_host=2, mtu=args.mtu, kind=args.kind)
     A, B, C = m.hosts
     for h in m.hosts:
         vms = ", ".join(f"{g.role} {g.ip_addr} ({g.mac})" for g in m.guests[h.role])
@@ -100,6 +105,11 @@ def run(lab, args):
     info(f"host A's vnetd config ({A.config_path}):")
     for line in A.config_path.read_text().splitlines():
         info(f"    {line}")
+    paths = {i["name"]: i.get("path", "user") for i in A.ctl_json("show", "interfaces", "json")}
+    path = "kernel" if all(p == "kernel" for p in paths.values()) else "user"
+    info(f"data path of host A's VMs: {', '.join(f'{n} {p}' for n, p in paths.items())}"
+         + ("" if path == "kernel" or args.kind == "tap" else
+            " (the kernel fast path is not available here: see vnetd's log)"))
 
     step("ping between every pair of VMs on different hosts")
     guests = m.all_guests()
@@ -113,7 +123,8 @@ def run(lab, args):
 
     a1, b1 = m.guests["A"][0], m.guests["B"][0]
     rows = []  # (path, rtt ms, gbps)
-    configs = [(f"vnet UDP link (VM a1 -> VM b1, MTU {args.mtu})", a1, b1, b1.ip_addr)]
+    label = "kernel fast path" if path == "kernel" else "vnetd"
+    configs = [(f"vnet, {label} (VM a1 -> VM b1, MTU {args.mtu})", a1, b1, b1.ip_addr)]
     configs.insert(0, ("native veth underlay (host A -> host B)", A, B, B.underlay_ip))
     if not args.no_kernel:
         step("building two kernel-VXLAN hosts on the same underlay (the in-kernel baseline)")

@@ -15,9 +15,19 @@ fi
 # iptables for the underlay-fault tests,
 # openssl for the etcd TLS test.
 ensure_packages iproute2 iputils-ping iperf3 procps ethtool iptables openssl
+# The kernel fast path (crates/vnet-fastpath): clang/llvm compile its BPF programs at build
+# time against libbpf-dev's headers; libelf-dev, zlib1g-dev and pkg-config build the vendored
+# libbpf of libbpf-rs; bpftool lets the tests see what is attached.
+ensure_packages clang llvm libbpf-dev libelf-dev zlib1g-dev pkg-config bpftool
 # etcd for distributed control (#5): the system tests start their own etcd (own ports and data
 # directory, stopped by PID); the packaged service must not run beside them.
 ensure_etcd
+# Issue #12: Prometheus for the metrics test (its packaged service must not run: the test
+# starts its own in a namespace of its own), headless Chromium for the live-view test, the standard CNI
+# plugins (host-local IPAM) and cnitool (a CNI runtime) for the CNI plugin's test.
+ensure_packages_no_start prometheus
+ensure_packages chromium containernetworking-plugins
+ensure_cnitool
 ensure_cargo
 
 if ! python3 -c 'import pytest' 2>/dev/null; then
@@ -31,3 +41,5 @@ modprobe vxlan 2>/dev/null || true
 
 say "building vnet (release)"
 cargo build --release --workspace --quiet
+# fplab, the fast path's stand-alone driver (tests/system/test_fastpath.py, bench/fastpath_variants.py)
+cargo build --release -p vnet-fastpath --examples --quiet

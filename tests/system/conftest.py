@@ -77,6 +77,14 @@ def pytest_runtest_makereport(item, call):
             rep.sections.append(("vnetd logs", f"work dir: {lab.workdir}\n{lab.logs()}"))
 
 
+@pytest.fixture(params=["tap", "veth"])
+def guest_kind(request):
+    """The interface kind the guests of an overlay test get: ``tap`` (served by vnetd in user
+    space) and ``veth`` (forwarded by the kernel fast path where it can). A test that takes
+    this fixture runs once for each."""
+    return request.param
+
+
 @pytest.fixture
 def record(request):
     """record(key, value): store a measured figure in the results file."""

@@ -408,10 +408,11 @@ class Host(Netns):
         raise KeyError(f"no port {name!r} in show stats of {self.name}")
 
     def add_vm(self, guest: Guest, name: str, mac: str, vni: int = 1, mtu: Optional[int] = None,
-               ifname: Optional[str] = None, route: bool = True) -> str:
-        """``interface add NAME tap mac MAC netns GUEST [vni] [mtu]``, route the MAC to it,
-        then give the guest its address. Returns the TAP's ifname."""
-        words = ["interface", "add", name, "tap", "mac", mac, "netns", guest.name, "vni", vni]
+               ifname: Optional[str] = None, route: bool = True, kind: str = "tap") -> str:
+        """``interface add NAME KIND mac MAC netns GUEST [vni] [mtu]`` (KIND ``tap`` or
+        ``veth``), route the MAC to it, then give the guest its address. Returns the guest's
+        ifname."""
+        words = ["interface", "add", name, kind, "mac", mac, "netns", guest.name, "vni", vni]
         if mtu:
             words += ["mtu", mtu]
         if ifname:
@@ -458,7 +459,7 @@ class KernelVxlanHost(Host):
         self.exec("bridge", "fdb", "append", "00:00:00:00:00:00", "dev", self.vxdev, "dst", ip)
 
     def add_vm(self, guest: Guest, name: str = "", mac: str = "", vni: int = 1, mtu: Optional[int] = 1450,
-               ifname: Optional[str] = None, route: bool = True) -> str:
+               ifname: Optional[str] = None, route: bool = True, kind: str = "veth") -> str:
         """Attach ``guest`` to the bridge through a veth (MTU 1450 fits the kernel VXLAN).
         Same signature as Host.add_vm; ``name``, ``vni``, ``ifname`` and ``route`` are unused."""
         self._nguests += 1
@@ -854,11 +855,11 @@ class Mesh:
 
 
 def udp_mesh(lab: Lab, roles=("A", "B", "C"), guests_per_host: int = 2, vni: int = 1,
-             subnet: str = "192.168.50", mtu: Optional[int] = None) -> Mesh:
+             subnet: str = "192.168.50", mtu: Optional[int] = None, kind: str = "tap") -> Mesh:
     """The spec's worked example: every host has ``guests_per_host`` guests (MAC
-    52:54:00:VNI:HOST:N, IP SUBNET.<10*host+N>) and a udp link to every other host; each
-    guest MAC is routed to its interface or to the link of its host. Every vnetd starts from
-    a config file (kept for restarts)."""
+    52:54:00:VNI:HOST:N, IP SUBNET.<10*host+N>) on interfaces of ``kind`` (``tap`` or
+    ``veth``) and a udp link to every other host; each guest MAC is routed to its interface or
+    to the link of its host. Every vnetd starts from a config file (kept for restarts)."""
     hosts = [lab.host(r) for r in roles]
     guests = {}
     for hi, h in enumerate(hosts, 1):
@@ -868,7 +869,7 @@ def udp_mesh(lab: Lab, roles=("A", "B", "C"), guests_per_host: int = 2, vni: int
     for h in hosts:
         lines = [f"# host {h.role} ({h.underlay_ip}), VNI {vni}"]
         for g in guests[h.role]:
-            lines.append(f"interface add {m.vm_name(g)} tap mac {g.mac} netns {g.name} vni {vni}"
+            lines.append(f"interface add {m.vm_name(g)} {kind} mac {g.mac} netns {g.name} vni {vni}"
                          + (f" mtu {mtu}" if mtu else ""))
         for o in hosts:
             if o is not h:

@@ -85,14 +85,14 @@ def agent_args(etcd, host):
 
 
 class Overlay:
-    def __init__(self, lab, etcd, n):
+    def __init__(self, lab, etcd, n, kind="tap"):
         self.lab, self.etcd = lab, etcd
         self.hosts, self.guests = [], []
         for i in range(1, n + 1):
             h = lab.host(f"h{i}")
             g = lab.guest(f"g{i}", ip=f"192.168.60.{i}", mac=netlab.mac(1, i, 1))
             # The local configuration: this host's own interface, nothing else.
-            h.start_vnetd(config=f"interface add vm tap mac {g.mac} netns {g.name} vni 1\n",
+            h.start_vnetd(config=f"interface add vm {kind} mac {g.mac} netns {g.name} vni 1\n",
                           args=agent_args(etcd, h))
             g.configure(h.interface("vm")["ifname"])
             self.hosts.append(h)
@@ -136,12 +136,12 @@ def ping_gap(output: str) -> tuple:
     return (max(gaps) if gaps else float("inf")), len(times)
 
 
-def test_five_hosts_from_etcd_and_operator_route(lab, etcd, record):
+def test_five_hosts_from_etcd_and_operator_route(lab, etcd, record, guest_kind):
     """(a) Five hosts configured only from etcd: every guest pair pings and the counters show
     the derived links carried it. (f) An operator route added with vnetctl --etcd takes effect
     on every host (frames for its MAC leave over the link it names); deleted, it goes away."""
     t0 = time.monotonic()
-    ov = Overlay(lab, etcd, 5)
+    ov = Overlay(lab, etcd, 5, kind=guest_kind)
     ov.wait_mesh()
     record("five_host_mesh_converged_s", round(time.monotonic() - t0, 2))
     # show config is the local configuration only
@@ -244,17 +244,17 @@ def test_host_killed_and_restarted(lab, etcd, record):
     assert_all_ping(lab, [(g, g5.ip_addr) for g in ov.guests[:4]])
 
 
-def test_migration_under_traffic(lab, etcd, record):
+def test_migration_under_traffic(lab, etcd, record, guest_kind):
     """(c) Guest g1 moves from h1 to h2 under a running ping (from h3's guest) and iperf3 (from
     h4's guest): the placement moves in one etcd transaction (vnetctl --etcd move), h2 announces
     the MAC, every host reroutes. The largest ping gap and the iperf3 dip are measured."""
-    ov = Overlay(lab, etcd, 4)
+    ov = Overlay(lab, etcd, 4, kind=guest_kind)
     ov.wait_mesh()
     h1, h2, h3, h4 = ov.hosts
     g1, g3, g4 = ov.guests[0], ov.guests[2], ov.guests[3]
     # The destination NIC is prepared on h2 (the VM's NIC on the new host): placed on h1,
     # so h2 routes the MAC to h1 until the move.
-    h2.ctl("interface", "add", "vmig", "tap", "mac", g1.mac, "netns", g1.name, "vni", 1)
+    h2.ctl("interface", "add", "vmig", guest_kind, "mac", g1.mac, "netns", g1.name, "vni", 1)
     new_if = h2.interface("vmig")["ifname"]
     netlab.wait_until(lambda: new_if in g1.links(), 10, what="the new NIC in g1")
     g1.ip_link("set", new_if, "up")

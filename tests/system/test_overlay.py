@@ -30,9 +30,9 @@ def matrix_bytes(host, vni, src, dst) -> int:
     return 0
 
 
-def test_udp_three_hosts_full_mesh(lab, record):
+def test_udp_three_hosts_full_mesh(lab, record, guest_kind):
     """3 hosts x 2 guests over UDP links: all 30 ordered guest pairs ping, iperf3 across hosts."""
-    m = netlab.udp_mesh(lab, ("A", "B", "C"), guests_per_host=2)
+    m = netlab.udp_mesh(lab, ("A", "B", "C"), guests_per_host=2, kind=guest_kind)
     A, B, C = m.hosts
     guests = m.all_guests()
     before = {h.role: h.stats() for h in m.hosts}
@@ -80,7 +80,7 @@ def test_udp_three_hosts_full_mesh(lab, record):
         assert not new_drops(before[h.role], h.stats()), f"drops on {h.role}: {new_drops(before[h.role], h.stats())}"
 
 
-def test_kernel_vxlan_peer(lab, record):
+def test_kernel_vxlan_peer(lab, record, guest_kind):
     """A vnet host and a host that runs only the Linux kernel VXLAN + bridge talk both ways."""
     A = lab.host("A")
     K = lab.kernel_vxlan_host("K", vni=1, peers=[A.underlay_ip])
@@ -88,7 +88,7 @@ def test_kernel_vxlan_peer(lab, record):
     k1 = lab.guest("k1", ip="192.168.50.21", mac=netlab.mac(1, 2, 1))
     K.add_vm(k1, mac=k1.mac, mtu=1450)
     A.start_vnetd(config=f"""
-interface add vm-a1 tap mac {a1.mac} netns {a1.name} mtu 1450
+interface add vm-a1 {guest_kind} mac {a1.mac} netns {a1.name} mtu 1450
 link add to-k udp {K.underlay_ip}
 route add any {a1.mac} interface vm-a1
 route add any {k1.mac} link to-k
@@ -225,10 +225,10 @@ route add any {lan.mac} link to-a
     assert delta(sb0, sb1, "to-a", "rx_frames") == 0
 
 
-def test_migration_route_change(lab, record):
+def test_migration_route_change(lab, record, guest_kind):
     """Guest a1 moves from host A to host B at run time (same namespace, MAC and IP) following
     the spec's migration example; pings from guests on all three hosts resume."""
-    m = netlab.udp_mesh(lab, ("A", "B", "C"), guests_per_host=2)
+    m = netlab.udp_mesh(lab, ("A", "B", "C"), guests_per_host=2, kind=guest_kind)
     A, B, C = m.hosts
     a1, a2 = m.guests["A"]
     b1, c1 = m.guests["B"][0], m.guests["C"][0]
@@ -240,7 +240,7 @@ def test_migration_route_change(lab, record):
     time.sleep(0.5)
     t0 = time.monotonic()
     A.ctl("interface", "del", "vm-a1")
-    B.ctl("interface", "add", "vm-a1", "tap", "mac", a1.mac, "netns", a1.name)
+    B.ctl("interface", "add", "vm-a1", guest_kind, "mac", a1.mac, "netns", a1.name)
     B.ctl("route", "replace", "any", a1.mac, "interface", "vm-a1")
     A.ctl("route", "add", "any", a1.mac, "link", "to-b")
     C.ctl("route", "replace", "any", a1.mac, "link", "to-b")
@@ -269,7 +269,7 @@ def test_migration_route_change(lab, record):
     assert delta(sb, sb2, "vm-a1", "tx_frames") >= 6
 
 
-def test_vni_isolation(lab):
+def test_vni_isolation(lab, guest_kind):
     """Two VNIs on the same two hosts, same subnet and even the same MACs: traffic stays in
     its VNI, floods included."""
     A, B = lab.host("A"), lab.host("B")
@@ -281,7 +281,7 @@ def test_vni_isolation(lab):
     for h, mine, theirs, peer in ((A, ga, gb, B), (B, gb, ga, A)):
         cfg = []
         for v in (1, 2):
-            cfg += [f"interface add vm{v} tap mac {mine[v].mac} netns {mine[v].name} vni {v}",
+            cfg += [f"interface add vm{v} {guest_kind} mac {mine[v].mac} netns {mine[v].name} vni {v}",
                     f"link add peer{v} udp {peer.underlay_ip} vni {v}",
                     f"route add any {mine[v].mac} interface vm{v}",
                     f"route add any {theirs[v].mac} link peer{v}"]

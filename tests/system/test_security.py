@@ -143,8 +143,8 @@ def test_forged_vxlan_from_a_stranger_is_dropped(lab, record):
 
 # --- (b) spoofed source MACs from a guest ----------------------------------------------------
 
-def test_spoofed_source_macs_are_dropped_unless_allowed(lab, record):
-    m = netlab.udp_mesh(lab, ("A", "B"), guests_per_host=2)
+def test_spoofed_source_macs_are_dropped_unless_allowed(lab, record, guest_kind):
+    m = netlab.udp_mesh(lab, ("A", "B"), guests_per_host=2, kind=guest_kind)
     A, B = m.hosts
     a1, a2 = m.guests["A"]
     b1 = m.guests["B"][0]
@@ -289,8 +289,8 @@ def ping_stats(out: str) -> dict:
             "avg_ms": float(m.group(2)) if m else None, "max_ms": float(m.group(3)) if m else None}
 
 
-def test_rate_limit_protects_a_victim_from_a_flooding_guest(lab, record):
-    m = netlab.udp_mesh(lab, ("A", "B"), guests_per_host=2)
+def test_rate_limit_protects_a_victim_from_a_flooding_guest(lab, record, guest_kind):
+    m = netlab.udp_mesh(lab, ("A", "B"), guests_per_host=2, kind=guest_kind)
     A, B = m.hosts
     flooder, victim = m.guests["A"]
     peer, sink = m.guests["B"]
@@ -355,9 +355,9 @@ def test_rate_limit_protects_a_victim_from_a_flooding_guest(lab, record):
     assert limited["victim_ping_avg_ms"] is not None and limited["victim_ping_avg_ms"] < 50
 
 
-def test_link_rate_limit(lab, record):
+def test_link_rate_limit(lab, record, guest_kind):
     """A rate on a link limits what arrives from that peer, set at run time and removed again."""
-    m = netlab.udp_mesh(lab, ("A", "B"), guests_per_host=1)
+    m = netlab.udp_mesh(lab, ("A", "B"), guests_per_host=1, kind=guest_kind)
     A, B = m.hosts
     a1, b1 = m.guests["A"][0], m.guests["B"][0]
     link = m.link_name(A)  # B's link to A: what A's guests send arrives on it

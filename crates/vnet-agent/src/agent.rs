@@ -85,6 +85,9 @@ struct Agent {
     resume: Option<i64>,
     /// State of the backoff's jitter (xorshift; no need for good randomness).
     jitter: u64,
+    /// When the state was last handed to the data plane's views, and whether it changed since.
+    state_shown: Option<Instant>,
+    state_changed: bool,
 }
 
 /// What the agent and its keep-alive thread share.
@@ -157,6 +160,8 @@ pub fn spawn(
         keepalive,
         resume: None,
         jitter: 0,
+        state_shown: None,
+        state_changed: false,
     };
     agent.jitter = seed(agent.cfg.host.as_str());
     std::thread::Builder::new()
@@ -420,6 +425,9 @@ impl Agent {
                 self.sync();
             }
             self.send_announcements();
+            if self.state_changed {
+                self.show_state(false);
+            }
             let now = Instant::now();
             if self.keepalive.expired.load(Relaxed) {
                 self.lease = None;
@@ -654,6 +662,8 @@ impl Agent {
             }
         };
         self.status.syncs += 1;
+        self.state_changed = true;
+        self.show_state(true);
         for c in &report.applied {
             info!("etcd: {c}");
         }
@@ -688,6 +698,22 @@ impl Agent {
             announced.insert((*vni, *mac), rec.epoch);
         }
         self.announced = announced;
+    }
+
+    /// Hands the state to the data plane's views when it changed, at most once a second
+    /// (see [`crate::DataPlane::synced`]); called after each synchronisation and each turn of
+    /// the watch loop, so the last change of a burst is shown within a second.
+    fn show_state(&mut self, synced: bool) {
+        let due = self
+            .state_shown
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        if self.state_changed && due {
+            self.daemon.synced(Some(&self.state));
+            self.state_shown = Some(Instant::now());
+            self.state_changed = false;
+        } else if synced {
+            self.daemon.synced(None);
+        }
     }
 
     fn send_announcements(&mut self) {

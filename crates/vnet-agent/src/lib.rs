@@ -43,6 +43,11 @@ pub trait DataPlane: Send + Sync {
     fn matrix(&self) -> Vec<vnet_core::MatrixEntry>;
     /// Sends frames into the overlay as if the guest behind interface `name` had sent them.
     fn inject_from_interface(&self, name: &str, frames: &[Vec<u8>]) -> bool;
+    /// Called after every synchronisation, for views of the overlay (vnetd's HTTP listener):
+    /// `state` is the cluster state derived from, handed over at most about once a second
+    /// and after the last change of a burst (a copy costs the overlay's size, which an event
+    /// must not); None when only the time of the synchronisation is new.
+    fn synced(&self, _state: Option<&vnet_cluster::ClusterState>) {}
     /// The agent's status, for `show cluster`.
     fn set_cluster_status(&self, status: ClusterStatus);
 }

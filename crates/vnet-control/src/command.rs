@@ -109,6 +109,26 @@ pub enum Setting {
     Notify(NotifyMode),
     NotifyAlphaMbps(u32),
     NotifyBetaMbps(u32),
+    FastPath(FastPathMode),
+}
+
+/// Whether the kernel forwards what it can (`set fastpath kernel|off`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FastPathMode {
+    /// veth and netdev interfaces are forwarded by the kernel where the table decides.
+    Kernel,
+    /// Everything goes through vnetd (the kernel programs only hand frames over).
+    Off,
+}
+
+impl fmt::Display for FastPathMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
+            FastPathMode::Kernel => "kernel",
+            FastPathMode::Off => "off",
+        })
+    }
 }
 
 impl Command {
@@ -126,6 +146,12 @@ pub enum InterfaceKind {
     Tap,
     /// A virtio-net device served to a VMM over a vhost-user socket.
     VhostUser,
+    /// A veth pair vnetd creates, the guest's end in its namespace: forwarded in the kernel
+    /// (the fast path) where the kernel allows it, else served like a TAP.
+    Veth,
+    /// An existing netdev someone else owns (a QEMU TAP with vhost-net, a container's veth):
+    /// vnetd attaches to it and never deletes it.
+    Netdev,
 }
 
 impl InterfaceKind {
@@ -134,6 +160,8 @@ impl InterfaceKind {
         match self {
             InterfaceKind::Tap => "tap",
             InterfaceKind::VhostUser => "vhost-user",
+            InterfaceKind::Veth => "veth",
+            InterfaceKind::Netdev => "netdev",
         }
     }
 }
@@ -500,7 +528,7 @@ pub fn parse_script(text: &str) -> Result<Vec<(usize, Command)>, ScriptError> {
 }
 
 fn parse_setting(w: &mut Words) -> Result<Setting, ParseError> {
-    const SETTINGS: &str = "learn, mode, dispatchers, yield, yield-sleep-us, yield-nowork-us, adaptive-low, adaptive-high, adaptive-window-ms, cpus, cut-through, notify, notify-alpha-mbps, notify-beta-mbps";
+    const SETTINGS: &str = "learn, mode, dispatchers, yield, yield-sleep-us, yield-nowork-us, adaptive-low, adaptive-high, adaptive-window-ms, cpus, cut-through, notify, notify-alpha-mbps, notify-beta-mbps, fastpath";
     let s = match w.next("setting")? {
         "learn" => Setting::Learn(on_off(w.next("on or off")?)?),
         "mode" => Setting::Mode(match w.next("mode")? {
@@ -579,6 +607,11 @@ fn parse_setting(w: &mut Words) -> Result<Setting, ParseError> {
         "notify-beta-mbps" => {
             Setting::NotifyBetaMbps(number(w.next("Mbit/s")?, "beta", 1, 1_000_000)?)
         }
+        "fastpath" => Setting::FastPath(match w.next("kernel or off")? {
+            "kernel" => FastPathMode::Kernel,
+            "off" => FastPathMode::Off,
+            o => return err(format!("unknown fast path {} (kernel, off)", quote(o))),
+        }),
         o => return err(format!("unknown setting {} ({SETTINGS})", quote(o))),
     };
     Ok(s)
@@ -586,25 +619,32 @@ fn parse_setting(w: &mut Words) -> Result<Setting, ParseError> {
 
 fn parse_interface(w: &mut Words) -> Result<InterfaceSpec, ParseError> {
     let name = name(w.next("interface name")?)?;
-    let vhost_socket = match w.next("interface type (tap, vhost-user)")? {
-        "tap" => None,
-        "vhost-user" => Some(socket_path(w.next("socket path")?)?),
-        o => {
-            return err(format!(
-                "unknown interface type {} (tap, vhost-user)",
-                quote(o)
-            ))
-        }
-    };
+    let (kind, vhost_socket, device) =
+        match w.next("interface type (tap, vhost-user, veth, netdev)")? {
+            "tap" => (InterfaceKind::Tap, None, None),
+            "vhost-user" => (
+                InterfaceKind::VhostUser,
+                Some(socket_path(w.next("socket path")?)?),
+                None,
+            ),
+            "veth" => (InterfaceKind::Veth, None, None),
+            "netdev" => (
+                InterfaceKind::Netdev,
+                None,
+                Some(ifname(w.next("host device")?)?),
+            ),
+            o => {
+                return err(format!(
+                    "unknown interface type {} (tap, vhost-user, veth, netdev)",
+                    quote(o)
+                ))
+            }
+        };
     let vhost = vhost_socket.is_some();
     let mut spec = InterfaceSpec {
         name,
-        kind: if vhost {
-            InterfaceKind::VhostUser
-        } else {
-            InterfaceKind::Tap
-        },
-        ifname: None,
+        kind,
+        ifname: device,
         mac: None,
         mtu: None,
         netns: None,
@@ -621,6 +661,14 @@ fn parse_interface(w: &mut Words) -> Result<InterfaceSpec, ParseError> {
         match opt {
             "ifname" | "netns" | "offload" if vhost => {
                 return err(format!("option {opt} is for tap interfaces"))
+            }
+            "queues" | "offload" if kind == InterfaceKind::Veth => {
+                return err(format!("option {opt} is for tap and vhost-user interfaces"))
+            }
+            "ifname" | "netns" | "offload" | "queues" | "mtu" if kind == InterfaceKind::Netdev => {
+                return err(format!(
+                    "option {opt} is not for netdev interfaces (the device's owner sets it)"
+                ))
             }
             "client" if vhost => spec.client = true,
             "ifname" => set_once(&mut spec.ifname, ifname(w.next("device name")?)?, opt)?,
@@ -643,7 +691,7 @@ fn parse_interface(w: &mut Words) -> Result<InterfaceSpec, ParseError> {
             "rate" => set_once(&mut spec.rate, rate_limit(w)?, opt)?,
             o => {
                 return err(format!(
-                    "unknown interface option {} (ifname, mac, mtu, netns, vni, queues, offload, any-source, rate; vhost-user: mac, mtu, vni, queues, client, any-source, rate)",
+                    "unknown interface option {} (ifname, mac, mtu, netns, vni, queues, offload, any-source, rate; vhost-user: mac, mtu, vni, queues, client, any-source, rate; veth: ifname, mac, mtu, netns, vni, any-source, rate; netdev: mac, vni, any-source, rate)",
                     quote(o)
                 ))
             }

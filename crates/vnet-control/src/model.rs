@@ -6,8 +6,8 @@ use vnet_core::MacMatch;
 use vnet_wire::MacAddr;
 
 use crate::command::{
-    Command, DestKind, DestRef, DispatchMode, InterfaceKind, InterfaceSpec, LinkKind, LinkSpec,
-    NotifyMode, PolicyUpdate, RateLimit, RouteOp, RouteSpec, Setting, YieldStrategy,
+    Command, DestKind, DestRef, DispatchMode, FastPathMode, InterfaceKind, InterfaceSpec, LinkKind,
+    LinkSpec, NotifyMode, PolicyUpdate, RateLimit, RouteOp, RouteSpec, Setting, YieldStrategy,
 };
 
 const DEFAULT_VNI: u32 = 1;
@@ -81,6 +81,8 @@ pub struct DataPathSettings {
     /// Optimistic notification thresholds α and β on receive density, Mbit/s.
     pub notify_alpha_mbps: u32,
     pub notify_beta_mbps: u32,
+    /// Whether the kernel forwards veth and netdev interfaces' frames where it can.
+    pub fastpath: FastPathMode,
 }
 
 impl Default for DataPathSettings {
@@ -99,6 +101,7 @@ impl Default for DataPathSettings {
             notify: NotifyMode::Optimistic,
             notify_alpha_mbps: 100,
             notify_beta_mbps: 10_000,
+            fastpath: FastPathMode::Kernel,
         }
     }
 }
@@ -358,6 +361,7 @@ impl Config {
             Setting::Notify(m) => new.notify = *m,
             Setting::NotifyAlphaMbps(n) => new.notify_alpha_mbps = *n,
             Setting::NotifyBetaMbps(n) => new.notify_beta_mbps = *n,
+            Setting::FastPath(m) => new.fastpath = *m,
         }
         if new.adaptive_low > new.adaptive_high {
             return refuse(format!(
@@ -455,7 +459,12 @@ impl Config {
             kind: spec.kind,
             ifname,
             mac,
-            mtu: spec.mtu.unwrap_or(DEFAULT_MTU),
+            // A netdev's MTU is its owner's (0: read from the device).
+            mtu: if spec.kind == InterfaceKind::Netdev {
+                0
+            } else {
+                spec.mtu.unwrap_or(DEFAULT_MTU)
+            },
             netns: spec.netns.clone(),
             vni,
             queues: spec.queues.unwrap_or(1),
@@ -637,12 +646,32 @@ impl Config {
             let list: Vec<String> = c.cpus.iter().map(|c| c.to_string()).collect();
             let _ = writeln!(s, "set cpus {}", list.join(","));
         }
+        if c.fastpath != d.fastpath {
+            let _ = writeln!(s, "set fastpath {}", c.fastpath);
+        }
         for a in &self.listeners {
             let _ = writeln!(s, "listen tcp {a}");
         }
         for i in &self.interfaces {
-            match &i.socket {
-                Some(sock) => {
+            match (&i.socket, i.kind) {
+                (_, InterfaceKind::Netdev) => {
+                    let _ = write!(
+                        s,
+                        "interface add {} netdev {} mac {}",
+                        i.name, i.ifname, i.mac
+                    );
+                }
+                (_, InterfaceKind::Veth) => {
+                    let _ = write!(
+                        s,
+                        "interface add {} veth ifname {} mac {} mtu {}",
+                        i.name, i.ifname, i.mac, i.mtu
+                    );
+                    if let Some(ns) = &i.netns {
+                        let _ = write!(s, " netns {ns}");
+                    }
+                }
+                (Some(sock), _) => {
                     let _ = write!(
                         s,
                         "interface add {} vhost-user {sock} mac {} mtu {}",
@@ -652,7 +681,7 @@ impl Config {
                         s.push_str(" client");
                     }
                 }
-                None => {
+                (None, _) => {
                     let _ = write!(
                         s,
                         "interface add {} tap ifname {} mac {} mtu {}",
@@ -722,6 +751,55 @@ mod tests {
     fn run(cfg: &mut Config, line: &str) -> Result<Vec<Change>, ConfigError> {
         let cmd = parse_line(line).unwrap().unwrap();
         cfg.apply(&cmd, &mut mac_gen())
+    }
+
+    #[test]
+    fn veth_and_netdev_interfaces() {
+        let mut c = Config::default();
+        let ch = run(
+            &mut c,
+            "interface add c1 veth netns ns1 mac 02:00:00:00:01:01 mtu 1450",
+        )
+        .unwrap();
+        match &ch[..] {
+            [Change::AddInterface(i)] => {
+                assert_eq!(i.kind, InterfaceKind::Veth);
+                assert_eq!(i.ifname, "vn-c1");
+                assert_eq!((i.mtu, i.netns.as_deref()), (1450, Some("ns1")));
+            }
+            o => panic!("{o:?}"),
+        }
+        let ch = run(
+            &mut c,
+            "interface add vm netdev tap-vm mac 02:00:00:00:01:02 vni 3",
+        )
+        .unwrap();
+        match &ch[..] {
+            [Change::AddInterface(i)] => {
+                assert_eq!(
+                    (i.kind, i.ifname.as_str(), i.vni),
+                    (InterfaceKind::Netdev, "tap-vm", 3)
+                );
+                assert_eq!(i.mtu, 0, "a netdev's MTU is its owner's");
+            }
+            o => panic!("{o:?}"),
+        }
+        // The same device twice is refused; so are options that belong to its owner.
+        assert!(run(&mut c, "interface add vm2 netdev tap-vm").is_err());
+        assert!(parse_line("interface add x netdev d mtu 9000").is_err());
+        assert!(parse_line("interface add x netdev d netns n").is_err());
+        assert!(parse_line("interface add x netdev").is_err());
+        assert!(parse_line("interface add x veth queues 2").is_err());
+        // Round trip through the script.
+        run(&mut c, "set fastpath off").unwrap();
+        let script = c.to_script();
+        assert!(script.contains("set fastpath off"), "{script}");
+        let mut d = Config::default();
+        for (_, cmd) in parse_script(&script).unwrap() {
+            d.apply(&cmd, &mut mac_gen()).unwrap();
+        }
+        assert_eq!(d.to_script(), script);
+        assert_eq!(d.settings.fastpath, FastPathMode::Off);
     }
 
     #[test]

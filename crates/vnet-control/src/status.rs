@@ -30,14 +30,73 @@ impl PortRole {
     }
 }
 
+/// Which data path serves a port: the kernel fast path (vnetd handles only what the kernel
+/// hands it), or vnetd in user space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataPathKind {
+    Kernel,
+    User,
+}
+
+impl DataPathKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DataPathKind::Kernel => "kernel",
+            DataPathKind::User => "user",
+        }
+    }
+}
+
+/// What the kernel fast path did for a port or link (already included in the port's
+/// counters, which add up both paths).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct KernelPortStatus {
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    /// Frames the kernel handed to vnetd (counted again by vnetd when it read them).
+    pub punted_frames: u64,
+    /// Frames vnetd sent through the kernel to the guest.
+    pub from_vnetd_frames: u64,
+    /// Frames to a link whose next hop was not resolved yet (sent by vnetd instead).
+    pub neigh_miss: u64,
+    /// Frames the kernel could not encapsulate (sent by vnetd instead).
+    pub encap_fail: u64,
+    /// Merged UDP datagrams from the underlay passed on to vnetd's socket.
+    pub gro_passed: u64,
+}
+
+/// The kernel fast path as a whole (`show stats`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KernelPathStatus {
+    pub mode: crate::command::FastPathMode,
+    pub table_entries: u64,
+    pub table_size: u64,
+    /// Entries the full table could not take (their destinations go through vnetd).
+    pub table_left_out: u64,
+    pub matrix_size: u64,
+    pub unknown_link: u64,
+    pub not_vxlan: u64,
+    pub fib_fail: u64,
+    pub table_full: u64,
+}
+
 /// One port's counters and state (`show stats`).
 #[derive(Debug, Clone, Serialize)]
 pub struct PortStatus {
     pub kind: PortRole,
     pub name: String,
     pub vni: u32,
+    /// Which data path serves it.
+    pub path: DataPathKind,
+    /// Both paths' frames: vnetd's and, for a port the kernel serves, the kernel's.
     #[serde(flatten)]
     pub counters: PortCountersSnapshot,
+    /// The kernel's share, when the kernel serves the port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelPortStatus>,
     /// State of the NIC behind an interface that has more than counters (vhost-user).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nic: Option<NicStatus>,
@@ -155,6 +214,8 @@ pub struct StatsReport {
     pub ports: Vec<PortStatus>,
     pub daemon: DaemonCounters,
     pub dispatch: DispatchStatus,
+    /// The kernel fast path (None when it is not loaded).
+    pub kernel: Option<KernelPathStatus>,
 }
 
 /// Whether a link can carry frames now.

@@ -6,36 +6,34 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use socket2::SockAddr;
-use tracing::info;
-use vnet_control::status::{CryptoStatus, DispatchStatus, LinkState, PortRole, PortStatus};
-use vnet_control::{Change, Config, DestKind, Interface, InterfaceKind, Link, LinkKind};
-use vnet_core::{
-    ForwardingTable, MatrixEntry, PortCounters, PortCountersSnapshot, PortId, PortInfo, PortKind,
-    RouteRule,
+use tracing::{info, warn};
+use vnet_control::status::{
+    CryptoStatus, DataPathKind, DispatchStatus, KernelPathStatus, KernelPortStatus, LinkState,
+    PortRole, PortStatus,
 };
+use vnet_control::{
+    Change, Config, DestKind, FastPathMode, Interface, InterfaceKind, Link, LinkKind,
+};
+use vnet_core::{
+    ForwardingTable, MatrixEntry, PortCountersSnapshot, PortId, PortInfo, PortKind, RouteRule,
+};
+use vnet_fastpath::FastPathConfig;
 use vnet_offload::VirtioNetHdr;
-use vnet_wire::VxlanRepr;
 
-use crate::batch::UdpLinkTx;
-use crate::crypto::LinkCrypto;
 use crate::dispatch::{DispatcherSet, Source};
 use crate::forward::FwdCtx;
 use crate::guard::PortGuard;
 use crate::ingress::guest::Ingress;
-use crate::ingress::packet::PacketReader;
-use crate::ingress::tap::TapReader;
 use crate::ingress::udp::VxlanReader;
+use crate::kernel::KernelPath;
 use crate::nic::GuestNic;
-use crate::packet::PacketSocket;
-use crate::port::Port;
 use crate::ports::nic::NicPort;
-use crate::ports::tcp::{self, TcpLink, TcpRole};
+use crate::ports::tcp;
+use crate::ports::{self, OpenError, Opened};
 use crate::shared::{PortEntry, Shared, Snapshot};
-use crate::tap::Tap;
 use crate::udp::VxlanSocket;
 use crate::worker::Worker;
 
@@ -54,32 +52,6 @@ pub enum EngineError {
     Dispatchers(io::Error),
 }
 
-/// What opening a port gives the engine: how frames leave (`port`), the descriptors the
-/// dispatchers read for it, its threads, and how datagrams and connections find it.
-struct Opened {
-    port: Arc<dyn Port>,
-    kind: PortKind,
-    counters: Arc<PortCounters>,
-    sources: Vec<Arc<Source>>,
-    workers: Vec<Worker>,
-    udp_peer: Option<IpAddr>,
-    tcp_accept_peer: Option<IpAddr>,
-}
-
-impl Opened {
-    fn new(port: Arc<dyn Port>, kind: PortKind) -> Opened {
-        Opened {
-            port,
-            kind,
-            counters: Arc::new(PortCounters::default()),
-            sources: vec![],
-            workers: vec![],
-            udp_peer: None,
-            tcp_accept_peer: None,
-        }
-    }
-}
-
 struct PortRuntime {
     id: PortId,
     entry: PortEntry,
@@ -89,6 +61,10 @@ struct PortRuntime {
     workers: Vec<Worker>,
     udp_peer: Option<IpAddr>,
     tcp_accept_peer: Option<IpAddr>,
+    /// Whether the kernel fast path serves it.
+    kernel: bool,
+    /// Devices vnetd made for the port, removed when it goes.
+    owned: Vec<Box<dyn Send + Sync>>,
 }
 
 /// The live data path of one daemon.
@@ -104,6 +80,8 @@ pub struct Engine {
     nic_factory: Option<Box<dyn NicFactory>>,
     /// This host's static key, for encrypted links (`vnetd --key-file`).
     static_key: Option<vnet_crypto::PrivateKey>,
+    /// The kernel fast path, when loaded.
+    kernel: Option<KernelPath>,
 }
 
 /// Creates guest NICs of kinds this crate does not implement itself (vhost-user, in
@@ -137,6 +115,7 @@ impl Engine {
             generation: 0,
             nic_factory: None,
             static_key: None,
+            kernel: None,
         })
     }
 
@@ -180,6 +159,9 @@ impl Engine {
                 // A port that failed to come up has no guard to change: nothing to do.
                 if let Some(rt) = self.ports.get(&(*kind, name.clone())) {
                     rt.entry.guard.set(new);
+                    if let (true, Some(k)) = (rt.kernel, &mut self.kernel) {
+                        k.set_policy(rt.id, new);
+                    }
                     info!(kind = %kind, name = %name, any_source = new.any_source,
                           rate = ?new.rate, "policy changed");
                 }
@@ -196,6 +178,12 @@ impl Engine {
                 for rt in self.ports.values() {
                     rt.entry.port.configure(new);
                 }
+                if let Some(k) = &mut self.kernel {
+                    if k.mode() != new.fastpath {
+                        info!(mode = %new.fastpath, "kernel fast path");
+                    }
+                    k.set_mode(new.fastpath);
+                }
                 self.dispatchers
                     .configure(new.clone())
                     .map_err(EngineError::Dispatchers)
@@ -206,9 +194,12 @@ impl Engine {
     /// Opens the interface's port by its kind (the registration of interface kinds).
     fn add_interface(&mut self, i: &Interface) -> Result<(), EngineError> {
         let id = PortId(self.next_id);
+        let kernel = self.kernel.is_some();
         let opened = match i.kind {
-            InterfaceKind::Tap => self.open_tap(i, id),
+            InterfaceKind::Tap => ports::nic::open_tap(i, id),
             InterfaceKind::VhostUser => self.open_external(i, id),
+            InterfaceKind::Veth => ports::veth::open(i, id, kernel),
+            InterfaceKind::Netdev => ports::netdev::open(i, id, kernel),
         }
         .map_err(|source| EngineError::Interface {
             name: i.name.clone(),
@@ -218,26 +209,21 @@ impl Engine {
         opened.port.configure(&self.dispatchers.settings());
         info!(name = %i.name, kind = %i.kind, ifname = %i.ifname, mac = %i.mac, vni = i.vni,
               netns = ?i.netns, socket = ?i.socket, queues = i.queues, offload = i.offload,
-              "interface added");
+              kernel = opened.kernel.is_some(), "interface added");
         let guard = PortGuard::interface(i.mac, &i.policy());
-        self.insert(DestKind::Interface, &i.name, id, i.vni, opened, guard);
-        Ok(())
-    }
-
-    /// A TAP vnetd reads and writes: one dispatcher source per queue.
-    fn open_tap(&self, i: &Interface, id: PortId) -> io::Result<Opened> {
-        let tap = Arc::new(Tap::open(i)?);
-        let mut o = Opened::new(Arc::new(NicPort(tap.clone())), PortKind::Interface);
-        o.sources = (0..tap.queues())
-            .map(|queue| {
-                Arc::new(Source::new(Box::new(TapReader {
-                    tap: tap.clone(),
-                    queue,
-                    port: id,
-                })))
-            })
-            .collect();
-        Ok(o)
+        self.insert(
+            DestKind::Interface,
+            &i.name,
+            id,
+            i.vni,
+            opened,
+            guard,
+            &i.policy(),
+        )
+        .map_err(|why| EngineError::Interface {
+            name: i.name.clone(),
+            source: io::Error::other(format!("the kernel fast path refused it: {why}")),
+        })
     }
 
     /// A NIC the daemon's factory makes (vhost-user): it has its own thread.
@@ -261,37 +247,24 @@ impl Engine {
     /// Opens the link's port by its kind (the registration of link kinds).
     fn add_link(&mut self, l: &Link) -> Result<(), EngineError> {
         let id = PortId(self.next_id);
-        let err = |source| EngineError::Link {
-            name: l.name.clone(),
-            source,
+        let err = |e: OpenError| match e {
+            OpenError::Io(source) => EngineError::Link {
+                name: l.name.clone(),
+                source,
+            },
+            OpenError::Unsupported(why) => EngineError::Unsupported {
+                name: l.name.clone(),
+                why,
+            },
         };
         let opened = match &l.kind {
-            LinkKind::Udp(to) => self.open_udp(l, *to)?,
-            LinkKind::TcpDial(addr) => {
-                let (link, w) =
-                    TcpLink::start(self.shared.clone(), id, l.vni, TcpRole::Dial(*addr))
-                        .map_err(err)?;
-                let mut o = Opened::new(link, PortKind::OverlayLink);
-                o.workers.push(w);
-                o
+            LinkKind::Udp(to) => {
+                ports::udp::open(l, *to, &self.udp, self.static_key.as_ref()).map_err(err)?
             }
-            LinkKind::TcpAccept(ip) => {
-                let (link, w) =
-                    TcpLink::start(self.shared.clone(), id, l.vni, TcpRole::Accept).map_err(err)?;
-                let mut o = Opened::new(link, PortKind::OverlayLink);
-                o.workers.push(w);
-                o.tcp_accept_peer = Some(ip.to_canonical());
-                o
+            LinkKind::TcpDial(_) | LinkKind::TcpAccept(_) => {
+                ports::tcp::open(&self.shared, id, l).map_err(|e| err(e.into()))?
             }
-            LinkKind::Direct(dev) => {
-                let sock = Arc::new(PacketSocket::open(dev).map_err(err)?);
-                let mut o = Opened::new(sock.clone(), PortKind::DirectLink);
-                o.sources.push(Arc::new(Source::new(Box::new(PacketReader {
-                    sock,
-                    port: id,
-                }))));
-                o
-            }
+            LinkKind::Direct(dev) => ports::direct::open(dev, id).map_err(|e| err(e.into()))?,
         };
         self.next_id += 1;
         info!(name = %l.name, kind = %l.kind, vni = l.vni,
@@ -299,70 +272,22 @@ impl Engine {
               "link added");
         // The rate, if any, comes with the Policy change that follows AddLink.
         let guard = PortGuard::link(&Default::default());
-        self.insert(DestKind::Link, &l.name, id, l.vni, opened, guard);
-        Ok(())
+        self.insert(
+            DestKind::Link,
+            &l.name,
+            id,
+            l.vni,
+            opened,
+            guard,
+            &Default::default(),
+        )
+        .map_err(|why| EngineError::Unsupported {
+            name: l.name.clone(),
+            why,
+        })
     }
 
-    /// A udp link: datagrams on the shared VXLAN socket, sealed when it is encrypted.
-    fn open_udp(&self, l: &Link, to: SocketAddr) -> Result<Opened, EngineError> {
-        let local_v6 = self.udp.local_addr().is_ipv6();
-        if to.is_ipv6() && !local_v6 {
-            return Err(EngineError::Unsupported {
-                name: l.name.clone(),
-                why: format!(
-                    "{to} is IPv6 but the UDP socket is bound to IPv4 (start vnetd with --bind ::)"
-                ),
-            });
-        }
-        let to_sa = match (local_v6, to) {
-            (true, SocketAddr::V4(v4)) => {
-                SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
-            }
-            _ => to,
-        };
-        let counters = Arc::new(PortCounters::default());
-        let mut workers = Vec::new();
-        let crypto = match l.encrypt {
-            None => None,
-            Some(peer_key) => {
-                let Some(key) = self.static_key.clone() else {
-                    return Err(EngineError::Unsupported {
-                        name: l.name.clone(),
-                        why:
-                            "an encrypted link needs this host's key (start vnetd with --key-file)"
-                                .into(),
-                    });
-                };
-                let c = Arc::new(LinkCrypto::new(
-                    &l.name,
-                    key,
-                    peer_key,
-                    l.vni,
-                    self.udp.clone(),
-                    SockAddr::from(to_sa),
-                ));
-                workers.push(c.start_timer().map_err(|source| EngineError::Link {
-                    name: l.name.clone(),
-                    source,
-                })?);
-                Some(c)
-            }
-        };
-        let tx = UdpLinkTx {
-            sock: self.udp.clone(),
-            to: SockAddr::from(to_sa),
-            header: VxlanRepr { vni: l.vni }.header(),
-            gso_refused: AtomicUsize::new(usize::MAX),
-            crypto,
-            counters: counters.clone(),
-        };
-        let mut o = Opened::new(Arc::new(tx), PortKind::OverlayLink);
-        o.counters = counters;
-        o.workers = workers;
-        o.udp_peer = Some(to.ip().to_canonical());
-        Ok(o)
-    }
-
+    #[allow(clippy::too_many_arguments)]
     fn insert(
         &mut self,
         kind: DestKind,
@@ -371,7 +296,24 @@ impl Engine {
         vni: u32,
         o: Opened,
         guard: PortGuard,
-    ) {
+        policy: &vnet_control::PortPolicy,
+    ) -> Result<(), String> {
+        let kernel = match (&mut self.kernel, &o.kernel) {
+            (Some(k), Some(what)) => match k.attach(id, vni, what, policy) {
+                Ok(served) => served,
+                Err(e) if o.kernel_required => return Err(e),
+                Err(e) => {
+                    warn!(name, "the kernel fast path could not take this port ({e}); its frames go through vnetd");
+                    false
+                }
+            },
+            _ => false,
+        };
+        // An interface the kernel serves is charged by the kernel before anything reaches
+        // vnetd; a link's frames are charged by whichever path takes them.
+        if kernel && kind == DestKind::Interface {
+            guard.set_rate_enforced(false);
+        }
         self.ports.insert(
             (kind, name.to_string()),
             PortRuntime {
@@ -386,16 +328,25 @@ impl Engine {
                 workers: o.workers,
                 udp_peer: o.udp_peer,
                 tcp_accept_peer: o.tcp_accept_peer,
+                kernel,
+                owned: o.owned,
             },
         );
+        Ok(())
     }
 
     fn remove_port(&mut self, kind: DestKind, name: &str) {
         let Some(mut rt) = self.ports.remove(&(kind, name.to_string())) else {
             return;
         };
-        // Stop reading the port first (the dispatchers confirm), then publish a table without
-        // it so no thread sends to it, then close it.
+        // The kernel lets go of it first (its frames go to vnetd until the port is gone), then
+        // the dispatchers stop reading it (they confirm), then a table without it is published
+        // so no thread sends to it, then it is closed and what vnetd made for it removed.
+        if rt.kernel {
+            if let Some(k) = &mut self.kernel {
+                k.detach(rt.id);
+            }
+        }
         for s in &rt.sources {
             self.dispatchers.remove(s);
         }
@@ -417,6 +368,7 @@ impl Engine {
         for w in rt.workers.iter_mut() {
             w.stop();
         }
+        rt.owned.clear();
         if let Ok(mut t) = self.shared.learn.write() {
             t.remove_port(rt.id);
         }
@@ -459,6 +411,11 @@ impl Engine {
                 })
             })
             .collect();
+        if let Some(k) = &mut self.kernel {
+            let ports: Vec<(PortId, u32)> =
+                snap.ports.iter().map(|(id, e)| (*id, e.info.vni)).collect();
+            k.apply(&ports, &rules, self.shared.learning());
+        }
         snap.table = ForwardingTable::new(
             self.generation,
             snap.ports.iter().map(|(id, e)| (*id, e.info)),
@@ -477,6 +434,34 @@ impl Engine {
     /// Counters of one port.
     pub fn port_status(&self, kind: DestKind, name: &str) -> Option<PortStatus> {
         let rt = self.ports.get(&(kind, name.to_string()))?;
+        let mut counters = rt.entry.counters.snapshot();
+        let mut policy = rt.entry.guard.status();
+        let kernel = match (rt.kernel, &self.kernel) {
+            (true, Some(k)) => k.counters(rt.id).map(|c| {
+                merge_kernel_counters(&mut counters, &c);
+                KernelPortStatus {
+                    rx_frames: c.rx_frames,
+                    rx_bytes: c.rx_bytes,
+                    tx_frames: c.tx_frames,
+                    tx_bytes: c.tx_bytes,
+                    punted_frames: c.punted_frames,
+                    from_vnetd_frames: c.slow_tx_frames,
+                    neigh_miss: c.neigh_miss,
+                    encap_fail: c.encap_fail,
+                    gro_passed: c.gro_passed,
+                }
+            }),
+            _ => None,
+        };
+        if kernel.is_some() {
+            // The kernel's bucket is the one that counts for what the kernel forwards.
+            if let (Some(r), Some(Some(avail))) = (
+                policy.rate.as_mut(),
+                self.kernel.as_ref().map(|k| k.rate_available(rt.id)),
+            ) {
+                r.available_bytes = avail;
+            }
+        }
         Some(PortStatus {
             kind: match kind {
                 DestKind::Interface => PortRole::Interface,
@@ -484,9 +469,15 @@ impl Engine {
             },
             name: name.to_string(),
             vni: rt.entry.info.vni,
-            counters: rt.entry.counters.snapshot(),
+            path: if kernel.is_some() && self.kernel_mode() == FastPathMode::Kernel {
+                DataPathKind::Kernel
+            } else {
+                DataPathKind::User
+            },
+            counters,
+            kernel,
             nic: rt.entry.port.nic_status(),
-            policy: rt.entry.guard.status(),
+            policy,
         })
     }
 
@@ -542,12 +533,55 @@ impl Engine {
         true
     }
 
+    /// The traffic matrix: vnetd's own, with the kernel's share merged in.
     pub fn matrix(&self) -> (Vec<MatrixEntry>, u64) {
         let m = self.shared.matrix.lock().unwrap_or_else(|p| p.into_inner());
-        (m.entries(), m.overflow())
+        let (mut entries, overflow) = (m.entries(), m.overflow());
+        drop(m);
+        if let Some(k) = &self.kernel {
+            merge_matrix(&mut entries, k.matrix());
+        }
+        (entries, overflow)
     }
 
-    /// Stops every thread and closes every device (TAPs vnet created disappear).
+    /// Loads the kernel fast path (`vnet-fastpath`): veth and netdev interfaces and plain udp
+    /// links opened from now on are forwarded in the kernel where the table decides. The error
+    /// says why the kernel cannot (vnetd then runs everything in user space).
+    pub fn enable_kernel_path(&mut self, mut cfg: FastPathConfig) -> Result<(), String> {
+        cfg.vxlan_port = self.udp.local_addr().port();
+        let k = KernelPath::open(&cfg, self.udp.local_addr().ip()).map_err(|e| e.to_string())?;
+        self.kernel = Some(k);
+        Ok(())
+    }
+
+    /// Whether the kernel fast path is loaded, and its mode.
+    pub fn kernel_mode(&self) -> FastPathMode {
+        match &self.kernel {
+            Some(k) => k.mode(),
+            None => FastPathMode::Off,
+        }
+    }
+
+    /// The kernel fast path's state for `show stats`.
+    pub fn kernel_status(&self) -> Option<KernelPathStatus> {
+        let k = self.kernel.as_ref()?;
+        let g = k.global();
+        let c = k.config();
+        Some(KernelPathStatus {
+            mode: k.mode(),
+            table_entries: k.table_len() as u64,
+            table_size: c.max_table as u64,
+            table_left_out: k.left_out as u64,
+            matrix_size: c.max_matrix as u64,
+            unknown_link: g.as_ref().map(|g| g.unknown_link).unwrap_or(0),
+            not_vxlan: g.as_ref().map(|g| g.not_vxlan).unwrap_or(0),
+            fib_fail: g.as_ref().map(|g| g.fib_fail).unwrap_or(0),
+            table_full: g.as_ref().map(|g| g.table_full).unwrap_or(0),
+        })
+    }
+
+    /// Stops every thread and closes every device (TAPs and veths vnet created disappear),
+    /// and unloads the kernel fast path (its programs and maps go with their descriptors).
     pub fn shutdown(&mut self) {
         self.listeners.clear();
         let names: Vec<(DestKind, String)> = self.ports.keys().cloned().collect();
@@ -555,6 +589,37 @@ impl Engine {
             self.remove_port(k, &n);
         }
         self.dispatchers.stop();
+        self.kernel = None;
+    }
+}
+
+/// Adds what the kernel forwarded itself to a port's counters (as if one data path did it all);
+/// frames it punted are counted by vnetd when it reads them.
+fn merge_kernel_counters(c: &mut PortCountersSnapshot, k: &vnet_fastpath::Counters) {
+    c.rx_frames += k.rx_frames;
+    c.rx_bytes += k.rx_bytes;
+    c.tx_frames += k.tx_frames;
+    c.tx_bytes += k.tx_bytes;
+    for (reason, n) in &k.drops {
+        if *n > 0 {
+            *c.drops.entry(reason.to_string()).or_default() += n;
+        }
+    }
+}
+
+/// Adds the kernel's pairs to vnetd's (the same pair from both sums).
+fn merge_matrix(entries: &mut Vec<MatrixEntry>, kernel: Vec<MatrixEntry>) {
+    for k in kernel {
+        match entries
+            .iter_mut()
+            .find(|e| e.vni == k.vni && e.src == k.src && e.dst == k.dst)
+        {
+            Some(e) => {
+                e.frames += k.frames;
+                e.bytes += k.bytes;
+            }
+            None => entries.push(k),
+        }
     }
 }
 

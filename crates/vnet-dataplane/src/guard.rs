@@ -19,6 +19,9 @@ pub struct PortGuard {
     any_source: AtomicBool,
     /// Whether `bucket` holds a limit: a port without one never takes the lock.
     limited: AtomicBool,
+    /// Off when the kernel fast path charges this port's frames before they reach vnetd (a
+    /// punted frame must not pay twice); the policy is still shown.
+    enforce_rate: AtomicBool,
     bucket: Mutex<Option<(RateLimit, TokenBucket)>>,
     epoch: Instant,
 }
@@ -43,6 +46,7 @@ impl PortGuard {
             own_mac,
             any_source: AtomicBool::new(false),
             limited: AtomicBool::new(false),
+            enforce_rate: AtomicBool::new(true),
             bucket: Mutex::new(None),
             epoch: Instant::now(),
         }
@@ -78,7 +82,7 @@ impl PortGuard {
                 return Err(DropReason::SpoofedSrc);
             }
         }
-        if self.limited.load(Relaxed) && !self.admit(len) {
+        if self.limited.load(Relaxed) && self.enforce_rate.load(Relaxed) && !self.admit(len) {
             return Err(DropReason::RateLimited);
         }
         Ok(())
@@ -91,6 +95,12 @@ impl PortGuard {
             Some((_, bucket)) => bucket.admit(now, len),
             None => true,
         }
+    }
+
+    /// Leaves the rate to someone else who charges every frame before it gets here (the kernel
+    /// fast path for the ports it serves).
+    pub fn set_rate_enforced(&self, on: bool) {
+        self.enforce_rate.store(on, Relaxed);
     }
 
     /// Whether a rate limit is set (vhost-user cut-through then takes the ordinary path).
@@ -164,5 +174,25 @@ mod tests {
         assert!(!g.is_limited());
         assert_eq!(g.check(mac(1), 100_000), Ok(()));
         assert!(g.status().rate.is_none());
+    }
+
+    #[test]
+    fn a_rate_charged_elsewhere_is_shown_not_enforced() {
+        let r = RateLimit {
+            mbit: 1,
+            burst_kb: 1,
+        };
+        let g = PortGuard::interface(
+            mac(1),
+            &PortPolicy {
+                any_source: false,
+                rate: Some(r),
+            },
+        );
+        g.set_rate_enforced(false);
+        assert!((0..100).all(|_| g.check(mac(1), 1000).is_ok()));
+        assert!(g.status().rate.is_some());
+        // The source check still applies.
+        assert_eq!(g.check(mac(2), 60), Err(DropReason::SpoofedSrc));
     }
 }

@@ -24,6 +24,7 @@ pub mod engine;
 pub mod forward;
 pub mod guard;
 pub mod ingress;
+pub mod kernel;
 pub mod netlink;
 pub mod netns;
 pub mod nic;

@@ -10,6 +10,7 @@ use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
     NLM_F_REQUEST,
 };
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
@@ -25,6 +26,8 @@ pub struct LinkDesc {
     pub mtu: Option<u32>,
     pub address: Option<[u8; 6]>,
     pub up: bool,
+    /// Set when the link's other end (a veth peer) is in another network namespace.
+    pub peer_netns: Option<i32>,
 }
 
 /// A route-netlink socket in the calling thread's network namespace.
@@ -126,6 +129,45 @@ impl Rtnl {
         }
     }
 
+    /// Every (link index, address) of the namespace.
+    pub fn addresses(&mut self) -> io::Result<Vec<(u32, std::net::IpAddr)>> {
+        let answers = self.request(
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            NLM_F_DUMP,
+        )?;
+        let mut out = Vec::new();
+        for m in answers {
+            if let RouteNetlinkMessage::NewAddress(a) = m {
+                for at in &a.attributes {
+                    if let AddressAttribute::Local(ip) | AddressAttribute::Address(ip) = at {
+                        if !out.contains(&(a.header.index, *ip)) {
+                            out.push((a.header.index, *ip));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets link `index`'s MTU.
+    pub fn set_mtu(&mut self, index: u32, mtu: u32) -> io::Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.attributes.push(LinkAttribute::Mtu(mtu));
+        self.request(RouteNetlinkMessage::SetLink(m), NLM_F_ACK)
+            .map(drop)
+    }
+
+    /// Sets link `index`'s MAC address.
+    pub fn set_address(&mut self, index: u32, mac: [u8; 6]) -> io::Result<()> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.attributes.push(LinkAttribute::Address(mac.to_vec()));
+        self.request(RouteNetlinkMessage::SetLink(m), NLM_F_ACK)
+            .map(drop)
+    }
+
     /// Moves link `index` into the namespace open as `ns`.
     pub fn move_to_netns(&mut self, index: u32, ns: &impl AsRawFd) -> io::Result<()> {
         let mut m = LinkMessage::default();
@@ -207,6 +249,7 @@ pub fn describe(l: &LinkMessage) -> LinkDesc {
         mtu: None,
         address: None,
         up: l.header.flags.contains(LinkFlags::Up),
+        peer_netns: None,
     };
     for a in &l.attributes {
         match a {
@@ -218,6 +261,7 @@ pub fn describe(l: &LinkMessage) -> LinkDesc {
                 mac.copy_from_slice(b);
                 d.address = Some(mac);
             }
+            LinkAttribute::LinkNetNsId(id) => d.peer_netns = Some(*id),
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
                     if let LinkInfo::Kind(k) = i {
@@ -277,5 +321,10 @@ mod tests {
         assert_eq!(lo.index, 1);
         assert!(nl.links().expect("dump").iter().any(|l| l.name == "lo"));
         assert_eq!(nl.link("vn-nosuchdev").expect("request"), None);
+        let addrs = nl.addresses().expect("addresses");
+        assert!(
+            addrs.iter().any(|(i, a)| *i == 1 && a.is_loopback()),
+            "{addrs:?}"
+        );
     }
 }

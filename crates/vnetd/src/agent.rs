@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 
 use vnet_agent::{DataPlane, SyncReport};
-use vnet_cluster::Derivation;
+use vnet_cluster::{ClusterState, Derivation};
 use vnet_control::status::ClusterStatus;
 use vnet_control::{Command, Config};
 
@@ -36,6 +36,10 @@ impl DataPlane for Daemon {
 
     fn inject_from_interface(&self, name: &str, frames: &[Vec<u8>]) -> bool {
         Daemon::inject_from_interface(self, name, frames)
+    }
+
+    fn synced(&self, state: Option<&ClusterState>) {
+        Daemon::cluster_synced(self, state)
     }
 
     fn set_cluster_status(&self, status: ClusterStatus) {

@@ -5,11 +5,12 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use vnet_cluster::DerivedConfig;
+use vnet_cluster::{ClusterState, DerivedConfig};
 use vnet_control::status::{
     ClusterReport, ClusterStatus, DaemonCounters, LinkStatus, MatrixReport, RouteStatus,
     StatsReport,
 };
+use vnet_control::Interface;
 use vnet_control::{parse_line, parse_script, Change, Command, Config, DestKind, ShowWhat};
 use vnet_dataplane::Engine;
 use vnet_wire::MacAddr;
@@ -53,6 +54,9 @@ pub struct Daemon {
     pub local_changes: AtomicU64,
     /// The etcd agent's status for `show cluster` (None without `--etcd`).
     pub cluster_status: Mutex<Option<ClusterStatus>>,
+    /// The cluster state of the last synchronisation and when it was (for the metrics and the
+    /// live view; None before the first).
+    pub cluster_seen: Mutex<Option<(std::time::Instant, ClusterState)>>,
 }
 
 fn random_mac() -> MacAddr {
@@ -80,6 +84,7 @@ impl Daemon {
             control_errors: AtomicU64::new(0),
             local_changes: AtomicU64::new(0),
             cluster_status: Mutex::new(None),
+            cluster_seen: Mutex::new(None),
         }
     }
 
@@ -119,13 +124,23 @@ impl Daemon {
     /// before (as one atomic script, or command by command if that fails, so one refused
     /// command does not hold back the others), and records what was applied.
     #[cfg(test)]
-    pub fn sync_cluster(
-        &self,
-        host: &vnet_cluster::HostId,
-        state: &vnet_cluster::ClusterState,
-    ) -> SyncReport {
+    pub fn sync_cluster(&self, host: &vnet_cluster::HostId, state: &ClusterState) -> SyncReport {
+        self.cluster_synced(Some(state));
         let derivation = vnet_cluster::derive(host, state, &self.local_config());
         self.apply_derivation(&derivation)
+    }
+
+    /// Records a synchronisation with the cluster for the HTTP listener's views: its time,
+    /// and the state it derived from when the agent hands one over (at most about once a
+    /// second: a copy costs the overlay's size).
+    pub fn cluster_synced(&self, state: Option<&ClusterState>) {
+        let mut seen = self.cluster_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        match (state, seen.as_mut()) {
+            (Some(s), _) => *seen = Some((now, s.clone())),
+            (None, Some((at, _))) => *at = now,
+            (None, None) => {}
+        }
     }
 
     /// Brings the derived part of the running configuration to `derivation` (the etcd agent
@@ -176,6 +191,27 @@ impl Daemon {
     /// The local configuration (what `show config` prints).
     pub fn local_config(&self) -> Config {
         self.lock().local_config()
+    }
+
+    /// `show stats json`.
+    pub fn stats(&self) -> StatsReport {
+        stats_report(&self.lock(), self.control_errors.load(Relaxed))
+    }
+
+    /// `show links json`.
+    pub fn links(&self) -> Vec<LinkStatus> {
+        link_rows(&self.lock())
+    }
+
+    /// The running configuration's interfaces.
+    pub fn interfaces(&self) -> Vec<Interface> {
+        self.lock().cfg.interfaces.clone()
+    }
+
+    /// `show matrix json`.
+    pub fn matrix_report(&self) -> MatrixReport {
+        let (pairs, overflow) = self.lock().engine.matrix();
+        MatrixReport { pairs, overflow }
     }
 
     /// The traffic matrix of this host.
@@ -282,6 +318,7 @@ fn stats_report(st: &State, control_errors: u64) -> StatsReport {
             control_errors,
         },
         dispatch: st.engine.dispatch_status(),
+        kernel: st.engine.kernel_status(),
     }
 }
 
@@ -359,24 +396,47 @@ impl Daemon {
             ShowWhat::Config => out = st.local_config().to_script(),
             ShowWhat::Interfaces => {
                 if *json {
-                    out = serde_json::to_string(&cfg.interfaces).unwrap_or_default();
+                    // The configuration of each interface, and which data path serves it.
+                    let rows: Vec<serde_json::Value> = cfg
+                        .interfaces
+                        .iter()
+                        .map(|i| {
+                            let mut v = serde_json::to_value(i).unwrap_or_default();
+                            if let Some(p) = st.engine.port_status(DestKind::Interface, &i.name) {
+                                v["path"] = p.path.as_str().into();
+                            }
+                            v
+                        })
+                        .collect();
+                    out = serde_json::to_string(&rows).unwrap_or_default();
                 } else {
                     let _ = writeln!(
                         out,
-                        "{:<16} {:<5} {:<15} {:<17} {:>5} {:<16} {:>8} POLICY",
-                        "NAME", "TYPE", "IFNAME", "MAC", "MTU", "NETNS", "VNI"
+                        "{:<16} {:<10} {:<15} {:<17} {:>5} {:<16} {:>8} {:<6} POLICY",
+                        "NAME", "TYPE", "IFNAME", "MAC", "MTU", "NETNS", "VNI", "PATH"
                     );
                     for i in &cfg.interfaces {
+                        let path = st
+                            .engine
+                            .port_status(DestKind::Interface, &i.name)
+                            .map(|p| p.path.as_str())
+                            .unwrap_or("-");
+                        let mtu = if i.mtu == 0 {
+                            "-".to_string()
+                        } else {
+                            i.mtu.to_string()
+                        };
                         let _ = writeln!(
                             out,
-                            "{:<16} {:<5} {:<15} {:<17} {:>5} {:<16} {:>8} {}",
+                            "{:<16} {:<10} {:<15} {:<17} {:>5} {:<16} {:>8} {:<6} {}",
                             i.name,
                             i.kind,
                             i.ifname,
                             i.mac.to_string(),
-                            i.mtu,
+                            mtu,
                             i.netns.as_deref().unwrap_or("-"),
                             i.vni,
+                            path,
                             policy_text(i.any_source, i.rate.as_ref())
                         );
                     }
@@ -550,6 +610,35 @@ fn render_stats(out: &mut String, r: &StatsReport) {
             p.counters.tx_bytes,
             drops_text(&p.counters.drops)
         );
+    }
+    if let Some(k) = &r.kernel {
+        let _ = writeln!(
+            out,
+            "kernel fast path: {}; forwarding map {}/{} entries{}; {} datagrams from unknown links passed to vnetd",
+            k.mode,
+            k.table_entries,
+            k.table_size,
+            if k.table_left_out > 0 {
+                format!(" ({} left out: map full)", k.table_left_out)
+            } else {
+                String::new()
+            },
+            k.unknown_link
+        );
+        for p in r.ports.iter().filter(|p| p.kernel.is_some()) {
+            if let Some(kp) = &p.kernel {
+                let _ = writeln!(
+                    out,
+                    "  {} {}: kernel forwarded {} frames in, {} out; {} handed to vnetd, {} from vnetd",
+                    p.kind.as_str(),
+                    p.name,
+                    kp.rx_frames,
+                    kp.tx_frames,
+                    kp.punted_frames,
+                    kp.from_vnetd_frames
+                );
+            }
+        }
     }
     let _ = writeln!(
         out,

@@ -3,12 +3,15 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+mod autodetect;
 mod control;
 mod daemon;
+mod observe;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -35,9 +38,15 @@ struct Args {
     /// UDP port for VXLAN.
     #[arg(long, default_value_t = vnet_wire::VXLAN_PORT)]
     udp_port: u16,
-    /// Underlay address to bind the VXLAN socket to (`::` for IPv6 and IPv4).
-    #[arg(long, default_value = "0.0.0.0")]
-    bind: IpAddr,
+    /// Underlay address to bind the VXLAN socket to (`::` for IPv6 and IPv4). Default:
+    /// 0.0.0.0, or `::` when the advertised address is IPv6.
+    #[arg(long)]
+    bind: Option<IpAddr>,
+    /// Serve Prometheus metrics (`/metrics`) and the live view (`/`) over HTTP on ADDR
+    /// (`IP:PORT`, or a bare PORT for 127.0.0.1:PORT). Off by default. With --token-file, the
+    /// data needs `Authorization: Bearer TOKEN`.
+    #[arg(long, value_name = "ADDR", value_parser = parse_http_addr)]
+    http: Option<SocketAddr>,
     /// This host's static X25519 private key (base64, mode 0600), for encrypted links.
     #[arg(long)]
     key_file: Option<PathBuf>,
@@ -55,7 +64,8 @@ struct Args {
     /// This host's id in the overlay (at most 20 of `A-Z a-z 0-9 _ - .`).
     #[arg(long, requires = "etcd")]
     host_id: Option<String>,
-    /// The underlay address other hosts send to (default: --bind, if it is not a wildcard).
+    /// The underlay address other hosts send to (default: --bind if it is not a wildcard, else
+    /// the source address of this host's route to the first etcd endpoint it can reach).
     #[arg(long, requires = "etcd")]
     advertise_addr: Option<IpAddr>,
     /// Seconds the host's records outlive the daemon (its lease's TTL).
@@ -66,6 +76,24 @@ struct Args {
     etcd_matrix_interval: u64,
     #[command(flatten)]
     etcd_access: vnet_etcd::EtcdAccess,
+    /// Never load the kernel fast path (eBPF): everything runs in user space, veth interfaces
+    /// become TAPs. Without this flag vnetd loads it where the kernel allows, and says why not
+    /// where it does not.
+    #[arg(long)]
+    no_kernel_fastpath: bool,
+    /// Entries of the kernel's forwarding map (destinations beyond it go through vnetd).
+    #[arg(long, default_value_t = 16384, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    fastpath_table_size: u32,
+    /// (VNI, source, destination) pairs the kernel's traffic matrix keeps (least recently
+    /// used ones make room).
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    fastpath_matrix_size: u32,
+    /// Interfaces the kernel fast path can serve.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    fastpath_ports: u32,
+    /// Plain udp links the kernel fast path can serve.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    fastpath_links: u32,
 }
 
 fn main() {
@@ -84,6 +112,15 @@ fn main() {
     }
 }
 
+/// `--http`: `IP:PORT`, `[IPv6]:PORT`, or a bare port on loopback.
+fn parse_http_addr(s: &str) -> std::result::Result<SocketAddr, String> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse::<SocketAddr>()
+        .map_err(|_| format!("{s:?} is not IP:PORT or a port number"))
+}
+
 fn read_token(path: &PathBuf) -> Result<String> {
     let t =
         std::fs::read_to_string(path).with_context(|| format!("token file {}", path.display()))?;
@@ -94,11 +131,19 @@ fn read_token(path: &PathBuf) -> Result<String> {
     Ok(t)
 }
 
+/// What `--etcd` sets up: the agent's settings and client, and the client configuration
+/// (the HTTP listener reads the published matrices with a client of its own).
+struct EtcdSetup {
+    agent: vnet_agent::AgentConfig,
+    client: vnet_etcd::Client,
+    client_config: vnet_etcd::ClientConfig,
+}
+
 /// The etcd agent's settings and client, checked before anything is set up.
 fn etcd_setup(
     args: &Args,
     public_key: Option<vnet_crypto::PublicKey>,
-) -> Result<Option<(vnet_agent::AgentConfig, vnet_etcd::Client)>> {
+) -> Result<Option<EtcdSetup>> {
     let Some(endpoints) = &args.etcd else {
         return Ok(None);
     };
@@ -114,13 +159,27 @@ fn etcd_setup(
         .unwrap_or_default()
         .parse()
         .context("--host-id")?;
-    let addr = match args.advertise_addr {
-        Some(a) => a,
-        None if !args.bind.is_unspecified() => args.bind,
-        None => bail!("--etcd needs --advertise-addr (the underlay address of this host) when --bind is a wildcard"),
+    let mut cc = vnet_etcd::ClientConfig::new(endpoints);
+    args.etcd_access.apply_to(&mut cc).context("etcd access")?;
+    let addr = match (args.advertise_addr, args.bind) {
+        (Some(a), _) => a,
+        (None, Some(b)) if !b.is_unspecified() => {
+            info!(addr = %b, "advertising the --bind address");
+            b
+        }
+        (None, _) => {
+            let d = autodetect::from_etcd_endpoints(&cc.endpoints, Duration::from_secs(1))?;
+            info!(addr = %d.addr, "advertising the {}; --advertise-addr chooses another", d.how);
+            d.addr
+        }
     };
     if addr.is_unspecified() || addr.is_multicast() {
         bail!("--advertise-addr {addr} is not a unicast address");
+    }
+    if let Some(b) = args.bind {
+        if b.is_ipv4() && addr.is_ipv6() {
+            bail!("the advertised address {addr} is IPv6 but --bind {b} is IPv4: use --bind ::");
+        }
     }
     let record = vnet_cluster::HostRecord {
         host_id: host.clone(),
@@ -137,11 +196,9 @@ fn etcd_setup(
         version: vnet_cluster::SCHEMA_VERSION,
     };
     record.validate().context("host record")?;
-    let mut cc = vnet_etcd::ClientConfig::new(endpoints);
-    args.etcd_access.apply_to(&mut cc).context("etcd access")?;
     let client = vnet_etcd::Client::new(&cc).context("etcd client")?;
-    Ok(Some((
-        vnet_agent::AgentConfig {
+    Ok(Some(EtcdSetup {
+        agent: vnet_agent::AgentConfig {
             overlay,
             host,
             record,
@@ -150,7 +207,76 @@ fn etcd_setup(
             crash: Default::default(),
         },
         client,
-    )))
+        client_config: cc,
+    }))
+}
+
+/// The VXLAN socket's address: --bind, or the wildcard of the advertised address's family
+/// (an IPv6 underlay needs `::`).
+fn bind_addr(args: &Args, etcd: Option<&EtcdSetup>) -> IpAddr {
+    match (args.bind, etcd) {
+        (Some(b), _) => b,
+        (None, Some(e)) if e.agent.record.addr.is_ipv6() => {
+            info!("binding the VXLAN socket to :: (the advertised address is IPv6)");
+            IpAddr::from([0u16; 8])
+        }
+        (None, _) => IpAddr::from([0u8; 4]),
+    }
+}
+
+/// Starts the HTTP listener (`--http`).
+fn start_http(
+    addr: SocketAddr,
+    daemon: &Arc<Daemon>,
+    token: Option<String>,
+    etcd: Option<&EtcdSetup>,
+) -> Result<()> {
+    let listener = TcpListener::bind(addr).with_context(|| format!("--http {addr}"))?;
+    let matrices = match etcd {
+        Some(e) => {
+            // Its own client, with a short timeout: a page waiting on etcd must not hang.
+            let mut cc = e.client_config.clone();
+            cc.timeout = Duration::from_secs(2);
+            let client = vnet_etcd::Client::new(&cc).context("etcd client for --http")?;
+            Some(observe::MatrixReader::new(
+                client,
+                e.agent.overlay.clone(),
+                e.agent.host.clone(),
+            ))
+        }
+        None => None,
+    };
+    if !addr.ip().is_loopback() && token.is_none() {
+        tracing::warn!(http = %addr, "HTTP listener is not on loopback and has no token");
+    }
+    let source = Arc::new(observe::DaemonSource {
+        daemon: daemon.clone(),
+        matrices,
+    });
+    let counters = Arc::new(vnet_http::HttpCounters::default());
+    let start_time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let app = vnet_http::App::new(
+        source,
+        token,
+        addr.ip().is_loopback(),
+        counters.clone(),
+        vnet_http::BuildInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            start_time,
+        },
+    );
+    vnet_http::spawn(
+        listener,
+        Arc::new(app),
+        vnet_http::Limits::default(),
+        counters,
+    )
+    .context("http thread")?;
+    info!(http = %addr, "HTTP listener ready (/metrics, live view at /)");
+    Ok(())
 }
 
 fn run(args: Args) -> Result<()> {
@@ -169,13 +295,29 @@ fn run(args: Args) -> Result<()> {
         })
         .transpose()?;
     let etcd = etcd_setup(&args, key.as_ref().map(|k| k.public()))?;
+    let bind = bind_addr(&args, etcd.as_ref());
     // Handle signals from the start, so a TERM during set-up still cleans up.
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("signal handlers")?;
-    let mut engine = Engine::new(SocketAddr::new(args.bind, args.udp_port)).context("data path")?;
+    let mut engine = Engine::new(SocketAddr::new(bind, args.udp_port)).context("data path")?;
     engine.set_nic_factory(Box::new(vnet_vhost::VhostFactory));
     if let Some(k) = key {
         info!(public_key = %k.public(), "host key loaded");
         engine.set_static_key(k);
+    }
+    if args.no_kernel_fastpath {
+        info!("kernel fast path off (--no-kernel-fastpath): everything runs in user space");
+    } else {
+        let cfg = vnet_fastpath::FastPathConfig {
+            max_ports: args.fastpath_ports,
+            max_links: args.fastpath_links,
+            max_table: args.fastpath_table_size,
+            max_matrix: args.fastpath_matrix_size,
+            ..Default::default()
+        };
+        match engine.enable_kernel_path(cfg) {
+            Ok(()) => info!("kernel fast path loaded (eBPF at tcx): veth and netdev interfaces and plain udp links are forwarded in the kernel where the table decides"),
+            Err(why) => tracing::warn!("the kernel fast path is not available, so everything runs in user space (veth interfaces become TAPs): {why}"),
+        }
     }
     let daemon = Arc::new(Daemon::new(engine));
     if let Some(path) = &args.config {
@@ -197,6 +339,12 @@ fn run(args: Args) -> Result<()> {
     if !args.control.ip().is_loopback() && token.is_none() {
         tracing::warn!(control = %args.control, "control port is not on loopback and has no token");
     }
+    if let Some(addr) = args.http {
+        if let Err(e) = start_http(addr, &daemon, token.clone(), etcd.as_ref()) {
+            daemon.shutdown();
+            return Err(e);
+        }
+    }
     info!(control = %args.control, "vnetd ready");
     let d = daemon.clone();
     std::thread::Builder::new()
@@ -205,7 +353,9 @@ fn run(args: Args) -> Result<()> {
         .context("control thread")?;
     let agent_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let agent = match etcd {
-        Some((cfg, client)) => {
+        Some(EtcdSetup {
+            agent: cfg, client, ..
+        }) => {
             info!(overlay = %cfg.overlay, host = %cfg.host, "etcd agent starting");
             Some(
                 vnet_agent::spawn(daemon.clone(), cfg, client, agent_stop.clone())

@@ -10,14 +10,74 @@
 //! [`crate::Engine`] that opens it for its interface or link kind.
 
 pub mod direct;
+pub mod netdev;
 pub mod nic;
+pub mod punt;
 pub mod tcp;
 pub mod udp;
+pub mod veth;
 
-use vnet_core::DropReason;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use vnet_core::{DropReason, PortCounters, PortKind};
 use vnet_offload::{segment, SegmentList, VirtioNetHdr};
 
+use crate::dispatch::Source;
+use crate::kernel::KernelAttach;
+use crate::port::Port;
 use crate::shared::OffloadCounters;
+use crate::worker::Worker;
+
+/// Why a port could not be opened.
+#[derive(Debug)]
+pub enum OpenError {
+    Io(std::io::Error),
+    /// The configuration asks for something this host cannot do (said in words).
+    Unsupported(String),
+}
+
+impl From<std::io::Error> for OpenError {
+    fn from(e: std::io::Error) -> Self {
+        OpenError::Io(e)
+    }
+}
+
+/// What opening a port gives the engine: how frames leave (`port`), the descriptors the
+/// dispatchers read for it, its threads, how datagrams and connections find it, what it asks
+/// of the kernel fast path, and what must be undone when it goes.
+pub struct Opened {
+    pub port: Arc<dyn Port>,
+    pub kind: PortKind,
+    pub counters: Arc<PortCounters>,
+    pub sources: Vec<Arc<Source>>,
+    pub workers: Vec<Worker>,
+    pub udp_peer: Option<IpAddr>,
+    pub tcp_accept_peer: Option<IpAddr>,
+    pub kernel: Option<KernelAttach>,
+    /// The port works only if the kernel takes it (a veth or netdev whose frames reach vnetd
+    /// only through the kernel's programs): opening fails if the kernel refuses it.
+    pub kernel_required: bool,
+    /// Dropped (after the port's threads stopped) when the port goes: devices vnetd made.
+    pub owned: Vec<Box<dyn Send + Sync>>,
+}
+
+impl Opened {
+    pub fn new(port: Arc<dyn Port>, kind: PortKind) -> Opened {
+        Opened {
+            port,
+            kind,
+            counters: Arc::new(PortCounters::default()),
+            sources: vec![],
+            workers: vec![],
+            udp_peer: None,
+            tcp_accept_peer: None,
+            kernel: None,
+            kernel_required: false,
+            owned: vec![],
+        }
+    }
+}
 
 /// Calls `send` with the parts of each wire frame of `frame` (the frame itself when it needs
 /// no segmentation and no checksum), its MACs taken from `macs`, the checked copy: for ports

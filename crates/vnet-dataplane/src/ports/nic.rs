@@ -15,13 +15,40 @@ use vnet_control::DataPathSettings;
 use vnet_core::{DropReason, PortCounters};
 use vnet_offload::{GroOutput, Offered, VirtioNetHdr};
 
+use crate::dispatch::Source;
+use crate::ingress::tap::TapReader;
 use crate::nic::GuestNic;
 use crate::port::{Frame, Origin, Port, Tx};
-use crate::ports::each_segment;
+use crate::ports::{each_segment, Opened};
 use crate::shared::{OffloadCounters, Shared, Snapshot};
+use crate::tap::Tap;
 
 /// A guest NIC as a port.
 pub struct NicPort(pub Arc<dyn GuestNic>);
+
+/// A TAP vnetd reads and writes (`interface add ... tap`): one dispatcher source per queue.
+pub fn open_tap(i: &vnet_control::Interface, id: vnet_core::PortId) -> std::io::Result<Opened> {
+    let tap = Arc::new(Tap::open(i)?);
+    Ok(tap_port(tap, id))
+}
+
+/// The port of an open TAP: writes go to it, its queues are read by the dispatchers.
+pub fn tap_port(tap: Arc<Tap>, id: vnet_core::PortId) -> Opened {
+    let mut o = Opened::new(
+        Arc::new(NicPort(tap.clone())),
+        vnet_core::PortKind::Interface,
+    );
+    o.sources = (0..tap.queues())
+        .map(|queue| {
+            Arc::new(Source::new(Box::new(TapReader {
+                tap: tap.clone(),
+                queue,
+                port: id,
+            })))
+        })
+        .collect();
+    o
+}
 
 impl Port for NicPort {
     fn send<'a>(&'a self, tx: &mut Tx<'_, 'a>, f: &Frame<'a>) -> Result<(), DropReason> {

@@ -25,7 +25,7 @@ use vnet_wire::{
 use crate::batch::TxBatch;
 use crate::forward::{process, Arrival, FwdCtx as RxCtx};
 use crate::port::{Frame, Port, Tx};
-use crate::ports::each_segment;
+use crate::ports::{each_segment, Opened};
 use crate::shared::Shared;
 use crate::sys::{wait_readable, EventFd, Wake};
 use crate::worker::Worker;
@@ -412,6 +412,25 @@ fn write_all_vectored(mut s: &TcpStream, mut slices: Vec<IoSlice>) -> io::Result
         }
     }
     Ok(())
+}
+
+/// A tcp link (`link add ... tcp IP:PORT` dials, `tcp accept IP` waits for a listener).
+pub fn open(shared: &Arc<Shared>, id: PortId, l: &vnet_control::Link) -> io::Result<Opened> {
+    let (role, accept) = match &l.kind {
+        vnet_control::LinkKind::TcpDial(a) => (TcpRole::Dial(*a), None),
+        vnet_control::LinkKind::TcpAccept(ip) => (TcpRole::Accept, Some(ip.to_canonical())),
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a tcp link",
+            ))
+        }
+    };
+    let (link, w) = TcpLink::start(shared.clone(), id, l.vni, role)?;
+    let mut o = Opened::new(link, vnet_core::PortKind::OverlayLink);
+    o.workers.push(w);
+    o.tcp_accept_peer = accept;
+    Ok(o)
 }
 
 /// A `listen tcp` socket: greets incoming connections and hands them to their `tcp accept` link.

@@ -5,18 +5,88 @@
 //! up to 64 datagrams in one `sendmsg` with `UDP_SEGMENT`. An encrypted link's datagrams are
 //! sealed when the batch is sent.
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
 
 use socket2::SockAddr;
-use vnet_core::DropReason;
+use vnet_control::Link;
+use vnet_core::{DropReason, PortCounters, PortKind};
 use vnet_offload::{segment, SegmentList, VirtioNetHdr};
+use vnet_wire::VxlanRepr;
 use vnet_wire::VXLAN_HEADER_LEN;
 
 use crate::batch::{Rest, UdpLinkTx};
+use crate::crypto::LinkCrypto;
+use crate::kernel::KernelAttach;
 use crate::port::{Frame, Port, Tx};
+use crate::ports::{OpenError, Opened};
 use crate::shared::OffloadCounters;
 use crate::sys::IoPart;
+use crate::udp::VxlanSocket;
 use crate::udp::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+
+/// A udp link (`link add ... udp`): datagrams on the shared VXLAN socket, sealed when it is
+/// encrypted (which needs this host's key). A plain IPv4 link is offered to the kernel fast
+/// path.
+pub fn open(
+    l: &Link,
+    to: SocketAddr,
+    sock: &Arc<VxlanSocket>,
+    key: Option<&vnet_crypto::PrivateKey>,
+) -> Result<Opened, OpenError> {
+    let local_v6 = sock.local_addr().is_ipv6();
+    if to.is_ipv6() && !local_v6 {
+        return Err(OpenError::Unsupported(format!(
+            "{to} is IPv6 but the UDP socket is bound to IPv4 (start vnetd with --bind ::)"
+        )));
+    }
+    let to_sa = match (local_v6, to) {
+        (true, SocketAddr::V4(v4)) => {
+            SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
+        }
+        _ => to,
+    };
+    let counters = Arc::new(PortCounters::default());
+    let mut workers = Vec::new();
+    let crypto = match l.encrypt {
+        None => None,
+        Some(peer_key) => {
+            let Some(key) = key.cloned() else {
+                return Err(OpenError::Unsupported(
+                    "an encrypted link needs this host's key (start vnetd with --key-file)".into(),
+                ));
+            };
+            let c = Arc::new(LinkCrypto::new(
+                &l.name,
+                key,
+                peer_key,
+                l.vni,
+                sock.clone(),
+                SockAddr::from(to_sa),
+            ));
+            workers.push(c.start_timer()?);
+            Some(c)
+        }
+    };
+    let plain = crypto.is_none();
+    let tx = UdpLinkTx {
+        sock: sock.clone(),
+        to: SockAddr::from(to_sa),
+        header: VxlanRepr { vni: l.vni }.header(),
+        gso_refused: AtomicUsize::new(usize::MAX),
+        crypto,
+        counters: counters.clone(),
+    };
+    let mut o = Opened::new(Arc::new(tx), PortKind::OverlayLink);
+    o.counters = counters;
+    o.workers = workers;
+    o.udp_peer = Some(to.ip().to_canonical());
+    if plain {
+        o.kernel = Some(KernelAttach::Link { remote: to });
+    }
+    Ok(o)
+}
 
 /// Largest frame a UDP link carries whole: one UDP datagram holds at most 65507 bytes (IPv4).
 pub const UDP_MAX_FRAME: usize = 65507 - VXLAN_HEADER_LEN;

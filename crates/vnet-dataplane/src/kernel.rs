@@ -1,0 +1,291 @@
+//! The engine's handle on the kernel fast path (crate `vnet-fastpath`): which ports and links
+//! the kernel serves, the underlay devices their datagrams cross, and the forwarding table
+//! compiled from the same rules as the user-space one. vnetd stays the control plane and the
+//! slow path: whatever the kernel does not decide reaches vnetd's ordinary ports (a fast-path
+//! port's punt TAP, the VXLAN socket), so the kernel can only ever make a frame faster.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+
+use tracing::{info, warn};
+use vnet_control::{FastPathMode, PortPolicy};
+use vnet_core::{FastMap, MatrixEntry, PortId, RouteRule};
+use vnet_fastpath::{
+    compile, CompilePort, CompiledTable, Counters, Delivery, Egress, FastPath, FastPathConfig,
+    LinkSpec, PortSpec, Rate, Unavailable,
+};
+use vnet_wire::MacAddr;
+
+use crate::netlink::Rtnl;
+
+/// What a port kind asks of the kernel when it opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelAttach {
+    /// A fast-path port: the guest's frames arrive on `ifindex`; what the kernel does not
+    /// forward goes to vnetd's punt TAP `punt_ifindex`.
+    Port {
+        ifindex: u32,
+        punt_ifindex: u32,
+        mac: MacAddr,
+        mtu: u32,
+        delivery: Delivery,
+    },
+    /// A plain udp link to `remote`.
+    Link { remote: SocketAddr },
+}
+
+/// The kernel fast path of one engine.
+pub struct KernelPath {
+    fp: FastPath,
+    mode: FastPathMode,
+    ports: FastMap<PortId, u32>,
+    links: FastMap<PortId, LinkSpec>,
+    /// Underlay devices with the decapsulation program, and how many links use each.
+    underlays: BTreeMap<u32, usize>,
+    link_underlay: FastMap<PortId, u32>,
+    /// Table entries left out because the map was full, at the last apply.
+    pub left_out: usize,
+    /// The address vnetd's VXLAN socket is bound to, when it is one (then it is every link's
+    /// outer source: peers filter on it).
+    bound: Option<Ipv4Addr>,
+}
+
+fn rate(p: &PortPolicy) -> Option<Rate> {
+    p.rate.map(|r| Rate {
+        bits_per_sec: r.rate_bps(),
+        burst_bytes: r.burst_bytes(),
+    })
+}
+
+fn fp_policy(p: &PortPolicy) -> vnet_fastpath::PortPolicy {
+    vnet_fastpath::PortPolicy {
+        any_source: p.any_source,
+        rate: rate(p),
+    }
+}
+
+impl KernelPath {
+    /// Loads and verifies the programs; the error says in words why the kernel path is not
+    /// available (vnetd then runs everything in user space).
+    pub fn open(cfg: &FastPathConfig, bound: IpAddr) -> Result<KernelPath, Unavailable> {
+        let fp = FastPath::open(cfg)?;
+        let bound = match bound.to_canonical() {
+            IpAddr::V4(a) if !a.is_unspecified() => Some(a),
+            _ => None,
+        };
+        Ok(KernelPath {
+            fp,
+            mode: FastPathMode::Kernel,
+            ports: FastMap::default(),
+            links: FastMap::default(),
+            underlays: BTreeMap::new(),
+            link_underlay: FastMap::default(),
+            left_out: 0,
+            bound,
+        })
+    }
+
+    pub fn set_mode(&mut self, mode: FastPathMode) {
+        self.mode = mode;
+    }
+
+    pub fn mode(&self) -> FastPathMode {
+        self.mode
+    }
+
+    /// Whether the kernel serves this port or link.
+    pub fn serves(&self, id: PortId) -> bool {
+        self.ports.contains_key(&id) || self.links.contains_key(&id)
+    }
+
+    /// Hands a port or link to the kernel. A link the kernel cannot take (not IPv4, no
+    /// underlay device for its local address) stays with vnetd alone: `Ok(false)`.
+    pub fn attach(
+        &mut self,
+        id: PortId,
+        vni: u32,
+        what: &KernelAttach,
+        policy: &PortPolicy,
+    ) -> Result<bool, String> {
+        match *what {
+            KernelAttach::Port {
+                ifindex,
+                punt_ifindex,
+                mac,
+                mtu,
+                delivery,
+            } => {
+                self.fp
+                    .attach_port(&PortSpec {
+                        id,
+                        ifindex,
+                        punt_ifindex,
+                        mac,
+                        vni,
+                        mtu,
+                        delivery,
+                        policy: fp_policy(policy),
+                    })
+                    .map_err(|e| e.to_string())?;
+                self.ports.insert(id, ifindex);
+                Ok(true)
+            }
+            KernelAttach::Link { remote } => {
+                let IpAddr::V4(r) = remote.ip().to_canonical() else {
+                    return Ok(false);
+                };
+                let Some((local, dev)) = underlay_for(r, self.bound) else {
+                    warn!(%remote, "no underlay device found for this link: its frames go through vnetd");
+                    return Ok(false);
+                };
+                let spec = LinkSpec {
+                    id,
+                    vni,
+                    remote: r,
+                    local,
+                    udp_port: remote.port(),
+                    rate: rate(policy),
+                    via_device: None,
+                };
+                if !self.underlays.contains_key(&dev) {
+                    self.fp.attach_underlay(dev).map_err(|e| e.to_string())?;
+                    info!(
+                        ifindex = dev,
+                        "kernel fast path: decapsulating on the underlay device"
+                    );
+                }
+                self.fp.set_link(&spec).map_err(|e| e.to_string())?;
+                *self.underlays.entry(dev).or_default() += 1;
+                self.link_underlay.insert(id, dev);
+                self.links.insert(id, spec);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Takes a port or link back from the kernel (before the port itself goes).
+    pub fn detach(&mut self, id: PortId) {
+        if self.ports.remove(&id).is_some() {
+            if let Err(e) = self.fp.detach_port(id) {
+                warn!(port = id.0, "kernel fast path: detach: {e}");
+            }
+        }
+        if self.links.remove(&id).is_some() {
+            if let Err(e) = self.fp.del_link(id) {
+                warn!(port = id.0, "kernel fast path: link removal: {e}");
+            }
+            if let Some(dev) = self.link_underlay.remove(&id) {
+                let n = self.underlays.entry(dev).or_default();
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.underlays.remove(&dev);
+                    let _ = self.fp.detach_underlay(dev);
+                }
+            }
+        }
+    }
+
+    /// A port's or link's policy changed at run time.
+    pub fn set_policy(&mut self, id: PortId, policy: &PortPolicy) {
+        if self.ports.contains_key(&id) {
+            if let Err(e) = self.fp.update_port(id, &fp_policy(policy)) {
+                warn!(port = id.0, "kernel fast path: policy: {e}");
+            }
+        } else if let Some(spec) = self.links.get_mut(&id) {
+            spec.rate = rate(policy);
+            let s = *spec;
+            if let Err(e) = self.fp.set_link(&s) {
+                warn!(port = id.0, "kernel fast path: link rate: {e}");
+            }
+        }
+    }
+
+    /// Compiles the rules into the kernel's table (empty, all to vnetd, when the fast path is
+    /// off) and writes the difference.
+    pub fn apply(&mut self, ports: &[(PortId, u32)], rules: &[RouteRule], learning: bool) {
+        let table = if self.mode == FastPathMode::Off {
+            CompiledTable::default()
+        } else {
+            let cp: Vec<CompilePort> = ports
+                .iter()
+                .map(|&(id, vni)| CompilePort {
+                    id,
+                    vni,
+                    egress: if self.ports.contains_key(&id) {
+                        Egress::FastPort
+                    } else if self.links.contains_key(&id) {
+                        Egress::UdpLink
+                    } else {
+                        Egress::Other
+                    },
+                })
+                .collect();
+            compile(&cp, rules, learning)
+        };
+        match self.fp.apply_table(&table) {
+            Ok(r) => {
+                if r.left_out > 0 && r.left_out != self.left_out {
+                    warn!(
+                        left_out = r.left_out,
+                        "kernel fast path: the forwarding map is full; those destinations go through vnetd (vnetd --fastpath-table-size)"
+                    );
+                }
+                self.left_out = r.left_out;
+            }
+            Err(e) => warn!("kernel fast path: table: {e}"),
+        }
+    }
+
+    /// The kernel's counters of a port or link it serves.
+    pub fn counters(&self, id: PortId) -> Option<Counters> {
+        if self.ports.contains_key(&id) {
+            self.fp.port_counters(id).ok()
+        } else if self.links.contains_key(&id) {
+            self.fp.link_counters(id).ok()
+        } else {
+            None
+        }
+    }
+
+    /// A port's or link's kernel token bucket fill, when it has a rate.
+    pub fn rate_available(&self, id: PortId) -> Option<i64> {
+        self.fp.rate_available(id).ok().flatten()
+    }
+
+    /// The kernel's share of the traffic matrix.
+    pub fn matrix(&self) -> Vec<MatrixEntry> {
+        self.fp.matrix().unwrap_or_default()
+    }
+
+    /// Table entries and global counters, for `show stats`.
+    pub fn table_len(&self) -> usize {
+        self.fp.table_len()
+    }
+
+    pub fn global(&self) -> Option<vnet_fastpath::GlobalCounters> {
+        self.fp.global_counters().ok()
+    }
+
+    pub fn config(&self) -> &FastPathConfig {
+        self.fp.config()
+    }
+}
+
+/// Our underlay address towards `remote` (vnetd's bound address, or else the source the
+/// kernel's routing picks) and the device that holds it.
+fn underlay_for(remote: Ipv4Addr, bound: Option<Ipv4Addr>) -> Option<(Ipv4Addr, u32)> {
+    let probe = UdpSocket::bind((bound.unwrap_or(Ipv4Addr::UNSPECIFIED), 0)).ok()?;
+    probe.connect((remote, 9)).ok()?;
+    let IpAddr::V4(local) = probe.local_addr().ok()?.ip() else {
+        return None;
+    };
+    let dev = Rtnl::open()
+        .ok()?
+        .addresses()
+        .ok()?
+        .into_iter()
+        .find(|(_, a)| *a == IpAddr::V4(local))
+        .map(|(i, _)| i)?;
+    // A link to this host itself (loopback) has no underlay worth a program.
+    (dev != 1).then_some((local, dev))
+}

@@ -1,0 +1,131 @@
+//! What the two kernel-forwarded interface kinds (`veth`, `netdev`) share: the punt TAP that
+//! carries a fast-path port's slow-path frames between the kernel and vnetd, the names vnetd
+//! gives the devices it makes for such a port (derived from the interface's name, so a vnetd
+//! that was killed finds and clears its leftovers on the next start), and quieting the host
+//! stack on those devices.
+
+use std::io;
+
+use vnet_control::{Interface, InterfaceKind};
+use vnet_wire::MacAddr;
+
+use crate::netlink::Rtnl;
+use crate::tap::Tap;
+
+/// The alias vnetd puts on a device it created for interface `name`.
+pub fn alias(name: &str) -> String {
+    format!("vnet:{name}")
+}
+
+/// The names of the devices vnetd makes for interface `name`: the veth's host end (`vh-` +
+/// 12 hex digits) and the punt TAP (`vp-` + the same digits), both 15 bytes, the most a
+/// device name holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub host: String,
+    pub punt: String,
+}
+
+impl Names {
+    pub fn of(interface: &str) -> Names {
+        // FNV-1a, 64 bits: stable across runs and versions (a killed daemon's successor must
+        // derive the same names), and 48 bits make a collision among one host's interfaces
+        // negligible.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in interface.bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let tag = format!("{:012x}", h & 0xffff_ffff_ffff);
+        Names {
+            host: format!("vh-{tag}"),
+            punt: format!("vp-{tag}"),
+        }
+    }
+
+    /// A locally administered MAC for the punt TAP (never seen by a guest).
+    pub fn punt_mac(&self) -> MacAddr {
+        let b = self.punt.as_bytes();
+        let mut m = [0u8; 6];
+        for (i, c) in b.iter().enumerate() {
+            m[i % 6] ^= *c;
+        }
+        MacAddr::local_from_random(m)
+    }
+}
+
+/// Deletes a device vnetd left behind for interface `name` (its alias says so); refuses to
+/// touch one it did not make.
+pub fn clear_leftover(nl: &mut Rtnl, device: &str, name: &str) -> io::Result<()> {
+    let Some(l) = nl.link(device)? else {
+        return Ok(());
+    };
+    if l.alias.as_deref() == Some(alias(name).as_str()) {
+        tracing::info!(
+            device,
+            "removing what an earlier vnetd left for interface {name}"
+        );
+        return nl.del_link(l.index);
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!("device {device} exists and is not vnet's"),
+    ))
+}
+
+/// The punt TAP of a fast-path port: vnetd reads what the kernel hands over and writes what
+/// the guest should get (with virtio-net headers, so large frames stay whole).
+pub fn punt_tap(names: &Names, name: &str, mtu: u32) -> io::Result<Tap> {
+    let spec = Interface {
+        name: name.to_string(),
+        kind: InterfaceKind::Tap,
+        ifname: names.punt.clone(),
+        mac: names.punt_mac(),
+        mtu,
+        netns: None,
+        vni: 0,
+        queues: 1,
+        offload: true,
+        socket: None,
+        client: false,
+        any_source: false,
+        rate: None,
+    };
+    let tap = Tap::open(&spec)?;
+    quiet(&names.punt);
+    let mut nl = Rtnl::open()?;
+    if let Some(l) = nl.link(&names.punt)? {
+        nl.set_alias(l.index, &alias(name))?;
+    }
+    Ok(tap)
+}
+
+/// Keeps the host's own stack off a device vnetd uses only as a pipe (no IPv6 autoconfiguration
+/// traffic leaking to the guest or to vnetd as frames of the guest).
+pub fn quiet(device: &str) {
+    let path = format!("/proc/sys/net/ipv6/conf/{device}/disable_ipv6");
+    if let Err(e) = std::fs::write(&path, "1") {
+        tracing::debug!(device, "IPv6 left on: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_stable_short_and_distinct() {
+        let a = Names::of("c1");
+        assert_eq!(a, Names::of("c1"));
+        assert_eq!(a.host.len(), 15);
+        assert_eq!(a.punt.len(), 15);
+        assert!(a.host.starts_with("vh-") && a.punt.starts_with("vp-"));
+        assert_eq!(a.host[3..], a.punt[3..]);
+        let names: std::collections::HashSet<String> = (0..10_000)
+            .map(|i| Names::of(&format!("if{i}")).host)
+            .collect();
+        assert_eq!(names.len(), 10_000);
+        assert!(a.punt_mac().is_unicast());
+        assert_eq!(alias("c1"), "vnet:c1");
+    }
+}

@@ -1,0 +1,687 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* vnet's kernel fast path: tcx programs that forward what the compiled forwarding table can
+ * decide exactly (known unicast between fast-path ports and plain udp links) and hand
+ * everything else to vnetd, the slow path, through a punt TAP (ports) or the stack (underlay).
+ *
+ *   port_ingress      tcx ingress of a port's host-side netdev: what the guest sends
+ *   underlay_ingress  tcx ingress of an underlay netdev: VXLAN for local fast-path ports
+ *   punt_ingress      tcx ingress of a port's punt TAP: what vnetd sends to the guest
+ *   tunnel_ingress    tcx ingress of a collect-metadata VXLAN device (variant (a), measured)
+ *
+ * The layouts of the maps are in fastpath.h; the loader is src/loader.rs. GPL-compatible
+ * licence because bpf_probe_read_kernel (the GRO check) needs it. */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/in.h>
+#include <linux/udp.h>
+#include <linux/tcp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
+
+#include "fastpath.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* tcx verdicts (linux/bpf.h of 6.6+; Debian 12's headers are 6.1). */
+#define TCX_NEXT (-1)
+#define TCX_PASS 0
+#define TCX_DROP 2
+#define TCX_REDIRECT 7
+
+/* bpf_skb_adjust_room flags of 6.3+ (not in 6.1's header). */
+#define ADJ_ROOM_DECAP_L3_IPV6 (1ULL << 8)
+#define ADJ_ROOM_ENCAP_L2(len) (((__u64)(len) & 0xff) << 56)
+
+#define VXLAN_HLEN 8
+#define OUTER_LEN (sizeof(struct iphdr) + sizeof(struct udphdr) + VXLAN_HLEN) /* 36 */
+#define ENCAP_LEN (OUTER_LEN + ETH_HLEN)                                        /* 50 */
+#define SKB_GSO_UDP_TUNNEL (1u << 10)
+#define SKB_GSO_UDP_TUNNEL_CSUM (1u << 11)
+
+/* Set by the loader before load (FastPathConfig); the only variable in .rodata, so the loader
+ * finds it at offset 0. */
+const volatile struct fp_config cfg = {
+	.outer_cache_ns = 1000000000ULL,
+	.max_ports = 256,
+	.vxlan_port_be = bpf_htons(4789),
+};
+#define cfg_outer_cache_ns cfg.outer_cache_ns
+#define cfg_max_ports cfg.max_ports
+#define cfg_vxlan_port_be cfg.vxlan_port_be
+
+/* Sizes are placeholders: the loader sets every max_entries from FastPathConfig. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32); /* ifindex */
+	__type(value, struct port_val);
+} ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 256);
+	__type(key, __u32); /* port slot */
+	__type(value, struct port_val);
+} port_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32); /* punt TAP ifindex */
+	__type(value, __u32); /* port slot */
+} punts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, struct link_key);
+	__type(value, __u32); /* link slot */
+} links_rx SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 256);
+	__type(key, __u32); /* link slot */
+	__type(value, struct link_val);
+} links SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 256);
+	__type(key, __u32); /* link slot */
+	__type(value, struct link_cache);
+} link_cache SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct fwd_key);
+	__type(value, struct fwd_val);
+} fwd SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 512);
+	__type(key, __u32); /* port slot, or max_ports + link slot */
+	__type(value, struct rate_val);
+} rates SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 512);
+	__type(key, __u32); /* port slot, or max_ports + link slot */
+	__type(value, __u64[C_COUNT]);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64[G_COUNT]);
+} global SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct matrix_key);
+	__type(value, struct matrix_val);
+} matrix SEC(".maps");
+
+/* CO-RE views of the kernel's skb, for the GSO type (not in __sk_buff). */
+struct sk_buff___fp {
+	unsigned char *head;
+	unsigned int end;
+} __attribute__((preserve_access_index));
+
+struct skb_shared_info___fp {
+	unsigned int gso_type;
+} __attribute__((preserve_access_index));
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+static __always_inline __u64 *counters_of(__u32 idx)
+{
+	return bpf_map_lookup_elem(&counters, &idx);
+}
+
+static __always_inline void count(__u64 *c, int what, __u64 n)
+{
+	if (c)
+		c[what & (C_COUNT - 1)] += n;
+}
+
+static __always_inline void count_global(int what)
+{
+	__u32 zero = 0;
+	__u64 *g = bpf_map_lookup_elem(&global, &zero);
+
+	if (g)
+		g[what & 3] += 1;
+}
+
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	/* Bytewise: the MACs sit at odd offsets on the stack and in packets. */
+	return ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) | (a[4] ^ b[4]) |
+		(a[5] ^ b[5])) == 0;
+}
+
+static __always_inline void mac_copy(__u8 *d, const __u8 *s)
+{
+	__builtin_memcpy(d, s, 6);
+}
+
+/* The GSO type of the skb (0 for a non-GSO skb, or when it cannot be read). */
+static __always_inline __u32 gso_type_of(struct __sk_buff *ctx)
+{
+	struct sk_buff___fp *skb = bpf_cast_to_kern_ctx(ctx);
+	struct skb_shared_info___fp *shinfo;
+	__u32 type = 0;
+
+	if (!ctx->gso_size)
+		return 0;
+	shinfo = (void *)(BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, end));
+	bpf_probe_read_kernel(&type, sizeof(type), &shinfo->gso_type);
+	return type;
+}
+
+/* The token bucket of slot `idx`: whether a frame of `len` bytes may pass now. */
+static __always_inline int rate_admit(__u32 idx, __u64 len)
+{
+	struct rate_val *r = bpf_map_lookup_elem(&rates, &idx);
+	__u64 now = bpf_ktime_get_ns();
+	int ok;
+
+	if (!r)
+		return 1;
+	bpf_spin_lock(&r->lock);
+	if (now > r->last_ns) {
+		__u64 elapsed = now - r->last_ns;
+
+		if (elapsed >= r->fill_ns)
+			r->tokens = r->cap;
+		else {
+			__s64 t = r->tokens + (__s64)(elapsed * r->rate_bps);
+
+			r->tokens = t > r->cap ? r->cap : t;
+		}
+		r->last_ns = now;
+	}
+	ok = r->tokens > 0;
+	if (ok)
+		r->tokens -= (__s64)(len * 8000000000ULL);
+	bpf_spin_unlock(&r->lock);
+	return ok;
+}
+
+static __always_inline void matrix_count(__u32 vni, const __u8 *src, const __u8 *dst, __u64 len)
+{
+	struct matrix_key k = { .vni = vni };
+	struct matrix_val *v, nv = { .frames = 1, .bytes = len };
+
+	mac_copy(k.src, src);
+	mac_copy(k.dst, dst);
+	v = bpf_map_lookup_elem(&matrix, &k);
+	if (v) {
+		v->frames += 1;
+		v->bytes += len;
+	} else {
+		bpf_map_update_elem(&matrix, &k, &nv, BPF_NOEXIST);
+	}
+}
+
+/* The compiled forwarding decision for (vni, src, dst): ACT_* << 24 | slot; ACT_NONE when no
+ * rule matches. Ranks, as vnet_core::RouteTable: (src,dst) > (any,dst) > (src,any) > (any,any). */
+static __always_inline __u32 fwd_decide(__u32 vni, const __u8 *src, const __u8 *dst)
+{
+	struct fwd_key k = { .vni = vni, .kind = FWD_DST };
+	struct fwd_val *v;
+
+	mac_copy(k.dst, dst);
+	v = bpf_map_lookup_elem(&fwd, &k);
+	if (v) {
+		if (v->flags & FWDF_CHECK_SRC) {
+			struct fwd_val *s;
+
+			k.kind = FWD_SRC_DST;
+			mac_copy(k.src, src);
+			s = bpf_map_lookup_elem(&fwd, &k);
+			if (s)
+				return s->action;
+		}
+		if (ACT_KIND(v->action) != ACT_NONE)
+			return v->action;
+	}
+	__builtin_memset(&k, 0, sizeof(k));
+	k.vni = vni;
+	k.kind = FWD_ANY;
+	v = bpf_map_lookup_elem(&fwd, &k);
+	if (!v)
+		return ACT_NONE << 24;
+	if (v->flags & FWDF_CHECK_SRC) {
+		struct fwd_val *s;
+
+		k.kind = FWD_SRC;
+		mac_copy(k.src, src);
+		s = bpf_map_lookup_elem(&fwd, &k);
+		if (s)
+			return s->action;
+	}
+	return v->action;
+}
+
+/* Header lengths of a GSO frame's L3 + L4 (for the gso_size check), or 0 if unknown. */
+static __always_inline __u32 l3l4_len(struct __sk_buff *skb, __u16 proto_be)
+{
+	__u8 b[2];
+
+	if (proto_be == bpf_htons(ETH_P_IP)) {
+		struct iphdr ip;
+		__u32 ihl;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
+			return 0;
+		ihl = ip.ihl * 4;
+		if (ip.protocol == IPPROTO_TCP) {
+			if (bpf_skb_load_bytes(skb, ETH_HLEN + (ihl & 0x3f) + 12, b, 1))
+				return 0;
+			return ihl + (b[0] >> 4) * 4;
+		}
+		return ihl + sizeof(struct udphdr);
+	}
+	if (proto_be == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip6, sizeof(ip6)))
+			return 0;
+		if (ip6.nexthdr == IPPROTO_TCP) {
+			if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(ip6) + 12, b, 1))
+				return 0;
+			return sizeof(ip6) + (b[0] >> 4) * 4;
+		}
+		return sizeof(ip6) + sizeof(struct udphdr);
+	}
+	return 0;
+}
+
+static __always_inline __u16 ip_csum(const void *ip)
+{
+	const __u16 *p = ip;
+	__u32 sum = 0;
+
+#pragma unroll
+	for (int i = 0; i < (int)sizeof(struct iphdr) / 2; i++)
+		sum += p[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* Deliver a frame to a fast-path port's guest. */
+static __always_inline int deliver(const struct port_val *to, int ip_frame)
+{
+	/* redirect_peer keeps skb->protocol as it is, so only IP frames (whose protocol the
+	 * decapsulation set right) take it; others go through the veth, which parses them again. */
+	if ((to->flags & PORT_DELIVER_PEER) && ip_frame)
+		return bpf_redirect_peer(to->ifindex, 0);
+	return bpf_redirect(to->ifindex, 0);
+}
+
+/* Fills `c` with the outer next hop of `l`: from the per-CPU cache, or bpf_fib_lookup.
+ * Returns 0, or the counter to count the punt with. */
+static __always_inline int outer_hop(struct __sk_buff *skb, const struct link_val *l, __u32 lslot,
+				     struct link_cache *out)
+{
+	struct link_cache *c = 0;
+	struct bpf_fib_lookup fib = {};
+	__u64 now = 0;
+	long rc;
+
+	if (cfg_outer_cache_ns) {
+		c = bpf_map_lookup_elem(&link_cache, &lslot);
+		now = bpf_ktime_get_ns();
+		if (c && c->expires_ns > now) {
+			*out = *c;
+			return 0;
+		}
+	}
+	/* Looked up as if the port's device forwarded the packet (input mode: the loader turns
+	 * on IPv4 forwarding on the port's device, which bpf_fib_lookup requires of the device it
+	 * is given; port_ingress takes every frame of it, so the stack never routes any). */
+	fib.family = 2; /* AF_INET */
+	fib.ipv4_src = l->local_be;
+	fib.ipv4_dst = l->remote_be;
+	fib.ifindex = skb->ifindex;
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return C_NEIGH_MISS;
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS) {
+		count_global(G_FIB_FAIL);
+		return C_ENCAP_FAIL;
+	}
+	out->ifindex = fib.ifindex;
+	out->mtu = fib.mtu_result;
+	mac_copy(out->smac, fib.smac);
+	mac_copy(out->dmac, fib.dmac);
+	out->expires_ns = now + cfg_outer_cache_ns;
+	if (c)
+		*c = *out;
+	return 0;
+}
+
+/* Encapsulates the frame in VXLAN to link `l` and sends it out of the underlay. Returns the
+ * tc verdict, or -counter to punt with. */
+static __always_inline int encap_to_link(struct __sk_buff *skb, const struct link_val *l, __u32 lslot,
+					 const struct port_val *from, __u16 proto_be)
+{
+	struct {
+		struct ethhdr eth;
+		struct iphdr ip;
+		struct udphdr udp;
+		__u32 vx_flags;
+		__u32 vx_vni;
+		struct ethhdr inner;
+	} __attribute__((packed)) h;
+	struct link_cache hop;
+	__u32 len = skb->len, hash, tot;
+	__u64 flags;
+	int rc;
+
+	if (proto_be != bpf_htons(ETH_P_IP) && proto_be != bpf_htons(ETH_P_IPV6))
+		return -C_ENCAP_FAIL; /* bpf_skb_adjust_room encapsulates IP only */
+	if (bpf_skb_load_bytes(skb, 0, &h.inner, sizeof(h.inner)))
+		return -C_ENCAP_FAIL;
+
+	if (l->via_ifindex) {
+		/* Variant (a): the kernel's collect-metadata VXLAN device does the rest. */
+		struct bpf_tunnel_key key = {};
+
+		key.tunnel_id = l->vni;
+		key.remote_ipv4 = bpf_ntohl(l->remote_be);
+		key.tunnel_ttl = 64;
+		if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_ZERO_CSUM_TX))
+			return -C_ENCAP_FAIL;
+		return bpf_redirect(l->via_ifindex, 0);
+	}
+
+	rc = outer_hop(skb, l, lslot, &hop);
+	if (rc)
+		return -rc;
+	/* A frame the underlay cannot carry whole goes to vnetd, which lets IP fragment it. */
+	if (hop.mtu && (skb->gso_size ? from->mtu + ENCAP_LEN > hop.mtu
+				      : len + OUTER_LEN > hop.mtu))
+		return -C_ENCAP_FAIL;
+
+	hash = bpf_get_hash_recalc(skb);
+	/* Source port from the flow hash in 32768..60999, as the kernel's VXLAN picks it. */
+	hash ^= hash << 16;
+
+	tot = len + OUTER_LEN;
+	mac_copy(h.eth.h_dest, hop.dmac);
+	mac_copy(h.eth.h_source, hop.smac);
+	h.eth.h_proto = bpf_htons(ETH_P_IP);
+	h.ip.version = 4;
+	h.ip.ihl = 5;
+	h.ip.tos = 0;
+	/* A GSO skb's lengths are rewritten per segment when it is cut; cap the placeholder. */
+	h.ip.tot_len = bpf_htons(tot > 0xffff ? 0xffff : tot);
+	h.ip.id = (__u16)bpf_get_prandom_u32();
+	h.ip.frag_off = 0;
+	h.ip.ttl = 64;
+	h.ip.protocol = IPPROTO_UDP;
+	h.ip.check = 0;
+	h.ip.saddr = l->local_be;
+	h.ip.daddr = l->remote_be;
+	h.ip.check = ip_csum(&h.ip);
+	h.udp.source = bpf_htons(32768 + (__u16)(((__u64)hash * (60999 - 32768)) >> 32));
+	h.udp.dest = l->dport_be;
+	tot -= sizeof(struct iphdr);
+	h.udp.len = bpf_htons(tot > 0xffff ? 0xffff : tot);
+	h.udp.check = 0;
+	h.vx_flags = bpf_htonl(0x08000000);
+	h.vx_vni = bpf_htonl(l->vni << 8);
+
+	flags = BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 |
+		BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
+		ADJ_ROOM_ENCAP_L2(ETH_HLEN);
+	if (bpf_skb_adjust_room(skb, ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags))
+		return -C_ENCAP_FAIL;
+	if (bpf_skb_store_bytes(skb, 0, &h, sizeof(h), 0))
+		return TCX_DROP; /* cannot happen after a successful grow; never send half a header */
+	return bpf_redirect(hop.ifindex, 0);
+}
+
+SEC("tcx/ingress")
+int port_ingress(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	struct port_val *p = bpf_map_lookup_elem(&ports, &ifindex);
+	struct ethhdr eth;
+	__u64 *pc, *tc;
+	__u32 len = skb->len, act, slot;
+	__u32 limit;
+	int vlan, rc;
+
+	if (!p) {
+		count_global(G_UNKNOWN_PORT);
+		return TCX_NEXT;
+	}
+	pc = counters_of(p->slot);
+	if (len < ETH_HLEN || bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth))) {
+		count(pc, C_DROP_TRUNCATED, 1);
+		return TCX_DROP;
+	}
+	vlan = skb->vlan_present || eth.h_proto == bpf_htons(ETH_P_8021Q) ||
+	       eth.h_proto == bpf_htons(ETH_P_8021AD);
+	limit = p->mtu + ETH_HLEN + (vlan ? 4 : 0);
+	if (skb->gso_size) {
+		__u32 hdrs = l3l4_len(skb, eth.h_proto);
+
+		if (skb->gso_size + (hdrs ? hdrs : sizeof(struct iphdr)) > p->mtu) {
+			count(pc, C_DROP_OVERSIZE, 1);
+			return TCX_DROP;
+		}
+	} else if (len > limit) {
+		count(pc, C_DROP_OVERSIZE, 1);
+		return TCX_DROP;
+	}
+	if (!(p->flags & PORT_ANY_SOURCE) && !mac_eq(eth.h_source, p->mac)) {
+		count(pc, C_DROP_SPOOFED_SRC, 1);
+		return TCX_DROP;
+	}
+	if ((p->flags & PORT_RATE) && !rate_admit(p->slot, len)) {
+		count(pc, C_DROP_RATE_LIMITED, 1);
+		return TCX_DROP;
+	}
+	if (vlan || (eth.h_dest[0] & 1))
+		goto punt;
+	act = fwd_decide(p->vni, eth.h_source, eth.h_dest);
+	slot = ACT_SLOT(act);
+	switch (ACT_KIND(act)) {
+	case ACT_PORT: {
+		struct port_val *to;
+
+		if (slot == p->slot)
+			goto punt; /* decide() drops this; vnetd will too */
+		to = bpf_map_lookup_elem(&port_slots, &slot);
+		if (!to || !to->ifindex)
+			goto punt;
+		count(pc, C_RX_FRAMES, 1);
+		count(pc, C_RX_BYTES, len);
+		tc = counters_of(slot);
+		count(tc, C_TX_FRAMES, 1);
+		count(tc, C_TX_BYTES, len);
+		matrix_count(p->vni, eth.h_source, eth.h_dest, len);
+		return deliver(to, 1);
+	}
+	case ACT_LINK: {
+		struct link_val *l = bpf_map_lookup_elem(&links, &slot);
+
+		if (!l || !l->remote_be)
+			goto punt;
+		rc = encap_to_link(skb, l, slot, p, eth.h_proto);
+		if (rc < 0) {
+			count(pc, -rc, 1);
+			goto punt;
+		}
+		count(pc, C_RX_FRAMES, 1);
+		count(pc, C_RX_BYTES, len);
+		tc = counters_of(cfg_max_ports + slot);
+		count(tc, C_TX_FRAMES, 1);
+		count(tc, C_TX_BYTES, len);
+		matrix_count(p->vni, eth.h_source, eth.h_dest, len);
+		return rc;
+	}
+	default:
+		break;
+	}
+punt:
+	count(pc, C_PUNT_FRAMES, 1);
+	count(pc, C_PUNT_BYTES, len);
+	if (!p->punt_ifindex)
+		return TCX_DROP;
+	return bpf_redirect(p->punt_ifindex, 0);
+}
+
+/* Delivers a decapsulated frame arriving from link `l` if the table sends it to a local
+ * fast-path port; returns TCX_NEXT for anything vnetd must see. `off` is where the inner
+ * Ethernet header starts, `decap` whether the outer headers are still in the packet. */
+static __always_inline int from_link(struct __sk_buff *skb, __u32 lslot, const struct link_val *l,
+				     __u32 off, int decap)
+{
+	struct ethhdr in;
+	struct port_val *to;
+	__u64 *lc, *tc;
+	__u32 act, slot, ilen = skb->len - off;
+	int ip;
+
+	if (skb->len < off + ETH_HLEN || bpf_skb_load_bytes(skb, off, &in, sizeof(in)))
+		return TCX_NEXT; /* vnetd counts it */
+	if (in.h_dest[0] & 1 || in.h_proto == bpf_htons(ETH_P_8021Q) ||
+	    in.h_proto == bpf_htons(ETH_P_8021AD))
+		return TCX_NEXT;
+	act = fwd_decide(l->vni, in.h_source, in.h_dest);
+	if (ACT_KIND(act) != ACT_PORT)
+		return TCX_NEXT;
+	slot = ACT_SLOT(act);
+	to = bpf_map_lookup_elem(&port_slots, &slot);
+	if (!to || !to->ifindex || to->vni != l->vni)
+		return TCX_NEXT;
+	if (!skb->gso_size && ilen > to->mtu + ETH_HLEN)
+		return TCX_NEXT; /* vnetd drops it as oversize */
+	lc = counters_of(cfg_max_ports + lslot);
+	if ((l->flags & LINK_RATE) && !rate_admit(cfg_max_ports + lslot, ilen)) {
+		count(lc, C_DROP_RATE_LIMITED, 1);
+		return TCX_DROP;
+	}
+	ip = in.h_proto == bpf_htons(ETH_P_IP) || in.h_proto == bpf_htons(ETH_P_IPV6);
+	if (decap) {
+		__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO;
+
+		if (in.h_proto == bpf_htons(ETH_P_IPV6))
+			flags |= ADJ_ROOM_DECAP_L3_IPV6;
+		if (bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags)) {
+			count(lc, C_ENCAP_FAIL, 1);
+			return TCX_NEXT;
+		}
+		if (bpf_skb_store_bytes(skb, 0, &in, sizeof(in), 0))
+			return TCX_DROP;
+	}
+	count(lc, C_RX_FRAMES, 1);
+	count(lc, C_RX_BYTES, ilen);
+	tc = counters_of(slot);
+	count(tc, C_TX_FRAMES, 1);
+	count(tc, C_TX_BYTES, ilen);
+	matrix_count(l->vni, in.h_source, in.h_dest, ilen);
+	return deliver(to, ip);
+}
+
+SEC("tcx/ingress")
+int underlay_ingress(struct __sk_buff *skb)
+{
+	struct {
+		struct ethhdr eth;
+		struct iphdr ip;
+		struct udphdr udp;
+		__u32 vx_flags;
+		__u32 vx_vni;
+	} __attribute__((packed)) h;
+	struct link_key key;
+	struct link_val *l;
+	__u32 *lslot, gso;
+
+	if (bpf_skb_load_bytes(skb, 0, &h, sizeof(h)) || h.eth.h_proto != bpf_htons(ETH_P_IP) ||
+	    h.ip.version != 4 || h.ip.ihl != 5 || h.ip.protocol != IPPROTO_UDP ||
+	    (h.ip.frag_off & bpf_htons(0x3fff)) || h.udp.dest != cfg_vxlan_port_be) {
+		count_global(G_NOT_VXLAN);
+		return TCX_NEXT;
+	}
+	/* RFC 7348: I flag set, reserved bits zero (vnetd counts the others as bad_vxlan). */
+	if (h.vx_flags != bpf_htonl(0x08000000) || (h.vx_vni & bpf_htonl(0xff)))
+		return TCX_NEXT;
+	key.remote_be = h.ip.saddr;
+	key.vni = bpf_ntohl(h.vx_vni) >> 8;
+	lslot = bpf_map_lookup_elem(&links_rx, &key);
+	if (!lslot) {
+		count_global(G_UNKNOWN_LINK);
+		return TCX_NEXT;
+	}
+	l = bpf_map_lookup_elem(&links, lslot);
+	if (!l || (l->local_be && l->local_be != h.ip.daddr))
+		return TCX_NEXT;
+	/* Several VXLAN datagrams merged by GRO (or sent as one UDP GSO skb) are not one frame:
+	 * the stack splits them for vnetd's socket. Only a tunnel GSO skb (one outer header over
+	 * an inner TCP/UDP GSO frame) is decapsulated whole. */
+	gso = gso_type_of(skb);
+	if (skb->gso_size && !(gso & (SKB_GSO_UDP_TUNNEL | SKB_GSO_UDP_TUNNEL_CSUM))) {
+		count(counters_of(cfg_max_ports + *lslot), C_GRO_PASSED, 1);
+		return TCX_NEXT;
+	}
+	return from_link(skb, *lslot, l, sizeof(h), 1);
+}
+
+SEC("tcx/ingress")
+int tunnel_ingress(struct __sk_buff *skb)
+{
+	struct bpf_tunnel_key tk = {};
+	struct link_key key;
+	struct link_val *l;
+	__u32 *lslot;
+
+	if (bpf_skb_get_tunnel_key(skb, &tk, sizeof(tk), 0))
+		return TCX_NEXT;
+	key.remote_be = bpf_htonl(tk.remote_ipv4);
+	key.vni = tk.tunnel_id;
+	lslot = bpf_map_lookup_elem(&links_rx, &key);
+	if (!lslot)
+		return TCX_NEXT;
+	l = bpf_map_lookup_elem(&links, lslot);
+	if (!l)
+		return TCX_NEXT;
+	return from_link(skb, *lslot, l, 0, 0);
+}
+
+SEC("tcx/ingress")
+int punt_ingress(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	__u32 *slot = bpf_map_lookup_elem(&punts, &ifindex);
+	struct port_val *to;
+	__u64 *c;
+
+	if (!slot) {
+		count_global(G_UNKNOWN_PORT);
+		return TCX_NEXT;
+	}
+	to = bpf_map_lookup_elem(&port_slots, slot);
+	if (!to || !to->ifindex)
+		return TCX_DROP;
+	c = counters_of(*slot);
+	count(c, C_SLOW_TX_FRAMES, 1);
+	count(c, C_SLOW_TX_BYTES, skb->len);
+	/* The TAP parsed the frame (skb->protocol is right), so the peer shortcut is safe. */
+	return deliver(to, 1);
+}

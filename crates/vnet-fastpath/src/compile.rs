@@ -1,0 +1,646 @@
+//! From the routing core's inputs (route rules, ports with their VNI and kind of egress) to the
+//! contents of the kernel's forwarding map. Only what the kernel can decide exactly as
+//! [`vnet_core::ForwardingTable::decide`] would is compiled; everything else is "slow" (punted
+//! to vnetd). Pure: no I/O; the property test at the bottom checks the claim.
+//!
+//! The map has four kinds of key, one per rank of `vnet_core::RouteTable` (destination rank
+//! first, then source): (src, dst), (any, dst), (src, any), (any, any). The kernel looks up
+//! (any, dst) first; only when that entry says exact-source entries exist (`check_src`) does it
+//! look up (src, dst). When no entry of the destination ranks decides, it falls to (any, any),
+//! and from there to (src, any) the same way. So the common case (destination rules only) is
+//! one lookup. A `not MAC` rule that could match a destination makes that destination slow; a
+//! `not` rule on the any-destination ranks makes the fallback slow; a rank whose best rules
+//! name more than one target (or a target that is neither a fast-path port nor a plain udp
+//! link) is slow; learning makes everything slow.
+
+#![forbid(unsafe_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use vnet_core::{MacMatch, PortId, RouteRule};
+use vnet_wire::MacAddr;
+
+/// What kind of egress a port is, as far as the kernel path cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Egress {
+    /// A fast-path port of this host (a veth or netdev with the programs attached).
+    FastPort,
+    /// A plain IPv4 `udp` link (VXLAN, not encrypted).
+    UdpLink,
+    /// Anything else: a TAP or vhost-user guest served by vnetd, an encrypted, TCP or direct
+    /// link. Frames for it are punted.
+    Other,
+}
+
+/// A port as the compiler sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompilePort {
+    pub id: PortId,
+    pub vni: u32,
+    pub egress: Egress,
+}
+
+/// Which rank a key stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum KeyKind {
+    /// (any, any): the fallback of a VNI.
+    Any,
+    /// (any, dst).
+    Dst,
+    /// (src, dst).
+    SrcDst,
+    /// (src, any).
+    Src,
+}
+
+impl KeyKind {
+    /// The `FWD_*` value of the C header.
+    pub fn wire(self) -> u16 {
+        match self {
+            KeyKind::SrcDst => crate::layout::FWD_SRC_DST,
+            KeyKind::Dst => crate::layout::FWD_DST,
+            KeyKind::Src => crate::layout::FWD_SRC,
+            KeyKind::Any => crate::layout::FWD_ANY,
+        }
+    }
+}
+
+/// A key of the forwarding map. Unused MACs are zero. The derived order (VNI, kind, ...) is
+/// the order the loader inserts in: fallbacks first, exact-source entries after the
+/// destination entries that point at them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FwdKey {
+    pub vni: u32,
+    pub kind: KeyKind,
+    pub src: MacAddr,
+    pub dst: MacAddr,
+}
+
+/// What the kernel does with a frame a key matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// No rule of this rank: look at the next rank.
+    None,
+    /// Punt to vnetd.
+    Slow,
+    /// Deliver to this fast-path port.
+    Port(PortId),
+    /// Encapsulate to this plain udp link.
+    Link(PortId),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FwdEntry {
+    pub action: Action,
+    /// Exact-source entries exist below this one: look them up first.
+    pub check_src: bool,
+}
+
+/// The compiled forwarding table: the map's whole desired contents.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompiledTable {
+    pub entries: BTreeMap<FwdKey, FwdEntry>,
+}
+
+impl CompiledTable {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The lookup the BPF program does (`fwd_decide` in fastpath.bpf.c), on this table:
+    /// [`Action::None`] when nothing decides (the program punts).
+    pub fn lookup(&self, vni: u32, src: MacAddr, dst: MacAddr) -> Action {
+        let get = |kind, s, d| {
+            self.entries.get(&FwdKey {
+                vni,
+                kind,
+                src: s,
+                dst: d,
+            })
+        };
+        if let Some(e) = get(KeyKind::Dst, MacAddr::ZERO, dst) {
+            if e.check_src {
+                if let Some(s) = get(KeyKind::SrcDst, src, dst) {
+                    return s.action;
+                }
+            }
+            if e.action != Action::None {
+                return e.action;
+            }
+        }
+        let Some(e) = get(KeyKind::Any, MacAddr::ZERO, MacAddr::ZERO) else {
+            return Action::None;
+        };
+        if e.check_src {
+            if let Some(s) = get(KeyKind::Src, src, MacAddr::ZERO) {
+                return s.action;
+            }
+        }
+        e.action
+    }
+}
+
+fn has_not(r: &RouteRule) -> bool {
+    matches!(r.src, MacMatch::Not(_)) || matches!(r.dst, MacMatch::Not(_))
+}
+
+/// Compiles the rules of every VNI. Rules whose destination is not a port of their VNI are
+/// ignored, as `ForwardingTable::new` ignores them.
+pub fn compile(ports: &[CompilePort], rules: &[RouteRule], learning: bool) -> CompiledTable {
+    let mut out = CompiledTable::default();
+    if learning {
+        return out;
+    }
+    let port: BTreeMap<PortId, CompilePort> = ports.iter().map(|p| (p.id, *p)).collect();
+    let mut by_vni: BTreeMap<u32, Vec<RouteRule>> = BTreeMap::new();
+    for r in rules {
+        if port.get(&r.dest).map(|p| p.vni) == Some(r.vni) {
+            by_vni.entry(r.vni).or_default().push(*r);
+        }
+    }
+    // The action for the best rank's set of targets.
+    let act = |targets: &BTreeSet<PortId>| -> Action {
+        let mut it = targets.iter();
+        match (it.next(), it.next()) {
+            (None, _) => Action::None,
+            (Some(p), None) => match port.get(p).map(|p| p.egress) {
+                Some(Egress::FastPort) => Action::Port(*p),
+                Some(Egress::UdpLink) => Action::Link(*p),
+                _ => Action::Slow,
+            },
+            _ => Action::Slow,
+        }
+    };
+    for (vni, rules) in by_vni {
+        let key = |kind, src, dst| FwdKey {
+            vni,
+            kind,
+            src,
+            dst,
+        };
+        // Destinations with an exact rule: each gets a (any, dst) entry.
+        let dsts: BTreeSet<MacAddr> = rules
+            .iter()
+            .filter_map(|r| match r.dst {
+                MacMatch::Exact(d) if d.is_unicast() => Some(d),
+                _ => None,
+            })
+            .collect();
+        for d in dsts {
+            let matching: Vec<&RouteRule> = rules.iter().filter(|r| r.dst.matches(d)).collect();
+            if matching.iter().any(|r| has_not(r)) {
+                out.entries.insert(
+                    key(KeyKind::Dst, MacAddr::ZERO, d),
+                    FwdEntry {
+                        action: Action::Slow,
+                        check_src: false,
+                    },
+                );
+                continue;
+            }
+            let mut any_src = BTreeSet::new();
+            let mut by_src: BTreeMap<MacAddr, BTreeSet<PortId>> = BTreeMap::new();
+            for r in matching.iter().filter(|r| r.dst == MacMatch::Exact(d)) {
+                match r.src {
+                    MacMatch::Any => {
+                        any_src.insert(r.dest);
+                    }
+                    MacMatch::Exact(s) => {
+                        by_src.entry(s).or_default().insert(r.dest);
+                    }
+                    MacMatch::Not(_) => unreachable!("filtered above"),
+                }
+            }
+            for (s, t) in &by_src {
+                out.entries.insert(
+                    key(KeyKind::SrcDst, *s, d),
+                    FwdEntry {
+                        action: act(t),
+                        check_src: false,
+                    },
+                );
+            }
+            let e = FwdEntry {
+                action: act(&any_src),
+                check_src: !by_src.is_empty(),
+            };
+            if e.action != Action::None || e.check_src {
+                out.entries.insert(key(KeyKind::Dst, MacAddr::ZERO, d), e);
+            }
+        }
+        // The fallback: rules whose destination is `any` or `not X`.
+        let wild: Vec<&RouteRule> = rules
+            .iter()
+            .filter(|r| !matches!(r.dst, MacMatch::Exact(_)))
+            .collect();
+        if wild.iter().any(|r| has_not(r)) {
+            out.entries.insert(
+                key(KeyKind::Any, MacAddr::ZERO, MacAddr::ZERO),
+                FwdEntry {
+                    action: Action::Slow,
+                    check_src: false,
+                },
+            );
+            continue;
+        }
+        let mut any_src = BTreeSet::new();
+        let mut by_src: BTreeMap<MacAddr, BTreeSet<PortId>> = BTreeMap::new();
+        for r in &wild {
+            match r.src {
+                MacMatch::Any => {
+                    any_src.insert(r.dest);
+                }
+                MacMatch::Exact(s) => {
+                    by_src.entry(s).or_default().insert(r.dest);
+                }
+                MacMatch::Not(_) => unreachable!("handled above"),
+            }
+        }
+        for (s, t) in &by_src {
+            out.entries.insert(
+                key(KeyKind::Src, *s, MacAddr::ZERO),
+                FwdEntry {
+                    action: act(t),
+                    check_src: false,
+                },
+            );
+        }
+        let e = FwdEntry {
+            action: act(&any_src),
+            check_src: !by_src.is_empty(),
+        };
+        if e.action != Action::None || e.check_src {
+            out.entries
+                .insert(key(KeyKind::Any, MacAddr::ZERO, MacAddr::ZERO), e);
+        }
+    }
+    out
+}
+
+/// What the kernel does with a frame, as a whole (the program's checks around the lookup).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelDecision {
+    /// Punted to vnetd (or passed to the stack, from the underlay).
+    Slow,
+    /// Forwarded in the kernel to this port or link.
+    Forward(PortId),
+}
+
+/// The kernel's decision for a frame (src, dst) entering through `ingress` (a fast-path port
+/// or a plain udp link) in `vni`: multicast is punted, the table decides unicast, a result
+/// equal to the ingress is punted, and from a link only delivery to a fast-path port happens
+/// in the kernel. This mirrors port_ingress / underlay_ingress.
+pub fn kernel_decision(
+    table: &CompiledTable,
+    ingress: CompilePort,
+    src: MacAddr,
+    dst: MacAddr,
+) -> KernelDecision {
+    if dst.is_multicast() {
+        return KernelDecision::Slow;
+    }
+    match (ingress.egress, table.lookup(ingress.vni, src, dst)) {
+        (_, Action::Port(p)) if p == ingress.id => KernelDecision::Slow,
+        (Egress::FastPort, Action::Port(p) | Action::Link(p)) => KernelDecision::Forward(p),
+        (Egress::UdpLink, Action::Port(p)) => KernelDecision::Forward(p),
+        _ => KernelDecision::Slow,
+    }
+}
+
+/// The map writes that take the kernel's table from `current` to `desired` within `capacity`
+/// entries. Inserts and overwrites come first, in key order (fallbacks before the entries that
+/// lead to them), deletes last, so an entry present in both is never missing, not even for an
+/// instant. When the new keys do not fit, the ones that do not fit are left out and the entry
+/// that would otherwise decide for their frames is made slow, so a missing entry can only ever
+/// make a frame slow, never send it elsewhere.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TablePlan {
+    pub upserts: Vec<(FwdKey, FwdEntry)>,
+    pub deletes: Vec<FwdKey>,
+    /// Entries of `desired` left out for lack of room (the table-full count).
+    pub left_out: usize,
+    /// The table after the plan.
+    pub result: BTreeMap<FwdKey, FwdEntry>,
+}
+
+pub fn plan_update(
+    current: &BTreeMap<FwdKey, FwdEntry>,
+    desired: &CompiledTable,
+    capacity: usize,
+) -> TablePlan {
+    let slow = FwdEntry {
+        action: Action::Slow,
+        check_src: false,
+    };
+    let mut want = desired.entries.clone();
+    // While both old and new entries are in the map (deletes come last) every new key needs
+    // room beside all of the current ones.
+    let mut room = capacity.saturating_sub(current.len());
+    let mut left_out = 0;
+    let keys: Vec<FwdKey> = want.keys().copied().collect();
+    for k in keys {
+        if current.contains_key(&k) || !want.contains_key(&k) {
+            continue;
+        }
+        if room > 0 {
+            room -= 1;
+            continue;
+        }
+        want.remove(&k);
+        left_out += 1;
+        let anyk = FwdKey {
+            vni: k.vni,
+            kind: KeyKind::Any,
+            src: MacAddr::ZERO,
+            dst: MacAddr::ZERO,
+        };
+        match k.kind {
+            // Without its (any, dst) entry a destination falls to the fallback: make that slow,
+            // and its exact-source entries are unreachable.
+            KeyKind::Dst => {
+                let orphans: Vec<FwdKey> = want
+                    .keys()
+                    .filter(|o| o.vni == k.vni && o.kind == KeyKind::SrcDst && o.dst == k.dst)
+                    .copied()
+                    .collect();
+                for o in orphans {
+                    want.remove(&o);
+                    left_out += 1;
+                }
+                if let Some(e) = want.get_mut(&anyk) {
+                    *e = slow;
+                }
+            }
+            KeyKind::SrcDst => {
+                let dk = FwdKey {
+                    kind: KeyKind::Dst,
+                    src: MacAddr::ZERO,
+                    ..k
+                };
+                if let Some(e) = want.get_mut(&dk) {
+                    *e = slow;
+                }
+            }
+            KeyKind::Src => {
+                if let Some(e) = want.get_mut(&anyk) {
+                    *e = slow;
+                }
+            }
+            // No fallback entry: frames that would use it find nothing and are punted.
+            KeyKind::Any => {
+                let orphans: Vec<FwdKey> = want
+                    .keys()
+                    .filter(|o| o.vni == k.vni && o.kind == KeyKind::Src)
+                    .copied()
+                    .collect();
+                for o in orphans {
+                    want.remove(&o);
+                    left_out += 1;
+                }
+            }
+        }
+    }
+    let upserts = want
+        .iter()
+        .filter(|(k, e)| current.get(k) != Some(e))
+        .map(|(k, e)| (*k, *e))
+        .collect();
+    let deletes = current
+        .keys()
+        .filter(|k| !want.contains_key(k))
+        .copied()
+        .collect();
+    TablePlan {
+        upserts,
+        deletes,
+        left_out,
+        result: want,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use vnet_core::{Decision, ForwardingTable, PortInfo, PortKind};
+
+    fn mac(last: u8) -> MacAddr {
+        MacAddr([0x52, 0x54, 0, 0, 0, last])
+    }
+
+    fn port(id: u32, vni: u32, egress: Egress) -> CompilePort {
+        CompilePort {
+            id: PortId(id),
+            vni,
+            egress,
+        }
+    }
+
+    fn rule(vni: u32, src: MacMatch, dst: MacMatch, dest: u32) -> RouteRule {
+        RouteRule {
+            vni,
+            src,
+            dst,
+            dest: PortId(dest),
+        }
+    }
+
+    fn ports() -> Vec<CompilePort> {
+        vec![
+            port(1, 1, Egress::FastPort),
+            port(2, 1, Egress::FastPort),
+            port(3, 1, Egress::UdpLink),
+            port(4, 1, Egress::Other),
+            port(5, 2, Egress::FastPort),
+        ]
+    }
+
+    #[test]
+    fn destination_rules_are_one_entry_each() {
+        let rules = [
+            rule(1, MacMatch::Any, MacMatch::Exact(mac(2)), 2),
+            rule(1, MacMatch::Any, MacMatch::Exact(mac(3)), 3),
+            rule(1, MacMatch::Any, MacMatch::Exact(mac(4)), 4),
+        ];
+        let t = compile(&ports(), &rules, false);
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.lookup(1, mac(1), mac(2)), Action::Port(PortId(2)));
+        assert_eq!(t.lookup(1, mac(1), mac(3)), Action::Link(PortId(3)));
+        assert_eq!(t.lookup(1, mac(1), mac(4)), Action::Slow);
+        assert_eq!(t.lookup(1, mac(1), mac(9)), Action::None);
+        assert_eq!(t.lookup(2, mac(1), mac(2)), Action::None);
+    }
+
+    #[test]
+    fn source_rules_are_checked_first_only_where_they_exist() {
+        let rules = [
+            rule(1, MacMatch::Any, MacMatch::Exact(mac(2)), 2),
+            rule(1, MacMatch::Exact(mac(7)), MacMatch::Exact(mac(2)), 3),
+            rule(1, MacMatch::Exact(mac(8)), MacMatch::Any, 1),
+        ];
+        let t = compile(&ports(), &rules, false);
+        assert_eq!(t.lookup(1, mac(7), mac(2)), Action::Link(PortId(3)));
+        assert_eq!(t.lookup(1, mac(6), mac(2)), Action::Port(PortId(2)));
+        assert_eq!(t.lookup(1, mac(8), mac(9)), Action::Port(PortId(1)));
+        assert_eq!(t.lookup(1, mac(6), mac(9)), Action::None);
+    }
+
+    #[test]
+    fn not_rules_and_multiple_targets_are_slow() {
+        let rules = [
+            rule(1, MacMatch::Not(mac(7)), MacMatch::Exact(mac(2)), 2),
+            rule(1, MacMatch::Any, MacMatch::Exact(mac(3)), 1),
+            rule(1, MacMatch::Any, MacMatch::Exact(mac(3)), 2),
+            rule(1, MacMatch::Any, MacMatch::Not(mac(5)), 3),
+        ];
+        let t = compile(&ports(), &rules, false);
+        assert_eq!(t.lookup(1, mac(1), mac(2)), Action::Slow);
+        assert_eq!(t.lookup(1, mac(1), mac(3)), Action::Slow);
+        assert_eq!(t.lookup(1, mac(1), mac(9)), Action::Slow);
+        assert!(compile(&ports(), &rules, true).is_empty());
+    }
+
+    #[test]
+    fn plan_orders_writes_and_keeps_unchanged_entries() {
+        let a = compile(
+            &ports(),
+            &[
+                rule(1, MacMatch::Any, MacMatch::Exact(mac(2)), 2),
+                rule(1, MacMatch::Any, MacMatch::Exact(mac(3)), 3),
+            ],
+            false,
+        );
+        let b = compile(
+            &ports(),
+            &[
+                rule(1, MacMatch::Any, MacMatch::Exact(mac(2)), 2),
+                rule(1, MacMatch::Any, MacMatch::Exact(mac(3)), 1),
+                rule(1, MacMatch::Any, MacMatch::Exact(mac(9)), 3),
+            ],
+            false,
+        );
+        let p = plan_update(&a.entries, &b, 100);
+        assert_eq!(p.upserts.len(), 2, "changed mac(3) and new mac(9) only");
+        assert!(p.deletes.is_empty());
+        assert_eq!(p.result, b.entries);
+        let back = plan_update(&b.entries, &a, 100);
+        assert_eq!(back.deletes.len(), 1);
+    }
+
+    #[test]
+    fn a_full_table_degrades_to_slow_never_elsewhere() {
+        let rules = [
+            rule(1, MacMatch::Any, MacMatch::Any, 3),
+            rule(1, MacMatch::Any, MacMatch::Exact(mac(2)), 2),
+            rule(1, MacMatch::Any, MacMatch::Exact(mac(4)), 1),
+        ];
+        let t = compile(&ports(), &rules, false);
+        assert_eq!(t.len(), 3);
+        // room for the fallback and one destination only
+        let p = plan_update(&BTreeMap::new(), &t, 2);
+        assert_eq!(p.left_out, 1);
+        let got = CompiledTable { entries: p.result };
+        for d in [2, 4, 9] {
+            let a = got.lookup(1, mac(1), mac(d));
+            let want = t.lookup(1, mac(1), mac(d));
+            assert!(a == want || a == Action::Slow, "{d}: {a:?} vs {want:?}");
+        }
+        assert_eq!(got.lookup(1, mac(1), mac(9)), Action::Slow);
+    }
+
+    // ---- the property: the kernel's decision is slow or decide()'s single target ----
+
+    fn arb_mac() -> impl Strategy<Value = MacAddr> {
+        prop_oneof![
+            8 => (1u8..7).prop_map(mac),
+            1 => Just(MacAddr::BROADCAST),
+            1 => Just(MacAddr([0x33, 0x33, 0, 0, 0, 1])),
+        ]
+    }
+
+    fn arb_match() -> impl Strategy<Value = MacMatch> {
+        prop_oneof![
+            3 => Just(MacMatch::Any),
+            5 => arb_mac().prop_map(MacMatch::Exact),
+            1 => arb_mac().prop_map(MacMatch::Not),
+        ]
+    }
+
+    fn arb_egress() -> impl Strategy<Value = (Egress, PortKind)> {
+        prop_oneof![
+            Just((Egress::FastPort, PortKind::Interface)),
+            Just((Egress::UdpLink, PortKind::OverlayLink)),
+            Just((Egress::Other, PortKind::Interface)),
+            Just((Egress::Other, PortKind::OverlayLink)),
+            Just((Egress::Other, PortKind::DirectLink)),
+        ]
+    }
+
+    type Case = (
+        Vec<(u32, Egress, PortKind)>,
+        Vec<(u32, MacMatch, MacMatch, u32)>,
+    );
+
+    fn arb_case() -> impl Strategy<Value = Case> {
+        (
+            prop::collection::vec(
+                (1u32..3, arb_egress()).prop_map(|(v, (e, k))| (v, e, k)),
+                1..7,
+            ),
+            prop::collection::vec((1u32..3, arb_match(), arb_match(), 0u32..8), 0..14),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn kernel_decision_is_slow_or_exactly_decide(
+            case in arb_case(),
+            frames in prop::collection::vec((0usize..8, arb_mac(), arb_mac()), 1..24),
+            learning in prop::bool::weighted(0.1),
+            capacity in prop_oneof![Just(10_000usize), 0usize..6],
+        ) {
+            let (pspecs, rspecs) = case;
+            let ports: Vec<CompilePort> = pspecs
+                .iter()
+                .enumerate()
+                .map(|(i, (vni, e, _))| port(i as u32, *vni, *e))
+                .collect();
+            let rules: Vec<RouteRule> = rspecs
+                .iter()
+                .map(|(vni, s, d, dest)| rule(*vni, *s, *d, *dest))
+                .collect();
+            let table = ForwardingTable::new(
+                1,
+                pspecs.iter().enumerate().map(|(i, (vni, _, k))| {
+                    (PortId(i as u32), PortInfo { vni: *vni, kind: *k })
+                }),
+                rules.iter().copied(),
+            );
+            let full = compile(&ports, &rules, learning);
+            // The table as the kernel holds it, also when the map was too small for it.
+            let compiled = CompiledTable {
+                entries: plan_update(&BTreeMap::new(), &full, capacity).result,
+            };
+            for (i, src, dst) in frames {
+                let ingress = ports[i % ports.len()];
+                if ingress.egress == Egress::Other {
+                    continue; // the programs only run on fast-path ports and udp links
+                }
+                let kd = kernel_decision(&compiled, ingress, src, dst);
+                if let KernelDecision::Forward(p) = kd {
+                    let d = table.decide(ingress.id, src, dst, learning, None);
+                    prop_assert_eq!(
+                        d,
+                        Decision::Forward(vec![p]),
+                        "ingress {:?} {} -> {}", ingress, src, dst
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,746 @@
+//! The programs, loaded through the kernel's verifier and run with `BPF_PROG_TEST_RUN` on
+//! crafted frames: forwarded, encapsulated, punted, spoofed, oversize, VLAN, broadcast, rate
+//! limited, decapsulated (valid and hostile VXLAN), and the punt TAP's way back; plus table
+//! updates and cleanup. Needs root: each test runs in a network namespace of its own (made by
+//! `unshare` on the test's thread) with veth devices, so nothing touches the host.
+//! Without root the tests skip with a reason, unless VNET_REQUIRE_BPF=1 (CI), which fails.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+use vnet_core::{MacMatch, PortId, RouteRule};
+use vnet_fastpath::*;
+use vnet_wire::MacAddr;
+
+const A: MacAddr = MacAddr([0x52, 0x54, 0, 0, 0, 0x0a]);
+const B: MacAddr = MacAddr([0x52, 0x54, 0, 0, 0, 0x0b]);
+const C: MacAddr = MacAddr([0x52, 0x54, 0, 0, 0, 0x0c]);
+const D: MacAddr = MacAddr([0x52, 0x54, 0, 0, 0, 0x0d]);
+const NEIGH_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 1);
+const REMOTE: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 2);
+const UNRESOLVED: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 3);
+
+const PORT_A: PortId = PortId(1);
+const PORT_B: PortId = PortId(2);
+const LINK_C: PortId = PortId(3);
+const LINK_D: PortId = PortId(4);
+
+fn require() -> bool {
+    std::env::var("VNET_REQUIRE_BPF").as_deref() == Ok("1")
+}
+
+fn skip(why: &str) -> Option<Lab> {
+    if require() {
+        panic!("VNET_REQUIRE_BPF=1 but {why}");
+    }
+    eprintln!("skipped: {why} (set VNET_REQUIRE_BPF=1 to make this a failure)");
+    None
+}
+
+fn sh(args: &[&str]) {
+    let st = Command::new("ip")
+        .args(args)
+        .status()
+        .expect("ip (iproute2) runs");
+    assert!(st.success(), "ip {args:?} failed");
+}
+
+fn ifindex(name: &str) -> u32 {
+    // Not /sys/class/net: sysfs shows the namespace it was mounted in, not this thread's.
+    let c = std::ffi::CString::new(name).expect("no NUL in a device name");
+    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    assert!(i != 0, "no device {name}");
+    i
+}
+
+struct Lab {
+    fp: FastPath,
+    pa: u32,
+    pb: u32,
+    punt_a: u32,
+    underlay: u32,
+}
+
+/// A private network namespace for this thread with: port A (veth pa/pa-g) and its punt
+/// device, port B (veth pb/pb-g) and its punt device, an underlay `u0` (veth, 10.9.0.1/24)
+/// with a permanent neighbour 10.9.0.2; and a FastPath with ports A and B attached, links C
+/// (to 10.9.0.2) and D (to the unresolved 10.9.0.3), and routes A, B to the ports and C, D to
+/// the links.
+fn lab_with(cfg: FastPathConfig) -> Option<Lab> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return skip("not root: loading BPF programs needs privileges");
+    }
+    // SAFETY: unshare only changes this thread's namespace; each test has its own thread (or,
+    // with --test-threads=1, every later test also unshares its own namespace first).
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        return skip(&format!(
+            "unshare(CLONE_NEWNET) failed: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // No IPv6 autoconfiguration chatter on the test's devices: it would reach the programs as
+    // frames nobody sent (this thread's /proc/sys/net is the new namespace's).
+    for knob in ["all", "default"] {
+        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{knob}/disable_ipv6"), "1");
+    }
+    for l in [
+        "link add pa type veth peer name pa-g",
+        "link add pb type veth peer name pb-g",
+        // (this kernel has no dummy driver: veth pairs stand in for TAPs and the underlay)
+        "link add punta type veth peer name punta-p",
+        "link add puntb type veth peer name puntb-p",
+        "link add u0 type veth peer name u0-p",
+        "addr add 10.9.0.1/24 dev u0",
+    ] {
+        sh(&l.split(' ').collect::<Vec<_>>());
+    }
+    for d in [
+        "lo", "pa", "pa-g", "pb", "pb-g", "punta", "punta-p", "puntb", "puntb-p", "u0", "u0-p",
+    ] {
+        sh(&["link", "set", d, "up"]);
+    }
+    sh(&[
+        "neigh",
+        "replace",
+        "10.9.0.2",
+        "lladdr",
+        "02:00:00:00:00:02",
+        "dev",
+        "u0",
+        "nud",
+        "permanent",
+    ]);
+    let mut fp = match FastPath::open(&cfg) {
+        Ok(fp) => fp,
+        Err(Unavailable::Verifier { program, log }) => {
+            panic!("verifier refused {program}:\n{log}")
+        }
+        Err(e) => return skip(&e.to_string()),
+    };
+    let (pa, pb, punt_a, punt_b, u0) = (
+        ifindex("pa"),
+        ifindex("pb"),
+        ifindex("punta"),
+        ifindex("puntb"),
+        ifindex("u0"),
+    );
+    fp.attach_underlay(u0).expect("underlay attaches");
+    let port = |id, ifindex, punt_ifindex, mac| PortSpec {
+        id,
+        ifindex,
+        punt_ifindex,
+        mac,
+        vni: 1,
+        mtu: 1450,
+        delivery: Delivery::Egress,
+        policy: PortPolicy::default(),
+    };
+    fp.attach_port(&port(PORT_A, pa, punt_a, A))
+        .expect("port A");
+    fp.attach_port(&port(PORT_B, pb, punt_b, B))
+        .expect("port B");
+    let link = |id, remote| LinkSpec {
+        id,
+        vni: 1,
+        remote,
+        local: LOCAL,
+        udp_port: 4789,
+        rate: None,
+        via_device: None,
+    };
+    fp.set_link(&link(LINK_C, REMOTE)).expect("link C");
+    fp.set_link(&link(LINK_D, UNRESOLVED)).expect("link D");
+    let ports = [
+        CompilePort {
+            id: PORT_A,
+            vni: 1,
+            egress: Egress::FastPort,
+        },
+        CompilePort {
+            id: PORT_B,
+            vni: 1,
+            egress: Egress::FastPort,
+        },
+        CompilePort {
+            id: LINK_C,
+            vni: 1,
+            egress: Egress::UdpLink,
+        },
+        CompilePort {
+            id: LINK_D,
+            vni: 1,
+            egress: Egress::UdpLink,
+        },
+    ];
+    let rules: Vec<RouteRule> = [(A, PORT_A), (B, PORT_B), (C, LINK_C), (D, LINK_D)]
+        .iter()
+        .map(|(m, p)| RouteRule {
+            vni: 1,
+            src: MacMatch::Any,
+            dst: MacMatch::Exact(*m),
+            dest: *p,
+        })
+        .collect();
+    let r = fp
+        .apply_table(&compile(&ports, &rules, false))
+        .expect("table");
+    assert_eq!(r.written, 4);
+    Some(Lab {
+        fp,
+        pa,
+        pb,
+        punt_a,
+        underlay: u0,
+    })
+}
+
+fn lab() -> Option<Lab> {
+    lab_with(FastPathConfig::default())
+}
+
+/// An Ethernet + IPv4 + UDP frame with `payload` bytes of payload.
+fn frame(dst: MacAddr, src: MacAddr, payload: usize) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst.0);
+    f.extend_from_slice(&src.0);
+    f.extend_from_slice(&[0x08, 0x00]);
+    let tot = (20 + 8 + payload) as u16;
+    let mut ip = [
+        0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 17, 0, 0, 192, 168, 50, 1, 192, 168, 50, 2,
+    ];
+    ip[2..4].copy_from_slice(&tot.to_be_bytes());
+    let c = csum(&ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&[0x30, 0x39, 0x30, 0x3a]);
+    f.extend_from_slice(&((8 + payload) as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend((0..payload).map(|i| i as u8));
+    f
+}
+
+fn csum(b: &[u8]) -> u16 {
+    let mut s: u32 = b
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32)
+        .sum();
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    !(s as u16)
+}
+
+/// A VXLAN datagram from `src_ip` to 10.9.0.1:4789 carrying `inner` in `vni`, as a frame on
+/// the underlay.
+fn vxlan(src_ip: Ipv4Addr, vni: u32, flags: u8, inner: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 1]); // u0's MAC does not matter to the program
+    f.extend_from_slice(&NEIGH_MAC);
+    f.extend_from_slice(&[0x08, 0x00]);
+    let tot = (20 + 8 + 8 + inner.len()) as u16;
+    let mut ip = [
+        0x45, 0, 0, 0, 0, 1, 0, 0, 64, 17, 0, 0, 0, 0, 0, 0, 10, 9, 0, 1,
+    ];
+    ip[2..4].copy_from_slice(&tot.to_be_bytes());
+    ip[12..16].copy_from_slice(&src_ip.octets());
+    let c = csum(&ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb5]);
+    f.extend_from_slice(&((8 + 8 + inner.len()) as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(&[flags, 0, 0, 0]);
+    f.extend_from_slice(&(vni << 8).to_be_bytes());
+    f.extend_from_slice(inner);
+    f
+}
+
+#[test]
+fn known_unicast_between_ports_is_redirected_and_counted() {
+    let Some(l) = lab() else { return };
+    let f = frame(B, A, 100);
+    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    assert_eq!(r.verdict, TCX_REDIRECT);
+    assert_eq!(r.data, f, "forwarded unchanged");
+    let a = l.fp.port_counters(PORT_A).unwrap();
+    let b = l.fp.port_counters(PORT_B).unwrap();
+    assert_eq!(
+        (a.rx_frames, a.rx_bytes, a.punted_frames),
+        (1, f.len() as u64, 0)
+    );
+    assert_eq!((b.tx_frames, b.tx_bytes), (1, f.len() as u64));
+    let m = l.fp.matrix().unwrap();
+    assert_eq!(m.len(), 1);
+    assert_eq!((m[0].vni, m[0].src, m[0].dst, m[0].frames), (1, A, B, 1));
+}
+
+#[test]
+fn frames_for_a_link_are_encapsulated_in_vxlan() {
+    let Some(l) = lab() else { return };
+    let f = frame(C, A, 200);
+    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    assert_eq!(r.verdict, TCX_REDIRECT);
+    let d = &r.data;
+    eprintln!(
+        "global {:?} port {:?}",
+        l.fp.global_counters(),
+        l.fp.port_counters(PORT_A)
+    );
+    assert_eq!(d.len(), f.len() + 50);
+    assert_eq!(
+        &d[0..6],
+        &NEIGH_MAC,
+        "outer destination from the neighbour table"
+    );
+    assert_eq!(&d[12..14], &[0x08, 0x00]);
+    let ip = &d[14..34];
+    assert_eq!(ip[0], 0x45);
+    assert_eq!(u16::from_be_bytes([ip[2], ip[3]]) as usize, f.len() + 36);
+    assert_eq!(ip[9], 17);
+    assert_eq!(&ip[12..16], &LOCAL.octets());
+    assert_eq!(&ip[16..20], &REMOTE.octets());
+    assert_eq!(csum(ip), 0, "outer IPv4 checksum valid");
+    let udp = &d[34..42];
+    let sport = u16::from_be_bytes([udp[0], udp[1]]);
+    assert!((32768..=60999).contains(&sport), "source port {sport}");
+    assert_eq!(&udp[2..4], &4789u16.to_be_bytes());
+    assert_eq!(u16::from_be_bytes([udp[4], udp[5]]) as usize, f.len() + 16);
+    assert_eq!(&udp[6..8], &[0, 0], "UDP checksum 0, as the kernel's VXLAN");
+    assert_eq!(
+        &d[42..50],
+        &[0x08, 0, 0, 0, 0, 0, 1, 0],
+        "VXLAN header, VNI 1"
+    );
+    assert_eq!(&d[50..], &f[..], "the inner frame whole");
+    let c = l.fp.link_counters(LINK_C).unwrap();
+    assert_eq!((c.tx_frames, c.tx_bytes), (1, f.len() as u64));
+    // The same flow keeps its source port (flow hash), as the kernel's VXLAN.
+    let again = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    assert_eq!(&again.data[34..36], &udp[0..2]);
+}
+
+#[test]
+fn unresolved_next_hop_and_unknown_destinations_are_punted() {
+    let Some(l) = lab() else { return };
+    for (dst, what) in [
+        (D, "unresolved neighbour"),
+        (MacAddr([0x52, 0x54, 0, 0, 0, 0x99]), "no rule"),
+    ] {
+        let r =
+            l.fp.test_run(Program::PortIngress, &frame(dst, A, 64), l.pa, 0)
+                .unwrap();
+        assert_eq!(r.verdict, TCX_REDIRECT, "{what}: to the punt TAP");
+    }
+    let a = l.fp.port_counters(PORT_A).unwrap();
+    assert_eq!(a.punted_frames, 2);
+    assert_eq!(a.neigh_miss, 1);
+    assert_eq!(a.rx_frames, 0, "the kernel forwarded nothing itself");
+    assert_eq!(l.fp.link_counters(LINK_D).unwrap().tx_frames, 0);
+}
+
+#[test]
+fn broadcast_multicast_and_vlan_go_to_the_slow_path() {
+    let Some(l) = lab() else { return };
+    let mut vlan = frame(B, A, 64);
+    vlan.splice(12..12, [0x81, 0x00, 0x00, 0x05]);
+    for f in [
+        frame(MacAddr::BROADCAST, A, 64),
+        frame(MacAddr([0x01, 0x00, 0x5e, 0, 0, 1]), A, 64),
+        vlan,
+    ] {
+        let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+        assert_eq!(r.verdict, TCX_REDIRECT);
+        assert_eq!(r.data, f);
+    }
+    let a = l.fp.port_counters(PORT_A).unwrap();
+    assert_eq!((a.punted_frames, a.rx_frames), (3, 0));
+    assert_eq!(l.fp.port_counters(PORT_B).unwrap().tx_frames, 0);
+}
+
+#[test]
+fn spoofed_sources_are_dropped_unless_any_source() {
+    let Some(mut l) = lab() else { return };
+    let f = frame(B, C, 64);
+    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    assert_eq!(r.verdict, TCX_DROP);
+    assert_eq!(
+        l.fp.port_counters(PORT_A).unwrap().drops.get("spoofed_src"),
+        Some(&1)
+    );
+    l.fp.update_port(
+        PORT_A,
+        &PortPolicy {
+            any_source: true,
+            rate: None,
+        },
+    )
+    .unwrap();
+    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    assert_eq!(r.verdict, TCX_REDIRECT);
+    assert_eq!(l.fp.port_counters(PORT_B).unwrap().tx_frames, 1);
+}
+
+#[test]
+fn oversize_frames_and_gso_segments_are_dropped() {
+    let Some(l) = lab() else { return };
+    // MTU 1450: a 1464-byte frame is the largest that passes.
+    let ok = frame(B, A, 1450 - 28);
+    assert_eq!(ok.len(), 1464);
+    assert_eq!(
+        l.fp.test_run(Program::PortIngress, &ok, l.pa, 0)
+            .unwrap()
+            .verdict,
+        TCX_REDIRECT
+    );
+    let big = frame(B, A, 1450 - 28 + 1);
+    assert_eq!(
+        l.fp.test_run(Program::PortIngress, &big, l.pa, 0)
+            .unwrap()
+            .verdict,
+        TCX_DROP
+    );
+    // A GSO frame whose segments (gso_size + IPv4 + UDP headers) would exceed the MTU.
+    let gso = frame(B, A, 3000); // test_run takes at most about a page
+    assert_eq!(
+        l.fp.test_run(Program::PortIngress, &gso, l.pa, 1422)
+            .unwrap()
+            .verdict,
+        TCX_REDIRECT
+    );
+    assert_eq!(
+        l.fp.test_run(Program::PortIngress, &gso, l.pa, 1423)
+            .unwrap()
+            .verdict,
+        TCX_DROP
+    );
+    let a = l.fp.port_counters(PORT_A).unwrap();
+    assert_eq!(a.drops.get("oversize"), Some(&2));
+    assert_eq!(a.rx_frames, 2);
+    // Runts (< 14 bytes) cannot be fed to BPF_PROG_TEST_RUN (the kernel refuses data shorter
+    // than an Ethernet header), so `truncated` is exercised only by the program's check.
+}
+
+#[test]
+fn the_rate_limit_drops_beyond_the_bucket() {
+    let Some(mut l) = lab() else { return };
+    // 8 Mbit/s = 1 MB/s, a 3000-byte bucket: three 1000-byte frames pass at once, a fourth
+    // only if a microsecond or so refilled a token, then drops.
+    l.fp.update_port(
+        PORT_A,
+        &PortPolicy {
+            any_source: false,
+            rate: Some(Rate {
+                bits_per_sec: 8_000_000,
+                burst_bytes: 3000,
+            }),
+        },
+    )
+    .unwrap();
+    let f = frame(B, A, 1000 - 42);
+    assert_eq!(f.len(), 1000);
+    let passed = (0..10)
+        .filter(|_| {
+            l.fp.test_run(Program::PortIngress, &f, l.pa, 0)
+                .unwrap()
+                .verdict
+                == TCX_REDIRECT
+        })
+        .count();
+    assert!((3..=4).contains(&passed), "{passed} passed");
+    let a = l.fp.port_counters(PORT_A).unwrap();
+    assert_eq!(
+        a.drops.get("rate_limited").copied(),
+        Some(10 - passed as u64)
+    );
+    assert!(l.fp.rate_available(PORT_A).unwrap().unwrap() <= 0);
+    // After 5 ms, about 5000 bytes more: the bucket is full (3000) again.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert_eq!(
+        l.fp.test_run(Program::PortIngress, &f, l.pa, 0)
+            .unwrap()
+            .verdict,
+        TCX_REDIRECT
+    );
+    // Removing the limit lets everything through.
+    l.fp.update_port(PORT_A, &PortPolicy::default()).unwrap();
+    for _ in 0..10 {
+        assert_eq!(
+            l.fp.test_run(Program::PortIngress, &f, l.pa, 0)
+                .unwrap()
+                .verdict,
+            TCX_REDIRECT
+        );
+    }
+}
+
+#[test]
+fn valid_vxlan_for_a_local_port_is_decapsulated() {
+    let Some(l) = lab() else { return };
+    let inner = frame(A, C, 300);
+    let r =
+        l.fp.test_run(
+            Program::UnderlayIngress,
+            &vxlan(REMOTE, 1, 0x08, &inner),
+            l.underlay,
+            0,
+        )
+        .unwrap();
+    assert_eq!(r.verdict, TCX_REDIRECT);
+    assert_eq!(r.data, inner, "exactly the inner frame");
+    let c = l.fp.link_counters(LINK_C).unwrap();
+    assert_eq!((c.rx_frames, c.rx_bytes), (1, inner.len() as u64));
+    assert_eq!(l.fp.port_counters(PORT_A).unwrap().tx_frames, 1);
+}
+
+#[test]
+fn hostile_or_foreign_vxlan_goes_on_to_the_stack_untouched() {
+    let Some(l) = lab() else { return };
+    let inner = frame(A, C, 64);
+    let mut bad_reserved = vxlan(REMOTE, 1, 0x08, &inner);
+    bad_reserved[49] = 1; // reserved byte after the VNI
+    let mut other_port = vxlan(REMOTE, 1, 0x08, &inner);
+    other_port[36..38].copy_from_slice(&4790u16.to_be_bytes());
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("unknown VNI", vxlan(REMOTE, 7, 0x08, &inner)),
+        (
+            "unknown peer",
+            vxlan(Ipv4Addr::new(10, 9, 0, 66), 1, 0x08, &inner),
+        ),
+        ("no I flag", vxlan(REMOTE, 1, 0x00, &inner)),
+        ("reserved bits", bad_reserved),
+        ("other UDP port", other_port),
+        ("no inner frame", vxlan(REMOTE, 1, 0x08, &inner[..10])),
+        (
+            "inner broadcast",
+            vxlan(REMOTE, 1, 0x08, &frame(MacAddr::BROADCAST, C, 64)),
+        ),
+        (
+            "inner for a link (no hairpin)",
+            vxlan(REMOTE, 1, 0x08, &frame(D, C, 64)),
+        ),
+        ("inner oversize", vxlan(REMOTE, 1, 0x08, &frame(A, C, 1500))),
+    ];
+    for (what, f) in cases {
+        let r =
+            l.fp.test_run(Program::UnderlayIngress, &f, l.underlay, 0)
+                .unwrap();
+        assert_eq!(r.verdict, TCX_NEXT, "{what}");
+        assert_eq!(r.data, f, "{what}: untouched");
+    }
+    // A datagram that says GSO but is not a tunnel GSO skb (here: no GSO type at all, as a UDP
+    // GRO aggregate of several VXLAN datagrams has none of the tunnel bits) is not decapsulated.
+    let r =
+        l.fp.test_run(
+            Program::UnderlayIngress,
+            &vxlan(REMOTE, 1, 0x08, &inner),
+            l.underlay,
+            1400,
+        )
+        .unwrap();
+    assert_eq!(r.verdict, TCX_NEXT);
+    let c = l.fp.link_counters(LINK_C).unwrap();
+    assert_eq!((c.rx_frames, c.gro_passed), (0, 1));
+    let g = l.fp.global_counters().unwrap();
+    assert!(g.unknown_link >= 2, "{g:?}");
+    assert!(g.not_vxlan >= 1, "{g:?}");
+}
+
+#[test]
+fn the_punt_tap_delivers_what_vnetd_writes() {
+    let Some(l) = lab() else { return };
+    let f = frame(A, B, 80);
+    let r =
+        l.fp.test_run(Program::PuntIngress, &f, l.punt_a, 0)
+            .unwrap();
+    assert_eq!(r.verdict, TCX_REDIRECT);
+    let a = l.fp.port_counters(PORT_A).unwrap();
+    assert_eq!((a.slow_tx_frames, a.slow_tx_bytes), (1, f.len() as u64));
+    // A device that is no port's punt TAP: not ours, go on.
+    assert_eq!(
+        l.fp.test_run(Program::PuntIngress, &f, l.pb, 0)
+            .unwrap()
+            .verdict,
+        TCX_NEXT
+    );
+}
+
+#[test]
+fn table_updates_are_minimal_and_a_full_table_stays_slow() {
+    let Some(mut l) = lab_with(FastPathConfig {
+        max_table: 5,
+        ..FastPathConfig::default()
+    }) else {
+        return;
+    };
+    let ports = [
+        CompilePort {
+            id: PORT_A,
+            vni: 1,
+            egress: Egress::FastPort,
+        },
+        CompilePort {
+            id: PORT_B,
+            vni: 1,
+            egress: Egress::FastPort,
+        },
+        CompilePort {
+            id: LINK_C,
+            vni: 1,
+            egress: Egress::UdpLink,
+        },
+    ];
+    let mut rules: Vec<RouteRule> = [(A, PORT_A), (B, PORT_B), (C, LINK_C)]
+        .iter()
+        .map(|(m, p)| RouteRule {
+            vni: 1,
+            src: MacMatch::Any,
+            dst: MacMatch::Exact(*m),
+            dest: *p,
+        })
+        .collect();
+    // Same three destinations (D's entry goes): one delete, nothing rewritten.
+    let r = l.fp.apply_table(&compile(&ports, &rules, false)).unwrap();
+    assert_eq!((r.written, r.deleted, r.left_out), (0, 1, 0));
+    // B moves to the link: one overwrite.
+    rules[1].dest = LINK_C;
+    let r = l.fp.apply_table(&compile(&ports, &rules, false)).unwrap();
+    assert_eq!((r.written, r.deleted), (1, 0));
+    let f = frame(B, A, 64);
+    let out = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    assert_eq!(out.data.len(), f.len() + 50, "B now goes out encapsulated");
+    // Five more destinations into a table of five: two fit, three stay slow (counted).
+    for i in 0..5u8 {
+        rules.push(RouteRule {
+            vni: 1,
+            src: MacMatch::Any,
+            dst: MacMatch::Exact(MacAddr([0x52, 0x54, 0, 0, 1, i])),
+            dest: PORT_B,
+        });
+    }
+    let r = l.fp.apply_table(&compile(&ports, &rules, false)).unwrap();
+    assert_eq!((r.written, r.left_out), (2, 3));
+    assert_eq!(l.fp.table_len(), 5);
+    assert_eq!(l.fp.global_counters().unwrap().table_full, 3);
+    let slow = frame(MacAddr([0x52, 0x54, 0, 0, 1, 4]), A, 64);
+    let punted_before = l.fp.port_counters(PORT_A).unwrap().punted_frames;
+    l.fp.test_run(Program::PortIngress, &slow, l.pa, 0).unwrap();
+    assert_eq!(
+        l.fp.port_counters(PORT_A).unwrap().punted_frames,
+        punted_before + 1
+    );
+    // Detaching port B turns its entries slow before its slot goes.
+    l.fp.detach_port(PORT_B).unwrap();
+    let r =
+        l.fp.test_run(
+            Program::PortIngress,
+            &frame(MacAddr([0x52, 0x54, 0, 0, 1, 0]), A, 64),
+            l.pa,
+            0,
+        )
+        .unwrap();
+    assert_eq!(r.verdict, TCX_REDIRECT);
+    assert_eq!(
+        l.fp.port_counters(PORT_A).unwrap().punted_frames,
+        punted_before + 2
+    );
+}
+
+/// How many tcx ingress programs `ifindex` has.
+fn tcx_count(ifindex: u32) -> u32 {
+    let mut opts = libbpf_sys::bpf_prog_query_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_prog_query_opts>() as _,
+        ..Default::default()
+    };
+    // SAFETY: `opts` is initialised with its own size and has no output buffers, so the
+    // kernel only writes its count fields.
+    let rc = unsafe {
+        libbpf_sys::bpf_prog_query_opts(ifindex as i32, libbpf_sys::BPF_TCX_INGRESS, &mut opts)
+    };
+    assert_eq!(rc, 0, "prog query on {ifindex}");
+    // SAFETY: the union's `count` member is the one the kernel fills for this query.
+    unsafe { opts.__bindgen_anon_1.count }
+}
+
+#[test]
+fn dropping_the_fast_path_leaves_nothing_attached() {
+    let Some(l) = lab() else { return };
+    let (pa, pb, u0) = (l.pa, l.pb, l.underlay);
+    assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (1, 1, 1));
+    drop(l);
+    // The links go with their descriptors; the kernel may finish releasing them a moment after
+    // the close returns.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while (tcx_count(pa), tcx_count(pb), tcx_count(u0)) != (0, 0, 0)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (0, 0, 0));
+    // and a new one attaches again
+    let Some(l2) = lab_reuse() else { return };
+    assert_eq!(tcx_count(l2.pa), 1);
+}
+
+/// A second FastPath on the devices of the current namespace.
+fn lab_reuse() -> Option<Lab> {
+    let mut fp = FastPath::open(&FastPathConfig::default()).ok()?;
+    let pa = ifindex("pa");
+    fp.attach_port(&PortSpec {
+        id: PORT_A,
+        ifindex: pa,
+        punt_ifindex: ifindex("punta"),
+        mac: A,
+        vni: 1,
+        mtu: 1450,
+        delivery: Delivery::Egress,
+        policy: PortPolicy::default(),
+    })
+    .unwrap();
+    Some(Lab {
+        fp,
+        pa,
+        pb: 0,
+        punt_a: 0,
+        underlay: 0,
+    })
+}
+
+#[test]
+fn bad_settings_are_refused_in_words() {
+    let Some(mut l) = lab() else { return };
+    let e = l.fp.attach_port(&PortSpec {
+        id: PortId(9),
+        ifindex: l.pa,
+        punt_ifindex: l.punt_a,
+        mac: A,
+        vni: 1,
+        mtu: 1450,
+        delivery: Delivery::Egress,
+        policy: PortPolicy::default(),
+    });
+    assert!(matches!(e, Err(Error::AlreadyAttached(_))), "{e:?}");
+    let e = l.fp.attach_port(&PortSpec {
+        id: PortId(9),
+        ifindex: 999_999,
+        punt_ifindex: 999_998,
+        mac: A,
+        vni: 1,
+        mtu: 1450,
+        delivery: Delivery::Egress,
+        policy: PortPolicy::default(),
+    });
+    assert!(matches!(e, Err(Error::Attach { .. })), "{e:?}");
+    // the failed attach left no port behind
+    assert!(matches!(
+        l.fp.port_counters(PortId(9)),
+        Err(Error::UnknownPort(_))
+    ));
+    assert!(FastPath::open(&FastPathConfig {
+        max_table: 0,
+        ..Default::default()
+    })
+    .is_err());
+}
