@@ -86,7 +86,7 @@ def run_one(binary: Path, n: int, args, out: Path, k: int, total: int) -> dict:
         cmd = [str(binary), "--etcd", etcd.endpoint, "--etcd-pid", str(etcd.proc.pid),
                "--hosts", str(n), "--guests", str(args.guests), "--vnis", str(args.vnis),
                "--lease-ttl", str(args.lease_ttl), "--storm", str(args.storm),
-               "--timeout", str(args.timeout)]
+               "--timeout", str(args.timeout), "--ramp", str(args.ramp)]
         print(f"[{k}/{total}] N={n}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         with open(out / "raw" / f"scale-{n}.log", "w") as log:
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -236,6 +236,7 @@ def main() -> int:
     ap.add_argument("--lease-ttl", type=int, default=10)
     ap.add_argument("--storm", type=int, default=100)
     ap.add_argument("--timeout", type=int, default=60, help="longest wait for one step, seconds")
+    ap.add_argument("--ramp", type=float, default=0.0, help="spread the agents' starts over this many seconds (default: all within about 2 s)")
     ap.add_argument("--quick", action="store_true", help="N=10 and 50, for CI (a minute or two)")
     ap.add_argument("--baseline", type=Path, help="an earlier scale.json to compare with")
     ap.add_argument("--out", type=Path)

@@ -765,14 +765,19 @@ fn keep_alive(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
             continue;
         }
         next = Instant::now() + every;
+        // How long a renewal may take before it is given up: half the TTL. An overloaded etcd
+        // answers late, and a renewal that waits in its queue is better than one that times
+        // out and is sent again (at 1,000 hosts on one etcd, 3 s call timeouts let leases
+        // expire, and each expiry's deletions and re-registration added to the load).
+        let patience = every * 3 / 2;
         let endpoint = ka.watch_endpoint.load(Relaxed);
-        let first = if endpoint == usize::MAX {
-            client.lease_keepalive(lease)
+        let first = if endpoint == usize::MAX || client.endpoints().len() == 1 {
+            client.lease_keepalive_within(lease, patience)
         } else {
             match client.lease_keepalive_via(lease, endpoint, every) {
-                Err(e) if e.is_unreachable() && client.endpoints().len() > 1 => {
+                Err(e) if e.is_unreachable() => {
                     client.avoid_endpoint(endpoint);
-                    let r = client.lease_keepalive(lease);
+                    let r = client.lease_keepalive_within(lease, patience);
                     // Silent only if another member answered in its place: when none does,
                     // the store is down or overloaded, and moving the watch would only add
                     // a full catch-up to its load (at 300 hosts on one loaded etcd, every

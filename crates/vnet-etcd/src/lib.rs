@@ -561,7 +561,16 @@ impl Client {
 
     /// Renews a lease once; returns its remaining TTL, 0 or less when it has expired.
     pub fn lease_keepalive(&self, id: i64) -> Result<i64, Error> {
-        let body = self.post("/v3/lease/keepalive", &codec::lease_id_request(id))?;
+        self.lease_keepalive_within(id, self.timeout)
+    }
+
+    /// [`Client::lease_keepalive`] waiting up to `timeout` for the answer.
+    pub fn lease_keepalive_within(&self, id: i64, timeout: Duration) -> Result<i64, Error> {
+        let body = self.post_within(
+            "/v3/lease/keepalive",
+            &codec::lease_id_request(id),
+            timeout,
+        )?;
         // The gateway streams: the first line is the answer.
         let first = body.split(|b| *b == b'\n').next().unwrap_or(&[]);
         Ok(codec::parse_lease_keepalive(first)?)

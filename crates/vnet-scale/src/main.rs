@@ -67,6 +67,10 @@ struct Args {
     /// The longest wait for bring-up, seconds (0: 0.6 s per host, at least 180).
     #[arg(long, default_value_t = 0)]
     bringup_timeout: u64,
+    /// Spread the agents' starts evenly over this many seconds (0: in waves of --wave, 200 ms
+    /// apart), as hosts booting over a while rather than all at once.
+    #[arg(long, default_value_t = 0.0)]
+    ramp: f64,
     /// Agents started at once during bring-up (then the next wave).
     #[arg(long, default_value_t = 100)]
     wave: usize,
@@ -472,7 +476,13 @@ impl Harness {
         let before = self.sample();
         for i in 0..n {
             self.start_host(i)?;
-            if (i + 1) % self.args.wave == 0 {
+            if self.args.ramp > 0.0 {
+                let due = t0 + Duration::from_secs_f64(self.args.ramp * (i + 1) as f64 / n as f64);
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                if (i + 1) % 100 == 0 {
+                    self.progress(&format!("started {} agents", i + 1));
+                }
+            } else if (i + 1) % self.args.wave == 0 {
                 self.progress(&format!("started {} agents", i + 1));
                 std::thread::sleep(Duration::from_millis(200));
             }
