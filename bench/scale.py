@@ -230,7 +230,9 @@ def plots(runs: list[dict], baseline: list[dict] | None, out: Path) -> list[str]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hosts", default="10,100,300,1000", help="comma-separated N (default 10,100,300,1000)")
+    ap.add_argument("--hosts", default=None, help="comma-separated N (default 10,100,300,1000; none with --daemons)")
+    ap.add_argument("--daemons", type=int, default=0,
+                    help="also run bench/daemons.py: this many real vnetd --etcd daemons in namespaces (e.g. 200)")
     ap.add_argument("--guests", type=int, default=8)
     ap.add_argument("--vnis", type=int, default=1)
     ap.add_argument("--lease-ttl", type=int, default=10)
@@ -245,8 +247,10 @@ def main() -> int:
     ensure_matplotlib(__file__)
     if args.quick:
         args.hosts, args.timeout, args.storm = "10,50", 30, 50
+    if args.hosts is None:
+        args.hosts = "" if args.daemons else "10,100,300,1000"
     ns = [int(x) for x in args.hosts.split(",") if x]
-    if not args.binary.exists():
+    if ns and not args.binary.exists():
         print(f"{args.binary} not found: cargo build --release -p vnet-scale", file=sys.stderr)
         return 2
     if not Path("/usr/bin/etcd").exists():
@@ -262,14 +266,23 @@ def main() -> int:
     meta = {"time": stamp, "guests": args.guests, "vnis": args.vnis, "lease_ttl": args.lease_ttl,
             "storm": args.storm, "commit": commit or "?", "cores": os.cpu_count()}
     runs = [run_one(args.binary, n, args, out, k + 1, len(ns)) for k, n in enumerate(ns)]
-    baseline = json.loads(args.baseline.read_text())["runs"] if args.baseline else None
-    (out / "scale.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
-    notes = plots(runs, baseline, out)
-    text = summary(runs, baseline, meta) + "".join(f"\n{n}\n" for n in notes)
+    text = ""
+    if ns:
+        baseline = json.loads(args.baseline.read_text())["runs"] if args.baseline else None
+        (out / "scale.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
+        notes = plots(runs, baseline, out)
+        text = summary(runs, baseline, meta) + "".join(f"\n{n}\n" for n in notes)
+    daemons_ok = True
+    if args.daemons:
+        import daemons  # noqa: E402 (bench/daemons.py: namespaces, root only)
+        print(f"daemons: {args.daemons} real vnetd --etcd daemons (bench/daemons.py)", file=sys.stderr, flush=True)
+        doc = daemons.run(args.daemons, out, ttl=args.lease_ttl)
+        text += "\n" + daemons.report(doc, out)
+        daemons_ok = all(s["not_converged"] == 0 for s in doc["steps"])
     (out / "summary.md").write_text(text)
     print(text)
     print(f"results: {out}", file=sys.stderr)
-    return 1 if any("error" in r for r in runs) else 0
+    return 1 if any("error" in r for r in runs) or not daemons_ok else 0
 
 
 if __name__ == "__main__":

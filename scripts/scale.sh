@@ -6,6 +6,8 @@
 #   bash scripts/scale.sh                       # N = 10, 100, 300, 1000 hosts x 8 guests
 #   bash scripts/scale.sh --quick               # N = 10, 50 (a minute or two; CI runs this)
 #   bash scripts/scale.sh --hosts 100,200 --vnis 10 --baseline results/scale-X/scale.json
+#   bash scripts/scale.sh --daemons 200         # 200 real vnetd --etcd daemons in namespaces
+#   bash scripts/scale.sh --hosts 300,1000 --daemons 200   # both, into one results directory
 #   bash scripts/scale.sh --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +17,7 @@ cd "$(dirname "$0")/.."
 ensure_packages python3-matplotlib procps iproute2
 ensure_etcd
 ensure_cargo
-say "building the scale harness (release)"
-cargo build --release --quiet -p vnet-scale
+say "building the scale harness and the daemons (release)"
+cargo build --release --quiet -p vnet-scale -p vnetd -p vnetctl
 
 exec python3 bench/scale.py "$@"

@@ -50,6 +50,8 @@ pub struct AgentConfig {
 /// The longest wait between two attempts to reach etcd (each wait is jittered down to half
 /// of it, so that agents failing together do not retry together).
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest whole-call timeout an agent lets its calls grow to under load.
+const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keys per page of the first read (about 300 KB of the gateway's JSON).
 const READ_PAGE: i64 = 1000;
 /// The most traffic-matrix pairs published (the heaviest ones).
@@ -179,6 +181,17 @@ impl Agent {
                 break;
             }
             if let Err(e) = result {
+                // A call that timed out waits twice as long next time (up to
+                // MAX_CALL_TIMEOUT): on an overloaded etcd, giving up and asking again only
+                // adds load (at 1,000 hosts, sessions whose first calls timed out at 3 s kept
+                // etcd saturated). Back to the configured timeout once a session is up.
+                let timed_out = e
+                    .downcast_ref::<vnet_etcd::Error>()
+                    .is_some_and(vnet_etcd::Error::is_unreachable);
+                if timed_out {
+                    let t = (self.client.call_timeout() * 2).min(MAX_CALL_TIMEOUT);
+                    self.client.set_call_timeout(t.max(self.client.base_timeout()));
+                }
                 let msg = format!("{e:#}");
                 if self.status.connected {
                     warn!("etcd: {msg}; keeping the last derived configuration");
@@ -355,6 +368,7 @@ impl Agent {
                     WatchMessage::Created { .. } => {
                         if !created {
                             created = true;
+                            self.client.set_call_timeout(self.client.base_timeout());
                             self.status.connected = true;
                             self.status.last_error.clear();
                             self.status.sessions += 1;

@@ -16,7 +16,7 @@ pub mod codec;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -224,7 +224,9 @@ pub struct Client {
     current: AtomicUsize,
     user: Option<(String, String)>,
     token: Mutex<Option<String>>,
-    timeout: Duration,
+    /// The whole-call timeout of unary calls, milliseconds (see [`Client::set_call_timeout`]).
+    timeout_ms: AtomicU64,
+    base_timeout: Duration,
 }
 
 impl Client {
@@ -266,13 +268,32 @@ impl Client {
             current: AtomicUsize::new(0),
             user: cfg.user.clone(),
             token: Mutex::new(None),
-            timeout: cfg.timeout,
+            timeout_ms: AtomicU64::new(cfg.timeout.as_millis() as u64),
+            base_timeout: cfg.timeout,
         };
         Ok(client)
     }
 
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
+    }
+
+    /// The whole-call timeout of unary calls now.
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Relaxed))
+    }
+
+    /// The timeout the client was configured with.
+    pub fn base_timeout(&self) -> Duration {
+        self.base_timeout
+    }
+
+    /// Changes the whole-call timeout of unary calls (the connect timeout stays): an agent
+    /// whose calls time out on an overloaded etcd waits longer the next time rather than
+    /// giving up and asking again, which would only add to the load.
+    pub fn set_call_timeout(&self, timeout: Duration) {
+        self.timeout_ms
+            .store(timeout.as_millis().max(1) as u64, Relaxed);
     }
 
     fn token(&self) -> Option<String> {
@@ -407,7 +428,7 @@ impl Client {
             "/v3/auth/authenticate",
             &codec::authenticate_request(name, password),
             false,
-            self.timeout,
+            self.call_timeout(),
         )?;
         self.set_token(Some(codec::parse_token(&body)?));
         Ok(())
@@ -416,7 +437,7 @@ impl Client {
     /// A call with the token; an answer saying the token is bad gets one fresh token and one
     /// retry.
     fn post(&self, path: &str, body: &Value) -> Result<Vec<u8>, Error> {
-        self.post_within(path, body, self.timeout)
+        self.post_within(path, body, self.call_timeout())
     }
 
     /// [`Client::post`] with a call timeout of its own.
@@ -464,7 +485,7 @@ impl Client {
         let mut all = RangeResponse::default();
         loop {
             let request = codec::range_page_request(&from, &end, page, all.revision);
-            let mut timeout = self.timeout;
+            let mut timeout = self.call_timeout();
             let mut attempt = 1;
             let body = loop {
                 match self.post_within("/v3/kv/range", &request, timeout) {
@@ -561,7 +582,7 @@ impl Client {
 
     /// Renews a lease once; returns its remaining TTL, 0 or less when it has expired.
     pub fn lease_keepalive(&self, id: i64) -> Result<i64, Error> {
-        self.lease_keepalive_within(id, self.timeout)
+        self.lease_keepalive_within(id, self.call_timeout())
     }
 
     /// [`Client::lease_keepalive`] waiting up to `timeout` for the answer.
