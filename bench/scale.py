@@ -143,7 +143,11 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
             nc += st.get("not_converged", 0)
             wrong += st.get("agents_wrong_after", 0)
         wrong += step(r, "bring-up").get("agents_wrong_after", 0)
-        lines.append(f"| {r['hosts']} | {fmt(step(r, 'bring-up').get('wall_s'))} | " + " | ".join(cells) + f" | {nc} | {wrong} |")
+        b = step(r, "bring-up")
+        up = fmt(b.get("wall_s"))
+        if b.get("agents_complete", r["hosts"]) < r["hosts"]:
+            up += f" (only {b['agents_complete']} of {r['hosts']} agents complete)"
+        lines.append(f"| {r['hosts']} | {up} | " + " | ".join(cells) + f" | {nc} | {wrong} |")
     lines += ["", "Load per step: agent CPU per event (µs of this process's CPU above its idle rate, per agent "
               "receiving, per store event), etcd's CPU (cores = CPU-seconds / wall-seconds of the step) and bytes "
               "its gRPC server sent per event.", "",

@@ -64,7 +64,7 @@ struct Args {
     /// The longest wait for one step to converge, seconds.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
-    /// The longest wait for bring-up, seconds (0: 0.6 s per host, at least 180).
+    /// The longest wait for bring-up, seconds (0: 1.5 s per host, at least 180).
     #[arg(long, default_value_t = 0)]
     bringup_timeout: u64,
     /// Spread the agents' starts evenly over this many seconds (0: in waves of --wave, 200 ms
@@ -118,6 +118,14 @@ fn interface_add(name: &str, mac: MacAddr, vni: u32) -> Result<Command> {
     vnet_control::parse_line(&format!("interface add {name} tap mac {mac} vni {vni}"))
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .context("empty command")
+}
+
+/// Agents that hold every link and route of a complete bring-up.
+fn ready_at_end(hosts: &[Host], per_vni: usize, routes: usize) -> usize {
+    hosts
+        .iter()
+        .filter(|h| h.recorder.counts() == (per_vni - 1, routes))
+        .count()
 }
 
 /// Per probed agent, the move each of its probe's `want` and `gone` routes belongs to.
@@ -490,11 +498,12 @@ impl Harness {
         let per_vni = n / self.args.vnis;
         let expect_routes = g as usize * per_vni;
         let bringup_limit = match self.args.bringup_timeout {
-            0 => (n as u64 * 6 / 10).max(180),
+            0 => (n as u64 * 3 / 2).max(180),
             t => t,
         };
         let deadline = Instant::now() + Duration::from_secs(bringup_limit);
         let mut last_report = Instant::now();
+        let mut timeline = Vec::new();
         loop {
             let ready = self
                 .hosts
@@ -509,12 +518,23 @@ impl Harness {
                 break;
             }
             if last_report.elapsed() > Duration::from_secs(5) {
-                self.progress(&format!("bring-up: {ready} of {n} agents complete"));
+                // How much of the overlay the agents know, on average: the routes they hold
+                // (one per guest, their own included) against all of them.
+                let known: usize = self.hosts.iter().map(|h| h.recorder.counts().1).sum();
+                let frac = known as f64 / (n * expect_routes) as f64;
+                let etcd = self.sample();
+                self.progress(&format!(
+                    "bring-up: {ready} of {n} agents complete, {:.1} % of the routes known, etcd {:.0} CPU-s",
+                    frac * 100.0,
+                    etcd.etcd_cpu - before.etcd_cpu
+                ));
+                timeline.push(json!([t0.elapsed().as_secs_f64(), ready, frac]));
                 last_report = Instant::now();
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let bringup = t0.elapsed().as_secs_f64();
+        let complete = ready_at_end(&self.hosts, per_vni, expect_routes);
         let after = self.sample();
         let wrong = self.check()?;
         self.progress(&format!("bring-up {bringup:.1} s, {wrong} agents wrong"));
@@ -523,6 +543,8 @@ impl Harness {
         steps.push(json!({
             "step": "bring-up",
             "wall_s": bringup,
+            "agents_complete": complete,
+            "timeline": timeline,
             "agents_cpu_s": after.own_cpu - before.own_cpu,
             "etcd_cpu_s": after.etcd_cpu - before.etcd_cpu,
             "etcd_sent_bytes": after.etcd_sent - before.etcd_sent,
