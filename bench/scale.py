@@ -86,7 +86,8 @@ def run_one(binary: Path, n: int, args, out: Path, k: int, total: int) -> dict:
         cmd = [str(binary), "--etcd", etcd.endpoint, "--etcd-pid", str(etcd.proc.pid),
                "--hosts", str(n), "--guests", str(args.guests), "--vnis", str(args.vnis),
                "--lease-ttl", str(args.lease_ttl), "--storm", str(args.storm),
-               "--timeout", str(args.timeout), "--ramp", str(args.ramp)]
+               "--timeout", str(args.timeout), "--ramp", str(args.ramp),
+               "--read-page", str(args.read_page)]
         print(f"[{k}/{total}] N={n}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         with open(out / "raw" / f"scale-{n}.log", "w") as log:
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -242,6 +243,7 @@ def main() -> int:
     ap.add_argument("--lease-ttl", type=int, default=10)
     ap.add_argument("--storm", type=int, default=100)
     ap.add_argument("--timeout", type=int, default=60, help="longest wait for one step, seconds")
+    ap.add_argument("--read-page", type=int, default=1000, help="keys per page of the agents' first read")
     ap.add_argument("--ramp", type=float, default=0.0, help="spread the agents' starts over this many seconds (default: all within about 2 s)")
     ap.add_argument("--quick", action="store_true", help="N=10 and 50, for CI (a minute or two)")
     ap.add_argument("--baseline", type=Path, help="an earlier scale.json to compare with")
@@ -250,7 +252,8 @@ def main() -> int:
     args = ap.parse_args()
     ensure_matplotlib(__file__)
     if args.quick:
-        args.hosts, args.timeout, args.storm = "10,50", 30, 50
+        # Small pages, so that reads of many pages (at one revision) are exercised too.
+        args.hosts, args.timeout, args.storm, args.read_page = "10,50", 30, 50, 64
     if args.hosts is None:
         args.hosts = "" if args.daemons else "10,100,300,1000"
     ns = [int(x) for x in args.hosts.split(",") if x]

@@ -45,6 +45,9 @@ pub struct AgentConfig {
     /// Set together with `stop`: leave without revoking the lease, as a crashed host would
     /// (the scale harness plays host deaths with it; vnetd never sets it).
     pub crash: Arc<AtomicBool>,
+    /// Keys per page of the first read ([`READ_PAGE`]; the harness's quick run makes it small
+    /// so that reads of many pages are exercised).
+    pub read_page: i64,
 }
 
 /// The longest wait between two attempts to reach etcd (each wait is jittered down to half
@@ -53,7 +56,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest whole-call timeout an agent lets its calls grow to under load.
 const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keys per page of the first read (about 300 KB of the gateway's JSON).
-const READ_PAGE: i64 = 1000;
+pub const READ_PAGE: i64 = 1000;
 /// The most traffic-matrix pairs published (the heaviest ones).
 const MAX_MATRIX_PAIRS: usize = 512;
 
@@ -461,7 +464,7 @@ impl Agent {
     /// Reads the whole overlay (but the traffic matrices) as one snapshot, in pages, into a
     /// new state; the derivation starts over. Returns the snapshot's revision.
     fn read_all(&mut self, prefix: &str) -> Result<i64> {
-        let read = self.client.get_prefix_paged(prefix.as_bytes(), READ_PAGE)?;
+        let read = self.client.get_prefix_paged(prefix.as_bytes(), self.cfg.read_page)?;
         let mut entries = Vec::new();
         for kv in &read.kvs {
             match std::str::from_utf8(&kv.key) {

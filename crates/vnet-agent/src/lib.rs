@@ -10,7 +10,7 @@
 
 mod agent;
 
-pub use agent::{spawn, AgentConfig};
+pub use agent::{spawn, AgentConfig, READ_PAGE};
 
 use vnet_cluster::Derivation;
 use vnet_control::status::ClusterStatus;

@@ -67,6 +67,9 @@ struct Args {
     /// The longest wait for bring-up, seconds (0: 1.5 s per host, at least 180).
     #[arg(long, default_value_t = 0)]
     bringup_timeout: u64,
+    /// Keys per page of each agent's first read (and of the harness's own reads).
+    #[arg(long, default_value_t = vnet_agent::READ_PAGE, value_parser = clap::value_parser!(i64).range(1..))]
+    read_page: i64,
     /// Spread the agents' starts evenly over this many seconds (0: in waves of --wave, 200 ms
     /// apart), as hosts booting over a while rather than all at once.
     #[arg(long, default_value_t = 0.0)]
@@ -212,6 +215,7 @@ impl Harness {
             record,
             lease_ttl: self.args.lease_ttl,
             matrix_interval: Duration::ZERO,
+            read_page: self.args.read_page,
             crash: crash.clone(),
         };
         let client = Client::new(&ClientConfig::new(&self.args.etcd))?;
@@ -263,7 +267,7 @@ impl Harness {
     fn read_state(&self) -> Result<ClusterState> {
         let r = self
             .client
-            .get_prefix_paged(overlay_prefix(&self.overlay).as_bytes(), 1000)?;
+            .get_prefix_paged(overlay_prefix(&self.overlay).as_bytes(), self.args.read_page)?;
         let matrices = matrix_prefix(&self.overlay);
         let entries = r.kvs.iter().filter_map(|kv| {
             let k = std::str::from_utf8(&kv.key).ok()?;
@@ -744,7 +748,11 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let client = Client::new(&ClientConfig::new(&args.etcd)).context("etcd client")?;
+    // The harness's own client (the controller: reads, moves, revokes) waits long: it is the
+    // measuring tool, and a call of its own timing out on a loaded etcd would end the run.
+    let mut cc = ClientConfig::new(&args.etcd);
+    cc.timeout = Duration::from_secs(30);
+    let client = Client::new(&cc).context("etcd client")?;
     client.range(b"/", None).context("etcd not reachable")?;
     let overlay: OverlayName = format!("scale{}", std::process::id()).parse()?;
     let mut h = Harness {

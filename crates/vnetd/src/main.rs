@@ -204,6 +204,7 @@ fn etcd_setup(
             record,
             lease_ttl: args.etcd_lease_ttl,
             matrix_interval: std::time::Duration::from_secs(args.etcd_matrix_interval),
+            read_page: vnet_agent::READ_PAGE,
             crash: Default::default(),
         },
         client,
