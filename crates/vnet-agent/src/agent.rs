@@ -193,7 +193,8 @@ impl Agent {
                     .is_some_and(vnet_etcd::Error::is_unreachable);
                 if timed_out {
                     let t = (self.client.call_timeout() * 2).min(MAX_CALL_TIMEOUT);
-                    self.client.set_call_timeout(t.max(self.client.base_timeout()));
+                    self.client
+                        .set_call_timeout(t.max(self.client.base_timeout()));
                 }
                 let msg = format!("{e:#}");
                 if self.status.connected {
@@ -464,7 +465,9 @@ impl Agent {
     /// Reads the whole overlay (but the traffic matrices) as one snapshot, in pages, into a
     /// new state; the derivation starts over. Returns the snapshot's revision.
     fn read_all(&mut self, prefix: &str) -> Result<i64> {
-        let read = self.client.get_prefix_paged(prefix.as_bytes(), self.cfg.read_page)?;
+        let read = self
+            .client
+            .get_prefix_paged(prefix.as_bytes(), self.cfg.read_page)?;
         let mut entries = Vec::new();
         for kv in &read.kvs {
             match std::str::from_utf8(&kv.key) {

@@ -587,11 +587,8 @@ impl Client {
 
     /// [`Client::lease_keepalive`] waiting up to `timeout` for the answer.
     pub fn lease_keepalive_within(&self, id: i64, timeout: Duration) -> Result<i64, Error> {
-        let body = self.post_within(
-            "/v3/lease/keepalive",
-            &codec::lease_id_request(id),
-            timeout,
-        )?;
+        let body =
+            self.post_within("/v3/lease/keepalive", &codec::lease_id_request(id), timeout)?;
         // The gateway streams: the first line is the answer.
         let first = body.split(|b| *b == b'\n').next().unwrap_or(&[]);
         Ok(codec::parse_lease_keepalive(first)?)

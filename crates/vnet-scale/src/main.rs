@@ -265,9 +265,10 @@ impl Harness {
     }
 
     fn read_state(&self) -> Result<ClusterState> {
-        let r = self
-            .client
-            .get_prefix_paged(overlay_prefix(&self.overlay).as_bytes(), self.args.read_page)?;
+        let r = self.client.get_prefix_paged(
+            overlay_prefix(&self.overlay).as_bytes(),
+            self.args.read_page,
+        )?;
         let matrices = matrix_prefix(&self.overlay);
         let entries = r.kvs.iter().filter_map(|kv| {
             let k = std::str::from_utf8(&kv.key).ok()?;
