@@ -304,7 +304,16 @@ impl Agent {
             // What this agent applied is a consistent state at that revision: watch on from
             // there (etcd replays the rest), unless it has been compacted away.
             Some(revision) => revision + 1,
-            None => self.read_all(&prefix)? + 1,
+            None => {
+                // A host new to the store registers before it reads the overlay, so the others
+                // see it join without waiting for that read (a second at 1,000 hosts). Safe
+                // without the state: the transaction's comparisons are etcd's, and it changes
+                // nothing if any of its keys exists (publish() then claims them after the read).
+                if self.published_under != Some(lease) && self.state.hosts().is_empty() {
+                    self.register_at_once(lease)?;
+                }
+                self.read_all(&prefix)? + 1
+            }
         };
         self.local_seen = self.daemon.local_changes();
         self.publish(lease)?;
