@@ -392,7 +392,10 @@ impl Harness {
             .change_local(&interface_add(name, mac, vni)?)
     }
 
-    /// The move transaction, as `vnetctl --etcd move` makes it.
+    /// The move transaction, as `vnetctl --etcd move` makes it. Refused because the store
+    /// changed meanwhile (the destination re-registered under a new lease, say), it is planned
+    /// again from a fresh read, as an orchestrator would, up to three times. Returns when the
+    /// transaction that succeeded was sent.
     fn move_txn(
         &self,
         state: &ClusterState,
@@ -401,37 +404,46 @@ impl Harness {
         to: usize,
         name: &str,
     ) -> Result<Instant> {
-        let current = state
+        let mut current = state
             .placement(vni, mac)
-            .with_context(|| format!("no placement of {mac}"))?;
+            .with_context(|| format!("no placement of {mac}"))?
+            .clone();
         let to_id = &self.hosts[to].id;
         let host_key = key_for_host(&self.overlay, to_id);
-        let host_kv = self.client.range(host_key.as_bytes(), None)?;
-        let host_kv = host_kv.kvs.first().context("destination not registered")?;
-        let plan = plan_move(&self.overlay, current, to_id, name)?;
-        let sent = Instant::now();
-        let ok = self.client.txn(
-            &[
-                Compare {
+        for _attempt in 0..3 {
+            let host_kv = self.client.range(host_key.as_bytes(), None)?;
+            let host_kv = host_kv.kvs.first().context("destination not registered")?;
+            let plan = plan_move(&self.overlay, &current, to_id, name)?;
+            let sent = Instant::now();
+            let ok = self.client.txn(
+                &[
+                    Compare {
+                        key: plan.key.clone().into_bytes(),
+                        target: CompareTarget::Value(plan.expected_value.clone()),
+                    },
+                    Compare {
+                        key: host_key.clone().into_bytes(),
+                        target: CompareTarget::ModRevision(host_kv.mod_revision),
+                    },
+                ],
+                &[TxnOp::Put {
                     key: plan.key.clone().into_bytes(),
-                    target: CompareTarget::Value(plan.expected_value.clone()),
-                },
-                Compare {
-                    key: host_key.into_bytes(),
-                    target: CompareTarget::ModRevision(host_kv.mod_revision),
-                },
-            ],
-            &[TxnOp::Put {
-                key: plan.key.into_bytes(),
-                value: plan.new_value,
-                lease: host_kv.lease,
-            }],
-            &[],
-        )?;
-        if !ok {
-            bail!("move of {mac} refused (store changed)");
+                    value: plan.new_value,
+                    lease: host_kv.lease,
+                }],
+                &[],
+            )?;
+            if ok {
+                return Ok(sent);
+            }
+            let now = self.client.range(plan.key.as_bytes(), None)?;
+            let kv = now.kvs.first().with_context(|| format!("{mac} is gone"))?;
+            match vnet_cluster::parse_entry(&self.overlay, &plan.key, &kv.value) {
+                Ok(vnet_cluster::ClusterEntry::Interface(rec)) => current = rec,
+                _ => bail!("{mac}: bad placement in the store"),
+            }
         }
-        Ok(sent)
+        bail!("move of {mac} refused three times (store changed)")
     }
 
     /// The probes of a set of moves (mac, vni, from, to, name) for every alive agent of the VNI.
