@@ -20,9 +20,11 @@ Steps:
   until it routes the MAC the new way (goal <= 1 s): this includes vnetctl's own run
   (``vnetctl_move_s``), so it overstates the propagation by up to that much.
 
-The times are read from each daemon's own ``show routes json`` over its control port
-(persistent connections, 8 threads polling): each figure is good to one polling round, which
-is reported (``poll_round_s``). Output: ``daemons.json``, ``daemons.md`` and ``daemons.png``
+The times are taken twice: from each daemon's own log, where its agent logs every route it
+applies with a UTC timestamp ("applied", exact to the clock; the goals are judged on these),
+and from each daemon's ``show routes json`` over its control port (persistent connections, 8
+threads polling: "seen by polling", good to one polling round, ``poll_round_s``, which at 200
+daemons on a loaded machine is about half a second; it confirms that the route is in place). Output: ``daemons.json``, ``daemons.md`` and ``daemons.png``
 (the distribution over daemons) in the output directory. Run as root; it is a benchmark,
 not a test (200 daemons take several minutes on 2 cores). Everything it made is removed at
 the end, whatever happens (netlab's cleanup).
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
+import re
 import json
 import os
 import shutil
@@ -49,6 +52,8 @@ sys.path.insert(0, str(REPO / "tests" / "system"))
 import netlab  # noqa: E402
 
 OVERLAY = "bench"
+# A line of vnetd's log (tracing's format without colours): UTC time, level, target, message.
+LOG_LINE = re.compile(r"^(\S+Z)\s+INFO\s+\S+: etcd: (.*)$")
 GOALS = {"join": 2.0, "move": 1.0}
 
 
@@ -211,6 +216,30 @@ class Bench:
                 "all_routed_s": max(done) if len(done) == self.n else None,
                 "not_converged": self.n - len(done)}
 
+    def applied_at(self, which: list[int], mac: str, target, t0_wall: float) -> dict:
+        """Per daemon, when its agent applied the route for `mac` to `target` ((kind, name)),
+        from the daemon's own log ("etcd: route add ..." with the log's UTC timestamp), in
+        seconds since t0_wall; None when the log does not show it. Exact to the log's clock,
+        unlike the polling, which is good to one round."""
+        want = f"{mac} {target[0]} {target[1]}"
+        out = {}
+        for i in which:
+            out[i] = None
+            v = self.hosts[i].vnetd
+            try:
+                text = v.log.read_text(errors="replace")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                m = LOG_LINE.match(line)
+                if not m or "route" not in m.group(2) or not m.group(2).endswith(want):
+                    continue
+                at = datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp() - t0_wall
+                if at >= -0.5:  # this change, not an earlier one
+                    out[i] = max(at, 0.0)
+                    break
+        return out
+
     def join(self) -> dict:
         j = self.n + 1
         mac = netlab.mac(1, j, 1)
@@ -218,10 +247,12 @@ class Bench:
         others = list(range(self.n))
         h, g = self.prepare_host(j)
         self.rounds.clear()
-        t0 = time.monotonic()
+        t0, t0_wall = time.monotonic(), time.time()
         self.start_host(h, g, wait=False)
         seen = self.poll(others, lambda i, r: r.get(mac) == want, timeout=60, t0=t0, what="join")
-        return summarize("join", seen, self.rounds)
+        out = summarize("join", seen, self.rounds)
+        out["applied"] = summarize("join", self.applied_at(others, mac, want, t0_wall), [])
+        return out
 
     def move(self) -> dict:
         src, dst = self.hosts[0], self.hosts[1]
@@ -234,13 +265,17 @@ class Bench:
         want = ("link", f"c-{dst.role}-v1")
         others = list(range(1, len(self.hosts)))  # every daemon but the source (host 1)
         self.rounds.clear()
-        t0 = time.monotonic()
+        t0, t0_wall = time.monotonic(), time.time()
         r = self.etcd.ctl("move", 1, g.mac, dst.role, "vmig")
         issued = time.monotonic() - t0
         seen = self.poll(others, lambda i, r: r.get(g.mac) == (want_dst if i == 1 else want),
                          timeout=60, t0=t0, what="move")
         src.ctl("interface", "del", "vm")  # the VM is gone from the source host
         out = summarize("move", seen, self.rounds)
+        applied = {}
+        for i in others:
+            applied.update(self.applied_at([i], g.mac, want_dst if i == 1 else want, t0_wall))
+        out["applied"] = summarize("move", applied, [])
         out["vnetctl_move_s"] = issued
         out["vnetctl_output"] = r.stdout.strip()
         return out
@@ -283,8 +318,9 @@ def report(doc: dict, out: Path) -> str:
     lines = [f"## {doc['daemons']} real vnetd --etcd daemons on one etcd ({doc['time']})", "",
              f"Each daemon in its own host namespace with one guest TAP, lease TTL {doc['lease_ttl']} s, "
              f"etcd 3.4 in a namespace of its own (data in /dev/shm); commit {doc['commit']}; "
-             f"{os.cpu_count()} cores shared by etcd and every daemon. Times read from each daemon's "
-             "`show routes json`, good to one polling round.", "",
+             f"{os.cpu_count()} cores shared by etcd and every daemon. \"Applied\": when each daemon's agent "
+             "applied the route, from the daemon's log; \"seen by polling\": when `show routes json` first showed it "
+             "(good to one polling round, which confirms that the route is in place).", "",
              "| step | daemons | p50 s | p99 s | max s | not converged | polling round s | goal |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in doc["steps"]:
@@ -293,9 +329,12 @@ def report(doc: dict, out: Path) -> str:
                          f"{s['not_converged']} | | |")
             continue
         g = GOALS[s["step"]]
-        ok = s["not_converged"] == 0 and s["max_s"] is not None and s["max_s"] <= g
-        lines.append(f"| {s['step']} | {s['daemons']} | {fmt(s['p50_s'])} | {fmt(s['p99_s'])} | {fmt(s['max_s'])} | "
-                     f"{s['not_converged']} | {fmt(s['poll_round_s'])} | every daemon <= {g} s: {'met' if ok else 'NOT met'} |")
+        a = s.get("applied") or {}
+        ok = a.get("not_converged", 1) == 0 and a.get("max_s") is not None and a["max_s"] <= g
+        lines.append(f"| {s['step']}, applied (daemons' logs) | {a.get('daemons', '-')} | {fmt(a.get('p50_s'))} | {fmt(a.get('p99_s'))} | "
+                     f"{fmt(a.get('max_s'))} | {a.get('not_converged', '-')} | | every daemon <= {g} s: {'met' if ok else 'NOT met'} |")
+        lines.append(f"| {s['step']}, seen by polling | {s['daemons']} | {fmt(s['p50_s'])} | {fmt(s['p99_s'])} | {fmt(s['max_s'])} | "
+                     f"{s['not_converged']} | {fmt(s['poll_round_s'])} | |")
     r = doc["resources"]
     lines += ["", f"After the steps: the daemons used {r['daemons_cpu_s']:.1f} CPU-s in all and hold "
               f"{r['daemons_rss_bytes'] / 1e6:.0f} MB resident; etcd {r['etcd_cpu_s']:.1f} CPU-s, "
@@ -316,7 +355,7 @@ def plot(doc: dict, out: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for s in doc["steps"]:
-        t = s.get("times_s")
+        t = (s.get("applied") or {}).get("times_s") or s.get("times_s")
         if t:
             ax.step(t, [(k + 1) / s["daemons"] for k in range(len(t))], where="post",
                     label=f"{s['step']} (goal {GOALS[s['step']]} s)")
