@@ -176,7 +176,7 @@ pub(crate) fn transport(
 
 /// Whether `Config` would refuse the two links side by side (the rule of `link add`): UDP
 /// datagrams are demultiplexed by (source IP, VNI), TCP streams by peer and VNI.
-fn same_peer(a: &Link, b: &Link) -> bool {
+pub(crate) fn same_peer(a: &Link, b: &Link) -> bool {
     match (&a.kind, &b.kind) {
         (LinkKind::Udp(x), LinkKind::Udp(y)) => x.ip() == y.ip() && a.vni == b.vni,
         (LinkKind::TcpDial(x), LinkKind::TcpDial(y)) => x == y && a.vni == b.vni,
@@ -186,7 +186,18 @@ fn same_peer(a: &Link, b: &Link) -> bool {
     }
 }
 
-type MatchKey = (u8, [u8; 6]);
+/// The peer of a derived link as `same_peer` compares it (udp: address and VNI; tcp: the
+/// dialed socket address or the accepted address, and VNI). Derived links are never direct.
+fn derived_peer_key(l: &Link) -> Option<(u8, std::net::IpAddr, u16, u32)> {
+    match &l.kind {
+        LinkKind::Udp(a) => Some((0, a.ip(), 0, l.vni)),
+        LinkKind::TcpDial(a) => Some((1, a.ip(), a.port(), l.vni)),
+        LinkKind::TcpAccept(ip) => Some((2, *ip, 0, l.vni)),
+        _ => None,
+    }
+}
+
+pub(crate) type MatchKey = (u8, [u8; 6]);
 
 fn match_key(m: &MacMatch) -> MatchKey {
     match m {
@@ -203,7 +214,7 @@ fn dest_kind_key(k: DestKind) -> u8 {
     }
 }
 
-fn route_order(r: &Route) -> (MatchKey, MatchKey, u8, &str) {
+pub(crate) fn route_order(r: &Route) -> (MatchKey, MatchKey, u8, &str) {
     (
         match_key(&r.dst),
         match_key(&r.src),
@@ -217,7 +228,7 @@ fn route_key(r: &Route, vni: u32) -> (u32, MatchKey, MatchKey) {
     (vni, match_key(&r.src), match_key(&r.dst))
 }
 
-fn route_to(dst: MacAddr, kind: DestKind, name: &str) -> Route {
+pub(crate) fn route_to(dst: MacAddr, kind: DestKind, name: &str) -> Route {
     Route {
         src: MacMatch::Any,
         dst: MacMatch::Exact(dst),
@@ -302,6 +313,8 @@ pub fn derive(local_host: &HostId, state: &ClusterState, local: &Config) -> Deri
     let mut links: Vec<Link> = Vec::new();
     let mut reach: BTreeMap<(&HostId, u32), String> = BTreeMap::new();
     let mut no_transport: BTreeSet<&HostId> = BTreeSet::new();
+    // The first derived link to each peer (what `same_peer` compares), by its key.
+    let mut first_by_peer: BTreeMap<(u8, std::net::IpAddr, u16, u32), usize> = BTreeMap::new();
     for (h, v) in wanted {
         let Some(rec) = state.host(h) else { continue };
         let Some(kind) = transport(local_host, local_record, rec) else {
@@ -341,13 +354,16 @@ pub fn derive(local_host: &HostId, state: &ClusterState, local: &Config) -> Deri
                 derived: link.name,
                 local: l.name.clone(),
             });
-        } else if let Some(l) = links.iter().find(|l| same_peer(l, &link)) {
+        } else if let Some(&i) = derived_peer_key(&link).and_then(|k| first_by_peer.get(&k)) {
             conflicts.push(Conflict::SharedPeer {
                 derived: link.name,
-                other: l.name.clone(),
+                other: links[i].name.clone(),
             });
         } else {
             reach.insert((h, v), link.name.clone());
+            if let Some(k) = derived_peer_key(&link) {
+                first_by_peer.insert(k, links.len());
+            }
             links.push(link);
         }
     }
@@ -554,20 +570,25 @@ impl DerivedConfig {
     /// `Config` and, when that succeeded, to its record of what it applied, so that the next
     /// diff retries whatever failed.
     pub fn apply(&mut self, cmd: &Command) -> Result<(), DerivedApplyError> {
+        // The lists stay sorted (links by name, routes by `route_order`), so each command
+        // is a binary search, not a scan and a sort of the whole set.
         match cmd {
             Command::LinkAdd(spec) => {
-                if self.links.iter().any(|l| l.name == spec.name) {
+                let Err(pos) = self.links.binary_search_by(|l| l.name.cmp(&spec.name)) else {
                     return Err(DerivedApplyError::LinkExists(spec.name.clone()));
-                }
-                self.links.push(Link {
-                    name: spec.name.clone(),
-                    kind: spec.kind.clone(),
-                    vni: spec.vni.unwrap_or(1),
-                    encrypt: spec.encrypt,
-                });
+                };
+                self.links.insert(
+                    pos,
+                    Link {
+                        name: spec.name.clone(),
+                        kind: spec.kind.clone(),
+                        vni: spec.vni.unwrap_or(1),
+                        encrypt: spec.encrypt,
+                    },
+                );
             }
             Command::LinkDel(name) => {
-                let Some(pos) = self.links.iter().position(|l| &l.name == name) else {
+                let Ok(pos) = self.links.binary_search_by(|l| l.name.cmp(name)) else {
                     return Err(DerivedApplyError::NoLink(name.clone()));
                 };
                 self.links.remove(pos);
@@ -580,16 +601,18 @@ impl DerivedConfig {
                     dst: spec.dst,
                     to: spec.to.clone(),
                 };
-                let pos = self.routes.iter().position(|r| *r == route);
+                let pos = self
+                    .routes
+                    .binary_search_by(|r| route_order(r).cmp(&route_order(&route)));
                 match (op, pos) {
-                    (RouteOp::Add, None) => self.routes.push(route),
-                    (RouteOp::Add, Some(_)) => {
+                    (RouteOp::Add, Err(p)) => self.routes.insert(p, route),
+                    (RouteOp::Add, Ok(_)) => {
                         return Err(DerivedApplyError::RouteExists(spec.to_string()))
                     }
-                    (RouteOp::Del, Some(p)) => {
+                    (RouteOp::Del, Ok(p)) => {
                         self.routes.remove(p);
                     }
-                    (RouteOp::Del, None) => {
+                    (RouteOp::Del, Err(_)) => {
                         return Err(DerivedApplyError::NoRoute(spec.to_string()))
                     }
                     (RouteOp::Replace, _) => return Err(DerivedApplyError::Unsupported),
@@ -597,7 +620,6 @@ impl DerivedConfig {
             }
             _ => return Err(DerivedApplyError::Unsupported),
         }
-        self.normalize();
         Ok(())
     }
 
@@ -610,7 +632,7 @@ impl DerivedConfig {
     }
 }
 
-fn link_add(l: &Link) -> Command {
+pub(crate) fn link_add_command(l: &Link) -> Command {
     Command::LinkAdd(LinkSpec {
         name: l.name.clone(),
         kind: l.kind.clone(),
@@ -620,7 +642,7 @@ fn link_add(l: &Link) -> Command {
     })
 }
 
-fn route_cmd(op: RouteOp, r: &Route) -> Command {
+pub(crate) fn route_command(op: RouteOp, r: &Route) -> Command {
     Command::Route(
         op,
         RouteSpec {
@@ -644,10 +666,13 @@ pub fn diff(old: &DerivedConfig, new: &DerivedConfig) -> Vec<Command> {
         .map(|(n, _)| *n)
         .collect();
     let over_gone = |r: &Route| r.to.kind == DestKind::Link && gone.contains(r.to.name.as_str());
+    // Membership by the routes' total order (every field), not by scanning the lists.
+    let old_routes: BTreeSet<_> = old.routes.iter().map(route_order).collect();
+    let new_routes: BTreeSet<_> = new.routes.iter().map(route_order).collect();
     let mut out = Vec::new();
     for r in &old.routes {
-        if !new.routes.contains(r) || over_gone(r) {
-            out.push(route_cmd(RouteOp::Del, r));
+        if !new_routes.contains(&route_order(r)) || over_gone(r) {
+            out.push(route_command(RouteOp::Del, r));
         }
     }
     for n in &gone {
@@ -655,12 +680,12 @@ pub fn diff(old: &DerivedConfig, new: &DerivedConfig) -> Vec<Command> {
     }
     for (n, l) in &new_links {
         if old_links.get(n) != Some(l) {
-            out.push(link_add(l));
+            out.push(link_add_command(l));
         }
     }
     for r in &new.routes {
-        if !old.routes.contains(r) || over_gone(r) {
-            out.push(route_cmd(RouteOp::Add, r));
+        if !old_routes.contains(&route_order(r)) || over_gone(r) {
+            out.push(route_command(RouteOp::Add, r));
         }
     }
     out

@@ -100,6 +100,7 @@
 
 mod announce;
 mod derive;
+mod incremental;
 mod schema;
 mod state;
 mod suggest;
@@ -112,6 +113,7 @@ pub use derive::{
     derive, derived_link_name, diff, render_command, Conflict, Derivation, DerivedApplyError,
     DerivedConfig, Overrider, DERIVED_LINK_PREFIX,
 };
+pub use incremental::Deriver;
 pub use schema::{
     encode, key_for_host, key_for_interface, key_for_matrix, key_for_policy, key_for_route,
     matrix_prefix, overlay_prefix, parse_entry, parse_key, plan_move, ClusterEntry, ClusterKey,

@@ -141,6 +141,21 @@ pub fn range_request(key: &[u8], range_end: Option<&[u8]>) -> Value {
     Value::Object(m)
 }
 
+/// One page of a range: at most `limit` keys (0: no limit), read at `revision` (0: the
+/// current one), so that the pages of one read are one consistent snapshot.
+pub fn range_page_request(key: &[u8], range_end: &[u8], limit: i64, revision: i64) -> Value {
+    let mut v = range_request(key, Some(range_end));
+    if let Value::Object(m) = &mut v {
+        if limit > 0 {
+            m.insert("limit".into(), limit.to_string().into());
+        }
+        if revision > 0 {
+            m.insert("revision".into(), revision.to_string().into());
+        }
+    }
+    v
+}
+
 pub fn put_request(key: &[u8], value: &[u8], lease: i64) -> Value {
     let mut m = Map::new();
     m.insert("key".into(), b64(key).into());
@@ -467,6 +482,14 @@ mod tests {
     fn requests() {
         assert_eq!(
             range_request(b"/a", Some(b"/b")),
+            json!({"key": "L2E=", "range_end": "L2I="})
+        );
+        assert_eq!(
+            range_page_request(b"/a", b"/b", 500, 42),
+            json!({"key": "L2E=", "range_end": "L2I=", "limit": "500", "revision": "42"})
+        );
+        assert_eq!(
+            range_page_request(b"/a", b"/b", 0, 0),
             json!({"key": "L2E=", "range_end": "L2I="})
         );
         assert_eq!(

@@ -16,7 +16,7 @@ pub mod codec;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,6 +29,8 @@ use tracing::debug;
 
 /// The largest unary answer read (a range of a whole overlay fits easily).
 pub const MAX_ANSWER_LEN: u64 = 64 * 1024 * 1024;
+/// How many times one page of [`Client::get_prefix_paged`] is asked, its timeout doubling.
+pub const PAGE_TIMEOUT_STEPS: u32 = 4;
 /// The largest single message of a watch stream.
 pub const MAX_WATCH_MESSAGE_LEN: usize = 16 * 1024 * 1024;
 
@@ -222,7 +224,9 @@ pub struct Client {
     current: AtomicUsize,
     user: Option<(String, String)>,
     token: Mutex<Option<String>>,
-    timeout: Duration,
+    /// The whole-call timeout of unary calls, milliseconds (see [`Client::set_call_timeout`]).
+    timeout_ms: AtomicU64,
+    base_timeout: Duration,
 }
 
 impl Client {
@@ -264,13 +268,32 @@ impl Client {
             current: AtomicUsize::new(0),
             user: cfg.user.clone(),
             token: Mutex::new(None),
-            timeout: cfg.timeout,
+            timeout_ms: AtomicU64::new(cfg.timeout.as_millis() as u64),
+            base_timeout: cfg.timeout,
         };
         Ok(client)
     }
 
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
+    }
+
+    /// The whole-call timeout of unary calls now.
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms.load(Relaxed))
+    }
+
+    /// The timeout the client was configured with.
+    pub fn base_timeout(&self) -> Duration {
+        self.base_timeout
+    }
+
+    /// Changes the whole-call timeout of unary calls (the connect timeout stays): an agent
+    /// whose calls time out on an overloaded etcd waits longer the next time rather than
+    /// giving up and asking again, which would only add to the load.
+    pub fn set_call_timeout(&self, timeout: Duration) {
+        self.timeout_ms
+            .store(timeout.as_millis().max(1) as u64, Relaxed);
     }
 
     fn token(&self) -> Option<String> {
@@ -283,10 +306,16 @@ impl Client {
 
     /// One POST to the first endpoint that answers; `Ok` holds the body of a 2xx answer, an
     /// error answer becomes [`Error::Codec`].
-    fn post_raw(&self, path: &str, body: &Value, with_token: bool) -> Result<Vec<u8>, Error> {
+    fn post_raw(
+        &self,
+        path: &str,
+        body: &Value,
+        with_token: bool,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, Error> {
         let token = if with_token { self.token() } else { None };
-        let resp = self.send(path, &body.to_string(), token.as_deref(), |url| {
-            self.agent.post(url).timeout(self.timeout)
+        let (resp, _) = self.send(path, &body.to_string(), token.as_deref(), |url| {
+            self.agent.post(url).timeout(timeout)
         })?;
         read_body(resp)
     }
@@ -300,41 +329,94 @@ impl Client {
         payload: &str,
         token: Option<&str>,
         request: impl Fn(&str) -> ureq::Request,
-    ) -> Result<ureq::Response, Error> {
+    ) -> Result<(ureq::Response, usize), Error> {
         let start = self.current.load(Relaxed);
         let n = self.endpoints.len();
         let mut last = String::new();
         for k in 0..n {
             let i = (start + k) % n;
-            let url = format!("{}{path}", self.endpoints[i]);
-            let mut req = request(&url).set("Content-Type", "application/json");
-            if let Some(t) = token {
-                req = req.set("Authorization", t);
-            }
-            match req.send_string(payload) {
-                Ok(resp) => {
-                    self.current.store(i, Relaxed);
-                    return Ok(resp);
-                }
-                Err(ureq::Error::Status(code, resp)) => {
-                    self.current.store(i, Relaxed);
-                    let body = read_error_body(resp);
-                    return Err(match codec::parse_answer(&body) {
-                        Err(e @ CodecError::Server { .. }) => e.into(),
-                        _ => CodecError::Server {
-                            code: -i64::from(code),
-                            message: http_error_text(code, &url, &body),
-                        }
-                        .into(),
-                    });
-                }
-                Err(e) => {
-                    debug!(endpoint = %self.endpoints[i], "etcd call failed: {e}");
-                    last = format!("{}: {e}", self.endpoints[i]);
-                }
+            match self.send_to(i, path, payload, token, &request) {
+                Err(Error::Unreachable(e)) => last = e,
+                Ok(resp) => return Ok((resp, i)),
+                Err(e) => return Err(e),
             }
         }
         Err(Error::Unreachable(last))
+    }
+
+    /// One attempt at endpoint `i` (see [`Client::send`]); an endpoint that answers becomes
+    /// the one later calls start with.
+    fn send_to(
+        &self,
+        i: usize,
+        path: &str,
+        payload: &str,
+        token: Option<&str>,
+        request: impl Fn(&str) -> ureq::Request,
+    ) -> Result<ureq::Response, Error> {
+        let Some(base) = self.endpoints.get(i) else {
+            return Err(Error::Endpoint(format!("#{i}")));
+        };
+        let url = format!("{base}{path}");
+        let mut req = request(&url).set("Content-Type", "application/json");
+        if let Some(t) = token {
+            req = req.set("Authorization", t);
+        }
+        match req.send_string(payload) {
+            Ok(resp) => {
+                self.current.store(i, Relaxed);
+                Ok(resp)
+            }
+            Err(ureq::Error::Status(code, resp)) => {
+                self.current.store(i, Relaxed);
+                let body = read_error_body(resp);
+                Err(match codec::parse_answer(&body) {
+                    Err(e @ CodecError::Server { .. }) => e.into(),
+                    _ => CodecError::Server {
+                        code: -i64::from(code),
+                        message: http_error_text(code, &url, &body),
+                    }
+                    .into(),
+                })
+            }
+            Err(e) => {
+                debug!(endpoint = %base, "etcd call failed: {e}");
+                Err(Error::Unreachable(format!("{base}: {e}")))
+            }
+        }
+    }
+
+    /// The index of the endpoint calls start with (the one that answered last).
+    pub fn current_endpoint(&self) -> usize {
+        self.current.load(Relaxed)
+    }
+
+    /// Makes later calls start with the endpoint after `i` (one found silent).
+    pub fn avoid_endpoint(&self, i: usize) {
+        let n = self.endpoints.len();
+        if n > 1 && self.current.load(Relaxed) == i {
+            self.current.store((i + 1) % n, Relaxed);
+        }
+    }
+
+    /// Renews a lease once through endpoint `i` only, waiting at most `timeout`: a member that
+    /// does not answer in time is reported unreachable rather than skipped. The agent sends
+    /// its keep-alives to the member that serves its watch, so the keep-alive doubles as a
+    /// probe of that member (a frozen or partitioned member fails it; a watch alone would
+    /// just stay silent).
+    pub fn lease_keepalive_via(&self, id: i64, i: usize, timeout: Duration) -> Result<i64, Error> {
+        let token = self.token();
+        let payload = codec::lease_id_request(id).to_string();
+        let resp = self.send_to(
+            i,
+            "/v3/lease/keepalive",
+            &payload,
+            token.as_deref(),
+            |url| self.agent.post(url).timeout(timeout),
+        )?;
+        let body = read_body(resp)?;
+        let first = body.split(|b| *b == b'\n').next().unwrap_or(&[]);
+        Ok(codec::parse_lease_keepalive(first)?)
     }
 
     /// Authenticates (when a user is configured) and keeps the token for later calls.
@@ -346,6 +428,7 @@ impl Client {
             "/v3/auth/authenticate",
             &codec::authenticate_request(name, password),
             false,
+            self.call_timeout(),
         )?;
         self.set_token(Some(codec::parse_token(&body)?));
         Ok(())
@@ -354,10 +437,15 @@ impl Client {
     /// A call with the token; an answer saying the token is bad gets one fresh token and one
     /// retry.
     fn post(&self, path: &str, body: &Value) -> Result<Vec<u8>, Error> {
+        self.post_within(path, body, self.call_timeout())
+    }
+
+    /// [`Client::post`] with a call timeout of its own.
+    fn post_within(&self, path: &str, body: &Value, timeout: Duration) -> Result<Vec<u8>, Error> {
         if self.user.is_some() && self.token().is_none() {
             self.authenticate()?;
         }
-        match self.post_raw(path, body, true) {
+        match self.post_raw(path, body, true, timeout) {
             Err(Error::Codec(CodecError::Server { code, message }))
                 if self.user.is_some()
                     && (code == codec::CODE_UNAUTHENTICATED
@@ -366,7 +454,7 @@ impl Client {
                 debug!("etcd token refused ({message}); authenticating again");
                 self.set_token(None);
                 self.authenticate()?;
-                self.post_raw(path, body, true)
+                self.post_raw(path, body, true, timeout)
             }
             r => r,
         }
@@ -380,6 +468,52 @@ impl Client {
 
     pub fn get_prefix(&self, prefix: &[u8]) -> Result<RangeResponse, Error> {
         self.range(prefix, Some(&prefix_end(prefix)))
+    }
+
+    /// Every key starting with `prefix`, as one snapshot read in pages of at most `page` keys
+    /// (each page at the first page's revision, continuing after the last key read).
+    ///
+    /// Why: a thousand hosts' overlay is megabytes of JSON, and the gateway's encoding of it
+    /// costs etcd about 15 µs per key; in one answer, under load, that is what exceeds a call
+    /// timeout and makes an agent read it all again. A page is small enough to finish, etcd
+    /// serves other calls between pages, and a page that times out is asked again with twice
+    /// the timeout (up to [`PAGE_TIMEOUT_STEPS`] times) instead of starting over. A snapshot
+    /// revision compacted away meanwhile is an error (read again from the start).
+    pub fn get_prefix_paged(&self, prefix: &[u8], page: i64) -> Result<RangeResponse, Error> {
+        let end = prefix_end(prefix);
+        let mut from = prefix.to_vec();
+        let mut all = RangeResponse::default();
+        loop {
+            let request = codec::range_page_request(&from, &end, page, all.revision);
+            let mut timeout = self.call_timeout();
+            let mut attempt = 1;
+            let body = loop {
+                match self.post_within("/v3/kv/range", &request, timeout) {
+                    Err(e) if e.is_unreachable() && attempt < PAGE_TIMEOUT_STEPS => {
+                        debug!(attempt, ?timeout, "etcd: range page failed: {e}");
+                        timeout *= 2;
+                        attempt += 1;
+                    }
+                    r => break r?,
+                }
+            };
+            let r = codec::parse_range(&body)?;
+            if all.revision == 0 {
+                all.revision = r.revision;
+                all.count = r.count;
+            }
+            let Some(last) = r.kvs.last() else {
+                return Ok(all);
+            };
+            // The next page starts just after the last key (keys are ordered bytewise).
+            from = last.key.clone();
+            from.push(0);
+            let more = r.more && page > 0;
+            all.kvs.extend(r.kvs);
+            if !more {
+                return Ok(all);
+            }
+        }
     }
 
     /// Puts `value` at `key`, attached to `lease` (0: none). Returns the new revision.
@@ -448,7 +582,13 @@ impl Client {
 
     /// Renews a lease once; returns its remaining TTL, 0 or less when it has expired.
     pub fn lease_keepalive(&self, id: i64) -> Result<i64, Error> {
-        let body = self.post("/v3/lease/keepalive", &codec::lease_id_request(id))?;
+        self.lease_keepalive_within(id, self.call_timeout())
+    }
+
+    /// [`Client::lease_keepalive`] waiting up to `timeout` for the answer.
+    pub fn lease_keepalive_within(&self, id: i64, timeout: Duration) -> Result<i64, Error> {
+        let body =
+            self.post_within("/v3/lease/keepalive", &codec::lease_id_request(id), timeout)?;
         // The gateway streams: the first line is the answer.
         let first = body.split(|b| *b == b'\n').next().unwrap_or(&[]);
         Ok(codec::parse_lease_keepalive(first)?)
@@ -467,19 +607,40 @@ impl Client {
         range_end: Option<&[u8]>,
         start_revision: i64,
     ) -> Result<Watch, Error> {
+        let end = range_end.map(<[u8]>::to_vec);
+        self.watch_ranges(&[(key.to_vec(), end)], start_revision)
+    }
+
+    /// Watches several key ranges on one stream (one create request each, newline-separated
+    /// in the request body; the gateway hands each to the server's watch stream), so a
+    /// watcher can leave out keys it has no use for without a connection per range.
+    pub fn watch_ranges(
+        &self,
+        ranges: &[(Vec<u8>, Option<Vec<u8>>)],
+        start_revision: i64,
+    ) -> Result<Watch, Error> {
         if self.user.is_some() && self.token().is_none() {
             self.authenticate()?;
         }
-        let payload = codec::watch_create_request(key, range_end, start_revision).to_string();
+        let payload: Vec<String> = ranges
+            .iter()
+            .map(|(k, e)| codec::watch_create_request(k, e.as_deref(), start_revision).to_string())
+            .collect();
         // require-leader (etcd's "hasleader" metadata): a member cut off from the cluster's
         // majority ends the watch instead of leaving it silently stale.
-        let resp = self.send("/v3/watch", &payload, self.token().as_deref(), |url| {
-            self.stream_agent
-                .post(url)
-                .set("Grpc-Metadata-hasleader", "true")
-        })?;
+        let (resp, endpoint) = self.send(
+            "/v3/watch",
+            &payload.join("\n"),
+            self.token().as_deref(),
+            |url| {
+                self.stream_agent
+                    .post(url)
+                    .set("Grpc-Metadata-hasleader", "true")
+            },
+        )?;
         Ok(Watch {
             reader: BufReader::new(resp.into_reader()),
+            endpoint,
         })
     }
 }
@@ -520,9 +681,15 @@ fn read_body(resp: ureq::Response) -> Result<Vec<u8>, Error> {
 /// An open watch: each [`Watch::next_message`] blocks until the server sends something.
 pub struct Watch {
     reader: BufReader<Box<dyn Read + Send + Sync + 'static>>,
+    endpoint: usize,
 }
 
 impl Watch {
+    /// The index (in [`Client::endpoints`]) of the endpoint serving this watch.
+    pub fn endpoint(&self) -> usize {
+        self.endpoint
+    }
+
     /// The next message; an error when the stream broke, ended or sent something bad (the
     /// watch is then useless: re-read and watch again).
     pub fn next_message(&mut self) -> Result<WatchMessage, Error> {

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use vnet_cluster::{ClusterState, DerivedConfig, HostId};
+use vnet_cluster::{ClusterState, DerivedConfig};
 use vnet_control::status::{
     ClusterReport, ClusterStatus, DaemonCounters, LinkStatus, MatrixReport, RouteStatus,
     StatsReport,
@@ -123,14 +123,33 @@ impl Daemon {
     /// state: derives from the local configuration, applies the diff from what was applied
     /// before (as one atomic script, or command by command if that fails, so one refused
     /// command does not hold back the others), and records what was applied.
-    pub fn sync_cluster(&self, host: &HostId, state: &ClusterState) -> SyncReport {
-        *self.cluster_seen.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((std::time::Instant::now(), state.clone()));
+    #[cfg(test)]
+    pub fn sync_cluster(&self, host: &vnet_cluster::HostId, state: &ClusterState) -> SyncReport {
+        self.cluster_synced(Some(state));
+        let derivation = vnet_cluster::derive(host, state, &self.local_config());
+        self.apply_derivation(&derivation)
+    }
+
+    /// Records a synchronisation with the cluster for the HTTP listener's views: its time,
+    /// and the state it derived from when the agent hands one over (at most about once a
+    /// second: a copy costs the overlay's size).
+    pub fn cluster_synced(&self, state: Option<&ClusterState>) {
+        let mut seen = self.cluster_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        match (state, seen.as_mut()) {
+            (Some(s), _) => *seen = Some((now, s.clone())),
+            (None, Some((at, _))) => *at = now,
+            (None, None) => {}
+        }
+    }
+
+    /// Brings the derived part of the running configuration to `derivation` (the etcd agent
+    /// derives incrementally and hands the result over here).
+    pub fn apply_derivation(&self, derivation: &vnet_cluster::Derivation) -> SyncReport {
         let mut st = self.lock();
         let mut report = SyncReport::default();
         let running = st.cfg.clone();
         st.derived.retain_present(&running);
-        let derivation = vnet_cluster::derive(host, state, &st.local_config());
         report.conflicts = derivation
             .conflicts
             .iter()
@@ -670,6 +689,7 @@ fn render_stats(out: &mut String, r: &StatsReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vnet_cluster::{ClusterState, HostId};
 
     fn daemon() -> Daemon {
         let engine = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");

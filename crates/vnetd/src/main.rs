@@ -134,7 +134,7 @@ fn read_token(path: &PathBuf) -> Result<String> {
 /// What `--etcd` sets up: the agent's settings and client, and the client configuration
 /// (the HTTP listener reads the published matrices with a client of its own).
 struct EtcdSetup {
-    agent: agent::AgentConfig,
+    agent: vnet_agent::AgentConfig,
     client: vnet_etcd::Client,
     client_config: vnet_etcd::ClientConfig,
 }
@@ -198,12 +198,14 @@ fn etcd_setup(
     record.validate().context("host record")?;
     let client = vnet_etcd::Client::new(&cc).context("etcd client")?;
     Ok(Some(EtcdSetup {
-        agent: agent::AgentConfig {
+        agent: vnet_agent::AgentConfig {
             overlay,
             host,
             record,
             lease_ttl: args.etcd_lease_ttl,
             matrix_interval: std::time::Duration::from_secs(args.etcd_matrix_interval),
+            read_page: vnet_agent::READ_PAGE,
+            crash: Default::default(),
         },
         client,
         client_config: cc,
@@ -357,7 +359,7 @@ fn run(args: Args) -> Result<()> {
         }) => {
             info!(overlay = %cfg.overlay, host = %cfg.host, "etcd agent starting");
             Some(
-                agent::spawn(daemon.clone(), cfg, client, agent_stop.clone())
+                vnet_agent::spawn(daemon.clone(), cfg, client, agent_stop.clone())
                     .context("etcd agent thread")?,
             )
         }

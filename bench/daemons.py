@@ -1,0 +1,417 @@
+#!/usr/bin/env python3
+"""Many real ``vnetd --etcd`` daemons on one etcd (issue #13): how long a host joining and a
+guest moving take to reach every daemon's forwarding table.
+
+Each daemon runs in a host namespace of its own (``tests/system/netlab.py``: a veth to a shared
+underlay bridge) with one guest NIC (a TAP that vnetd moves into a guest namespace); etcd runs
+in a namespace of its own on the same underlay, its data in /dev/shm. The daemons' local
+configurations hold only their guest's interface: every link and route comes from etcd.
+
+Steps:
+
+- bring-up: every daemon started (in waves, with a progress line) until each routes every
+  guest of the overlay;
+- join: one more daemon starts (its namespaces exist already); for every other daemon, the
+  time from starting that daemon's process until it routes the new guest over the derived link
+  to the new host (goal <= 2 s): this includes the new daemon's own start-up and registration;
+- move: host 1's guest moves to host 2 (as ``test_etcd.py`` does it: host 2 gets a second NIC
+  with the guest's MAC, ``vnetctl --etcd move`` rewrites the placement in one transaction, host
+  1 drops its NIC); for every daemon but host 1, the time from starting the ``vnetctl`` process
+  until it routes the MAC the new way (goal <= 1 s): this includes vnetctl's own run
+  (``vnetctl_move_s``), so it overstates the propagation by up to that much.
+
+The times are taken twice: from each daemon's own log, where its agent logs every route it
+applies with a UTC timestamp ("applied", exact to the clock; the goals are judged on these),
+and from each daemon's ``show routes json`` over its control port (persistent connections, 8
+threads polling: "seen by polling", good to one polling round, ``poll_round_s``, which at 200
+daemons on a loaded machine is about half a second; it confirms that the route is in place). Output: ``daemons.json``, ``daemons.md`` and ``daemons.png``
+(the distribution over daemons) in the output directory. Run as root; it is a benchmark,
+not a test (200 daemons take several minutes on 2 cores). Everything it made is removed at
+the end, whatever happens (netlab's cleanup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import re
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "system"))
+import netlab  # noqa: E402
+
+OVERLAY = "bench"
+# A line of vnetd's log (tracing's format without colours): UTC time, level, target, message.
+LOG_LINE = re.compile(r"^(\S+Z)\s+INFO\s+\S+: etcd: (.*)$")
+GOALS = {"join": 2.0, "move": 1.0}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Etcd:
+    """One etcd member in its own namespace on the lab's underlay, stopped by PID (netlab)."""
+
+    def __init__(self, lab: netlab.Lab):
+        self.ns = lab.host("etcd")
+        self.endpoint = f"{self.ns.underlay_ip}:2379"
+        self.data = Path(tempfile.mkdtemp(prefix="vnet-daemons-etcd-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        url, peer = f"http://{self.endpoint}", "http://127.0.0.1:2380"
+        out = open(lab.workdir / "etcd.log", "ab")
+        self.proc = self.ns.popen(
+            "/usr/bin/etcd", "--name", "bench", "--data-dir", self.data,
+            "--listen-client-urls", url, "--advertise-client-urls", url,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"bench={peer}", "--quota-backend-bytes", str(4 << 30),
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+        netlab.wait_until(lambda: self.ctl("hosts", check=False).returncode == 0, 30, what="etcd to answer")
+
+    def ctl(self, *words, check=True):
+        r = self.ns.exec(netlab.VNETCTL, "--etcd", self.endpoint, "--overlay", OVERLAY, "--timeout", "10",
+                         *map(str, words), check=False, timeout=60)
+        if check and r.returncode != 0:
+            raise netlab.CtlError(words, r.returncode, r.stdout, r.stderr)
+        return r
+
+    def close(self) -> None:
+        netlab.stop_pid(self.proc)
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+class Control:
+    """A persistent connection to one daemon's control port (opened inside its namespace)."""
+
+    def __init__(self, host: netlab.Host):
+        self.host = host
+        self.sock = None
+        self.buf = b""
+
+    def _connect(self) -> None:
+        s = self.host.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(10)
+        addr, port = self.host.control.rsplit(":", 1)
+        s.connect((addr, int(port)))
+        self.sock, self.buf = s, b""
+
+    def _line(self) -> bytes:
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("control port closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def command(self, line: str) -> str:
+        for attempt in (1, 2):
+            try:
+                if self.sock is None:
+                    self._connect()
+                self.sock.sendall(line.encode() + b"\n")
+                head = self._line().decode()
+                if head.startswith("error"):
+                    raise RuntimeError(f"{self.host.role}: {line}: {head}")
+                n = int(head.split()[1])
+                return "\n".join(self._line().decode() for _ in range(n))
+            except (OSError, ConnectionError, ValueError, IndexError):
+                self.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def routes(self) -> dict:
+        return {r["dst"].lower(): (r["to"], r["name"]) for r in json.loads(self.command("show routes json"))}
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+class Bench:
+    def __init__(self, lab: netlab.Lab, etcd: Etcd, n: int, ttl: int, threads: int):
+        self.lab, self.etcd, self.n, self.ttl = lab, etcd, n, ttl
+        self.hosts: list[netlab.Host] = []
+        self.guests: list[netlab.Guest] = []
+        self.controls: list[Control] = []
+        self.pool = concurrent.futures.ThreadPoolExecutor(threads)
+        self.rounds: list[float] = []
+
+    def add_host(self, i: int, wait: bool) -> netlab.Host:
+        h, g = self.prepare_host(i)
+        return self.start_host(h, g, wait)
+
+    def prepare_host(self, i: int):
+        """The host's and the guest's namespaces (not timed: a real host exists before its daemon)."""
+        return self.lab.host(f"h{i}"), self.lab.guest(f"g{i}", mac=netlab.mac(1, i, 1))
+
+    def start_host(self, h: netlab.Host, g: netlab.Guest, wait: bool) -> netlab.Host:
+        h.start_vnetd(config=f"interface add vm tap mac {g.mac} netns {g.name} vni 1\n",
+                      args=["--etcd", self.etcd.endpoint, "--overlay", OVERLAY, "--host-id", h.role,
+                            "--advertise-addr", h.underlay_ip, "--etcd-lease-ttl", self.ttl],
+                      wait=wait)
+        self.hosts.append(h)
+        self.guests.append(g)
+        self.controls.append(Control(h))
+        return h
+
+    def poll(self, which: list[int], pred, timeout: float, t0: float, what: str) -> dict:
+        """Polls the daemons `which` until pred(routes) holds on each; returns index -> seconds
+        since t0 at the first round that saw it (None: not within the timeout)."""
+        seen: dict[int, float | None] = {i: None for i in which}
+        lock = threading.Lock()
+        deadline = t0 + timeout
+        last_report = time.monotonic()
+
+        def check(i: int) -> None:
+            try:
+                ok = pred(i, self.controls[i].routes())
+            except Exception:
+                ok = False
+            if ok:
+                with lock:
+                    if seen[i] is None:
+                        seen[i] = time.monotonic() - t0
+
+        while True:
+            left = [i for i, v in seen.items() if v is None]
+            if not left or time.monotonic() > deadline:
+                break
+            r0 = time.monotonic()
+            list(self.pool.map(check, left))
+            self.rounds.append(time.monotonic() - r0)
+            if time.monotonic() - last_report > 2:
+                done = sum(v is not None for v in seen.values())
+                log(f"{what}: {done} of {len(seen)} daemons")
+                last_report = time.monotonic()
+        return seen
+
+    def bring_up(self, wave: int) -> dict:
+        t0 = time.monotonic()
+        for i in range(1, self.n + 1):
+            self.add_host(i, wait=False)
+            if i % wave == 0 or i == self.n:
+                for h in self.hosts[(i - 1) // wave * wave:i]:
+                    h.wait_ready(timeout=60)
+                log(f"bring-up: {i} of {self.n} daemons started ({time.monotonic() - t0:.0f} s)")
+        macs = {g.mac for g in self.guests}
+        started = time.monotonic() - t0
+        seen = self.poll(list(range(self.n)), lambda i, r: macs <= r.keys(),
+                         timeout=max(300, self.n * 3), t0=t0, what="bring-up: routing every guest")
+        done = [v for v in seen.values() if v is not None]
+        return {"step": "bring-up", "daemons": self.n, "start_s": started,
+                "all_routed_s": max(done) if len(done) == self.n else None,
+                "not_converged": self.n - len(done)}
+
+    def applied_at(self, which: list[int], mac: str, target, t0_wall: float) -> dict:
+        """Per daemon, when its agent applied the route for `mac` to `target` ((kind, name)),
+        from the daemon's own log ("etcd: route add ..." with the log's UTC timestamp), in
+        seconds since t0_wall; None when the log does not show it. Exact to the log's clock,
+        unlike the polling, which is good to one round."""
+        want = f"{mac} {target[0]} {target[1]}"
+        out = {}
+        for i in which:
+            out[i] = None
+            v = self.hosts[i].vnetd
+            try:
+                text = v.log.read_text(errors="replace")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                m = LOG_LINE.match(line)
+                if not m or "route" not in m.group(2) or not m.group(2).endswith(want):
+                    continue
+                at = datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp() - t0_wall
+                if at >= -0.5:  # this change, not an earlier one
+                    out[i] = max(at, 0.0)
+                    break
+        return out
+
+    def join(self) -> dict:
+        j = self.n + 1
+        mac = netlab.mac(1, j, 1)
+        want = ("link", f"c-h{j}-v1")
+        others = list(range(self.n))
+        h, g = self.prepare_host(j)
+        self.rounds.clear()
+        t0, t0_wall = time.monotonic(), time.time()
+        self.start_host(h, g, wait=False)
+        seen = self.poll(others, lambda i, r: r.get(mac) == want, timeout=60, t0=t0, what="join")
+        out = summarize("join", seen, self.rounds)
+        out["applied"] = summarize("join", self.applied_at(others, mac, want, t0_wall), [])
+        return out
+
+    def move(self) -> dict:
+        src, dst = self.hosts[0], self.hosts[1]
+        g = self.guests[0]
+        dst.ctl("interface", "add", "vmig", "tap", "mac", g.mac, "netns", g.name, "vni", 1)
+        # h2 routes the MAC to h1 until the move (its local NIC is not the placement yet).
+        netlab.wait_until(lambda: self.controls[1].routes().get(g.mac) == ("link", "c-h1-v1"), 20, 0.1,
+                          what="h2 to keep routing the guest to h1 before the move")
+        want_dst = ("interface", "vmig")
+        want = ("link", f"c-{dst.role}-v1")
+        others = list(range(1, len(self.hosts)))  # every daemon but the source (host 1)
+        self.rounds.clear()
+        t0, t0_wall = time.monotonic(), time.time()
+        r = self.etcd.ctl("move", 1, g.mac, dst.role, "vmig")
+        issued = time.monotonic() - t0
+        seen = self.poll(others, lambda i, r: r.get(g.mac) == (want_dst if i == 1 else want),
+                         timeout=60, t0=t0, what="move")
+        src.ctl("interface", "del", "vm")  # the VM is gone from the source host
+        out = summarize("move", seen, self.rounds)
+        applied = {}
+        for i in others:
+            applied.update(self.applied_at([i], g.mac, want_dst if i == 1 else want, t0_wall))
+        out["applied"] = summarize("move", applied, [])
+        out["vnetctl_move_s"] = issued
+        out["vnetctl_output"] = r.stdout.strip()
+        return out
+
+    def close(self) -> None:
+        for c in self.controls:
+            c.close()
+        self.pool.shutdown()
+
+
+def percentile(sorted_v: list[float], p: float):
+    if not sorted_v:
+        return None
+    k = max(1, min(len(sorted_v), int(-(-p / 100 * len(sorted_v) // 1))))
+    return sorted_v[k - 1]
+
+
+def summarize(step: str, seen: dict, rounds: list[float]) -> dict:
+    done = sorted(v for v in seen.values() if v is not None)
+    return {"step": step, "daemons": len(seen), "not_converged": len(seen) - len(done),
+            "p50_s": percentile(done, 50), "p99_s": percentile(done, 99), "max_s": done[-1] if done else None,
+            "poll_round_s": (sum(rounds) / len(rounds)) if rounds else None, "times_s": done}
+
+
+def resources(bench: Bench, etcd: Etcd) -> dict:
+    def usage(pid: int):
+        try:
+            f = open(f"/proc/{pid}/stat").read()
+            f = f[f.rfind(")") + 2:].split()
+            return (int(f[11]) + int(f[12])) / 100, int(f[21]) * 4096
+        except OSError:
+            return 0.0, 0
+    daemons = [usage(h.vnetd.pid) for h in bench.hosts if h.vnetd and h.vnetd.alive()]
+    e = usage(etcd.proc.pid)
+    return {"daemons_cpu_s": sum(c for c, _ in daemons), "daemons_rss_bytes": sum(r for _, r in daemons),
+            "etcd_cpu_s": e[0], "etcd_rss_bytes": e[1]}
+
+
+def report(doc: dict, out: Path) -> str:
+    lines = [f"## {doc['daemons']} real vnetd --etcd daemons on one etcd ({doc['time']})", "",
+             f"Each daemon in its own host namespace with one guest TAP, lease TTL {doc['lease_ttl']} s, "
+             f"etcd 3.4 in a namespace of its own (data in /dev/shm); commit {doc['commit']}; "
+             f"{os.cpu_count()} cores shared by etcd and every daemon. \"Applied\": when each daemon's agent "
+             "applied the route, from the daemon's log; \"seen by polling\": when `show routes json` first showed it "
+             "(good to one polling round, which confirms that the route is in place).", "",
+             "| step | daemons | p50 s | p99 s | max s | not converged | polling round s | goal |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in doc["steps"]:
+        if s["step"] == "bring-up":
+            lines.append(f"| bring-up | {s['daemons']} | | | {fmt(s['all_routed_s'])} (all started in {fmt(s['start_s'])}) | "
+                         f"{s['not_converged']} | | |")
+            continue
+        g = GOALS[s["step"]]
+        a = s.get("applied") or {}
+        ok = a.get("not_converged", 1) == 0 and a.get("max_s") is not None and a["max_s"] <= g
+        lines.append(f"| {s['step']}, applied (daemons' logs) | {a.get('daemons', '-')} | {fmt(a.get('p50_s'))} | {fmt(a.get('p99_s'))} | "
+                     f"{fmt(a.get('max_s'))} | {a.get('not_converged', '-')} | | every daemon <= {g} s: {'met' if ok else 'NOT met'} |")
+        lines.append(f"| {s['step']}, seen by polling | {s['daemons']} | {fmt(s['p50_s'])} | {fmt(s['p99_s'])} | {fmt(s['max_s'])} | "
+                     f"{s['not_converged']} | {fmt(s['poll_round_s'])} | |")
+    r = doc["resources"]
+    lines += ["", f"After the steps: the daemons used {r['daemons_cpu_s']:.1f} CPU-s in all and hold "
+              f"{r['daemons_rss_bytes'] / 1e6:.0f} MB resident; etcd {r['etcd_cpu_s']:.1f} CPU-s, "
+              f"{r['etcd_rss_bytes'] / 1e6:.0f} MB.", ""]
+    return "\n".join(lines)
+
+
+def fmt(v) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def plot(doc: dict, out: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for s in doc["steps"]:
+        t = (s.get("applied") or {}).get("times_s") or s.get("times_s")
+        if t:
+            ax.step(t, [(k + 1) / s["daemons"] for k in range(len(t))], where="post",
+                    label=f"{s['step']} (goal {GOALS[s['step']]} s)")
+            ax.axvline(GOALS[s["step"]], color="grey", lw=0.8, ls=":")
+    ax.set(xlabel="seconds until the daemon routes the change", ylabel="fraction of daemons",
+           title=f"{doc['daemons']} vnetd --etcd daemons on one etcd")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "daemons.png", dpi=110)
+    plt.close(fig)
+
+
+def run(n: int, out: Path, ttl: int = 10, wave: int = 20, threads: int = 8) -> dict:
+    if n < 3 or n > 250:
+        raise SystemExit("--daemons must be 3 to 250 (one /24 underlay)")
+    out.mkdir(parents=True, exist_ok=True)
+    netlab.install_signal_cleanup()
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    doc = {"daemons": n, "lease_ttl": ttl, "commit": commit or "?", "time": stamp, "steps": []}
+    with netlab.Lab(tag="daemons") as lab:
+        etcd = Etcd(lab)
+        bench = Bench(lab, etcd, n, ttl, threads)
+        try:
+            doc["steps"].append(bench.bring_up(wave))
+            log(f"bring-up: {doc['steps'][-1]}")
+            for step in (bench.join, bench.move):
+                s = step()
+                doc["steps"].append(s)
+                log(f"{s['step']}: p50 {fmt(s['p50_s'])} p99 {fmt(s['p99_s'])} max {fmt(s['max_s'])} s, "
+                    f"{s['not_converged']} not converged (polling round {fmt(s['poll_round_s'])} s)")
+            doc["resources"] = resources(bench, etcd)
+        finally:
+            bench.close()
+            etcd.close()
+    (out / "daemons.json").write_text(json.dumps(doc, indent=1))
+    (out / "daemons.md").write_text(report(doc, out))
+    plot(doc, out)
+    return doc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--daemons", type=int, default=200)
+    ap.add_argument("--lease-ttl", type=int, default=10)
+    ap.add_argument("--wave", type=int, default=20, help="daemons started before waiting for their control ports")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or REPO / "results" / f"daemons-{stamp}"
+    doc = run(args.daemons, out, args.lease_ttl, args.wave)
+    print(report(doc, out))
+    print(f"results: {out}", file=sys.stderr)
+    ok = all(s["not_converged"] == 0 for s in doc["steps"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""The scale of vnet's etcd control plane (issue #13): runs ``vnet-scale`` (N real vnet agents,
+the code of ``vnetd --etcd``, with recording data planes) against a real etcd started here, for
+each N asked, and writes ``scale.json``, ``summary.md`` and plots under
+``results/scale-<UTC time>/``.
+
+Each N gets a fresh etcd (Debian's ``/usr/bin/etcd``, free loopback ports, its data directory
+in ``/dev/shm`` so that the disk's fsync latency is not what is measured), stopped by PID at
+the end. ``--baseline FILE`` puts an earlier run's figures (``scale.json``) beside these in the
+summary and the plots, for a before/after comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import ensure_matplotlib  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+STEPS = ("join", "move", "storm", "death")
+GOALS = {"move": 1.0, "join": 2.0}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """One etcd member on loopback, stopped (SIGTERM, then SIGKILL) by PID."""
+
+    def __init__(self, logdir: Path):
+        self.client_port, self.peer_port = free_port(), free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="vnet-scale-etcd-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        self.endpoint = f"127.0.0.1:{self.client_port}"
+        url = f"http://{self.endpoint}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.log = open(logdir / f"etcd-{self.client_port}.log", "w")
+        self.proc = subprocess.Popen(
+            ["/usr/bin/etcd", "--name", "s", "--data-dir", str(self.dir),
+             "--listen-client-urls", url, "--advertise-client-urls", url,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"s={peer}", "--quota-backend-bytes", str(4 << 30)],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.client_port), timeout=0.5):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            self.stop()
+            raise RuntimeError("etcd did not start")
+        time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_one(binary: Path, n: int, args, out: Path, k: int, total: int) -> dict:
+    etcd = Etcd(out / "raw")
+    try:
+        cmd = [str(binary), "--etcd", etcd.endpoint, "--etcd-pid", str(etcd.proc.pid),
+               "--hosts", str(n), "--guests", str(args.guests), "--vnis", str(args.vnis),
+               "--lease-ttl", str(args.lease_ttl), "--storm", str(args.storm),
+               "--timeout", str(args.timeout), "--ramp", str(args.ramp),
+               "--read-page", str(args.read_page)]
+        print(f"[{k}/{total}] N={n}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+        with open(out / "raw" / f"scale-{n}.log", "w") as log:
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert p.stderr is not None and p.stdout is not None
+            for line in p.stderr:  # the harness's progress, shown and kept
+                log.write(line)
+                print(f"[{k}/{total}] {line.rstrip()}", file=sys.stderr, flush=True)
+            stdout = p.stdout.read()
+            rc = p.wait()
+        if rc != 0:
+            return {"hosts": n, "error": f"vnet-scale exited {rc} (see raw/scale-{n}.log)"}
+        return json.loads(stdout)
+    finally:
+        etcd.stop()
+
+
+def step(run: dict, name: str) -> dict:
+    return next((s for s in run.get("steps", []) if s["step"] == name), {})
+
+
+def fmt(v, unit="", digits=3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}{unit}"
+    return f"{v}{unit}"
+
+
+def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
+    lines = [f"# vnet etcd control plane at scale ({meta['time']})", "",
+             f"Harness: `vnet-scale`, {meta['guests']} guests per host, {meta['vnis']} VNI(s), lease TTL "
+             f"{meta['lease_ttl']} s, storm of {meta['storm']} moves; one etcd 3.4 on loopback (data in /dev/shm); "
+             f"commit {meta['commit']}. The machine has {os.cpu_count()} cores shared by etcd and every agent: "
+             "figures are preliminary.", "",
+             "Convergence: time from the change in etcd until the agent's recorder has applied it, over every "
+             "agent the change concerns (p50 / p99 / max, seconds). A death is the host's agent stopping "
+             "silently and its lease revoked at t0 (what expiry does TTL seconds later). The storm is timed "
+             "two ways: from the first move sent until every agent applied every move (this includes the time "
+             "to issue them all from 8 threads, `issue_s` in scale.json), and each move from its own "
+             "transaction being sent until each agent applied it (\"each move\").", ""]
+    lines += ["| N | bring-up s | join p50/p99/max | move p50/p99/max | storm p50/p99/max | storm, each move p50/p99/max | death p50/p99/max | not converged | agents wrong |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        if "error" in r:
+            lines.append(f"| {r['hosts']} | {r['error']} | | | | | | | |")
+            continue
+        cells = []
+        nc = wrong = 0
+        for s in STEPS:
+            st = step(r, s)
+            cells.append(" / ".join(fmt(st.get(k)) for k in ("p50_s", "p99_s", "max_s")))
+            if s == "storm":
+                cells.append(" / ".join(fmt(st.get(k)) for k in ("per_move_p50_s", "per_move_p99_s", "per_move_max_s")))
+            nc += st.get("not_converged", 0)
+            wrong += st.get("agents_wrong_after", 0)
+        wrong += step(r, "bring-up").get("agents_wrong_after", 0)
+        b = step(r, "bring-up")
+        up = fmt(b.get("wall_s"))
+        if b.get("agents_complete", r["hosts"]) < r["hosts"]:
+            up += f" (only {b['agents_complete']} of {r['hosts']} agents complete)"
+        lines.append(f"| {r['hosts']} | {up} | " + " | ".join(cells) + f" | {nc} | {wrong} |")
+    lines += ["", "Load per step: agent CPU per event (µs of this process's CPU above its idle rate, per agent "
+              "receiving, per store event), etcd's CPU (cores = CPU-seconds / wall-seconds of the step) and bytes "
+              "its gRPC server sent per event.", "",
+              "| N | step | agent µs/event | agents CPU s | etcd CPU s | etcd cores | etcd bytes/event | etcd RSS MB |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        for s in STEPS:
+            st = step(r, s)
+            if st:
+                lines.append(f"| {r['hosts']} | {s} | {fmt(st.get('agent_cpu_us_per_event'))} | {fmt(st.get('agents_cpu_s'))} | "
+                             f"{fmt(st.get('etcd_cpu_s'))} | {fmt(st.get('etcd_cores'))} | {fmt(st.get('etcd_sent_bytes_per_event'))} | "
+                             f"{fmt(st.get('etcd_rss_bytes', 0) / 1e6)} |")
+    lines += ["", "| N | agents' threads | agents' RSS MB (after bring-up) | per agent MB | idle agents cores | idle etcd cores |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        if "error" not in r:
+            lines.append(f"| {r['hosts']} | {r['threads']} | {fmt(r['agents_rss_bytes'] / 1e6)} | {fmt(r['rss_bytes_per_agent'] / 1e6)} | "
+                         f"{fmt(r['idle_agents_cores'])} | {fmt(r['idle_etcd_cores'])} |")
+    lines += ["", "## Goals (p99)", ""]
+    for r in runs:
+        if "error" in r:
+            continue
+        for s, g in GOALS.items():
+            st = step(r, s)
+            p99 = st.get("p99_s")
+            ok = p99 is not None and p99 <= g and st.get("not_converged", 1) == 0
+            lines.append(f"- N={r['hosts']}: {s} p99 {fmt(p99)} s (goal <= {g} s): {'met' if ok else 'NOT met'}")
+        st = step(r, "storm")
+        p99 = st.get("per_move_p99_s")
+        ok = p99 is not None and p99 <= GOALS["move"] and st.get("per_move_not_applied", 1) == 0
+        lines.append(f"- N={r['hosts']}: storm, each move p99 {fmt(p99)} s (goal <= {GOALS['move']} s): {'met' if ok else 'NOT met'}")
+        cores = st.get("etcd_cores")
+        lines.append(f"- N={r['hosts']}: etcd during the storm {fmt(cores)} cores (goal <= 1): "
+                     f"{'met' if cores is not None and cores <= 1.0 else 'NOT met'}")
+    if baseline:
+        lines += ["", "## Against the baseline", "", "p99 convergence, seconds (baseline -> this run; '-' did not converge "
+                  "within the harness's timeout):", "",
+                  "| N | join | move | storm | death | bring-up |", "| --- | --- | --- | --- | --- | --- |"]
+        base = {b["hosts"]: b for b in baseline}
+        for r in runs:
+            b = base.get(r["hosts"])
+            if not b or "error" in r:
+                continue
+            cells = [f"{fmt(step(b, s).get('p99_s') if not step(b, s).get('not_converged') else None)} -> {fmt(step(r, s).get('p99_s'))}" for s in STEPS]
+            cells.append(f"{fmt(step(b, 'bring-up').get('wall_s'))} -> {fmt(step(r, 'bring-up').get('wall_s'))}")
+            lines.append(f"| {r['hosts']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(runs: list[dict], baseline: list[dict] | None, out: Path) -> list[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return ["plots skipped: matplotlib is not importable"]
+    ok = [r for r in runs if "error" not in r]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, runs_, style in (("", ok, "-o"), ("baseline ", [b for b in (baseline or []) if "error" not in b], "--x")):
+        for s in STEPS:
+            xs = [r["hosts"] for r in runs_ if step(r, s).get("p99_s") is not None and not step(r, s).get("not_converged")]
+            ys = [step(r, s)["p99_s"] for r in runs_ if step(r, s).get("p99_s") is not None and not step(r, s).get("not_converged")]
+            if xs:
+                axes[0].plot(xs, ys, style, label=f"{name}{s}")
+    axes[0].axhline(1.0, color="grey", lw=0.8, ls=":")
+    axes[0].axhline(2.0, color="grey", lw=0.8, ls=":")
+    axes[0].set(xscale="log", yscale="log", xlabel="hosts (N)", ylabel="p99 convergence (s)",
+                title="time until every agent applied the change")
+    axes[0].legend(fontsize=7)
+    for name, runs_, style in (("", ok, "-o"), ("baseline ", [b for b in (baseline or []) if "error" not in b], "--x")):
+        for s in ("join", "storm"):
+            xs = [r["hosts"] for r in runs_ if step(r, s)]
+            if xs:
+                axes[1].plot(xs, [step(r, s).get("etcd_cores", 0) for r in runs_ if step(r, s)], style, label=f"{name}etcd cores, {s}")
+                axes[1].plot(xs, [step(r, s).get("agent_cpu_us_per_event", 0) / 1000 for r in runs_ if step(r, s)], style,
+                             alpha=0.5, label=f"{name}agent ms/event, {s}")
+    axes[1].set(xscale="log", yscale="log", xlabel="hosts (N)", title="etcd cores; agent CPU per event (ms)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "scale.png", dpi=110)
+    plt.close(fig)
+    return []
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", default=None, help="comma-separated N (default 10,100,300,1000; none with --daemons)")
+    ap.add_argument("--daemons", type=int, default=0,
+                    help="also run bench/daemons.py: this many real vnetd --etcd daemons in namespaces (e.g. 200)")
+    ap.add_argument("--guests", type=int, default=8)
+    ap.add_argument("--vnis", type=int, default=1)
+    ap.add_argument("--lease-ttl", type=int, default=10)
+    ap.add_argument("--storm", type=int, default=100)
+    ap.add_argument("--timeout", type=int, default=60, help="longest wait for one step, seconds")
+    ap.add_argument("--read-page", type=int, default=1000, help="keys per page of the agents' first read")
+    ap.add_argument("--ramp", type=float, default=0.0, help="spread the agents' starts over this many seconds (default: all within about 2 s)")
+    ap.add_argument("--quick", action="store_true", help="N=10 and 50, for CI (a minute or two)")
+    ap.add_argument("--baseline", type=Path, help="an earlier scale.json to compare with")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--binary", type=Path, default=REPO / "target" / "release" / "vnet-scale")
+    args = ap.parse_args()
+    ensure_matplotlib(__file__)
+    if args.quick:
+        # Small pages, so that reads of many pages (at one revision) are exercised too.
+        args.hosts, args.timeout, args.storm, args.read_page = "10,50", 30, 50, 64
+    if args.hosts is None:
+        args.hosts = "" if args.daemons else "10,100,300,1000"
+    ns = [int(x) for x in args.hosts.split(",") if x]
+    if ns and not args.binary.exists():
+        print(f"{args.binary} not found: cargo build --release -p vnet-scale", file=sys.stderr)
+        return 2
+    if not Path("/usr/bin/etcd").exists():
+        print("/usr/bin/etcd not found: bash scripts/setup.sh installs it", file=sys.stderr)
+        return 2
+    # Each agent holds a watch stream and a unary connection: lift the soft descriptor limit.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or REPO / "results" / f"scale-{stamp}"
+    (out / "raw").mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {"time": stamp, "guests": args.guests, "vnis": args.vnis, "lease_ttl": args.lease_ttl,
+            "storm": args.storm, "commit": commit or "?", "cores": os.cpu_count()}
+    runs = [run_one(args.binary, n, args, out, k + 1, len(ns)) for k, n in enumerate(ns)]
+    text = ""
+    if ns:
+        baseline = json.loads(args.baseline.read_text())["runs"] if args.baseline else None
+        (out / "scale.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
+        notes = plots(runs, baseline, out)
+        text = summary(runs, baseline, meta) + "".join(f"\n{n}\n" for n in notes)
+    daemons_ok = True
+    if args.daemons:
+        import daemons  # noqa: E402 (bench/daemons.py: namespaces, root only)
+        print(f"daemons: {args.daemons} real vnetd --etcd daemons (bench/daemons.py)", file=sys.stderr, flush=True)
+        doc = daemons.run(args.daemons, out, ttl=args.lease_ttl)
+        text += "\n" + daemons.report(doc, out)
+        daemons_ok = all(s["not_converged"] == 0 for s in doc["steps"])
+    (out / "summary.md").write_text(text)
+    print(text)
+    print(f"results: {out}", file=sys.stderr)
+    return 1 if any("error" in r for r in runs) or not daemons_ok else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+//! The etcd agent of one vnet host: what `vnetd --etcd` runs, as a library so that the scale
+//! harness (`vnet-scale`) runs the very same code for many hosts at once.
+//!
+//! The agent does the talking to etcd (lease, publishing, watching) and the deriving; what it
+//! derives is applied through the [`DataPlane`] seam. vnetd's `Daemon` implements it by
+//! changing its running configuration and engine; the harness implements it with a recorder
+//! that applies nothing to the OS.
+
+#![forbid(unsafe_code)]
+
+mod agent;
+
+pub use agent::{spawn, AgentConfig, READ_PAGE};
+
+use vnet_cluster::Derivation;
+use vnet_control::status::ClusterStatus;
+use vnet_control::{Command, Config};
+
+/// What one synchronisation with the cluster's state did.
+#[derive(Debug, Default, Clone)]
+pub struct SyncReport {
+    /// Commands applied (links and routes added or removed).
+    pub applied: Vec<String>,
+    /// Commands the running configuration refused (retried by the next synchronisation).
+    pub failed: Vec<String>,
+    /// What the derivation skipped (vnet_cluster::Conflict), as text.
+    pub conflicts: Vec<String>,
+}
+
+/// Where the agent's decisions land: the host's data plane and its local configuration.
+pub trait DataPlane: Send + Sync {
+    /// The local configuration alone (config file and control port, no derived objects).
+    fn local_config(&self) -> Config;
+    /// A counter bumped by every change of the local configuration.
+    fn local_changes(&self) -> u64;
+    /// Brings the derived part of the running configuration to `derivation`. `delta`, when
+    /// given, is what changed since the previous derivation passed here (the agent's
+    /// incremental derivation), in an order in which every command is valid; an implementation
+    /// may apply it instead of comparing the whole sets, as long as its record of what it
+    /// applied followed the previous derivation exactly.
+    fn apply_derived(&self, derivation: &Derivation, delta: Option<&[Command]>) -> SyncReport;
+    /// This host's traffic matrix (published for `vnetctl suggest`).
+    fn matrix(&self) -> Vec<vnet_core::MatrixEntry>;
+    /// Sends frames into the overlay as if the guest behind interface `name` had sent them.
+    fn inject_from_interface(&self, name: &str, frames: &[Vec<u8>]) -> bool;
+    /// Called after every synchronisation, for views of the overlay (vnetd's HTTP listener):
+    /// `state` is the cluster state derived from, handed over at most about once a second
+    /// and after the last change of a burst (a copy costs the overlay's size, which an event
+    /// must not); None when only the time of the synchronisation is new.
+    fn synced(&self, _state: Option<&vnet_cluster::ClusterState>) {}
+    /// The agent's status, for `show cluster`.
+    fn set_cluster_status(&self, status: ClusterStatus);
+}
