@@ -141,7 +141,15 @@ def one_run(bed: Bed, cfg, size: int, duration: float) -> dict:
         tx_path, rx_path = d(a0, a1, "tx_copied"), d(b0, b1, "rx_copied")
     tx_frames = d(a0, a1, "tx_cut_through") + d(a0, a1, "tx_copied")
     rx_frames = sum(d(b0, b1, k) for k in ("rx_cut_through", "rx_direct", "rx_copied"))
-    ok = tx_frames > 0 and rx_frames > 0 and tx_path >= 0.9 * tx_frames and rx_path >= 0.9 * rx_frames
+    # The configured path must carry most frames. With cut-through on, a frame may still be
+    # copied legitimately (the guest's receive ring was empty, the socket was full), more often
+    # on a loaded machine, so "most" is a majority; with it off no frame may be cut through.
+    if cfg[0] == "on":
+        ok = tx_path >= 0.5 * tx_frames and rx_path >= 0.5 * rx_frames
+    else:
+        ok = d(a0, a1, "tx_cut_through") == 0 and d(b0, b1, "rx_cut_through") == 0 \
+            and tx_path >= 0.9 * tx_frames and rx_path >= 0.9 * rx_frames
+    ok = ok and tx_frames > 0 and rx_frames > 0
     return {
         "size": size, "cut_through": cfg[0], "notify": cfg[1],
         "rx_pps": r["pps"], "rx_gbps": r["gbit_per_s"], "rx_frames": r["frames"],
