@@ -198,26 +198,41 @@ def test_http_listener_is_hardened(lab, record):
     def quiet():
         body = httplab.http_get(h, url + "/metrics", auth)[2].decode()
         return re.search(r"^vnet_http_active_connections 1(\.0)?$", body, re.M)
-    netlab.wait_until(quiet, 10, 0.2, what="the listener to be idle")
-    t = threading.Thread(target=trickle)
-    t.start()
-    idle = []
-    for _ in range(15):  # with the trickler: 16
-        s = h.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.settimeout(20)
-        s.connect(("127.0.0.1", 9300))
-        idle.append(s)
-    # Once the listener has taken all 16 (on a loaded machine that can lag behind the
-    # connects), the next connection is refused at once.
-    t0 = time.monotonic()
-    served = 0
-    while True:
-        resp, took = httplab.raw_exchange(h, addr, b"GET / HTTP/1.1\r\n\r\n")
-        if status(resp) == 503:
+    # On a loaded machine the accepting thread can lag the connects by seconds, until the first
+    # idle connections reach their own deadline and free slots again: then the whole fill is
+    # tried again (up to three times, each recorded), so what is checked is the limit itself.
+    slow_fills = []
+    for attempt in range(3):
+        netlab.wait_until(quiet, 15, 0.2, what="the listener to be idle")
+        results.clear()
+        t = threading.Thread(target=trickle)
+        t.start()
+        idle = []
+        for _ in range(15):  # with the trickler: 16
+            s = h.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.settimeout(20)
+            s.connect(("127.0.0.1", 9300))
+            idle.append(s)
+        # Once the listener has taken all 16, the next connection is refused at once.
+        t0 = time.monotonic()
+        served = 0
+        refused_at_once = False
+        while time.monotonic() - t0 < 4:
+            resp, took = httplab.raw_exchange(h, addr, b"GET / HTTP/1.1\r\n\r\n")
+            if status(resp) == 503:
+                refused_at_once = True
+                break
+            assert status(resp) == 200, resp[:200]
+            served += 1
+            time.sleep(0.2)
+        if refused_at_once:
             break
-        assert status(resp) == 200 and time.monotonic() - t0 < 4, resp[:200]
-        served += 1
-        time.sleep(0.2)
+        slow_fills.append({"served": served, "loadavg": open("/proc/loadavg").read().split()[:3]})
+        for s in idle:
+            s.close()
+        t.join(30)
+    record("fills_retried_on_a_slow_listener", slow_fills)
+    assert refused_at_once, f"17th connection never refused while 16 were held: {slow_fills}"
     assert took < 1.0
     record("served_before_all_16_were_taken", served)
     # The idle ones get 408 at their deadline.
@@ -252,7 +267,9 @@ def test_http_listener_is_hardened(lab, record):
     assert refused("unauthorized") == 3
     assert refused("bad_host") == 1
     assert refused("too_many_connections") == 1
-    assert refused("timeout") == 16
+    # the last fill's 16 held connections ran into their deadline (of a retried fill, those
+    # that reached it before the test let go of them)
+    assert refused("timeout") == 16 if not slow_fills else 16 <= refused("timeout") <= 16 * (len(slow_fills) + 1)
     # The daemon itself never noticed: its control port answers.
     assert h.ctl("show", "stats")
     assert h.vnetd.alive()
