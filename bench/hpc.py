@@ -436,10 +436,24 @@ def run_phase(bed: Bed, a, phase: str, tasks: list, doc: dict, prog: Progress, r
         p = bed.placements[config]
         try:
             p.prepare()
-            if job == "hpcc":
-                rec.update(run_hpcc(bed, p, a.hpcc_n, raw, tag, timeout=600 if a.quick else 900))
-            else:
-                rec.update(run_netpipe(bed, p, a.np_upper, a.np_repeats, raw, tag, timeout=300))
+            for attempt in (1, 2, 3):
+                try:
+                    if job == "hpcc":
+                        rec.update(run_hpcc(bed, p, a.hpcc_n, raw, tag, timeout=600 if a.quick else 900))
+                    else:
+                        rec.update(run_netpipe(bed, p, a.np_upper, a.np_repeats, raw, tag, timeout=300))
+                    break
+                except JobError as e:
+                    # Open MPI's launcher now and then fails to start its daemons across the
+                    # namespaces ("ORTE does not know how to route a message", mpirun crashing):
+                    # no rank ran, nothing was measured, so the job is started again (up to
+                    # three times) and the failed launches recorded.
+                    if attempt == 3 or not _launch_failed(str(e)):
+                        raise
+                    _kill_leftovers(bed, p)
+                    rec.setdefault("launches_failed", []).append(str(e)[-300:])
+                    prog.say(f"!! {tag} {job}: MPI launch failed, starting it again")
+                    time.sleep(2)
             if not rec["check"]["ok"]:
                 prog.say(f"!! {tag} {job}: the counters do not show the job's bytes on {p.path}: "
                          f"{json.dumps(rec['check'])[:600]}")
@@ -457,6 +471,12 @@ def run_phase(bed: Bed, a, phase: str, tasks: list, doc: dict, prog: Progress, r
             prog.say("!! " + msg)
         doc["runs"].append(rec)
         prog.step(estimate(job, a))
+
+
+def _launch_failed(err: str) -> bool:
+    """Whether an mpirun failure is Open MPI failing to start its daemons (no rank ran)."""
+    return any(m in err for m in ("ORTE does not know how to route", "ORTE was unable to reliably start",
+                                  "an inability to create a connection back to mpirun"))
 
 
 def _loadavg() -> float:
