@@ -138,7 +138,8 @@ def test_watch_on_a_frozen_member_moves_to_another(lab, cluster, record):
     # The data path went on all along.
     lab.wait_ping(guests[0], guests[2].ip_addr, timeout=10)
     # h3 (watching through m2) has it too; on h2 the route names h2's own link, so not there.
-    assert mac in {r["dst"].lower() for r in h3.ctl_json("show", "routes", "json")}
+    netlab.wait_until(lambda: mac in {r["dst"].lower() for r in h3.ctl_json("show", "routes", "json")},
+                      10, 0.1, what="h3 (watching through m2) to have the route")
 
 
 def test_lease_survives_a_frozen_member_for_longer_than_its_ttl(lab, cluster, record):

@@ -266,7 +266,8 @@ def test_http_listener_is_hardened(lab, record):
     assert refused("head_too_large") == 3  # oversized, fields, megabyte
     assert refused("unauthorized") == 3
     assert refused("bad_host") == 1
-    assert refused("too_many_connections") == 1
+    # the 17th connection, plus any poll of /metrics above made while the slots were still full
+    assert refused("too_many_connections") >= 1
     # the last fill's 16 held connections ran into their deadline (of a retried fill, those
     # that reached it before the test let go of them)
     assert refused("timeout") == 16 if not slow_fills else 16 <= refused("timeout") <= 16 * (len(slow_fills) + 1)
