@@ -50,7 +50,7 @@ import hpc_bed  # noqa: E402
 import hpc_report  # noqa: E402
 from hpc_bed import CONFIGS, RANKS, Bed, Placement, netlab  # noqa: E402
 from measure import background_cpu  # noqa: E402
-from mpi import AGENT, _q  # noqa: E402
+from mpi import AGENT, _q, hpcc_input  # noqa: E402
 from run import Progress, _mmss, machine_info, vnet_version  # noqa: E402
 
 REPO = hpc_bed.REPO
@@ -59,45 +59,6 @@ REPO = hpc_bed.REPO
 HPCC_PAIR_BYTES = 2_000_000
 TOOLS = ("mpirun", "hpcc", "NPopenmpi")
 
-# HPL's input, then PTRANS's: 4 ranks on a 2 x 2 grid; every other HPCC kernel sizes its
-# problem from N (memory ~ 8 N^2 bytes): RandomAccess's table, FFT's vector, DGEMM, STREAM.
-HPCC_INPUT = """HPLinpack benchmark input file
-Innovative Computing Laboratory, University of Tennessee
-HPL.out      output file name (if any)
-8            device out (6=stdout,7=stderr,file)
-1            # of problems sizes (N)
-{n}          Ns
-1            # of NBs
-{nb}         NBs
-0            PMAP process mapping (0=Row-,1=Column-major)
-1            # of process grids (P x Q)
-2            Ps
-2            Qs
-16.0         threshold
-1            # of panel fact
-2            PFACTs (0=left, 1=Crout, 2=Right)
-1            # of recursive stopping criterium
-4            NBMINs (>= 1)
-1            # of panels in recursion
-2            NDIVs
-1            # of recursive panel fact.
-1            RFACTs (0=left, 1=Crout, 2=Right)
-1            # of broadcast
-1            BCASTs (0=1rg,1=1rM,2=2rg,3=2rM,4=Lng,5=LnM)
-1            # of lookahead depth
-1            DEPTHs (>=0)
-2            SWAP (0=bin-exch,1=long,2=mix)
-64           swapping threshold
-0            L1 in (0=transposed,1=no-transposed) form
-0            U  in (0=transposed,1=no-transposed) form
-1            Equilibration (0=no,1=yes)
-8            memory alignment in double (> 0)
-##### This line (no. 32) is ignored (it serves as a separator). ######
-0                               Number of additional problem sizes for PTRANS
-1200 10000 30000                values of N
-0                               number of additional blocking sizes for PTRANS
-40 9 8 13 13 20 16 32 64        values of NB
-"""
 
 # The figures of one HPCC run kept per kernel: name -> (hpccoutf.txt summary key, multiplier)
 HPCC_FIGURES = {k: (key, mult) for k, (key, mult, *_rest) in hpc_report.KERNELS.items()}
@@ -242,7 +203,9 @@ def parse_hpcc(text: str) -> dict:
 def run_hpcc(bed: Bed, p: Placement, n: int, raw: Path, tag: str, timeout: float) -> dict:
     ranks = list(range(RANKS))
     wd, argv = _job_dir(bed, p, ranks)
-    (wd / "hpccinf.txt").write_text(HPCC_INPUT.format(n=n, nb=32 if n >= 128 else 16))
+    # 4 ranks on a 2 x 2 grid; every other HPCC kernel sizes its problem from N (memory ~ 8 N^2
+    # bytes): RandomAccess's table, FFT's vector, DGEMM, STREAM.
+    (wd / "hpccinf.txt").write_text(hpcc_input(n, nb=32 if n >= 128 else 16, ps=2, qs=2))
     outf = wd / "hpccoutf.txt"
     outf.unlink(missing_ok=True)
     r, before, after, wall = _measured(p, lambda: _exec(p, wd, argv + ["hpcc"], timeout))

@@ -35,11 +35,11 @@ HPL.out      output file name (if any)
 1            # of problems sizes (N)
 {n}          Ns
 1            # of NBs
-32           NBs
+{nb:<13}NBs
 0            PMAP process mapping (0=Row-,1=Column-major)
 1            # of process grids (P x Q)
-1            Ps
-2            Qs
+{ps:<13}Ps
+{qs:<13}Qs
 16.0         threshold
 1            # of panel fact
 2            PFACTs (0=left, 1=Crout, 2=Right)
@@ -65,6 +65,12 @@ HPL.out      output file name (if any)
 0                               number of additional blocking sizes for PTRANS
 40 9 8 13 13 20 16 32 64        values of NB
 """
+
+
+def hpcc_input(n: int, nb: int = 32, ps: int = 1, qs: int = 2) -> str:
+    """HPCC's ``hpccinf.txt``: HPL with problem size ``n``, block ``nb`` on a ``ps`` x ``qs``
+    grid of ranks (every other HPCC kernel sizes its problem from ``n``), then PTRANS's input."""
+    return HPCC_INPUT.format(n=n, nb=nb, ps=ps, qs=qs)
 
 AGENT = """#!/bin/sh
 # plm_rsh_agent for Open MPI: [options] HOST COMMAND... -> run COMMAND in HOST's namespace
@@ -151,7 +157,7 @@ def hpcc(tb: Testbed, config: str, workdir: Path, n: int, raw_dir: Path, tag: st
     """HPC Challenge with a small problem (N=``n``), two ranks; its latency/bandwidth part
     (ping-pong between the two ranks, and ring latency/bandwidth)."""
     ep, argv = _mpirun(tb, config, workdir)
-    (workdir / "hpccinf.txt").write_text(HPCC_INPUT.format(n=n))
+    (workdir / "hpccinf.txt").write_text(hpcc_input(n))
     outf = workdir / "hpccoutf.txt"
     outf.unlink(missing_ok=True)
     argv += ["hpcc"]
