@@ -297,6 +297,16 @@ class Vnetd:
         return stop_pid(self.proc, sig, timeout)
 
 
+def own_args(d: "Vnetd") -> list:
+    """The arguments a daemon was started with beyond those ``start_vnetd`` adds itself."""
+    extra = d.args[d.args.index(str(VNETD)) + 1:]
+    for opt in ("--control", "--config", "--token-file", "--state-dir"):
+        while opt in extra:
+            i = extra.index(opt)
+            del extra[i:i + 2]
+    return extra
+
+
 class Host(Netns):
     """A machine on the underlay: ``eth0`` with ``underlay_ip``; may run vnetd."""
 
@@ -308,6 +318,9 @@ class Host(Netns):
         self.vnetd: Optional[Vnetd] = None
         self.config_path: Optional[Path] = None
         self.all_vnetd: list[Vnetd] = []
+        # vnetd's state directory (its configuration, what it made, its lock): one per host,
+        # kept across restarts of the daemon, torn down with the lab.
+        self.state_dir: Path = lab.workdir / f"{role}.state"
 
     # -- the daemon --
     def start_vnetd(self, config: Optional[str] = None, config_path: Optional[Path] = None,
@@ -327,7 +340,7 @@ class Host(Netns):
         if token is not None:
             self.token_file = self.lab.workdir / f"{self.role}.token"
             self.token_file.write_text(token + "\n")
-        argv = [VNETD, "--control", self.control]
+        argv = [VNETD, "--control", self.control, "--state-dir", self.state_dir]
         if self.config_path is not None:
             argv += ["--config", self.config_path]
         if self.token_file is not None:
@@ -355,16 +368,16 @@ class Host(Netns):
     def stop_vnetd(self, sig=signal.SIGTERM, timeout: float = 5.0) -> Optional[int]:
         return self.vnetd.stop(sig, timeout) if self.vnetd else None
 
+    def teardown_vnetd(self, timeout: float = 15.0) -> subprocess.CompletedProcess:
+        """``vnetd --teardown`` for this host's state directory (its daemon stopped): removes
+        every device, pinned kernel object and state file vnet made here."""
+        return self.exec(VNETD, "--teardown", "--state-dir", self.state_dir, check=False, timeout=timeout)
+
     def restart_vnetd(self, **kw) -> Vnetd:
         """SIGTERM the daemon and start it again with the same config file and arguments."""
         old = self.vnetd
         old.stop()
-        extra = old.args[old.args.index(str(VNETD)) + 1:]
-        for opt in ("--control", "--config", "--token-file"):  # re-added by start_vnetd
-            while opt in extra:
-                i = extra.index(opt)
-                del extra[i:i + 2]
-        return self.start_vnetd(args=extra, **kw)
+        return self.start_vnetd(args=own_args(old), **kw)
 
     # -- the control port --
     def _ctl_argv(self) -> list:
@@ -530,6 +543,7 @@ class Lab:
         h = Host(self, role, None)
         h.underlay_ip = self._attach(h, ip)
         self.hosts.append(h)
+        self._save_state()
         return h
 
     def kernel_vxlan_host(self, role: str, vni: int = 1, peers: Iterable[str] = (), ip: Optional[str] = None) -> KernelVxlanHost:
@@ -540,6 +554,7 @@ class Lab:
         h.underlay_ip = self._attach(h, ip)
         h.setup_vxlan(vni, peers)
         self.hosts.append(h)
+        self._save_state()
         return h
 
     def netns(self, role: str) -> Netns:
@@ -624,13 +639,21 @@ class Lab:
         if self.closed:
             return
         self.closed = True
-        # 1. our processes, by PID: vnetd first (so it removes its TAPs), then the rest
+        # 1. our processes, by PID: vnetd first, then the rest
         daemons = {d.proc.pid for h in self.hosts for d in getattr(h, "all_vnetd", [])}
         for p in sorted(self._procs, key=lambda p: p.pid not in daemons):
             try:
                 stop_pid(p, timeout=5)
             except Exception:
                 pass
+        # vnetd leaves its devices and pinned kernel objects for the next vnetd when it stops:
+        # tear them down (the pins live on the machine's one bpffs, not in a namespace).
+        for h in self.hosts:
+            if getattr(h, "all_vnetd", None):
+                try:
+                    h.teardown_vnetd()
+                except Exception:
+                    pass
         # 2. namespaces (deleting one deletes its devices; veth peers go with them)
         _delete_namespaces(self._namespaces)
         self._namespaces.clear()
@@ -646,7 +669,8 @@ class Lab:
     def _save_state(self) -> None:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         tmp = STATE_DIR / f".{self.id}.tmp"
-        tmp.write_text(json.dumps({"owner": os.getpid(), "namespaces": self._namespaces}))
+        tmp.write_text(json.dumps({"owner": os.getpid(), "namespaces": self._namespaces,
+                                   "state_dirs": [str(h.state_dir) for h in self.hosts]}))
         tmp.replace(STATE_DIR / f"{self.id}.json")
 
 
@@ -681,6 +705,10 @@ def sweep_stale() -> None:
             continue
         if pid_alive(int(st.get("owner", 0))):
             continue
+        # The pinned kernel objects of the dead lab's daemons (outside any namespace).
+        for d in st.get("state_dirs", []):
+            if os.path.isdir(d) and VNETD.exists():
+                sh(VNETD, "--teardown", "--state-dir", d, check=False, timeout=15)
         _delete_namespaces(st.get("namespaces", []))
         try:
             f.unlink()

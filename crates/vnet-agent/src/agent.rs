@@ -43,8 +43,12 @@ pub struct AgentConfig {
     pub lease_ttl: i64,
     pub matrix_interval: Duration,
     /// Set together with `stop`: leave without revoking the lease, as a crashed host would
-    /// (the scale harness plays host deaths with it; vnetd never sets it).
+    /// (the scale harness plays host deaths with it; vnetd sets it on a plain stop, so the
+    /// next vnetd renews the lease and the other hosts never see this one leave).
     pub crash: Arc<AtomicBool>,
+    /// A lease an earlier run of this daemon held: renewed if etcd still has it (the host's
+    /// records then never went away), else a new one is granted.
+    pub lease: Option<i64>,
     /// Keys per page of the first read ([`READ_PAGE`]; the harness's quick run makes it small
     /// so that reads of many pages are exercised).
     pub read_page: i64,
@@ -132,6 +136,7 @@ pub fn spawn(
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let state = ClusterState::new(cfg.overlay.clone());
+    let lease = cfg.lease.filter(|l| *l > 0);
     let keepalive = Arc::new(KeepAlive {
         lease: AtomicI64::new(0),
         every_ms: AtomicI64::new(1000),
@@ -152,7 +157,7 @@ pub fn spawn(
         client,
         stop,
         state,
-        lease: None,
+        lease,
         published_under: None,
         published: BTreeSet::new(),
         announced: BTreeMap::new(),

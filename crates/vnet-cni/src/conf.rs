@@ -81,6 +81,9 @@ pub struct NetConf {
     pub control: Option<String>,
     /// The control port's token file.
     pub token_file: Option<PathBuf>,
+    /// vnetd's state directory (default /var/lib/vnet): where DEL leaves a deletion for a
+    /// vnetd that is not running.
+    pub state_dir: Option<PathBuf>,
     pub ipam: Option<Ipam>,
     pub prev_result: Option<Value>,
     pub runtime_config: Option<RuntimeConfig>,

@@ -8,8 +8,9 @@
 //! (and, without etcd, `route add any MAC interface cni-…`, in the same atomic batch); the
 //! device is put into the container's namespace (by vnetd when the namespace is a named one,
 //! by the plugin otherwise), renamed to CNI_IFNAME, given the addresses and routes, and
-//! brought up. Any failure undoes what was done. DEL: `interface del` (a missing interface or
-//! a stopped vnetd is not an error: DEL is idempotent) and IPAM DEL. CHECK: vnetd has the
+//! brought up. Any failure undoes what was done. DEL: `interface del` (a missing interface is
+//! not an error: DEL is idempotent; a stopped vnetd finds the deletion queued in its state
+//! directory when it starts) and IPAM DEL. CHECK: vnetd has the
 //! interface with the previous result's MAC, the container has the device with it, up, with
 //! its addresses; IPAM CHECK. STATUS (1.1): vnetd answers. GC (1.1): this network's interfaces
 //! that belong to no valid attachment are removed. VERSION: 1.0.0 and 1.1.0.
@@ -317,8 +318,10 @@ fn del(cfg: &Config, env: &Env) -> Result<(), CniError> {
             Err(CtlError::Refused(m)) if m.contains("no interface") => {}
             Err(e) => return Err(ctl_error(e)),
         },
-        // A stopped vnetd removed its devices with it: nothing of ours is left there.
-        Err(CtlError::Unreachable(..)) => {}
+        // A stopped vnetd keeps its interfaces for its next run: leave the deletion in its
+        // state directory's queue, which the next vnetd takes out before it restores (as
+        // Cilium's CNI queues deletions while its agent is down).
+        Err(CtlError::Unreachable(..)) => queue_deletion(cfg, &name)?,
         Err(e) => return Err(ctl_error(e)),
     }
     if let Some(i) = &cfg.conf.ipam {
@@ -326,6 +329,32 @@ fn del(cfg: &Config, env: &Env) -> Result<(), CniError> {
     }
     Ok(())
 }
+
+/// Leaves `interface del NAME` for the next vnetd (`STATE_DIR/cni-deleted/NAME`). Without a
+/// state directory no vnetd ever ran here with one, and there is nothing to delete.
+fn queue_deletion(cfg: &Config, name: &str) -> Result<(), CniError> {
+    let dir = cfg
+        .conf
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from(DEFAULT_STATE_DIR));
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let queue = dir.join("cni-deleted");
+    std::fs::create_dir_all(&queue)
+        .and_then(|()| std::fs::write(queue.join(name), b""))
+        .map_err(|e| {
+            CniError::new(
+                code::IO,
+                "vnetd is not running and its deletion queue is not writable",
+                format!("{}: {e}", queue.display()),
+            )
+        })
+}
+
+/// vnetd's default state directory.
+const DEFAULT_STATE_DIR: &str = "/var/lib/vnet";
 
 fn check_failed(details: String) -> CniError {
     CniError::new(

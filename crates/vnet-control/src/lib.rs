@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod command;
+mod diff;
 mod model;
 pub mod status;
 

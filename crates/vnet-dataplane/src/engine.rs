@@ -29,6 +29,7 @@ use crate::guard::PortGuard;
 use crate::ingress::guest::Ingress;
 use crate::ingress::udp::VxlanReader;
 use crate::kernel::KernelPath;
+use crate::made::{Made, MadeDevice};
 use crate::nic::GuestNic;
 use crate::ports::nic::NicPort;
 use crate::ports::tcp;
@@ -63,8 +64,17 @@ struct PortRuntime {
     tcp_accept_peer: Option<IpAddr>,
     /// Whether the kernel fast path serves it.
     kernel: bool,
-    /// Devices vnetd made for the port, removed when it goes.
-    owned: Vec<Box<dyn Send + Sync>>,
+    /// Devices vnetd made for the port, removed when it goes for good.
+    owned: Vec<Box<dyn Made>>,
+}
+
+/// What happens to the devices vnetd made when a port goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leave {
+    /// They stay: vnetd stops and the next one adopts them.
+    Keep,
+    /// They go: the port is deleted, or everything is torn down.
+    Remove,
 }
 
 /// The live data path of one daemon.
@@ -134,12 +144,12 @@ impl Engine {
         match change {
             Change::AddInterface(i) => self.add_interface(i),
             Change::DelInterface(i) => {
-                self.remove_port(DestKind::Interface, &i.name);
+                self.remove_port(DestKind::Interface, &i.name, Leave::Remove);
                 Ok(())
             }
             Change::AddLink(l) => self.add_link(l),
             Change::DelLink(l) => {
-                self.remove_port(DestKind::Link, &l.name);
+                self.remove_port(DestKind::Link, &l.name, Leave::Remove);
                 Ok(())
             }
             Change::AddListener(a) => {
@@ -335,7 +345,7 @@ impl Engine {
         Ok(())
     }
 
-    fn remove_port(&mut self, kind: DestKind, name: &str) {
+    fn remove_port(&mut self, kind: DestKind, name: &str, leave: Leave) {
         let Some(mut rt) = self.ports.remove(&(kind, name.to_string())) else {
             return;
         };
@@ -367,6 +377,11 @@ impl Engine {
         }));
         for w in rt.workers.iter_mut() {
             w.stop();
+        }
+        if leave == Leave::Remove {
+            for m in rt.owned.iter_mut() {
+                m.remove();
+            }
         }
         rt.owned.clear();
         if let Ok(mut t) = self.shared.learn.write() {
@@ -580,16 +595,28 @@ impl Engine {
         })
     }
 
-    /// Stops every thread and closes every device (TAPs and veths vnet created disappear),
-    /// and unloads the kernel fast path (its programs and maps go with their descriptors).
-    pub fn shutdown(&mut self) {
+    /// Stops every thread and closes every descriptor. With [`Leave::Keep`] (a daemon that
+    /// stops, to be started again) the devices vnetd made stay, so the guests keep their NICs
+    /// and the next vnetd adopts them; with [`Leave::Remove`] (a teardown) they go too.
+    pub fn shutdown(&mut self, leave: Leave) {
         self.listeners.clear();
         let names: Vec<(DestKind, String)> = self.ports.keys().cloned().collect();
         for (k, n) in names {
-            self.remove_port(k, &n);
+            self.remove_port(k, &n, leave);
         }
         self.dispatchers.stop();
         self.kernel = None;
+    }
+
+    /// The devices vnetd made for the ports it has now (what the next vnetd adopts).
+    pub fn made_devices(&self) -> Vec<MadeDevice> {
+        let mut v: Vec<MadeDevice> = self
+            .ports
+            .values()
+            .flat_map(|rt| rt.owned.iter().flat_map(|m| m.devices()))
+            .collect();
+        v.sort();
+        v
     }
 }
 
@@ -624,8 +651,10 @@ fn merge_matrix(entries: &mut Vec<MatrixEntry>, kernel: Vec<MatrixEntry>) {
 }
 
 impl Drop for Engine {
+    /// Never removes what vnetd made: only an explicit teardown does (a guest must not lose
+    /// its NIC because the daemon's process ended).
     fn drop(&mut self) {
-        self.shutdown();
+        self.shutdown(Leave::Keep);
     }
 }
 
@@ -681,7 +710,7 @@ mod tests {
         assert_eq!(snap.ports.len(), 1);
         assert!(snap.udp_peers.is_empty());
         assert!(snap.table.generation() > gen);
-        e.shutdown();
+        e.shutdown(Leave::Remove);
         assert!(e.shared.snapshot.load().ports.is_empty());
     }
 

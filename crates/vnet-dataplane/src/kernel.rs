@@ -289,3 +289,13 @@ fn underlay_for(remote: Ipv4Addr, bound: Option<Ipv4Addr>) -> Option<(Ipv4Addr, 
     // A link to this host itself (loopback) has no underlay worth a program.
     (dev != 1).then_some((local, dev))
 }
+
+/// Removes the kernel objects a vnetd pinned under `dir` (a teardown): its programs stop
+/// forwarding and its maps are freed once nothing else holds them.
+pub fn remove_pinned(dir: &std::path::Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => info!(dir = %dir.display(), "pinned kernel objects removed"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => warn!(dir = %dir.display(), "could not remove the pinned kernel objects: {e}"),
+    }
+}

@@ -9,6 +9,7 @@
 //! port        the interface between forward and ports; shared: the snapshot (port.rs, shared.rs)
 //! batch       UDP datagrams deferred to the end of a batch                   (batch.rs)
 //! devices     TAP, VXLAN socket, packet socket, guest-NIC trait, guards      (tap.rs, udp.rs, ...)
+//!             and what outlives vnetd (made.rs: devices vnetd made, adopted on restart)
 //! os          system calls, netlink, namespaces, threads                     (sys.rs, netns.rs, ...)
 //! ```
 //!
@@ -25,6 +26,7 @@ pub mod forward;
 pub mod guard;
 pub mod ingress;
 pub mod kernel;
+pub mod made;
 pub mod netlink;
 pub mod netns;
 pub mod nic;
@@ -40,6 +42,6 @@ mod worker;
 #[cfg(test)]
 mod testing;
 
-pub use engine::{Engine, EngineError, NicFactory};
+pub use engine::{Engine, EngineError, Leave, NicFactory};
 pub use ingress::guest::{DirectLink, GuestFrame, Ingress, GUEST_HEAD};
 pub use nic::GuestNic;

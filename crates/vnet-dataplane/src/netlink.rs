@@ -28,6 +28,8 @@ pub struct LinkDesc {
     pub up: bool,
     /// Set when the link's other end (a veth peer) is in another network namespace.
     pub peer_netns: Option<i32>,
+    /// The index of the link's other end (a veth's peer), in `peer_netns` when set.
+    pub peer_index: Option<u32>,
 }
 
 /// A route-netlink socket in the calling thread's network namespace.
@@ -250,6 +252,7 @@ pub fn describe(l: &LinkMessage) -> LinkDesc {
         address: None,
         up: l.header.flags.contains(LinkFlags::Up),
         peer_netns: None,
+        peer_index: None,
     };
     for a in &l.attributes {
         match a {
@@ -262,6 +265,7 @@ pub fn describe(l: &LinkMessage) -> LinkDesc {
                 d.address = Some(mac);
             }
             LinkAttribute::LinkNetNsId(id) => d.peer_netns = Some(*id),
+            LinkAttribute::Link(i) if *i != 0 => d.peer_index = Some(*i),
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
                     if let LinkInfo::Kind(k) = i {

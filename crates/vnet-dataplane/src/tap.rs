@@ -16,12 +16,15 @@ use vnet_core::DropReason;
 use vnet_offload::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 use vnet_wire::MAX_FRAME_LEN;
 
+use crate::made;
+use crate::netlink::Rtnl;
 use crate::netns;
 use crate::nic::GuestNic;
 use crate::sys::{self, IfReq};
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
 const IFF_TAP: i16 = 0x0002;
 const IFF_NO_PI: i16 = 0x1000;
 const IFF_VNET_HDR: i16 = 0x4000;
@@ -35,14 +38,21 @@ const TUN_F_USO6: u32 = 0x40;
 
 static NO_USO_LOGGED: AtomicBool = AtomicBool::new(false);
 
-/// An open TAP device. Closing it removes the device unless it was made persistent outside
-/// vnet (then vnet only attached to it).
+/// An open TAP device. vnetd's own TAPs are persistent (`TUNSETPERSIST`) and carry the alias
+/// `vnet:NAME` ([`crate::made`]): closing them leaves the device (the guest keeps its NIC and
+/// addresses across a restart; a TAP without a reader has no carrier); [`Tap::remove`] deletes
+/// it. A TAP someone else made is attached to and never removed.
 #[derive(Debug)]
 pub struct Tap {
     queues: Vec<File>,
     ifname: String,
+    netns: Option<String>,
     max_frame: usize,
     vnet_hdr: bool,
+    /// vnetd made it (persistent, with its alias).
+    made: bool,
+    /// It was there already: a TAP an earlier vnetd made, adopted.
+    adopted: bool,
 }
 
 fn open_queue(ifname: &str, flags: i16) -> io::Result<File> {
@@ -56,6 +66,12 @@ fn open_queue(ifname: &str, flags: i16) -> io::Result<File> {
         .map_err(|e| io::Error::new(e.kind(), format!("TUNSETIFF {ifname}: {e}")))?;
     sys::set_nonblocking(file.as_raw_fd())?;
     Ok(file)
+}
+
+/// `TUNSETPERSIST`: whether the device outlives its last descriptor.
+fn set_persist(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: TUNSETPERSIST takes its argument by value (an int flag), no pointer.
+    sys::cvt(unsafe { libc::ioctl(fd, TUNSETPERSIST as _, on as libc::c_ulong) }).map(|_| ())
 }
 
 fn set_offload(fd: RawFd) -> io::Result<()> {
@@ -78,11 +94,94 @@ fn set_offload(fd: RawFd) -> io::Result<()> {
     sys::cvt(unsafe { libc::ioctl(fd, TUNSETOFFLOAD as _, base as libc::c_ulong) }).map(|_| ())
 }
 
+/// What is at the TAP's name in its namespace before vnetd opens it.
+enum Found {
+    Nothing,
+    /// A TAP vnetd made for this interface (an earlier run's): adopted.
+    Ours,
+    /// A TAP someone else made: attached to, never removed.
+    Foreign,
+    /// Another kind of device vnetd made for this interface (a veth from a run with the
+    /// kernel fast path): removed first.
+    OursOtherKind(u32),
+}
+
+/// Opens the TAP's queues and sets it up, in the thread's current namespace (the caller
+/// runs it inside the interface's namespace).
+fn open_here(iface: &Interface, flags: i16) -> io::Result<(Vec<File>, bool, bool)> {
+    let mut nl = Rtnl::open()?;
+    let mine = made::alias(&iface.name);
+    let found = match nl.link(&iface.ifname)? {
+        None => Found::Nothing,
+        Some(l) => match (l.kind.as_deref(), l.alias.as_deref()) {
+            (Some("tun"), a) if a == Some(mine.as_str()) => Found::Ours,
+            (Some("tun"), a) if made::owner(a).is_some() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "TAP {} belongs to vnet interface {}",
+                        iface.ifname,
+                        made::owner(a).unwrap_or_default()
+                    ),
+                ))
+            }
+            (Some("tun"), _) => Found::Foreign,
+            (_, a) if a == Some(mine.as_str()) => Found::OursOtherKind(l.index),
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("device {} exists and is not a TAP", iface.ifname),
+                ))
+            }
+        },
+    };
+    if let Found::OursOtherKind(index) = found {
+        tracing::info!(device = %iface.ifname, "removing the device an earlier vnetd made for interface {} (another kind)", iface.name);
+        nl.del_link(index)?;
+    }
+    let mut queues = Vec::new();
+    for _ in 0..iface.queues.max(1) {
+        let q = open_queue(&iface.ifname, flags)?;
+        if iface.offload {
+            set_offload(q.as_raw_fd()).map_err(|e| {
+                io::Error::new(e.kind(), format!("TUNSETOFFLOAD {}: {e}", iface.ifname))
+            })?;
+        }
+        queues.push(q);
+    }
+    let created = matches!(found, Found::Nothing | Found::OursOtherKind(_));
+    let made = !matches!(found, Found::Foreign);
+    let l = nl
+        .link(&iface.ifname)?
+        .ok_or_else(|| io::Error::other(format!("{} vanished", iface.ifname)))?;
+    if created {
+        set_persist(queues[0].as_raw_fd(), true).map_err(|e| {
+            io::Error::new(e.kind(), format!("TUNSETPERSIST {}: {e}", iface.ifname))
+        })?;
+        nl.set_alias(l.index, &mine)?;
+    }
+    let name = &iface.ifname;
+    // Only what differs is set: an adopted TAP keeps its state (its addresses above all).
+    if l.address != Some(iface.mac.0) {
+        nl.set_address(l.index, iface.mac.0)
+            .map_err(|e| io::Error::new(e.kind(), format!("set MAC of {name}: {e}")))?;
+    }
+    if l.mtu != Some(iface.mtu) {
+        nl.set_mtu(l.index, iface.mtu)
+            .map_err(|e| io::Error::new(e.kind(), format!("set MTU of {name}: {e}")))?;
+    }
+    // A TAP it adopts keeps its administrative state; a new or foreign one is brought up.
+    if !matches!(found, Found::Ours) {
+        nl.set_up(l.index, true)?;
+    }
+    Ok((queues, made, matches!(found, Found::Ours)))
+}
+
 impl Tap {
-    /// Creates (or attaches to) the TAP of `iface`, sets its MAC and MTU, brings it up and moves
-    /// it into the interface's namespace if one is named.
+    /// Creates the TAP of `iface` in the interface's namespace (vnetd's own when it names
+    /// none), or adopts the one an earlier vnetd made there, or attaches to one someone else
+    /// made; sets its MAC and MTU where they differ and brings a new one up.
     pub fn open(iface: &Interface) -> io::Result<Tap> {
-        let ns = iface.netns.as_deref().map(netns::open_netns).transpose()?;
         let mut flags = IFF_TAP | IFF_NO_PI;
         if iface.offload {
             flags |= IFF_VNET_HDR;
@@ -90,39 +189,59 @@ impl Tap {
         if iface.queues > 1 {
             flags |= IFF_MULTI_QUEUE;
         }
-        let mut queues = Vec::new();
-        for _ in 0..iface.queues.max(1) {
-            let q = open_queue(&iface.ifname, flags)?;
-            if iface.offload {
-                set_offload(q.as_raw_fd()).map_err(|e| {
-                    io::Error::new(e.kind(), format!("TUNSETOFFLOAD {}: {e}", iface.ifname))
-                })?;
-            }
-            queues.push(q);
-        }
-        let name = iface.ifname.clone();
-        sys::set_mac(&name, iface.mac.0)
-            .map_err(|e| io::Error::new(e.kind(), format!("set MAC of {name}: {e}")))?;
-        sys::set_mtu(&name, iface.mtu)
-            .map_err(|e| io::Error::new(e.kind(), format!("set MTU of {name}: {e}")))?;
-        match ns {
-            None => sys::set_up(&name)?,
+        // The device is created (or found) in the namespace of the thread that opens the
+        // clone device: the queues are opened inside the interface's namespace, and work from
+        // any thread afterwards.
+        let (queues, made, adopted) = match iface.netns.as_deref() {
+            None => open_here(iface, flags)?,
             Some(ns) => {
-                let idx = sys::if_index(&name)?;
-                netns::move_to_netns(idx, &ns).map_err(|e| {
-                    io::Error::new(e.kind(), format!("move {name} into namespace: {e}"))
-                })?;
-                let n = name.clone();
-                netns::in_netns(&ns, move || sys::set_up(&n))?;
+                let ns = netns::open_netns(ns)?;
+                let i = iface.clone();
+                netns::in_netns(&ns, move || open_here(&i, flags))?
             }
+        };
+        if adopted {
+            tracing::info!(device = %iface.ifname, netns = ?iface.netns, "TAP adopted (made by an earlier vnetd)");
         }
         Ok(Tap {
             queues,
             ifname: iface.ifname.clone(),
+            netns: iface.netns.clone(),
             // MTU plus Ethernet header and one VLAN tag.
             max_frame: iface.mtu as usize + 18,
             vnet_hdr: iface.offload,
+            made,
+            adopted,
         })
+    }
+
+    /// Whether vnetd made this TAP (then [`Tap::remove`] deletes it).
+    pub fn made(&self) -> bool {
+        self.made
+    }
+
+    /// Whether an earlier vnetd made it and this one adopted it.
+    pub fn adopted(&self) -> bool {
+        self.adopted
+    }
+
+    /// Deletes a TAP vnetd made: it stops being persistent and goes with its last
+    /// descriptor. A TAP someone else made is left alone.
+    pub fn remove(&self) {
+        if !self.made {
+            return;
+        }
+        if let Err(e) = set_persist(self.queues[0].as_raw_fd(), false) {
+            warn!(device = %self.ifname, "could not remove the TAP: {e}");
+        }
+    }
+
+    /// Where the TAP is.
+    pub fn device(&self) -> made::MadeDevice {
+        made::MadeDevice {
+            netns: self.netns.clone(),
+            ifname: self.ifname.clone(),
+        }
     }
 
     pub fn queue_fd(&self, q: usize) -> RawFd {

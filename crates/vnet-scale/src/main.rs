@@ -216,6 +216,7 @@ impl Harness {
             lease_ttl: self.args.lease_ttl,
             matrix_interval: Duration::ZERO,
             read_page: self.args.read_page,
+            lease: None,
             crash: crash.clone(),
         };
         let client = Client::new(&ClientConfig::new(&self.args.etcd))?;

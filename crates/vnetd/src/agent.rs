@@ -43,6 +43,11 @@ impl DataPlane for Daemon {
     }
 
     fn set_cluster_status(&self, status: ClusterStatus) {
+        // The lease outlives a restart: the next vnetd renews it.
+        if let Some(saver) = self.saver() {
+            let lease = status.lease.clone();
+            saver.update_resources(|r| r.etcd_lease = lease);
+        }
         *self
             .cluster_status
             .lock()

@@ -2,7 +2,7 @@
 //! answers to control-language commands.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use vnet_cluster::{ClusterState, DerivedConfig};
@@ -12,8 +12,10 @@ use vnet_control::status::{
 };
 use vnet_control::Interface;
 use vnet_control::{parse_line, parse_script, Change, Command, Config, DestKind, ShowWhat};
-use vnet_dataplane::Engine;
+use vnet_dataplane::{Engine, Leave};
 use vnet_wire::MacAddr;
+
+use crate::persist::Saver;
 
 pub struct State {
     /// The running configuration: the local one (config file and control port) plus the
@@ -57,9 +59,16 @@ pub struct Daemon {
     /// The cluster state of the last synchronisation and when it was (for the metrics and the
     /// live view; None before the first).
     pub cluster_seen: Mutex<Option<(std::time::Instant, ClusterState)>>,
+    /// The state directory's writer (None without one: unit tests).
+    saver: Option<Saver>,
+    /// Generation of the configuration snapshots handed to the saver (bumped under `state`).
+    generation: AtomicU64,
+    /// `teardown` was asked for on the control port: the daemon removes everything it made
+    /// on its way out.
+    pub teardown: AtomicBool,
 }
 
-fn random_mac() -> MacAddr {
+pub(crate) fn random_mac() -> MacAddr {
     let mut b = [0u8; 6];
     if getrandom::fill(&mut b).is_err() {
         // The kernel's random source failing is extremely unlikely; fall back to
@@ -74,7 +83,7 @@ fn random_mac() -> MacAddr {
 }
 
 impl Daemon {
-    pub fn new(engine: Engine) -> Daemon {
+    pub fn new(engine: Engine, saver: Option<Saver>) -> Daemon {
         Daemon {
             state: Mutex::new(State {
                 cfg: Config::default(),
@@ -85,7 +94,103 @@ impl Daemon {
             local_changes: AtomicU64::new(0),
             cluster_status: Mutex::new(None),
             cluster_seen: Mutex::new(None),
+            saver,
+            generation: AtomicU64::new(0),
+            teardown: AtomicBool::new(false),
         }
+    }
+
+    pub fn saver(&self) -> Option<&Saver> {
+        self.saver.as_ref()
+    }
+
+    /// Hands the local configuration (and the devices made for it) to the saver: called with
+    /// the state locked, right after a change; the write itself happens after the unlock.
+    fn local_snapshot(
+        &self,
+        st: &State,
+    ) -> Option<(u64, String, Vec<vnet_dataplane::made::MadeDevice>)> {
+        self.saver.as_ref()?;
+        let g = self.generation.fetch_add(1, Relaxed) + 1;
+        Some((g, st.local_config().to_script(), st.engine.made_devices()))
+    }
+
+    fn save_local(&self, snap: Option<(u64, String, Vec<vnet_dataplane::made::MadeDevice>)>) {
+        let (Some(saver), Some((g, text, made))) = (&self.saver, snap) else {
+            return;
+        };
+        saver.local(g, &text);
+        saver.update_resources(|r| {
+            r.made = made.into_iter().map(|d| (d.netns, d.ifname)).collect();
+        });
+    }
+
+    fn derived_snapshot(&self, st: &State) -> Option<(u64, String)> {
+        self.saver.as_ref()?;
+        let g = self.generation.fetch_add(1, Relaxed) + 1;
+        let mut text = String::new();
+        for c in st.derived.commands() {
+            if let Some(l) = vnet_cluster::render_command(&c) {
+                text.push_str(&l);
+                text.push('\n');
+            }
+        }
+        Some((g, text))
+    }
+
+    fn save_derived(&self, snap: Option<(u64, String)>) {
+        if let (Some(saver), Some((g, text))) = (&self.saver, snap) {
+            saver.derived(g, text);
+        }
+    }
+
+    /// Realizes the configuration a starting daemon restored (`restore::plan`): the part the
+    /// config file accounts for (`file_part`) must come up whole, as a config file always
+    /// had to; the rest (runtime changes of earlier runs) comes up line by line, and a line the
+    /// host can no longer realize (a container's namespace gone while no vnetd ran) is left
+    /// out and said. Then the derived links and routes of the last run, line by line.
+    /// Returns what was left out; an error is the config file's part failing.
+    pub fn restore(
+        &self,
+        local: &Config,
+        file_part: &Config,
+        derived: Option<&str>,
+    ) -> Result<Vec<String>, String> {
+        let mut notes = Vec::new();
+        let mut st = self.lock();
+        let whole = parse_script(&local.to_script()).map_err(|e| e.to_string())?;
+        if apply_in(&mut st, &whole).is_err() {
+            let file = parse_script(&file_part.to_script()).map_err(|e| e.to_string())?;
+            apply_in(&mut st, &file).map_err(|e| format!("config file: {e}"))?;
+            let rest = file_part.diff_script(local);
+            for line in rest.lines() {
+                let Ok(Some(cmd)) = parse_line(line) else {
+                    continue;
+                };
+                if let Err(e) = apply_in(&mut st, &[(0, cmd)]) {
+                    notes.push(format!("not restored: {line}: {e}"));
+                }
+            }
+        }
+        for line in derived.unwrap_or_default().lines() {
+            let Ok(Some(cmd)) = parse_line(line) else {
+                continue;
+            };
+            match apply_in(&mut st, &[(0, cmd.clone())]) {
+                Ok(()) => {
+                    if let Err(e) = st.derived.apply(&cmd) {
+                        tracing::warn!("derived record out of step at {line}: {e}");
+                    }
+                }
+                Err(e) => notes.push(format!("derived link or route not restored: {line}: {e}")),
+            }
+        }
+        let local_snap = self.local_snapshot(&st);
+        let derived_snap = self.derived_snapshot(&st);
+        drop(st);
+        self.save_local(local_snap);
+        self.save_derived(derived_snap);
+        Ok(notes)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -94,12 +199,26 @@ impl Daemon {
 
     /// Runs one line of the control language; Ok is the output (possibly empty).
     pub fn execute_line(&self, line: &str) -> Result<String, String> {
+        // `teardown`: not a change of the configuration but the daemon's end (the control
+        // port's own command, like `auth` and `batch`).
+        if line.split_whitespace().eq(["teardown"]) {
+            return self.request_teardown();
+        }
         match parse_line(line) {
             Err(e) => Err(e.to_string()),
             Ok(None) => Ok(String::new()),
             Ok(Some(cmd)) if cmd.is_query() => Ok(self.query(&cmd)),
             Ok(Some(cmd)) => self.apply_commands(vec![(0, cmd)]),
         }
+    }
+
+    /// Stops the daemon and removes everything it made (devices, pinned kernel objects, state
+    /// files): the main thread does it on its way out, as on SIGTERM.
+    fn request_teardown(&self) -> Result<String, String> {
+        self.teardown.store(true, Relaxed);
+        signal_hook::low_level::raise(signal_hook::consts::SIGTERM)
+            .map_err(|e| format!("cannot stop: {e}"))?;
+        Ok("tearing down: the daemon stops and removes every device, kernel object and state file it made\n".into())
     }
 
     /// Validates and applies a whole script; one bad line refuses all of it.
@@ -116,6 +235,10 @@ impl Daemon {
         let mut st = self.lock();
         apply_in(&mut st, &cmds)?;
         self.local_changes.fetch_add(1, Relaxed);
+        let snap = self.local_snapshot(&st);
+        drop(st);
+        // On disk before the change is acknowledged.
+        self.save_local(snap);
         Ok(String::new())
     }
 
@@ -185,6 +308,9 @@ impl Daemon {
                 Err(e) => report.failed.push(format!("{}: {e}", text(c))),
             }
         }
+        let snap = self.derived_snapshot(&st);
+        drop(st);
+        self.save_derived(snap);
         report
     }
 
@@ -559,8 +685,10 @@ impl Daemon {
         out
     }
 
-    pub fn shutdown(&self) {
-        self.lock().engine.shutdown();
+    /// Stops the data path: with [`Leave::Keep`] what vnetd made stays for the next vnetd,
+    /// with [`Leave::Remove`] it goes.
+    pub fn shutdown(&self, leave: Leave) {
+        self.lock().engine.shutdown(leave);
     }
 }
 
@@ -693,7 +821,7 @@ mod tests {
 
     fn daemon() -> Daemon {
         let engine = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
-        Daemon::new(engine)
+        Daemon::new(engine, None)
     }
 
     fn state_with_route(line: &str) -> ClusterState {
@@ -765,7 +893,7 @@ mod tests {
         // A local change is counted, for the agent to re-derive.
         d.execute_line("link del up").unwrap();
         assert!(d.local_changes.load(Relaxed) > local_changes);
-        d.shutdown();
+        d.shutdown(Leave::Remove);
     }
 
     #[test]
@@ -778,6 +906,6 @@ mod tests {
         let j: serde_json::Value =
             serde_json::from_str(&d.execute_line("show cluster json").unwrap()).unwrap();
         assert!(j["agent"].is_null());
-        d.shutdown();
+        d.shutdown(Leave::Remove);
     }
 }

@@ -7,6 +7,9 @@ mod autodetect;
 mod control;
 mod daemon;
 mod observe;
+mod persist;
+mod restore;
+mod state;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -17,18 +20,33 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
-use tracing::{error, info};
-use vnet_dataplane::Engine;
+use tracing::{error, info, warn};
+use vnet_dataplane::{Engine, Leave};
 
 use crate::daemon::Daemon;
+use crate::persist::Saver;
+use crate::state::StateDir;
+
+/// Where vnetd keeps what must outlive it (`--state-dir`).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/vnet";
 
 /// Joins local VM interfaces and links to other hosts into one Ethernet LAN (VNET).
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// A script of control-language commands to apply at start (refused whole on any bad line).
+    /// A script of control-language commands to apply at the first start (refused whole on any
+    /// bad line); later starts restore the state and apply only what changed in it since.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Where vnetd keeps its configuration (the config file plus every runtime change), what
+    /// it made on the host, and its lock (one vnetd per state directory).
+    #[arg(long, default_value = DEFAULT_STATE_DIR, value_name = "DIR")]
+    state_dir: PathBuf,
+    /// Remove everything vnetd made for this state directory (devices, pinned kernel objects,
+    /// state files) and exit; refused while a vnetd runs (`vnetctl teardown` stops it and
+    /// does the same).
+    #[arg(long, conflicts_with_all = ["config", "gen_key"])]
+    teardown: bool,
     /// Address of the control port.
     #[arg(long, default_value = "127.0.0.1:7600")]
     control: SocketAddr,
@@ -205,6 +223,7 @@ fn etcd_setup(
             lease_ttl: args.etcd_lease_ttl,
             matrix_interval: std::time::Duration::from_secs(args.etcd_matrix_interval),
             read_page: vnet_agent::READ_PAGE,
+            lease: None,
             crash: Default::default(),
         },
         client,
@@ -280,12 +299,69 @@ fn start_http(
     Ok(())
 }
 
+/// `--teardown`: what a stopped vnetd left (devices, pinned kernel objects, state files) goes.
+fn teardown_offline(args: &Args) -> Result<()> {
+    let state = StateDir::open(&args.state_dir)
+        .context("teardown (a running vnetd tears down with `vnetctl teardown`)")?;
+    let resources = state.resources()?;
+    let removed = remove_made(&resources, &[])?;
+    let bpf = resources
+        .bpf_dir
+        .clone()
+        .unwrap_or_else(|| state::bpf_dir_for(&args.state_dir));
+    vnet_dataplane::kernel::remove_pinned(&bpf);
+    state.clear()?;
+    info!(devices = removed, state_dir = %args.state_dir.display(), "torn down");
+    Ok(())
+}
+
+/// Removes the devices an earlier vnetd made (`resources.made`, and any device of this
+/// namespace with a vnet alias) except `keep`, what this one has adopted. Returns how many.
+fn remove_made(
+    resources: &state::Resources,
+    keep: &[vnet_dataplane::made::MadeDevice],
+) -> Result<usize> {
+    use vnet_dataplane::made::{marked_here, remove_leftover, MadeDevice};
+    let here = resources.netns.is_none() || resources.netns == state::netns_inode();
+    // Devices of another namespace's vnetd (a state directory used from elsewhere) are not
+    // ours to look for here.
+    if !here {
+        return Ok(0);
+    }
+    let mut candidates: Vec<MadeDevice> = resources
+        .made
+        .iter()
+        .map(|(netns, ifname)| MadeDevice {
+            netns: netns.clone(),
+            ifname: ifname.clone(),
+        })
+        .collect();
+    candidates.extend(marked_here().context("listing devices")?);
+    candidates.sort();
+    candidates.dedup();
+    let mut n = 0;
+    for d in candidates.iter().filter(|d| !keep.contains(d)) {
+        match remove_leftover(d) {
+            Ok(true) => {
+                info!(device = %d.ifname, netns = ?d.netns, "removed a device vnet made that no interface uses any more");
+                n += 1;
+            }
+            Ok(false) => {}
+            Err(e) => warn!(device = %d.ifname, netns = ?d.netns, "could not remove: {e}"),
+        }
+    }
+    Ok(n)
+}
+
 fn run(args: Args) -> Result<()> {
     if let Some(path) = &args.gen_key {
         let public = vnet_crypto::keys::file::generate(path)
             .with_context(|| format!("key file {}", path.display()))?;
         println!("{public}");
         return Ok(());
+    }
+    if args.teardown {
+        return teardown_offline(&args);
     }
     let token = args.token_file.as_ref().map(read_token).transpose()?;
     let key = args
@@ -295,11 +371,52 @@ fn run(args: Args) -> Result<()> {
             vnet_crypto::keys::file::read(p).with_context(|| format!("key file {}", p.display()))
         })
         .transpose()?;
-    let etcd = etcd_setup(&args, key.as_ref().map(|k| k.public()))?;
+    let mut etcd = etcd_setup(&args, key.as_ref().map(|k| k.public()))?;
+    // The lock first: a second vnetd stops here, before it touches anything.
+    let state = StateDir::open(&args.state_dir)?;
+    let mut resources = state.resources()?;
+    let netns = state::netns_inode();
+    if resources.netns.is_some() && resources.netns != netns {
+        warn!(state_dir = %args.state_dir.display(), "the state directory was last used in another network namespace: none of its devices are here; restoring its configuration only");
+        resources.made.clear();
+        resources.etcd_lease = None;
+    }
+    let earlier = resources.clone();
+    resources.netns = netns;
+    let cni_deleted = state.take_cni_deletions()?;
+    let file_text = args
+        .config
+        .as_ref()
+        .map(|p| std::fs::read_to_string(p).with_context(|| format!("config {}", p.display())))
+        .transpose()?;
+    let saved_local = state.read(state::LOCAL)?;
+    let plan = restore::plan(
+        saved_local.as_deref(),
+        state.read(state::FILE)?.as_deref(),
+        file_text.as_deref(),
+        &cni_deleted,
+        &mut daemon::random_mac,
+    )
+    .map_err(|e| match &args.config {
+        Some(p) => anyhow::anyhow!("config {}: {e}", p.display()),
+        None => anyhow::anyhow!("{e}"),
+    })?;
+    let saved_derived = if etcd.is_some() {
+        state.read(state::DERIVED)?
+    } else {
+        None
+    };
+    if let (Some(e), Some(lease)) = (etcd.as_mut(), &earlier.etcd_lease) {
+        e.agent.lease = i64::from_str_radix(lease, 16).ok();
+    }
     let bind = bind_addr(&args, etcd.as_ref());
     // Handle signals from the start, so a TERM during set-up still cleans up.
     let mut signals = Signals::new([SIGINT, SIGTERM]).context("signal handlers")?;
     let mut engine = Engine::new(SocketAddr::new(bind, args.udp_port)).context("data path")?;
+    // The control port before anything is realized: a daemon that cannot serve it stops
+    // without having touched a device.
+    let listener = TcpListener::bind(args.control)
+        .with_context(|| format!("control port {}", args.control))?;
     engine.set_nic_factory(Box::new(vnet_vhost::VhostFactory));
     if let Some(k) = key {
         info!(public_key = %k.public(), "host key loaded");
@@ -320,29 +437,51 @@ fn run(args: Args) -> Result<()> {
             Err(why) => tracing::warn!("the kernel fast path is not available, so everything runs in user space (veth interfaces become TAPs): {why}"),
         }
     }
-    let daemon = Arc::new(Daemon::new(engine));
-    if let Some(path) = &args.config {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("config {}", path.display()))?;
-        if let Err(e) = daemon.execute_script(&text) {
-            daemon.shutdown();
-            bail!("config {}: {e}", path.display());
-        }
-        info!(config = %path.display(), "configuration applied");
+    let saver = Saver::new(state, resources).context("state writer")?;
+    let daemon = Arc::new(Daemon::new(engine, Some(saver)));
+    for n in &plan.notes {
+        info!("restore: {n}");
     }
-    let listener = match TcpListener::bind(args.control) {
-        Ok(l) => l,
-        Err(e) => {
-            daemon.shutdown();
-            bail!("control port {}: {e}", args.control);
+    match daemon.restore(&plan.local, &plan.file_part, saved_derived.as_deref()) {
+        Ok(notes) => {
+            for n in notes {
+                warn!("restore: {n}");
+            }
         }
-    };
+        Err(e) => {
+            daemon.shutdown(Leave::Keep);
+            if let Some(s) = daemon.saver() {
+                s.flush();
+            }
+            match &args.config {
+                Some(p) => bail!("config {}: {e}", p.display()),
+                None => bail!("{e}"),
+            }
+        }
+    }
+    if let Some(s) = daemon.saver() {
+        if let Some(f) = &plan.file_applied {
+            s.dir().write(state::FILE, f)?;
+        }
+        if saved_local.is_some() {
+            info!(state_dir = %args.state_dir.display(), "state restored");
+        } else if args.config.is_some() {
+            info!("configuration applied");
+        }
+    }
+    // What an earlier vnetd made for ports this configuration no longer has.
+    let made_now = daemon
+        .state
+        .lock()
+        .map(|st| st.engine.made_devices())
+        .unwrap_or_default();
+    remove_made(&earlier, &made_now)?;
     if !args.control.ip().is_loopback() && token.is_none() {
         tracing::warn!(control = %args.control, "control port is not on loopback and has no token");
     }
     if let Some(addr) = args.http {
         if let Err(e) = start_http(addr, &daemon, token.clone(), etcd.as_ref()) {
-            daemon.shutdown();
+            daemon.shutdown(Leave::Keep);
             return Err(e);
         }
     }
@@ -353,11 +492,15 @@ fn run(args: Args) -> Result<()> {
         .spawn(move || control::serve(listener, d, token))
         .context("control thread")?;
     let agent_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let agent_keep_lease = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let agent = match etcd {
         Some(EtcdSetup {
-            agent: cfg, client, ..
+            agent: mut cfg,
+            client,
+            ..
         }) => {
             info!(overlay = %cfg.overlay, host = %cfg.host, "etcd agent starting");
+            cfg.crash = agent_keep_lease.clone();
             Some(
                 vnet_agent::spawn(daemon.clone(), cfg, client, agent_stop.clone())
                     .context("etcd agent thread")?,
@@ -368,12 +511,31 @@ fn run(args: Args) -> Result<()> {
     if let Some(sig) = signals.forever().next() {
         info!(signal = sig, "shutting down");
     }
+    let teardown = daemon.teardown.load(std::sync::atomic::Ordering::Relaxed);
+    // A plain stop keeps the lease (the next vnetd renews it: the other hosts never see this
+    // one leave); a teardown revokes it.
+    agent_keep_lease.store(!teardown, std::sync::atomic::Ordering::Relaxed);
     agent_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     if let Some(a) = agent {
         // The agent revokes the lease (bounded by the client's timeout).
         let _ = a.join();
     }
-    daemon.shutdown();
-    info!("stopped");
+    if teardown {
+        daemon.shutdown(Leave::Remove);
+        vnet_dataplane::kernel::remove_pinned(&state::bpf_dir_for(&args.state_dir));
+        if let Some(s) = daemon.saver() {
+            s.flush();
+            let leftovers = s.resources();
+            remove_made(&leftovers, &[])?;
+            s.dir().clear()?;
+        }
+        info!("torn down: every device, kernel object and state file vnet made is gone");
+    } else {
+        daemon.shutdown(Leave::Keep);
+        if let Some(s) = daemon.saver() {
+            s.flush();
+        }
+        info!("stopped (the devices and the kernel fast path stay for the next vnetd)");
+    }
     Ok(())
 }

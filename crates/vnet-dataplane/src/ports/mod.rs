@@ -25,6 +25,7 @@ use vnet_offload::{segment, SegmentList, VirtioNetHdr};
 
 use crate::dispatch::Source;
 use crate::kernel::KernelAttach;
+use crate::made::Made;
 use crate::port::Port;
 use crate::shared::OffloadCounters;
 use crate::worker::Worker;
@@ -58,8 +59,9 @@ pub struct Opened {
     /// The port works only if the kernel takes it (a veth or netdev whose frames reach vnetd
     /// only through the kernel's programs): opening fails if the kernel refuses it.
     pub kernel_required: bool,
-    /// Dropped (after the port's threads stopped) when the port goes: devices vnetd made.
-    pub owned: Vec<Box<dyn Send + Sync>>,
+    /// Devices vnetd made for the port: removed (after the port's threads stopped) when the
+    /// port goes for good, left in place when vnetd only stops ([`crate::made`]).
+    pub owned: Vec<Box<dyn Made>>,
 }
 
 impl Opened {

@@ -17,6 +17,7 @@ use vnet_offload::{GroOutput, Offered, VirtioNetHdr};
 
 use crate::dispatch::Source;
 use crate::ingress::tap::TapReader;
+use crate::made::{Made, MadeDevice};
 use crate::nic::GuestNic;
 use crate::port::{Frame, Origin, Port, Tx};
 use crate::ports::{each_segment, Opened};
@@ -32,12 +33,28 @@ pub fn open_tap(i: &vnet_control::Interface, id: vnet_core::PortId) -> std::io::
     Ok(tap_port(tap, id))
 }
 
+/// Removes a TAP vnetd made when its port goes for good.
+struct TapRemoval(Arc<Tap>);
+
+impl Made for TapRemoval {
+    fn remove(&mut self) {
+        self.0.remove();
+    }
+
+    fn devices(&self) -> Vec<MadeDevice> {
+        vec![self.0.device()]
+    }
+}
+
 /// The port of an open TAP: writes go to it, its queues are read by the dispatchers.
 pub fn tap_port(tap: Arc<Tap>, id: vnet_core::PortId) -> Opened {
     let mut o = Opened::new(
         Arc::new(NicPort(tap.clone())),
         vnet_core::PortKind::Interface,
     );
+    if tap.made() {
+        o.owned.push(Box::new(TapRemoval(tap.clone())));
+    }
     o.sources = (0..tap.queues())
         .map(|queue| {
             Arc::new(Source::new(Box::new(TapReader {

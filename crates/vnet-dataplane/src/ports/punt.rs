@@ -1,21 +1,15 @@
 //! What the two kernel-forwarded interface kinds (`veth`, `netdev`) share: the punt TAP that
 //! carries a fast-path port's slow-path frames between the kernel and vnetd, the names vnetd
-//! gives the devices it makes for such a port (derived from the interface's name, so a vnetd
-//! that was killed finds and clears its leftovers on the next start), and quieting the host
-//! stack on those devices.
+//! gives the devices it makes for such a port (derived from the interface's name, so the next
+//! vnetd finds and adopts them after a restart or a crash), and quieting the host stack on
+//! those devices.
 
 use std::io;
 
 use vnet_control::{Interface, InterfaceKind};
 use vnet_wire::MacAddr;
 
-use crate::netlink::Rtnl;
 use crate::tap::Tap;
-
-/// The alias vnetd puts on a device it created for interface `name`.
-pub fn alias(name: &str) -> String {
-    format!("vnet:{name}")
-}
 
 /// The names of the devices vnetd makes for interface `name`: the veth's host end (`vh-` +
 /// 12 hex digits) and the punt TAP (`vp-` + the same digits), both 15 bytes, the most a
@@ -54,25 +48,6 @@ impl Names {
     }
 }
 
-/// Deletes a device vnetd left behind for interface `name` (its alias says so); refuses to
-/// touch one it did not make.
-pub fn clear_leftover(nl: &mut Rtnl, device: &str, name: &str) -> io::Result<()> {
-    let Some(l) = nl.link(device)? else {
-        return Ok(());
-    };
-    if l.alias.as_deref() == Some(alias(name).as_str()) {
-        tracing::info!(
-            device,
-            "removing what an earlier vnetd left for interface {name}"
-        );
-        return nl.del_link(l.index);
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AlreadyExists,
-        format!("device {device} exists and is not vnet's"),
-    ))
-}
-
 /// The punt TAP of a fast-path port: vnetd reads what the kernel hands over and writes what
 /// the guest should get (with virtio-net headers, so large frames stay whole).
 pub fn punt_tap(names: &Names, name: &str, mtu: u32) -> io::Result<Tap> {
@@ -93,10 +68,6 @@ pub fn punt_tap(names: &Names, name: &str, mtu: u32) -> io::Result<Tap> {
     };
     let tap = Tap::open(&spec)?;
     quiet(&names.punt);
-    let mut nl = Rtnl::open()?;
-    if let Some(l) = nl.link(&names.punt)? {
-        nl.set_alias(l.index, &alias(name))?;
-    }
     Ok(tap)
 }
 
@@ -126,6 +97,5 @@ mod tests {
             .collect();
         assert_eq!(names.len(), 10_000);
         assert!(a.punt_mac().is_unicast());
-        assert_eq!(alias("c1"), "vnet:c1");
     }
 }

@@ -5,9 +5,11 @@
 //! code). Without the kernel fast path (not loaded, or refused), the guest gets a TAP named DEV
 //! instead, served by vnetd like any `tap` interface: the same device name, MAC and MTU.
 //!
-//! When the port goes, its veth goes (both ends); a veth a killed vnetd left behind is found by
-//! its name and alias and replaced.
+//! The veth outlives vnetd ([`crate::made`]): the next vnetd finds the host end by its name and
+//! alias and adopts the pair as it is (the guest keeps its device and addresses); only when the
+//! port goes for good (`interface del`, a teardown) is it deleted, both ends.
 
+use std::fs::File;
 use std::io;
 
 use vnet_control::{Interface, InterfaceKind};
@@ -15,27 +17,39 @@ use vnet_core::PortId;
 use vnet_fastpath::Delivery;
 
 use crate::kernel::KernelAttach;
-use crate::netlink::Rtnl;
+use crate::made::{self, Made, MadeDevice};
+use crate::netlink::{LinkDesc, Rtnl};
 use crate::netns;
 use crate::ports::nic::{open_tap, tap_port};
-use crate::ports::punt::{alias, clear_leftover, punt_tap, quiet, Names};
+use crate::ports::punt::{punt_tap, quiet, Names};
 use crate::ports::Opened;
 use crate::sys;
 
-/// Deletes the veth (both ends) when the port goes, or when opening it fails half-way.
-struct VethGuard {
+/// The veth vnetd made (named by its host end): deleted, both ends, when the port goes.
+struct VethPair {
     host: String,
 }
 
-impl Drop for VethGuard {
-    fn drop(&mut self) {
-        let r = Rtnl::open().and_then(|mut nl| match nl.link(&self.host)? {
-            Some(l) => nl.del_link(l.index),
-            None => Ok(()),
-        });
-        if let Err(e) = r {
+impl Made for VethPair {
+    fn remove(&mut self) {
+        if let Err(e) = delete(&self.host) {
             tracing::warn!(device = %self.host, "could not remove the veth: {e}");
         }
+    }
+
+    fn devices(&self) -> Vec<MadeDevice> {
+        vec![MadeDevice {
+            netns: None,
+            ifname: self.host.clone(),
+        }]
+    }
+}
+
+fn delete(host: &str) -> io::Result<()> {
+    let mut nl = Rtnl::open()?;
+    match nl.link(host)? {
+        Some(l) => nl.del_link(l.index),
+        None => Ok(()),
     }
 }
 
@@ -43,48 +57,158 @@ fn ctx(e: io::Error, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
+/// What an earlier vnetd left at the host end's name.
+enum Earlier {
+    Nothing,
+    /// A pair whose guest end is where the interface wants it: adopted.
+    Adoptable(LinkDesc),
+    /// vnet's, but not as the interface wants it now: deleted and made anew.
+    Stale(LinkDesc),
+}
+
+fn earlier(nl: &mut Rtnl, names: &Names, i: &Interface, ns: Option<&File>) -> io::Result<Earlier> {
+    let Some(host) = nl.link(&names.host)? else {
+        return Ok(Earlier::Nothing);
+    };
+    if host.alias.as_deref() != Some(made::alias(&i.name).as_str()) {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("device {} exists and is not vnet's", names.host),
+        ));
+    }
+    if host.kind.as_deref() != Some("veth") {
+        return Ok(Earlier::Stale(host));
+    }
+    // The guest's end must be DEV in the interface's namespace, the host end's peer. Without
+    // a namespace in the configuration the guest's end may be anywhere (a CNI plugin moves it
+    // into a container's namespace by path): any peer will do.
+    let Some(ns) = ns else {
+        return Ok(Earlier::Adoptable(host));
+    };
+    let dev = i.ifname.clone();
+    let guest = netns::in_netns(ns, move || Rtnl::open()?.link(&dev))?;
+    Ok(match guest {
+        Some(g) if g.kind.as_deref() == Some("veth") && g.peer_index == Some(host.index) => {
+            Earlier::Adoptable(host)
+        }
+        _ => Earlier::Stale(host),
+    })
+}
+
+/// Sets the guest's end's MAC and MTU where they differ (in its namespace when it has one);
+/// brings it up when `up`.
+fn guest_end(dev: &str, mac: [u8; 6], mtu: u32, up: bool, ns: Option<&File>) -> io::Result<()> {
+    let dev = dev.to_string();
+    let job = move || -> io::Result<()> {
+        let mut nl = Rtnl::open()?;
+        let l = nl
+            .link(&dev)?
+            .ok_or_else(|| io::Error::other(format!("{dev} did not arrive")))?;
+        if l.address != Some(mac) {
+            nl.set_address(l.index, mac)
+                .map_err(|e| ctx(e, "set MAC"))?;
+        }
+        if l.mtu != Some(mtu) {
+            nl.set_mtu(l.index, mtu).map_err(|e| ctx(e, "set MTU"))?;
+        }
+        if up {
+            nl.set_up(l.index, true)?;
+        }
+        Ok(())
+    };
+    match ns {
+        Some(ns) => netns::in_netns(ns, job),
+        None => job(),
+    }
+}
+
 pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
+    let names = Names::of(&i.name);
     if !kernel {
+        // A veth an earlier vnetd made with the kernel path goes: the guest gets a TAP.
+        let mut nl = Rtnl::open()?;
+        if let Some(l) = nl.link(&names.host)? {
+            if l.alias.as_deref() == Some(made::alias(&i.name).as_str()) {
+                nl.del_link(l.index)?;
+            }
+        }
         let tap = Interface {
             kind: InterfaceKind::Tap,
             ..i.clone()
         };
         return open_tap(&tap, id);
     }
-    let names = Names::of(&i.name);
     let mut nl = Rtnl::open()?;
-    clear_leftover(&mut nl, &names.host, &i.name)?;
     let ns = i.netns.as_deref().map(netns::open_netns).transpose()?;
-    nl.add_veth(&names.host, &i.ifname, ns.as_ref())
-        .map_err(|e| ctx(e, &format!("create veth {} <-> {}", names.host, i.ifname)))?;
-    let guard = VethGuard {
+    let (host, adopted) = match earlier(&mut nl, &names, i, ns.as_ref())? {
+        Earlier::Adoptable(host) => (host, true),
+        found => {
+            if let Earlier::Stale(old) = found {
+                tracing::info!(
+                    device = %names.host,
+                    "replacing the veth an earlier vnetd made for interface {}", i.name
+                );
+                nl.del_link(old.index)?;
+            }
+            nl.add_veth(&names.host, &i.ifname, ns.as_ref())
+                .map_err(|e| ctx(e, &format!("create veth {} <-> {}", names.host, i.ifname)))?;
+            let host = nl
+                .link(&names.host)?
+                .ok_or_else(|| io::Error::other("the veth vanished"))?;
+            (host, false)
+        }
+    };
+    let mut pair = VethPair {
         host: names.host.clone(),
     };
-    let host = nl
-        .link(&names.host)?
-        .ok_or_else(|| io::Error::other("the veth vanished"))?;
-    nl.set_alias(host.index, &alias(&i.name))?;
-    nl.set_mtu(host.index, i.mtu)
-        .map_err(|e| ctx(e, "set MTU of the host end"))?;
-    quiet(&names.host);
-    nl.set_up(host.index, true)?;
-    // The guest's end, in its namespace: the interface's MAC and MTU, up.
-    let (dev, mac, mtu) = (i.ifname.clone(), i.mac.0, i.mtu);
-    let guest_end = move || -> io::Result<()> {
-        let mut nl = Rtnl::open()?;
-        let l = nl
-            .link(&dev)?
-            .ok_or_else(|| io::Error::other(format!("{dev} did not arrive")))?;
-        nl.set_address(l.index, mac)
-            .map_err(|e| ctx(e, "set MAC"))?;
-        nl.set_mtu(l.index, mtu).map_err(|e| ctx(e, "set MTU"))?;
-        nl.set_up(l.index, true)
-    };
-    match &ns {
-        Some(ns) => netns::in_netns(ns, guest_end)?,
-        None => guest_end()?,
+    let r = finish(&mut nl, &names, i, id, &host, adopted, ns.as_ref());
+    match r {
+        Ok(mut o) => {
+            if adopted {
+                tracing::info!(device = %names.host, guest = %i.ifname, "veth adopted (made by an earlier vnetd)");
+            }
+            o.owned.push(Box::new(pair));
+            Ok(o)
+        }
+        Err(e) => {
+            // A pair made now goes again; an adopted one stays for the next attempt.
+            if !adopted {
+                pair.remove();
+            }
+            Err(e)
+        }
     }
-    let punt = std::sync::Arc::new(punt_tap(&names, &i.name, i.mtu)?);
+}
+
+/// Sets the pair up (only what differs, for an adopted one) and opens the punt TAP.
+fn finish(
+    nl: &mut Rtnl,
+    names: &Names,
+    i: &Interface,
+    id: PortId,
+    host: &LinkDesc,
+    adopted: bool,
+    ns: Option<&File>,
+) -> io::Result<Opened> {
+    if !adopted {
+        nl.set_alias(host.index, &made::alias(&i.name))?;
+    }
+    if host.mtu != Some(i.mtu) {
+        nl.set_mtu(host.index, i.mtu)
+            .map_err(|e| ctx(e, "set MTU of the host end"))?;
+    }
+    quiet(&names.host);
+    if !host.up {
+        nl.set_up(host.index, true)?;
+    }
+    // The guest's end: the interface's MAC and MTU; a new one is brought up, an adopted one
+    // keeps the state its guest gave it. Without a namespace, an adopted guest end may be in
+    // a namespace vnetd cannot name: it is left as it is.
+    let reachable = !adopted || ns.is_some() || host.peer_netns.is_none();
+    if reachable {
+        guest_end(&i.ifname, i.mac.0, i.mtu, !adopted, ns)?;
+    }
+    let punt = std::sync::Arc::new(punt_tap(names, &i.name, i.mtu)?);
     let punt_ifindex = sys::if_index(&names.punt)?;
     let mut o = tap_port(punt, id);
     o.kernel = Some(KernelAttach::Port {
@@ -93,13 +217,12 @@ pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
         mac: i.mac,
         mtu: i.mtu,
         // Straight into the guest's namespace when its end is in another one.
-        delivery: if ns.is_some() {
+        delivery: if ns.is_some() || host.peer_netns.is_some() {
             Delivery::Peer
         } else {
             Delivery::Egress
         },
     });
     o.kernel_required = true;
-    o.owned.push(Box::new(guard));
     Ok(o)
 }

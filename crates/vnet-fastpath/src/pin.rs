@@ -1,0 +1,178 @@
+//! bpffs, so the fast path outlives vnetd (issue #17): the kernel keeps a program, a map or an
+//! attachment (a tcx link) as long as something refers to it, and a file in bpffs is such a
+//! reference. vnetd pins its maps and its tcx links under a directory of its own; frames keep
+//! flowing while no vnetd runs, and the next one reopens what is pinned, swaps its own
+//! programs into the links (`BPF_LINK_UPDATE`, atomic per link) and goes on writing the same
+//! maps. The same design as Cilium's agent (maps and programs pinned, taken over on restart).
+//!
+//! The thin, unsafe layer over libbpf's object calls is here, each call with its reason.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// The magic number of bpffs (`BPF_FS_MAGIC`).
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// The usual mount point of bpffs.
+pub const BPFFS: &str = "/sys/fs/bpf";
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))
+}
+
+/// Whether `path` is on a bpffs.
+pub fn is_bpffs(path: &Path) -> bool {
+    let Ok(c) = cpath(path) else {
+        return false;
+    };
+    // SAFETY: an all-zero statfs is a valid value to be overwritten.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a statfs the call may fill.
+    let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    r == 0 && st.f_type as i64 == BPF_FS_MAGIC
+}
+
+/// Makes sure `dir` exists on a bpffs: mounts bpffs at /sys/fs/bpf when nothing is mounted
+/// there (as systemd does at boot, and Cilium's agent where it did not), then creates `dir`.
+pub fn ensure_dir(dir: &Path) -> io::Result<()> {
+    let root = Path::new(BPFFS);
+    if dir.starts_with(root) && !is_bpffs(root) {
+        std::fs::create_dir_all(root)?;
+        let (src, fstype) = (CString::new("bpf")?, CString::new("bpf")?);
+        let target = cpath(root)?;
+        // SAFETY: NUL-terminated strings that live across the call; no data argument.
+        let r = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(
+                e.kind(),
+                format!("no bpffs at {BPFFS} and mounting one failed: {e}"),
+            ));
+        }
+        tracing::info!("mounted bpffs at {BPFFS}");
+    }
+    std::fs::create_dir_all(dir)?;
+    if !is_bpffs(dir) {
+        return Err(io::Error::other(format!("{} is not on a bpffs", dir.display())));
+    }
+    Ok(())
+}
+
+/// Pins the object `fd` refers to at `path`, replacing what was pinned there.
+pub fn pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    unpin(path)?;
+    let c = cpath(path)?;
+    // SAFETY: `fd` is a valid BPF object descriptor for the call; `c` is NUL-terminated.
+    let r = unsafe { libbpf_sys::bpf_obj_pin(fd.as_raw_fd(), c.as_ptr()) };
+    if r < 0 {
+        return Err(io::Error::from_raw_os_error(-r));
+    }
+    Ok(())
+}
+
+/// Opens what is pinned at `path`; `None` when nothing is.
+pub fn open(path: &Path) -> io::Result<Option<OwnedFd>> {
+    let c = cpath(path)?;
+    // SAFETY: `c` is NUL-terminated; the call returns a new descriptor or an error.
+    let fd = unsafe { libbpf_sys::bpf_obj_get(c.as_ptr()) };
+    if fd < 0 {
+        let e = io::Error::from_raw_os_error(-fd);
+        return match e.kind() {
+            io::ErrorKind::NotFound => Ok(None),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: bpf_obj_get returned a new descriptor that nothing else owns.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Removes the pin at `path` (the object lives on while anything else refers to it).
+pub fn unpin(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What a tcx link says of itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcxLink {
+    /// The device it is attached to; 0 when the device is gone (the link is defunct).
+    pub ifindex: u32,
+    /// The program it runs.
+    pub prog_id: u32,
+}
+
+/// Reads a tcx link's device and program.
+pub fn tcx_link(fd: BorrowedFd<'_>) -> io::Result<TcxLink> {
+    // SAFETY: bpf_link_info is plain data; all-zero is a valid value to be overwritten.
+    let mut info: libbpf_sys::bpf_link_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libbpf_sys::bpf_link_info>() as u32;
+    // SAFETY: `info` has `len` bytes; the kernel writes at most that many.
+    let r = unsafe { libbpf_sys::bpf_link_get_info_by_fd(fd.as_raw_fd(), &mut info, &mut len) };
+    if r < 0 {
+        return Err(io::Error::from_raw_os_error(-r));
+    }
+    if info.type_ != libbpf_sys::BPF_LINK_TYPE_TCX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a tcx link",
+        ));
+    }
+    // SAFETY: the link is a tcx link (checked above), so the union holds its tcx member.
+    let ifindex = unsafe { info.__bindgen_anon_1.tcx.ifindex };
+    Ok(TcxLink {
+        ifindex,
+        prog_id: info.prog_id,
+    })
+}
+
+/// Runs `prog` in the link from now on (atomic: every packet sees the old program or the new).
+pub fn update_link(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+    let opts = libbpf_sys::bpf_link_update_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_link_update_opts>() as _,
+        ..Default::default()
+    };
+    // SAFETY: both descriptors are valid for the call and `opts` is a fully initialised
+    // options struct whose `sz` is its own size, as libbpf requires.
+    let r = unsafe { libbpf_sys::bpf_link_update(link.as_raw_fd(), prog.as_raw_fd(), &opts) };
+    if r < 0 {
+        return Err(io::Error::from_raw_os_error(-r));
+    }
+    Ok(())
+}
+
+/// The id of the program behind `fd`.
+pub fn prog_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    // SAFETY: bpf_prog_info is plain data; all-zero is a valid value to be overwritten.
+    let mut info: libbpf_sys::bpf_prog_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+    // SAFETY: `info` has `len` bytes; the kernel writes at most that many.
+    let r = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd.as_raw_fd(), &mut info, &mut len) };
+    if r < 0 {
+        return Err(io::Error::from_raw_os_error(-r));
+    }
+    Ok(info.id)
+}
+
+/// Removes a pin directory and everything pinned in it (a teardown).
+pub fn remove_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}

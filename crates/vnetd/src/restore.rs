@@ -1,0 +1,301 @@
+//! The configuration a starting vnetd realizes (pure; `state.rs` reads the files): the saved
+//! local configuration when there is one (the config file plus every runtime change of the
+//! runs before), with an edited config file applied as the difference between the file as it
+//! was last applied and as it is now, and the interfaces the CNI plugin deleted while no
+//! vnetd ran taken out. On a first start (no saved state) the config file alone.
+//!
+//! The config file stays strict (a bad line refuses the start, as it always did); what was
+//! saved is carried over line by line, and a line that no longer fits is left out and said.
+
+use vnet_control::{parse_line, parse_script, Command, Config};
+use vnet_wire::MacAddr;
+
+/// What to realize at start.
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// The local configuration.
+    pub local: Config,
+    /// The config file as applied now (to save), when `--config` was given.
+    pub file_applied: Option<String>,
+    /// The part of `local` the config file accounts for (it must come up whole; the rest,
+    /// runtime changes of earlier runs, may come up line by line).
+    pub file_part: Config,
+    /// What was left out or changed, in words (the daemon logs them).
+    pub notes: Vec<String>,
+}
+
+/// A configuration from saved text, line by line (a line that does not apply is noted).
+fn lenient(
+    text: &str,
+    what: &str,
+    gen: &mut dyn FnMut() -> MacAddr,
+    notes: &mut Vec<String>,
+) -> Config {
+    let mut cfg = Config::default();
+    apply_lenient(&mut cfg, text, what, gen, notes);
+    cfg
+}
+
+fn apply_lenient(
+    cfg: &mut Config,
+    text: &str,
+    what: &str,
+    gen: &mut dyn FnMut() -> MacAddr,
+    notes: &mut Vec<String>,
+) {
+    for (n, line) in text.lines().enumerate() {
+        match parse_line(line) {
+            Ok(None) => {}
+            Ok(Some(cmd)) if cmd.is_query() => {}
+            Ok(Some(cmd)) => {
+                if let Err(e) = cfg.apply(&cmd, gen) {
+                    notes.push(format!("{what} line {}: {line:?} left out: {e}", n + 1));
+                }
+            }
+            Err(e) => notes.push(format!("{what} line {}: {line:?} left out: {e}", n + 1)),
+        }
+    }
+}
+
+/// The config file as a configuration, strictly; an interface it names without a MAC keeps
+/// the one it got when the file was last applied (`before`).
+fn file_config(
+    text: &str,
+    before: &Config,
+    gen: &mut dyn FnMut() -> MacAddr,
+) -> Result<Config, String> {
+    let cmds = parse_script(text).map_err(|e| e.to_string())?;
+    let mut cfg = Config::default();
+    for (line, mut cmd) in cmds {
+        if cmd.is_query() {
+            return Err(format!("line {line}: show cannot be part of a script"));
+        }
+        if let Command::InterfaceAdd(spec) = &mut cmd {
+            if spec.mac.is_none() {
+                spec.mac = before.interface(&spec.name).map(|i| i.mac);
+            }
+        }
+        cfg.apply(&cmd, gen)
+            .map_err(|e| format!("line {line}: {e}"))?;
+    }
+    Ok(cfg)
+}
+
+/// What of the config file's configuration the local one still has (an object deleted at run
+/// time is not the file's to bring up any more); settings are the local ones.
+fn common(file: &Config, local: &Config) -> Config {
+    let mut c = Config {
+        learn: local.learn,
+        settings: local.settings.clone(),
+        ..Config::default()
+    };
+    c.interfaces = file
+        .interfaces
+        .iter()
+        .filter(|i| local.interface(&i.name) == Some(*i))
+        .cloned()
+        .collect();
+    c.links = file
+        .links
+        .iter()
+        .filter(|l| local.link(&l.name) == Some(*l))
+        .cloned()
+        .collect();
+    for l in &c.links {
+        if let Some(r) = local.link_rates.get(&l.name) {
+            c.link_rates.insert(l.name.clone(), *r);
+        }
+    }
+    c.listeners = file
+        .listeners
+        .iter()
+        .filter(|a| local.listeners.contains(a))
+        .copied()
+        .collect();
+    c.routes = file
+        .routes
+        .iter()
+        .filter(|r| local.routes.contains(r) && c.dest_vni(&r.to).is_some())
+        .cloned()
+        .collect();
+    c
+}
+
+/// Plans the start: `saved_local` / `saved_file` from the state directory, `file` the config
+/// file's text now, `cni_deleted` the CNI deletion queue. An error is a bad config file.
+pub fn plan(
+    saved_local: Option<&str>,
+    saved_file: Option<&str>,
+    file: Option<&str>,
+    cni_deleted: &[String],
+    gen: &mut dyn FnMut() -> MacAddr,
+) -> Result<Restored, String> {
+    let mut r = Restored::default();
+    match (saved_local, file) {
+        (None, None) => {}
+        (None, Some(text)) => {
+            r.local = file_config(text, &Config::default(), gen)?;
+            r.file_applied = Some(r.local.to_script());
+            r.file_part = r.local.clone();
+        }
+        (Some(saved), None) => {
+            r.local = lenient(saved, "saved configuration", gen, &mut r.notes);
+            if let Some(t) = saved_file {
+                r.file_part = lenient(t, "saved config file", gen, &mut r.notes);
+            }
+        }
+        (Some(saved), Some(text)) => {
+            r.local = lenient(saved, "saved configuration", gen, &mut r.notes);
+            let before = saved_file
+                .map(|t| lenient(t, "saved config file", gen, &mut r.notes))
+                .unwrap_or_default();
+            let now = file_config(text, &before, gen)?;
+            let diff = before.diff_script(&now);
+            if !diff.is_empty() {
+                r.notes.push(format!(
+                    "the config file changed since it was last applied: applying {} line(s) of difference",
+                    diff.lines().count()
+                ));
+                apply_lenient(&mut r.local, &diff, "config file change", gen, &mut r.notes);
+            }
+            r.file_applied = Some(now.to_script());
+            r.file_part = now;
+        }
+    }
+    for name in cni_deleted {
+        let cmd = Command::InterfaceDel(name.clone());
+        if r.local.apply(&cmd, gen).is_ok() {
+            r.notes.push(format!(
+                "interface {name} removed: the CNI plugin deleted it while vnetd was not running"
+            ));
+        }
+    }
+    r.file_part = common(&r.file_part, &r.local);
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gen() -> impl FnMut() -> MacAddr {
+        gen_from(0)
+    }
+
+    /// Random MACs do not repeat across runs; a later run's generator starts elsewhere.
+    fn gen_from(start: u8) -> impl FnMut() -> MacAddr {
+        let mut n = start;
+        move || {
+            n = n.wrapping_add(1);
+            MacAddr([2, 0, 0, 0, 0x77, n])
+        }
+    }
+
+    fn names(c: &Config) -> Vec<&str> {
+        c.interfaces.iter().map(|i| i.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_first_start_is_the_config_file() {
+        let r = plan(None, None, Some("interface add a tap\n"), &[], &mut gen()).unwrap();
+        assert_eq!(names(&r.local), ["a"]);
+        let saved = r.file_applied.unwrap();
+        assert!(
+            saved.contains("interface add a tap") && saved.contains("mac 02:00:00:00:77:01"),
+            "{saved}"
+        );
+        assert!(plan(None, None, Some("interface add\n"), &[], &mut gen()).is_err());
+    }
+
+    #[test]
+    fn runtime_changes_survive_and_the_file_is_not_applied_twice() {
+        // Run 1: the file gave `a`; at run time `c` (a CNI container) was added.
+        let file = "interface add a tap\nroute add any 02:00:00:00:00:0a interface a\n";
+        let r1 = plan(None, None, Some(file), &[], &mut gen()).unwrap();
+        let mut local = r1.local.clone();
+        let cmd = parse_line("interface add c veth mac 02:00:00:00:00:0c netns ctr")
+            .unwrap()
+            .unwrap();
+        local.apply(&cmd, &mut gen()).unwrap();
+        let saved = local.to_script();
+        // Run 2, the file unchanged: the state as it was, a MAC never drawn again.
+        let r2 = plan(
+            Some(&saved),
+            r1.file_applied.as_deref(),
+            Some(file),
+            &[],
+            &mut || MacAddr([2, 9, 9, 9, 9, 9]),
+        )
+        .unwrap();
+        assert_eq!(r2.local, local);
+        assert!(r2.notes.is_empty(), "{:?}", r2.notes);
+    }
+
+    #[test]
+    fn an_edited_file_is_applied_as_a_difference() {
+        let file1 = "interface add a tap\ninterface add b tap\n";
+        let r1 = plan(None, None, Some(file1), &[], &mut gen()).unwrap();
+        let mut local = r1.local.clone();
+        local
+            .apply(
+                &parse_line("interface add c tap mac 02:00:00:00:00:0c")
+                    .unwrap()
+                    .unwrap(),
+                &mut gen(),
+            )
+            .unwrap();
+        let a_mac = local.interface("a").unwrap().mac;
+        // The operator removes b and adds d; c was a runtime change and stays; a keeps its MAC.
+        let file2 = "interface add a tap\ninterface add d tap mtu 9000\n";
+        let r2 = plan(
+            Some(&local.to_script()),
+            r1.file_applied.as_deref(),
+            Some(file2),
+            &[],
+            &mut gen_from(0x50),
+        )
+        .unwrap();
+        let mut n = names(&r2.local);
+        n.sort();
+        assert_eq!(n, ["a", "c", "d"]);
+        assert_eq!(r2.local.interface("a").unwrap().mac, a_mac);
+        assert_eq!(r2.local.interface("d").unwrap().mtu, 9000);
+        // The file's part: a and d, not the runtime c.
+        let mut f = names(&r2.file_part);
+        f.sort();
+        assert_eq!(f, ["a", "d"]);
+        // A bad edit refuses the start.
+        assert!(plan(
+            Some(&local.to_script()),
+            r1.file_applied.as_deref(),
+            Some("route add\n"),
+            &[],
+            &mut gen()
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn what_no_longer_fits_is_left_out_and_said() {
+        let saved = "interface add a tap mac 02:00:00:00:00:01\nno such command\n";
+        let r = plan(Some(saved), None, None, &[], &mut gen()).unwrap();
+        assert_eq!(names(&r.local), ["a"]);
+        assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+    }
+
+    #[test]
+    fn the_cni_deletion_queue_is_honoured() {
+        let saved = "interface add cni-x veth mac 02:00:00:00:00:01\nroute add any 02:00:00:00:00:01 interface cni-x\ninterface add b tap mac 02:00:00:00:00:02\n";
+        let r = plan(
+            Some(saved),
+            None,
+            None,
+            &["cni-x".into(), "cni-gone".into()],
+            &mut gen(),
+        )
+        .unwrap();
+        assert_eq!(names(&r.local), ["b"]);
+        assert!(r.local.routes.is_empty());
+        assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+    }
+}
