@@ -9,7 +9,9 @@ stopped."""
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,7 @@ class CniHost:
             "cniVersion": "1.1.0", "name": NET,
             "plugins": [{
                 "type": "vnet-cni", "vni": 5, "mtu": mtu, "control": netlab.CONTROL,
+                "stateDir": str(self.h.state_dir),
                 "ipam": {"type": "host-local", "dataDir": str(self.ipam_dir),
                          "ranges": [[{"subnet": "10.77.0.0/24", "rangeStart": first, "rangeEnd": last}]],
                          "routes": [{"dst": "10.78.0.0/16"}]},
@@ -187,3 +190,69 @@ def test_cni_plugin_with_cnitool(lab, etcd, record):
     # ADD without a vnetd fails cleanly (try again later, 11) and leaves no address taken.
     r = b.cnitool("add", c2, check=False)
     assert r.returncode != 0 and b.allocations() == []
+
+
+def cnitool_container_id(container) -> str:
+    """The container id cnitool gives an attachment: a hash of the namespace path."""
+    import hashlib
+    path = getattr(container, "cni_path", f"/var/run/netns/{container.name}")
+    return "cnitool-" + hashlib.sha512(path.encode()).hexdigest()[:20]
+
+
+def gc_keeping(host, keep) -> None:
+    """CNI GC as a runtime that still knows the attachments ``keep`` runs it (the plugin called
+    directly: cnitool's gc passes no valid attachments)."""
+    conf = json.loads((host.dir / "net.d" / f"{NET}.conflist").read_text())
+    plugin_conf = dict(conf["plugins"][0], cniVersion="1.1.0", name=NET)
+    plugin_conf["cni.dev/valid-attachments"] = [
+        {"containerID": cnitool_container_id(c), "ifname": "eth0"} for c in keep]
+    r = host.h.exec("env", "CNI_COMMAND=GC", f"CNI_PATH={host.dir / 'bin'}:{CNI_DIR}", VNET_CNI,
+                    check=False, input=json.dumps(plugin_conf))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_cni_attachments_outlive_vnetd(lab, etcd, record):
+    """Issue #17: a container's NIC outlives its host's vnetd. After a SIGKILL and after a
+    SIGTERM, each followed by a new vnetd, CHECK passes and the container keeps its device and
+    its traffic; GC after a restart removes only the attachment the runtime no longer knows;
+    DEL while no vnetd runs is queued in the state directory and the next vnetd takes the
+    interface out, with everything made for it."""
+    a = CniHost(lab, etcd, "h1", "10.77.0.10", "10.77.0.59")
+    b = CniHost(lab, etcd, "h2", "10.77.0.60", "10.77.0.109")
+    c1, c3, c2 = lab.netns("c1"), lab.netns("c3"), lab.netns("c2")
+    host_devices = set(a.h.links())
+    a.cnitool("add", c1)
+    b.cnitool("add", c2)
+    lab.wait_ping(c1, "10.77.0.60", timeout=20)
+    ifindex = json.loads(c1.ip("-j", "link", "show", "eth0").stdout)[0]["ifindex"]
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        a.h.stop_vnetd(sig=sig)
+        t0 = time.monotonic()
+        a.h.start_vnetd(args=netlab.own_args(a.h.vnetd))
+        a.cnitool("check", c1)
+        lab.wait_ping(c1, "10.77.0.60", timeout=5)
+        record(f"after_{sig.name}_ping_s", round(time.monotonic() - t0, 2))
+        assert json.loads(c1.ip("-j", "link", "show", "eth0").stdout)[0]["ifindex"] == ifindex
+        assert container_ip(c1) == "10.77.0.10"
+    # GC after a restart: c3 is stale (the runtime lost it), c1 is not.
+    a.cnitool("add", c3)
+    a.h.restart_vnetd()
+    name_c1 = [i["name"] for i in a.cni_interfaces()]
+    assert len(name_c1) == 2
+    gc_keeping(a, [c1])
+    (left,) = a.cni_interfaces()
+    assert left["netns"] == c1.name, left
+    a.cnitool("check", c1)
+    a.cnitool("del", c3)
+    # DEL with no vnetd running: queued; the next vnetd removes the interface and its devices.
+    assert a.h.stop_vnetd() == 0
+    a.cnitool("del", c1)
+    assert a.allocations() == []
+    queued = sorted(p.name for p in (a.h.state_dir / "cni-deleted").iterdir())
+    assert queued == [left["name"]], queued
+    a.h.start_vnetd(args=netlab.own_args(a.h.vnetd))
+    assert a.cni_interfaces() == []
+    assert set(a.h.links()) == host_devices, "devices made for the deleted container stayed"
+    assert not (a.h.state_dir / "cni-deleted" / left["name"]).exists()
+    netlab.wait_until(lambda: not any(i["mac"] == left["mac"] for i in json.loads(etcd.ctl("interfaces", "json"))),
+                      10, what="the container's placement to leave etcd")

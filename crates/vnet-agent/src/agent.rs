@@ -490,9 +490,26 @@ impl Agent {
                 Err(_) => self.status.bad_entries += 1,
             }
         }
+        // Keys under this daemon's lease: an earlier run of it (the lease outlives a restart)
+        // put them, so they are this daemon's to take back when their interface is gone.
+        let ours: BTreeSet<&[u8]> = match self.lease {
+            Some(l) => read
+                .kvs
+                .iter()
+                .filter(|kv| kv.lease == l)
+                .map(|kv| kv.key.as_slice())
+                .collect(),
+            None => BTreeSet::new(),
+        };
         let (state, bad) = ClusterState::from_entries(self.cfg.overlay.clone(), entries);
         for (k, e) in &bad {
             warn!(key = %k, "etcd: bad entry ignored: {e}");
+        }
+        for (&(vni, mac), rec) in state.interfaces() {
+            let key = key_for_interface(&self.cfg.overlay, vni, mac);
+            if rec.host_id == self.cfg.host && ours.contains(key.as_bytes()) {
+                self.published.insert((vni, mac));
+            }
         }
         self.status.bad_entries += bad.len() as u64;
         self.state = state;

@@ -131,6 +131,20 @@ impl Rtnl {
         }
     }
 
+    /// The link with index `index`, if there is one.
+    pub fn link_by_index(&mut self, index: u32) -> io::Result<Option<LinkDesc>> {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        match self.request(RouteNetlinkMessage::GetLink(m), 0) {
+            Ok(a) => Ok(a.into_iter().find_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(describe(&l)),
+                _ => None,
+            })),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Every (link index, address) of the namespace.
     pub fn addresses(&mut self) -> io::Result<Vec<(u32, std::net::IpAddr)>> {
         let answers = self.request(

@@ -108,10 +108,20 @@ enum Found {
 
 /// Opens the TAP's queues and sets it up, in the thread's current namespace (the caller
 /// runs it inside the interface's namespace).
-fn open_here(iface: &Interface, flags: i16) -> io::Result<(Vec<File>, bool, bool)> {
+fn open_here(iface: &Interface, flags: i16) -> io::Result<(Vec<File>, String, bool, bool)> {
     let mut nl = Rtnl::open()?;
     let mine = made::alias(&iface.name);
-    let found = match nl.link(&iface.ifname)? {
+    // By its name, or else by vnet's alias: a guest may have renamed its NIC (a CNI plugin
+    // renames it to the container's eth0).
+    let at_name = nl.link(&iface.ifname)?;
+    let existing = match at_name {
+        Some(l) => Some(l),
+        None => nl
+            .links()?
+            .into_iter()
+            .find(|l| l.kind.as_deref() == Some("tun") && l.alias.as_deref() == Some(mine.as_str())),
+    };
+    let found = match &existing {
         None => Found::Nothing,
         Some(l) => match (l.kind.as_deref(), l.alias.as_deref()) {
             (Some("tun"), a) if a == Some(mine.as_str()) => Found::Ours,
@@ -135,16 +145,20 @@ fn open_here(iface: &Interface, flags: i16) -> io::Result<(Vec<File>, bool, bool
             }
         },
     };
+    let name = match (&found, &existing) {
+        (Found::Ours | Found::Foreign, Some(l)) => l.name.clone(),
+        _ => iface.ifname.clone(),
+    };
     if let Found::OursOtherKind(index) = found {
         tracing::info!(device = %iface.ifname, "removing the device an earlier vnetd made for interface {} (another kind)", iface.name);
         nl.del_link(index)?;
     }
     let mut queues = Vec::new();
     for _ in 0..iface.queues.max(1) {
-        let q = open_queue(&iface.ifname, flags)?;
+        let q = open_queue(&name, flags)?;
         if iface.offload {
             set_offload(q.as_raw_fd()).map_err(|e| {
-                io::Error::new(e.kind(), format!("TUNSETOFFLOAD {}: {e}", iface.ifname))
+                io::Error::new(e.kind(), format!("TUNSETOFFLOAD {name}: {e}"))
             })?;
         }
         queues.push(q);
@@ -152,15 +166,13 @@ fn open_here(iface: &Interface, flags: i16) -> io::Result<(Vec<File>, bool, bool
     let created = matches!(found, Found::Nothing | Found::OursOtherKind(_));
     let made = !matches!(found, Found::Foreign);
     let l = nl
-        .link(&iface.ifname)?
-        .ok_or_else(|| io::Error::other(format!("{} vanished", iface.ifname)))?;
+        .link(&name)?
+        .ok_or_else(|| io::Error::other(format!("{name} vanished")))?;
     if created {
-        set_persist(queues[0].as_raw_fd(), true).map_err(|e| {
-            io::Error::new(e.kind(), format!("TUNSETPERSIST {}: {e}", iface.ifname))
-        })?;
+        set_persist(queues[0].as_raw_fd(), true)
+            .map_err(|e| io::Error::new(e.kind(), format!("TUNSETPERSIST {name}: {e}")))?;
         nl.set_alias(l.index, &mine)?;
     }
-    let name = &iface.ifname;
     // Only what differs is set: an adopted TAP keeps its state (its addresses above all).
     if l.address != Some(iface.mac.0) {
         nl.set_address(l.index, iface.mac.0)
@@ -174,7 +186,7 @@ fn open_here(iface: &Interface, flags: i16) -> io::Result<(Vec<File>, bool, bool
     if !matches!(found, Found::Ours) {
         nl.set_up(l.index, true)?;
     }
-    Ok((queues, made, matches!(found, Found::Ours)))
+    Ok((queues, name, made, matches!(found, Found::Ours)))
 }
 
 impl Tap {
@@ -192,7 +204,7 @@ impl Tap {
         // The device is created (or found) in the namespace of the thread that opens the
         // clone device: the queues are opened inside the interface's namespace, and work from
         // any thread afterwards.
-        let (queues, made, adopted) = match iface.netns.as_deref() {
+        let (queues, ifname, made, adopted) = match iface.netns.as_deref() {
             None => open_here(iface, flags)?,
             Some(ns) => {
                 let ns = netns::open_netns(ns)?;
@@ -201,11 +213,11 @@ impl Tap {
             }
         };
         if adopted {
-            tracing::info!(device = %iface.ifname, netns = ?iface.netns, "TAP adopted (made by an earlier vnetd)");
+            tracing::info!(device = %ifname, netns = ?iface.netns, "TAP adopted (made by an earlier vnetd)");
         }
         Ok(Tap {
             queues,
-            ifname: iface.ifname.clone(),
+            ifname,
             netns: iface.netns.clone(),
             // MTU plus Ethernet header and one VLAN tag.
             max_frame: iface.mtu as usize + 18,

@@ -60,8 +60,9 @@ fn ctx(e: io::Error, what: &str) -> io::Error {
 /// What an earlier vnetd left at the host end's name.
 enum Earlier {
     Nothing,
-    /// A pair whose guest end is where the interface wants it: adopted.
-    Adoptable(LinkDesc),
+    /// A pair whose guest end is where the interface wants it: adopted (with the guest end's
+    /// index in its namespace, when that is known).
+    Adoptable(LinkDesc, Option<u32>),
     /// vnet's, but not as the interface wants it now: deleted and made anew.
     Stale(LinkDesc),
 }
@@ -79,31 +80,42 @@ fn earlier(nl: &mut Rtnl, names: &Names, i: &Interface, ns: Option<&File>) -> io
     if host.kind.as_deref() != Some("veth") {
         return Ok(Earlier::Stale(host));
     }
-    // The guest's end must be DEV in the interface's namespace, the host end's peer. Without
-    // a namespace in the configuration the guest's end may be anywhere (a CNI plugin moves it
-    // into a container's namespace by path): any peer will do.
+    // The guest's end must be in the interface's namespace, the host end's peer (found by its
+    // index: a CNI plugin renames it to the container's eth0). Without a namespace in the
+    // configuration the guest's end may be anywhere (a CNI plugin moves it into a container's
+    // namespace by path): any peer will do.
     let Some(ns) = ns else {
-        return Ok(Earlier::Adoptable(host));
+        return Ok(Earlier::Adoptable(host, None));
     };
-    let dev = i.ifname.clone();
-    let guest = netns::in_netns(ns, move || Rtnl::open()?.link(&dev))?;
+    let Some(peer) = host.peer_index else {
+        return Ok(Earlier::Stale(host));
+    };
+    let guest = netns::in_netns(ns, move || Rtnl::open()?.link_by_index(peer))?;
     Ok(match guest {
         Some(g) if g.kind.as_deref() == Some("veth") && g.peer_index == Some(host.index) => {
-            Earlier::Adoptable(host)
+            Earlier::Adoptable(host, Some(g.index))
         }
         _ => Earlier::Stale(host),
     })
 }
 
+/// Which device is the guest's end: by name (one just made) or by index (an adopted one,
+/// which its guest may have renamed).
+enum GuestEnd {
+    Named(String),
+    Index(u32),
+}
+
 /// Sets the guest's end's MAC and MTU where they differ (in its namespace when it has one);
 /// brings it up when `up`.
-fn guest_end(dev: &str, mac: [u8; 6], mtu: u32, up: bool, ns: Option<&File>) -> io::Result<()> {
-    let dev = dev.to_string();
+fn guest_end(end: GuestEnd, mac: [u8; 6], mtu: u32, up: bool, ns: Option<&File>) -> io::Result<()> {
     let job = move || -> io::Result<()> {
         let mut nl = Rtnl::open()?;
-        let l = nl
-            .link(&dev)?
-            .ok_or_else(|| io::Error::other(format!("{dev} did not arrive")))?;
+        let found = match &end {
+            GuestEnd::Named(n) => nl.link(n)?,
+            GuestEnd::Index(i) => nl.link_by_index(*i)?,
+        };
+        let l = found.ok_or_else(|| io::Error::other("the guest's end of the veth is gone"))?;
         if l.address != Some(mac) {
             nl.set_address(l.index, mac)
                 .map_err(|e| ctx(e, "set MAC"))?;
@@ -141,7 +153,7 @@ pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
     let mut nl = Rtnl::open()?;
     let ns = i.netns.as_deref().map(netns::open_netns).transpose()?;
     let (host, adopted) = match earlier(&mut nl, &names, i, ns.as_ref())? {
-        Earlier::Adoptable(host) => (host, true),
+        Earlier::Adoptable(host, guest) => (host, Some(guest)),
         found => {
             if let Earlier::Stale(old) = found {
                 tracing::info!(
@@ -155,7 +167,7 @@ pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
             let host = nl
                 .link(&names.host)?
                 .ok_or_else(|| io::Error::other("the veth vanished"))?;
-            (host, false)
+            (host, None)
         }
     };
     let mut pair = VethPair {
@@ -164,7 +176,7 @@ pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
     let r = finish(&mut nl, &names, i, id, &host, adopted, ns.as_ref());
     match r {
         Ok(mut o) => {
-            if adopted {
+            if adopted.is_some() {
                 tracing::info!(device = %names.host, guest = %i.ifname, "veth adopted (made by an earlier vnetd)");
             }
             o.owned.push(Box::new(pair));
@@ -172,7 +184,7 @@ pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
         }
         Err(e) => {
             // A pair made now goes again; an adopted one stays for the next attempt.
-            if !adopted {
+            if adopted.is_none() {
                 pair.remove();
             }
             Err(e)
@@ -180,17 +192,18 @@ pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
     }
 }
 
-/// Sets the pair up (only what differs, for an adopted one) and opens the punt TAP.
+/// Sets the pair up (only what differs, for an adopted one: `adopted` holds the guest end's
+/// index when known) and opens the punt TAP.
 fn finish(
     nl: &mut Rtnl,
     names: &Names,
     i: &Interface,
     id: PortId,
     host: &LinkDesc,
-    adopted: bool,
+    adopted: Option<Option<u32>>,
     ns: Option<&File>,
 ) -> io::Result<Opened> {
-    if !adopted {
+    if adopted.is_none() {
         nl.set_alias(host.index, &made::alias(&i.name))?;
     }
     if host.mtu != Some(i.mtu) {
@@ -202,11 +215,17 @@ fn finish(
         nl.set_up(host.index, true)?;
     }
     // The guest's end: the interface's MAC and MTU; a new one is brought up, an adopted one
-    // keeps the state its guest gave it. Without a namespace, an adopted guest end may be in
-    // a namespace vnetd cannot name: it is left as it is.
-    let reachable = !adopted || ns.is_some() || host.peer_netns.is_none();
-    if reachable {
-        guest_end(&i.ifname, i.mac.0, i.mtu, !adopted, ns)?;
+    // keeps the state (and the name) its guest gave it. Without a namespace, an adopted guest
+    // end may be in a namespace vnetd cannot name: it is left as it is.
+    match adopted {
+        None => guest_end(GuestEnd::Named(i.ifname.clone()), i.mac.0, i.mtu, true, ns)?,
+        Some(Some(index)) => guest_end(GuestEnd::Index(index), i.mac.0, i.mtu, false, ns)?,
+        Some(None) if host.peer_netns.is_none() => {
+            if let Some(index) = host.peer_index {
+                guest_end(GuestEnd::Index(index), i.mac.0, i.mtu, false, None)?;
+            }
+        }
+        Some(None) => {}
     }
     let punt = std::sync::Arc::new(punt_tap(names, &i.name, i.mtu)?);
     let punt_ifindex = sys::if_index(&names.punt)?;
