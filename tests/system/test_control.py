@@ -1,5 +1,14 @@
-"""The control plane on a real daemon: `show config` round trip through a fresh vnetd, and
-atomic scripts (a bad line or a failure half-way changes nothing)."""
+"""The control plane on a real daemon: `show config` round trip through a fresh vnetd,
+atomic scripts (a bad line or a failure half-way changes nothing), `set cpus` checked against
+the machine, and the control port's limits (silent connections, oversized batches)."""
+
+import os
+import socket
+import threading
+import time
+
+import netlab
+from netlab import ControlClient
 
 
 def _links_without_state(host):
@@ -116,3 +125,127 @@ route add any any link keep
     assert len(snap["routes"]) == 2
     assert len(g.links()) == 2
     assert A.vnetd.alive()
+
+
+def _settings(host):
+    return host.stats()["dispatch"]["settings"]
+
+
+def test_set_cpus_out_of_range(lab):
+    """`set cpus` with CPUs a CPU set cannot name (>= 1024) or that this machine does not let
+    vnetd use is refused whole, naming the CPU; the daemon lives on and forwards."""
+    m = netlab.udp_mesh(lab, ("A", "B"), guests_per_host=1)
+    A = m.hosts[0]
+    a1, b1 = m.guests["A"][0], m.guests["B"][0]
+    allowed = sorted(os.sched_getaffinity(A.vnetd.pid))
+    missing = next(c for c in range(1024) if c not in allowed)
+    before = _settings(A)
+    assert before["cpus"] == []
+
+    for value, named in (("2000", "2000"), ("1024", "1024"), ("0,4095", "4095"),
+                         (str(missing), f"CPU {missing}"), (f"{allowed[0]},{missing}", f"CPU {missing}"),
+                         ("1023", "CPU 1023" if 1023 not in allowed else None)):
+        if named is None:
+            continue
+        r = A.ctl("set", "cpus", value, check=False)
+        assert A.vnetd.alive(), f"vnetd died on `set cpus {value}`:\n{A.vnetd.log_text()[-2000:]}"
+        assert r.returncode != 0, f"`set cpus {value}` accepted: {r.stdout}"
+        assert named in r.stderr, (value, r.stderr)
+    # in a script, the bad line refuses the whole script: the mode is not changed either
+    r = A.script(f"set mode polling\nset cpus {missing}\n", check=False)
+    assert r.returncode != 0 and f"CPU {missing}" in r.stderr, r.stderr
+    assert _settings(A) == before
+
+    assert A.vnetd.alive()
+    r = a1.ping(b1.ip_addr, count=3)
+    assert r.received == 3, r.output
+    # a CPU vnetd may use is taken, and the dispatchers (restarted on it) still forward
+    A.ctl("set", "cpus", str(allowed[-1]))
+    assert _settings(A)["cpus"] == [allowed[-1]]
+    r = a1.ping(b1.ip_addr, count=3)
+    assert r.received == 3, r.output
+    A.ctl("set", "cpus", "none")
+    disp = A.stats()["dispatch"]["dispatchers"]
+    assert disp and all(d["restarts"] == 0 for d in disp), disp
+    assert "restarts" in A.ctl("show", "stats")
+
+
+def _vm_hwm_kb(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_control_port_cannot_be_held_or_exhausted(lab):
+    """32 silent unauthenticated connections fill every slot: they are closed (and counted)
+    a few seconds later and a legitimate client is served; a batch far over the byte bound is
+    refused without the daemon's memory growing by its size."""
+    A = lab.host("A")
+    A.start_vnetd(token="s3cret-token")
+    errors0 = A.stats()["daemon"]["control_errors"]
+
+    silent = [ControlClient(A, timeout=20) for _ in range(32)]
+    time.sleep(0.2)
+    late = ControlClient(A)
+    assert late.readline() == "error too many control connections"
+    late.close()
+    t0 = time.monotonic()
+    while True:
+        r = A.ctl("show", "stats", check=False, timeout=5)
+        if r.returncode == 0:
+            break
+        assert time.monotonic() - t0 < 10, f"no slot for a legitimate client in 10 s: {r.stderr}"
+        time.sleep(0.2)
+    waited = time.monotonic() - t0
+    for c in silent:
+        assert c.readline() == "error no authentication within 5s"
+        assert c.closed_by_peer(timeout=1)
+        c.close()
+    assert A.stats()["daemon"]["control_errors"] - errors0 >= 33
+    assert waited < 8, waited
+
+    # A slowloris: an auth line trickling a byte every 0.5 s is cut at the same deadline.
+    c = ControlClient(A, timeout=10)
+    t1 = time.monotonic()
+    try:
+        for b in b"auth s3cret-toke":
+            c.send_raw(bytes([b]))
+            time.sleep(0.5)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    assert c.closed_by_peer(timeout=5)
+    assert time.monotonic() - t1 < 7.5
+    c.close()
+
+    # An oversized batch: 64 MB of comment lines announced as 100000 lines.
+    pid = A.vnetd.pid
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")  # the peak RSS starts again from the current RSS
+    hwm0 = _vm_hwm_kb(pid)
+    c = ControlClient(A, timeout=20)
+    assert c.command("auth s3cret-token")[0] == "ok 0"
+    line = b"# " + b"x" * 3998 + b"\n"
+    sent = [0]
+
+    def send():
+        try:
+            c.send_raw(b"batch 100000\n")
+            for _ in range(16000):
+                c.sock.sendall(line)
+                sent[0] += len(line)
+        except OSError:
+            pass
+    t = threading.Thread(target=send)
+    t.start()
+    try:
+        status = c.readline()
+    except (ConnectionResetError, socket.timeout) as e:
+        status = repr(e)
+    t.join(30)
+    grew_mb = (_vm_hwm_kb(pid) - hwm0) / 1024
+    assert status and "batch larger than 1048576 bytes" in status, status
+    assert sent[0] < 16000 * len(line), "the daemon read the whole 64 MB batch"
+    assert grew_mb < 16, f"peak RSS grew by {grew_mb:.0f} MB"
+    assert A.vnetd.alive()
+    assert A.ctl("show", "stats")

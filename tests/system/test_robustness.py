@@ -3,13 +3,14 @@ on the control port, wrong tokens, broken TCP link streams, a bad config file. T
 must count what it drops, stay alive and keep forwarding."""
 
 import random
+import signal
 import socket
 import struct
 import subprocess
 import time
 
 import netlab
-from netlab import ControlClient, delta, drops, vxlan, ether, stream_hello, stream_record
+from netlab import ControlClient, delta, drops, port_of, vxlan, ether, stream_hello, stream_record
 
 
 def expect_drop(host, reason: str, n: int, send, timeout: float = 5.0) -> int:
@@ -221,6 +222,94 @@ def test_bad_tcp_link_peers(lab):
     for src, d in ((a1, b1), (b1, a1)):
         r = src.ping(d.ip_addr, count=2)
         assert r.received == 2, f"after bad tcp peers {src.role} -> {d.role}: {r.output}"
+
+
+def test_tcp_link_cannot_be_taken_over(lab):
+    """Processes on the peer host connecting from the peer's address while the TCP link is
+    live: the link keeps its connection (a ping across it loses nothing), the intruders are
+    never greeted and get no frame, and are refused (the second at once, the first after the
+    hold time) and counted. Then the real peer's vnetd is killed and started again: the link
+    comes back."""
+    A, B = lab.host("A"), lab.host("B")
+    a1 = lab.guest("a1", ip="192.168.50.11", mac=netlab.mac(1, 1, 1))
+    b1 = lab.guest("b1", ip="192.168.50.21", mac=netlab.mac(1, 2, 1))
+    A.start_vnetd(config=f"""
+interface add vm-a1 tap mac {a1.mac} netns {a1.name}
+listen tcp {A.underlay_ip}:7700
+link add to-b tcp accept {B.underlay_ip}
+route add any {a1.mac} interface vm-a1
+route add any {b1.mac} link to-b
+""")
+    B.start_vnetd(config=f"""
+interface add vm-b1 tap mac {b1.mac} netns {b1.name}
+link add to-a tcp {A.underlay_ip}:7700
+route add any {b1.mac} interface vm-b1
+route add any {a1.mac} link to-a
+""")
+    a1.configure(A.interface("vm-a1")["ifname"])
+    b1.configure(B.interface("vm-b1")["ifname"])
+    netlab.wait_until(lambda: A.link_state("to-b") == "up" and B.link_state("to-a") == "up", 10,
+                      what="tcp link up on both sides")
+    lab.wait_ping(a1, b1.ip_addr, timeout=10)
+
+    def intruder():
+        s = B.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind((B.underlay_ip, 0))  # the peer's own address
+        s.settimeout(5)
+        s.connect((A.underlay_ip, 7700))
+        s.sendall(stream_hello(1))
+        return s
+
+    def received(s, timeout):
+        """(bytes received, closed by A, seconds) until A closes it or ``timeout`` passes."""
+        t0, got = time.monotonic(), b""
+        s.settimeout(0.2)
+        while time.monotonic() - t0 < timeout:
+            try:
+                d = s.recv(65536)
+            except socket.timeout:
+                continue
+            except ConnectionResetError:
+                return got, True, time.monotonic() - t0
+            if not d:
+                return got, True, time.monotonic() - t0
+            got += d
+        return got, False, time.monotonic() - t0
+
+    s0 = A.stats()
+    ping = a1.popen("ping", "-i", "0.1", "-c", "60", "-W", "1", b1.ip_addr,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(0.5)
+    first = intruder()
+    try:  # the second comes while the first is held (a daemon that greeted it fails below)
+        netlab.wait_until(lambda: "holding it" in A.vnetd.log_text(), 1.5, 0.02, what="the first intruder held")
+    except TimeoutError:
+        pass
+    second = intruder()
+    got2, closed2, t2 = received(second, 3)
+    got1, closed1, t1 = received(first, 5)
+    out, _ = ping.communicate(timeout=30)
+    r = netlab.parse_ping(out)
+    first.close()
+    second.close()
+    assert got1 == b"" and got2 == b"", f"an intruder was answered: {got1[:16]!r} {got2[:16]!r}"
+    assert closed2 and t2 < 1.5, (closed2, t2)
+    assert closed1 and t1 < 4, (closed1, t1)
+    assert r.sent >= 50 and r.received == r.sent, r.output
+    assert A.link_state("to-b") == "up" and B.link_state("to-a") == "up"
+    s1 = A.stats()
+    assert port_of(s1, "to-b")["drops"].get("bad_stream", 0) - port_of(s0, "to-b")["drops"].get("bad_stream", 0) >= 2
+    assert delta(s0, s1, "to-b", "rx_frames") >= r.received
+
+    # The real peer dies (its kernel closes the connection) and comes back: the link is back.
+    t0 = time.monotonic()
+    B.stop_vnetd(sig=signal.SIGKILL)
+    B.start_vnetd()
+    b1.configure(B.interface("vm-b1")["ifname"])
+    lab.wait_ping(a1, b1.ip_addr, timeout=15)
+    assert time.monotonic() - t0 < 15
+    assert A.link_state("to-b") == "up"
+    assert A.vnetd.alive()
 
 
 def test_config_with_bad_line_is_refused_whole(lab):

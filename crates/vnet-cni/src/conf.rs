@@ -79,7 +79,8 @@ pub struct NetConf {
     pub mtu: Option<u32>,
     /// vnetd's control address (default 127.0.0.1:7600).
     pub control: Option<String>,
-    /// The control port's token file.
+    /// The control port's token file (default: `$VNET_TOKEN_FILE`, else `/etc/vnet/token`
+    /// when it exists).
     pub token_file: Option<PathBuf>,
     /// vnetd's state directory (default /var/lib/vnet): where DEL leaves a deletion for a
     /// vnetd that is not running.

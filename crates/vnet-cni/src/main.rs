@@ -110,12 +110,16 @@ fn ctl_error(e: CtlError) -> CniError {
 }
 
 fn connect(cfg: &Config) -> Result<Control, CtlError> {
-    let token = cfg
-        .conf
-        .token_file
-        .as_deref()
-        .map(vnetd::read_token)
-        .transpose()?;
+    let default = std::path::Path::new(vnetd::DEFAULT_TOKEN_FILE);
+    let token = vnetd::token_file(
+        cfg.conf.token_file.as_deref(),
+        std::env::var_os(vnetd::TOKEN_FILE_ENV).as_deref(),
+        default,
+        default.exists(),
+    )
+    .as_deref()
+    .map(vnetd::read_token)
+    .transpose()?;
     Control::connect(cfg.control, token.as_deref())
 }
 

@@ -1,9 +1,10 @@
 //! A client of vnetd's control port (docs/control-language.md, "The control port"): one
 //! connection, optional `auth`, commands and atomic batches, with timeouts.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use thiserror::Error;
@@ -28,6 +29,28 @@ pub enum CtlError {
 pub struct Control {
     r: BufReader<TcpStream>,
     w: TcpStream,
+}
+
+/// The token file the package makes (readable by root, as the plugin runs).
+pub const DEFAULT_TOKEN_FILE: &str = "/etc/vnet/token";
+/// Names a token file when the configuration has no `tokenFile`.
+pub const TOKEN_FILE_ENV: &str = "VNET_TOKEN_FILE";
+
+/// The token file to use, as vnetctl chooses it: the configuration's `tokenFile`, then
+/// `$VNET_TOKEN_FILE` (unless empty), then the default when it exists; None: no token.
+pub fn token_file(
+    configured: Option<&Path>,
+    env: Option<&OsStr>,
+    default: &Path,
+    default_exists: bool,
+) -> Option<PathBuf> {
+    if let Some(p) = configured {
+        return Some(p.to_path_buf());
+    }
+    match env.filter(|e| !e.is_empty()) {
+        Some(e) => Some(PathBuf::from(e)),
+        None => default_exists.then(|| default.to_path_buf()),
+    }
 }
 
 /// The token in a token file (one word).
@@ -106,5 +129,30 @@ impl Control {
     pub fn show_json(&mut self, what: &str) -> Result<serde_json::Value, CtlError> {
         let out = self.command(&format!("show {what} json"))?.join("\n");
         serde_json::from_str(&out).map_err(|e| CtlError::Refused(format!("show {what}: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configuration_wins_then_the_environment_then_an_existing_default() {
+        let d = Path::new(DEFAULT_TOKEN_FILE);
+        let (conf, env) = (Path::new("/x/conf"), OsStr::new("/x/env"));
+        for exists in [true, false] {
+            assert_eq!(
+                token_file(Some(conf), Some(env), d, exists),
+                Some(conf.into())
+            );
+            assert_eq!(token_file(Some(conf), None, d, exists), Some(conf.into()));
+            assert_eq!(token_file(None, Some(env), d, exists), Some(env.into()));
+        }
+        assert_eq!(token_file(None, None, d, true), Some(d.into()));
+        assert_eq!(token_file(None, None, d, false), None);
+        assert_eq!(
+            token_file(None, Some(OsStr::new("")), d, true),
+            Some(d.into())
+        );
     }
 }

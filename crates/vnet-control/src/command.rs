@@ -8,6 +8,9 @@ use vnet_wire::{MacAddr, VNI_MAX, VXLAN_PORT};
 pub const MAX_LINE_LEN: usize = 4096;
 /// Most lines in one script (config file or batch).
 pub const MAX_SCRIPT_LINES: usize = 100_000;
+/// Largest CPU number `set cpus` takes: `CPU_SETSIZE - 1`, the last a `cpu_set_t` can name.
+/// Whether the CPU exists and vnetd may run on it is the data path's check.
+pub const MAX_CPU: u32 = 1023;
 
 /// A parsed command of the control language.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -582,7 +585,7 @@ fn parse_setting(w: &mut Words) -> Result<Setting, ParseError> {
             } else {
                 let mut cpus = Vec::new();
                 for c in v.split(',') {
-                    cpus.push(number(c, "CPU number", 0, 4095)?);
+                    cpus.push(number(c, "CPU number", 0, MAX_CPU)?);
                 }
                 if cpus.len() > 64 {
                     return err("at most 64 CPUs in the list");
@@ -1149,6 +1152,10 @@ mod tests {
         );
         assert!(e("set dispatchers 0").contains("dispatcher count"));
         assert!(e("set cpus 0,,1").contains("CPU"));
+        // Beyond what a cpu_set_t can name: refused by the parser, before any machine check.
+        assert!(e("set cpus 2000").contains("must be 0 to 1023"));
+        assert!(e("set cpus 0,1024").contains("1024"));
+        assert_eq!(p("set cpus 1023"), Command::Set(Setting::Cpus(vec![1023])));
         assert!(e("set mode fast").contains("unknown mode"));
         assert!(matches!(
             p("interface add v tap queues 4 offload off"),

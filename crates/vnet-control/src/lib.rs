@@ -13,8 +13,8 @@ pub mod status;
 pub use command::{
     parse_line, parse_script, Command, DestKind, DestRef, DispatchMode, FastPathMode,
     InterfaceKind, InterfaceSpec, LinkKind, LinkSpec, NotifyMode, ParseError, PolicyUpdate,
-    RateLimit, RouteOp, RouteSpec, ScriptError, Setting, ShowWhat, YieldStrategy, MAX_LINE_LEN,
-    MAX_SCRIPT_LINES,
+    RateLimit, RouteOp, RouteSpec, ScriptError, Setting, ShowWhat, YieldStrategy, MAX_CPU,
+    MAX_LINE_LEN, MAX_SCRIPT_LINES,
 };
 pub use model::{
     Change, Config, ConfigError, DataPathSettings, Interface, Link, PortPolicy, Route,

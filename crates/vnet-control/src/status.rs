@@ -173,6 +173,9 @@ pub struct DispatcherStatus {
     pub frames_per_wakeup: f64,
     /// Descriptors it reads.
     pub sources: usize,
+    /// Panics caught in its loop, each followed by a restart with fresh state (a bug: the
+    /// log has the panic's message).
+    pub restarts: u64,
 }
 
 /// Software offload and batching counters of the whole data path.

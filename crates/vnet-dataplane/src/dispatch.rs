@@ -7,15 +7,23 @@
 //!   immediate until idle for T_nowork, then timed);
 //! - adaptive: measure the frame rate over a window ω and switch with hysteresis, to polling
 //!   above α_u and back below α_l.
+//!
+//! A panic in a dispatcher's loop (a bug in a reader or in forwarding) must not stop
+//! forwarding, and must not abort vnetd: it is caught, counted (`restarts`), logged, and the
+//! loop starts again with fresh state on the same sources and settings. CPU numbers are checked
+//! before they reach `libc::CPU_SET`, whose out-of-range panic cannot be caught.
 
+use std::any::Any;
 use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use tracing::{info, warn};
+use thiserror::Error;
+use tracing::{error, info, warn};
 use vnet_control::status::DispatcherStatus;
 use vnet_control::{DataPathSettings, DispatchMode, YieldStrategy};
 
@@ -25,6 +33,9 @@ use crate::shared::Shared;
 use crate::sys::{self, Epoll, EpollEvent, EventFd};
 
 const WAKE_TOKEN: u64 = u64::MAX;
+/// Pause after a caught panic, so a reader that panics on every read can neither spin a core
+/// nor starve the dispatcher's other sources for long.
+const PANIC_PAUSE: Duration = Duration::from_millis(10);
 
 static NEXT_SOURCE: AtomicU64 = AtomicU64::new(1);
 
@@ -113,6 +124,8 @@ struct DState {
     switches: AtomicU64,
     wakeups: AtomicU64,
     frames: AtomicU64,
+    /// Panics caught in the loop, each followed by a restart with fresh state.
+    restarts: AtomicU64,
 }
 
 impl DState {
@@ -132,6 +145,7 @@ impl DState {
             switches: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
             frames: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
         })
     }
 
@@ -298,6 +312,7 @@ impl DispatcherSet {
                         0.0
                     },
                     sources: st.count(),
+                    restarts: st.restarts.load(Relaxed),
                 }
             })
             .collect()
@@ -310,26 +325,111 @@ impl Drop for DispatcherSet {
     }
 }
 
-fn pin_to_cpu(cpu: u32) {
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            warn!(
-                cpu,
-                "could not pin dispatcher: {}",
-                io::Error::last_os_error()
-            );
-        }
+/// Why `set cpus` was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CpuError {
+    #[error("CPU {cpu} does not exist or vnetd may not run on it (it may run on {allowed})")]
+    NotAllowed { cpu: u32, allowed: String },
+    #[error("cannot read the CPUs vnetd may run on: {0}")]
+    Affinity(String),
+}
+
+/// Checks a `set cpus` list against the CPUs this process may run on, `allowed`.
+pub fn check_cpus(cpus: &[u32], allowed: &[u32]) -> Result<(), CpuError> {
+    match cpus.iter().find(|c| !allowed.contains(c)) {
+        Some(&cpu) => Err(CpuError::NotAllowed {
+            cpu,
+            allowed: cpu_list(allowed),
+        }),
+        None => Ok(()),
     }
+}
+
+/// Checks a `set cpus` list against this machine: CPUs that exist and are in the process's
+/// affinity mask.
+pub fn check_cpus_here(cpus: &[u32]) -> Result<(), CpuError> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    let allowed = sys::allowed_cpus().map_err(|e| CpuError::Affinity(e.to_string()))?;
+    check_cpus(cpus, &allowed)
+}
+
+/// A CPU list as ranges, `0-3,6`; `none` when empty.
+fn cpu_list(cpus: &[u32]) -> String {
+    let mut v = cpus.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            v[i].to_string()
+        } else {
+            format!("{}-{}", v[i], v[j])
+        });
+        i = j + 1;
+    }
+    if out.is_empty() {
+        "none".into()
+    } else {
+        out.join(",")
+    }
+}
+
+fn pin_to_cpu(index: usize, cpu: u32) {
+    if let Err(e) = sys::pin_thread(cpu) {
+        warn!(dispatcher = index, cpu, "could not pin dispatcher: {e}");
+    }
+}
+
+/// The text of a panic's payload (`panic!` with a literal or a formatted message).
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "(no message)"
+    }
+}
+
+/// Counts and logs a caught panic, then pauses (see [`PANIC_PAUSE`]).
+fn restarted(st: &DState, payload: &(dyn Any + Send)) {
+    let n = st.restarts.fetch_add(1, Relaxed) + 1;
+    if n <= 10 || n.is_multiple_of(1000) {
+        error!(
+            dispatcher = st.index,
+            restarts = n,
+            "dispatcher panicked: {}; restarting it with fresh state",
+            panic_message(payload)
+        );
+    }
+    std::thread::sleep(PANIC_PAUSE);
 }
 
 fn run(st: Arc<DState>, shared: Arc<Shared>, settings: Arc<ArcSwap<DataPathSettings>>) {
     let first = settings.load_full();
     if !first.cpus.is_empty() {
-        pin_to_cpu(first.cpus[st.index % first.cpus.len()]);
+        pin_to_cpu(st.index, first.cpus[st.index % first.cpus.len()]);
     }
+    // The loop's state is rebuilt after a panic; what it shares (sources, counters, the
+    // snapshot) is behind locks that recover from poisoning or is atomic.
+    loop {
+        match catch_unwind(AssertUnwindSafe(|| serve(&st, &shared, &settings))) {
+            Ok(()) => return,
+            Err(p) => restarted(&st, &*p),
+        }
+    }
+}
+
+/// The dispatcher's loop, until it is stopped.
+fn serve(st: &DState, shared: &Arc<Shared>, settings: &ArcSwap<DataPathSettings>) {
+    let first = settings.load_full();
     let mut w = RxWork::new(st.index);
     let mut read_errors = 0u64;
     let mut local: Vec<Arc<Source>> = Vec::new();
@@ -340,9 +440,16 @@ fn run(st: Arc<DState>, shared: Arc<Shared>, settings: Arc<ArcSwap<DataPathSetti
     let mut last_expire = Instant::now();
     let mut drain = |w: &mut RxWork, src: &Source| -> u64 {
         let snap = shared.snapshot.load_full();
-        match src.reader.drain(w, &shared, &snap) {
-            Ok(n) => n as u64,
-            Err(e) => {
+        // Caught here rather than by `run`, so the pass still reads the other sources.
+        match catch_unwind(AssertUnwindSafe(|| src.reader.drain(w, shared, &snap))) {
+            Ok(Ok(n)) => n as u64,
+            Err(p) => {
+                restarted(st, &*p);
+                // The batch in flight is lost; the buffers may be half-written.
+                *w = RxWork::new(st.index);
+                0
+            }
+            Ok(Err(e)) => {
                 read_errors += 1;
                 if read_errors == 1 || read_errors.is_multiple_of(1000) {
                     warn!("read: {e} ({read_errors} errors)");
@@ -425,19 +532,187 @@ fn run(st: Arc<DState>, shared: Arc<Shared>, settings: Arc<ArcSwap<DataPathSetti
         // Publish this pass's traffic-matrix counts (a short uncontended lock per pass with
         // work, so `show matrix` lags by one pass at most).
         if n > 0 {
-            w.flush_matrix(&shared);
+            w.flush_matrix(shared);
         }
         if st.index == 0 && last_expire.elapsed() >= Duration::from_secs(10) {
             last_expire = Instant::now();
             shared.expire_learned();
         }
     }
-    w.flush_matrix(&shared);
+    w.flush_matrix(shared);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::Snapshot;
+    use std::os::fd::{AsRawFd, RawFd};
+    use std::sync::atomic::AtomicU32;
+
+    /// A reader with a bug: its first `panics` reads panic (its descriptor stays readable).
+    struct Buggy {
+        fd: EventFd,
+        panics: AtomicU32,
+    }
+
+    impl Reader for Buggy {
+        fn fd(&self) -> RawFd {
+            self.fd.as_raw_fd()
+        }
+        fn drain(&self, _: &mut RxWork, _: &Shared, _: &Snapshot) -> io::Result<usize> {
+            if self.panics.load(SeqCst) > 0 {
+                self.panics.fetch_sub(1, SeqCst);
+                panic!("a reader bug (test)");
+            }
+            let _ = self.fd.read();
+            Ok(0)
+        }
+    }
+
+    /// A healthy reader: counts the events signalled on its descriptor.
+    struct Counting {
+        fd: EventFd,
+        seen: AtomicU64,
+    }
+
+    impl Reader for Counting {
+        fn fd(&self) -> RawFd {
+            self.fd.as_raw_fd()
+        }
+        fn drain(&self, _: &mut RxWork, _: &Shared, _: &Snapshot) -> io::Result<usize> {
+            match self.fd.read() {
+                Ok(n) => {
+                    self.seen.fetch_add(n, SeqCst);
+                    Ok(n as usize)
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+                Err(e) => Err(e),
+            }
+        }
+    }
+
+    fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn one_dispatcher(mode: DispatchMode) -> DispatcherSet {
+        let settings = DataPathSettings {
+            mode,
+            dispatchers: 1,
+            ..DataPathSettings::default()
+        };
+        DispatcherSet::new(crate::testing::shared(), settings).expect("dispatchers")
+    }
+
+    /// A reader that panics, on every read or a few times, is caught: the dispatcher counts
+    /// each restart and keeps reading its other sources.
+    #[test]
+    fn a_panicking_reader_does_not_stop_the_dispatcher() {
+        for (mode, panics) in [
+            (DispatchMode::GuestDriven, u32::MAX),
+            (DispatchMode::Polling, u32::MAX),
+            (DispatchMode::GuestDriven, 3),
+        ] {
+            let mut d = one_dispatcher(mode);
+            let buggy = Arc::new(Buggy {
+                fd: sys::eventfd().expect("eventfd"),
+                panics: AtomicU32::new(panics),
+            });
+            let good = Arc::new(Counting {
+                fd: sys::eventfd().expect("eventfd"),
+                seen: AtomicU64::new(0),
+            });
+            struct Shim<R>(Arc<R>);
+            impl<R: Reader> Reader for Shim<R> {
+                fn fd(&self) -> RawFd {
+                    self.0.fd()
+                }
+                fn drain(&self, w: &mut RxWork, sh: &Shared, sn: &Snapshot) -> io::Result<usize> {
+                    self.0.drain(w, sh, sn)
+                }
+            }
+            d.add(Arc::new(Source::new(Box::new(Shim(buggy.clone())))));
+            d.add(Arc::new(Source::new(Box::new(Shim(good.clone())))));
+            sys::signal(&buggy.fd);
+            wait_for("a restart", || d.status()[0].restarts >= 1);
+            for i in 1..=5u64 {
+                sys::signal(&good.fd);
+                wait_for("the healthy source to be read", || {
+                    good.seen.load(SeqCst) >= i
+                });
+            }
+            let st = &d.status()[0];
+            assert!(st.restarts >= 1, "{st:?}");
+            assert_eq!(st.sources, 2, "{st:?}");
+            if panics != u32::MAX {
+                // Once the bug stops, so do the restarts.
+                wait_for("the buggy reader to recover", || {
+                    buggy.panics.load(SeqCst) == 0
+                });
+                let n = d.status()[0].restarts;
+                assert_eq!(n, panics as u64);
+                sys::signal(&buggy.fd);
+                sys::signal(&good.fd);
+                wait_for("the healthy source again", || good.seen.load(SeqCst) >= 6);
+                assert_eq!(d.status()[0].restarts, n);
+            }
+            d.stop();
+        }
+    }
+
+    #[test]
+    fn cpus_are_checked_against_the_allowed_set() {
+        assert_eq!(check_cpus(&[], &[0, 1]), Ok(()));
+        assert_eq!(check_cpus(&[1, 0, 1], &[0, 1]), Ok(()));
+        assert_eq!(
+            check_cpus(&[0, 5, 9], &[0, 1, 2, 3, 6]),
+            Err(CpuError::NotAllowed {
+                cpu: 5,
+                allowed: "0-3,6".into()
+            })
+        );
+        let e = check_cpus(&[2000], &[0, 1]).unwrap_err().to_string();
+        assert!(e.contains("CPU 2000") && e.contains("0-1"), "{e}");
+        assert_eq!(cpu_list(&[]), "none");
+        assert_eq!(cpu_list(&[7, 1, 2, 3, 5, 7, 9, 10]), "1-3,5,7,9-10");
+    }
+
+    #[test]
+    fn this_machine_allows_some_cpus_and_not_others() {
+        let allowed = sys::allowed_cpus().expect("sched_getaffinity");
+        assert!(!allowed.is_empty());
+        assert_eq!(check_cpus_here(&allowed), Ok(()));
+        assert_eq!(check_cpus_here(&[]), Ok(()));
+        // The parser's bound is the largest CPU a cpu_set_t can name.
+        assert_eq!(vnet_control::MAX_CPU as usize + 1, sys::CPU_SETSIZE);
+        let missing = (0..=vnet_control::MAX_CPU).find(|c| !allowed.contains(c));
+        if let Some(c) = missing {
+            assert!(matches!(
+                check_cpus_here(&[c]),
+                Err(CpuError::NotAllowed { cpu, .. }) if cpu == c
+            ));
+        }
+    }
+
+    /// Pinning to a CPU beyond a CPU set is an error, not an abort (libc::CPU_SET panics in
+    /// an extern "C" function there).
+    #[test]
+    fn pinning_beyond_a_cpu_set_is_an_error() {
+        let e = std::thread::spawn(|| sys::pin_thread(2000))
+            .join()
+            .expect("no panic");
+        assert_eq!(e.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        let allowed = sys::allowed_cpus().expect("sched_getaffinity");
+        let c = allowed[0];
+        std::thread::spawn(move || sys::pin_thread(c))
+            .join()
+            .expect("no panic")
+            .expect("pin to an allowed CPU");
+    }
 
     const W: Duration = Duration::from_millis(5);
 

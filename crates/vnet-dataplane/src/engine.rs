@@ -51,6 +51,8 @@ pub enum EngineError {
     Unsupported { name: String, why: String },
     #[error("dispatchers: {0}")]
     Dispatchers(io::Error),
+    #[error("set cpus: {0}")]
+    Cpus(#[from] crate::dispatch::CpuError),
 }
 
 struct PortRuntime {
@@ -184,7 +186,12 @@ impl Engine {
                 }
                 Ok(())
             }
-            Change::Settings { new, .. } => {
+            Change::Settings { old, new } => {
+                // Checked before anything changes; an unchanged list is not checked again (the
+                // affinity may have shrunk since, which must not block other settings).
+                if old.cpus != new.cpus {
+                    crate::dispatch::check_cpus_here(&new.cpus)?;
+                }
                 for rt in self.ports.values() {
                     rt.entry.port.configure(new);
                 }

@@ -122,8 +122,9 @@ pub trait Port: Send + Sync {
         None
     }
 
-    /// A `tcp accept` link takes a connection a listener accepted and greeted for it; other
-    /// ports refuse it (false, and the connection is closed).
+    /// A `tcp accept` link takes a connection a listener accepted for it (the peer's greeting
+    /// read): it answers the greeting and uses it, or refuses it while its own connection is
+    /// alive (see `ports::tcp`); other ports refuse it (false, and the connection is closed).
     fn accept_stream(&self, _stream: std::net::TcpStream) -> bool {
         false
     }

@@ -137,6 +137,53 @@ pub fn poll_one(fd: RawFd, events: libc::c_short, ms: i32) -> io::Result<bool> {
     Ok(r > 0)
 }
 
+/// How many CPUs a `cpu_set_t` can name (1024). `libc::CPU_SET` with a larger number indexes
+/// out of bounds inside an `extern "C"` function, a panic that cannot unwind: the process
+/// aborts. So every CPU number is checked against this first.
+pub const CPU_SETSIZE: usize = libc::CPU_SETSIZE as usize;
+
+/// The CPUs this process may run on: the main thread's affinity mask (`sched_getaffinity` of
+/// the process id), which holds only CPUs that exist and are online.
+pub fn allowed_cpus() -> io::Result<Vec<u32>> {
+    // SAFETY: cpu_set_t is plain data, valid zeroed; sched_getaffinity writes at most the size
+    // we pass into it; CPU_ISSET reads it with numbers below CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        cvt(libc::sched_getaffinity(
+            libc::getpid(),
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &mut set,
+        ))?;
+        Ok((0..CPU_SETSIZE)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .map(|c| c as u32)
+            .collect())
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_thread(cpu: u32) -> io::Result<()> {
+    let c = cpu as usize;
+    if c >= CPU_SETSIZE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("CPU {cpu} is beyond the {CPU_SETSIZE} a CPU set can name"),
+        ));
+    }
+    // SAFETY: cpu_set_t is plain data, valid zeroed; CPU_SET writes within it (c was checked
+    // against CPU_SETSIZE above); sched_setaffinity reads the size we pass.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(c, &mut set);
+        cvt(libc::sched_setaffinity(
+            0,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &set,
+        ))?;
+    }
+    Ok(())
+}
+
 /// `read(2)` into a buffer.
 pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: buf is a live, writable slice and we pass its true length.

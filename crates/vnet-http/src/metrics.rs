@@ -500,6 +500,11 @@ fn dispatch(b: &mut Builder, snap: &HostSnapshot) {
         "Descriptors the dispatcher reads.",
         None,
     );
+    let restarts = b.counter(
+        "dispatcher_restarts",
+        "Panics caught in the dispatcher's loop, each followed by a restart (a bug; see the log).",
+        None,
+    );
     for x in &d.dispatchers {
         let l = vec![("dispatcher", x.index.to_string())];
         for m in ["polling", "guest-driven"] {
@@ -509,6 +514,7 @@ fn dispatch(b: &mut Builder, snap: &HostSnapshot) {
         set(&switches, l.clone(), x.switches);
         set(&wakeups, l.clone(), x.wakeups);
         set(&frames, l.clone(), x.frames);
+        set(&restarts, l.clone(), x.restarts);
         gset(&sources, l, x.sources as f64);
     }
     let configured = b.gauge(
@@ -784,8 +790,8 @@ fn agent(b: &mut Builder, snap: &HostSnapshot) {
 mod tests {
     use super::*;
     use vnet_control::status::{
-        DaemonCounters, DispatchStatus, LinkStatus, OffloadStatus, PolicyStatus, PortRole,
-        StatsReport,
+        DaemonCounters, DispatchStatus, DispatcherStatus, LinkStatus, OffloadStatus, PolicyStatus,
+        PortRole, StatsReport,
     };
     use vnet_control::DataPathSettings;
     use vnet_core::PortCountersSnapshot;
@@ -824,7 +830,16 @@ mod tests {
                 },
                 dispatch: DispatchStatus {
                     settings: DataPathSettings::default(),
-                    dispatchers: vec![],
+                    dispatchers: vec![DispatcherStatus {
+                        index: 0,
+                        mode: "guest-driven",
+                        switches: 0,
+                        wakeups: 4,
+                        frames: 8,
+                        frames_per_wakeup: 2.0,
+                        sources: 3,
+                        restarts: 2,
+                    }],
                     offload: OffloadStatus::default(),
                     udp_gso: true,
                     udp_gro: true,
@@ -868,6 +883,7 @@ mod tests {
             r#"vnet_link_state{link="to-b",state="down"} 0"#,
             "vnet_udp_received_datagrams_total 9",
             "vnet_control_errors_total 2",
+            r#"vnet_dispatcher_restarts_total{dispatcher="0"} 2"#,
             r#"vnet_http_refused_total{reason="timeout"} 1"#,
             r#"vnet_port_data_path{role="interface",port="vm1",vni="7",path="user"} 1"#,
             "# TYPE vnet_port_transmit_bytes counter",

@@ -4,10 +4,11 @@
 #![forbid(unsafe_code)]
 
 mod cluster;
+mod token;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -20,7 +21,8 @@ struct Args {
     /// Address of vnetd's control port.
     #[arg(long, default_value = "127.0.0.1:7600")]
     control: SocketAddr,
-    /// A file holding the control port's shared token.
+    /// A file holding the control port's shared token [default: $VNET_TOKEN_FILE, else
+    /// /etc/vnet/token when it exists].
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// Apply this script atomically (`-` reads standard input).
@@ -41,6 +43,9 @@ struct Args {
     #[arg(allow_hyphen_values = true)]
     command: Vec<String>,
 }
+
+/// The largest batch vnetd takes, in bytes of its lines (docs/control-language.md).
+const MAX_BATCH_BYTES: usize = 1 << 20;
 
 fn main() {
     match run(Args::parse()) {
@@ -110,6 +115,10 @@ fn run(args: Args) -> Result<String> {
                 std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?
             };
             let lines: Vec<&str> = text.lines().collect();
+            let bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
+            if bytes > MAX_BATCH_BYTES {
+                bail!("the script is {bytes} bytes; vnetd takes at most {MAX_BATCH_BYTES} (1 MiB) at once: split it");
+            }
             let mut req = format!("batch {}\n", lines.len());
             for l in lines {
                 req.push_str(l);
@@ -126,20 +135,26 @@ fn run(args: Args) -> Result<String> {
         }
         (None, true) => bail!("no command given (try `vnetctl show stats`, or --help)"),
     };
+    let token = token::load(token::choose(
+        args.token_file.as_deref(),
+        std::env::var_os(token::TOKEN_FILE_ENV).as_deref(),
+        Path::new(token::DEFAULT_TOKEN_FILE),
+    ))?;
     let timeout = Duration::from_secs(args.timeout.max(1));
     let stream = TcpStream::connect_timeout(&args.control, timeout)
         .with_context(|| format!("cannot reach vnetd at {}", args.control))?;
     stream.set_read_timeout(Some(timeout))?;
     let mut w = stream.try_clone()?;
     let mut r = BufReader::new(stream);
-    if let Some(path) = &args.token_file {
-        let token = std::fs::read_to_string(path)
-            .with_context(|| format!("token file {}", path.display()))?;
-        w.write_all(format!("auth {}\n", token.trim()).as_bytes())?;
+    if let token::Token::Use(t) = &token {
+        w.write_all(format!("auth {t}\n").as_bytes())?;
         read_reply(&mut r)?;
     }
     w.write_all(request.as_bytes())?;
-    read_reply(&mut r)
+    read_reply(&mut r).map_err(|e| match token::why_refused(&token, &e.to_string()) {
+        Some(why) => anyhow!(why),
+        None => e,
+    })
 }
 
 fn read_reply(r: &mut impl BufRead) -> Result<String> {

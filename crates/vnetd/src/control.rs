@@ -1,10 +1,16 @@
 //! The control port: line-oriented text over TCP (docs/control-language.md, "The control port").
+//!
+//! Bounded so that no client, authenticated or not, can hold it or exhaust the daemon: at
+//! most 32 connections; a connection that has not authenticated (or, without a token, sent its
+//! first line) within a few seconds is closed; every line, and a batch as a whole, must arrive
+//! before a deadline however slowly its bytes trickle in; a batch is bounded in bytes, and
+//! reading stops at the first byte beyond.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 use vnet_control::{MAX_LINE_LEN, MAX_SCRIPT_LINES};
@@ -12,9 +18,33 @@ use vnet_control::{MAX_LINE_LEN, MAX_SCRIPT_LINES};
 use crate::daemon::Daemon;
 
 const MAX_CONNECTIONS: usize = 32;
+/// A new connection must authenticate (without a token: send its first line) within this.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+/// An authenticated connection may wait this long between commands; a line (or a whole batch)
+/// must arrive within it once it has begun.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// An answer the client does not take within this ends the connection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most bytes of one batch's lines (newlines included).
+const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// How long a connection may take (the constants above; shorter in tests).
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    auth: Duration,
+    idle: Duration,
+}
+
+const TIMEOUTS: Timeouts = Timeouts {
+    auth: AUTH_TIMEOUT,
+    idle: IDLE_TIMEOUT,
+};
 
 pub fn serve(listener: TcpListener, daemon: Arc<Daemon>, token: Option<String>) {
+    serve_with(listener, daemon, token, TIMEOUTS)
+}
+
+fn serve_with(listener: TcpListener, daemon: Arc<Daemon>, token: Option<String>, t: Timeouts) {
     let active = Arc::new(AtomicUsize::new(0));
     let token = Arc::new(token);
     for conn in listener.incoming() {
@@ -25,12 +55,12 @@ pub fn serve(listener: TcpListener, daemon: Arc<Daemon>, token: Option<String>) 
             continue;
         }
         active.fetch_add(1, SeqCst);
-        let (d, t, a) = (daemon.clone(), token.clone(), active.clone());
+        let (d, tok, a) = (daemon.clone(), token.clone(), active.clone());
         let spawned = std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
                 let peer = stream.peer_addr().ok();
-                if let Err(e) = handle(stream, &d, t.as_deref()) {
+                if let Err(e) = handle(stream, &d, tok.as_deref(), t) {
                     debug!(?peer, "control connection ended: {e}");
                 }
                 a.fetch_sub(1, SeqCst);
@@ -41,6 +71,33 @@ pub fn serve(listener: TcpListener, daemon: Arc<Daemon>, token: Option<String>) 
     }
 }
 
+/// A connection's stream whose reads fail (`TimedOut`) once `deadline` has passed: each read
+/// waits only for the time left, so bytes trickling in cannot stretch it.
+struct Deadlined {
+    stream: TcpStream,
+    deadline: Instant,
+}
+
+impl Read for Deadlined {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "deadline passed"));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+/// A read that ended because the connection's time was up (the socket timeout reports
+/// `WouldBlock`).
+fn timed_out(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+    )
+}
+
 enum Line {
     Text(String),
     Eof,
@@ -48,11 +105,12 @@ enum Line {
     NotUtf8,
 }
 
-fn read_line(r: &mut impl BufRead) -> std::io::Result<Line> {
+/// Reads one line of at most `max` bytes (without its end); never more than `max + 1` bytes.
+fn read_line(r: &mut impl BufRead, max: usize) -> std::io::Result<Line> {
     let mut buf = Vec::new();
     let n = r
         .by_ref()
-        .take(MAX_LINE_LEN as u64 + 1)
+        .take(max as u64 + 1)
         .read_until(b'\n', &mut buf)?;
     if n == 0 {
         return Ok(Line::Eof);
@@ -62,7 +120,7 @@ fn read_line(r: &mut impl BufRead) -> std::io::Result<Line> {
         if buf.last() == Some(&b'\r') {
             buf.pop();
         }
-    } else if buf.len() > MAX_LINE_LEN {
+    } else if buf.len() > max {
         return Ok(Line::TooLong);
     }
     Ok(match String::from_utf8(buf) {
@@ -96,33 +154,66 @@ fn same_secret(a: &str, b: &str) -> bool {
     diff == 0
 }
 
-fn handle(stream: TcpStream, daemon: &Daemon, token: Option<&str>) -> std::io::Result<()> {
+fn handle(
+    stream: TcpStream,
+    daemon: &Daemon,
+    token: Option<&str>,
+    t: Timeouts,
+) -> std::io::Result<()> {
     let peer: Option<SocketAddr> = stream.peer_addr().ok();
-    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
+    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let mut w = stream.try_clone()?;
-    let mut r = BufReader::new(stream);
+    let start = Instant::now();
+    let mut r = BufReader::new(Deadlined {
+        stream,
+        deadline: start + t.auth,
+    });
     let mut authed = token.is_none();
+    let mut lines = 0u64;
     let bad = |what: &str| {
         daemon.control_errors.fetch_add(1, Relaxed);
         warn!(?peer, "control: {what}");
     };
     loop {
-        let line = match read_line(&mut r)? {
-            Line::Eof => return Ok(()),
-            Line::TooLong => {
+        // Until it has authenticated (without a token: sent a line), a connection has
+        // `t.auth` from its start in all; then `t.idle` for each line.
+        let greeting = !authed || lines == 0;
+        r.get_mut().deadline = if greeting {
+            start + t.auth
+        } else {
+            Instant::now() + t.idle
+        };
+        let line = match read_line(&mut r, MAX_LINE_LEN) {
+            Err(e) if timed_out(&e) && greeting => {
+                let what = if token.is_some() {
+                    "no authentication"
+                } else {
+                    "no command"
+                };
+                bad(&format!("{what} within {:?}; closing", t.auth));
+                return reply(&mut w, Err(format!("{what} within {:?}", t.auth)));
+            }
+            Err(e) if timed_out(&e) => {
+                debug!(?peer, "control connection idle; closing");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+            Ok(Line::Eof) => return Ok(()),
+            Ok(Line::TooLong) => {
                 bad("line too long; closing");
                 return reply(
                     &mut w,
                     Err(format!("line longer than {MAX_LINE_LEN} bytes")),
                 );
             }
-            Line::NotUtf8 => {
+            Ok(Line::NotUtf8) => {
                 bad("line is not UTF-8");
                 reply(&mut w, Err("line is not UTF-8 text".into()))?;
                 continue;
             }
-            Line::Text(t) => t,
+            Ok(Line::Text(t)) => t,
         };
+        lines += 1;
         let mut words = line.split_whitespace();
         let first = words.next();
         if first == Some("auth") {
@@ -155,21 +246,43 @@ fn handle(stream: TcpStream, daemon: &Daemon, token: Option<&str>) -> std::io::R
                     continue;
                 }
             };
+            // The whole batch must arrive within one idle timeout.
+            r.get_mut().deadline = Instant::now() + t.idle;
             let mut script = String::new();
             for _ in 0..n {
-                match read_line(&mut r)? {
-                    Line::Text(t) => {
+                // Each line may take only what is left of the batch's bytes (its newline
+                // included), so reading stops at the first byte beyond the bound.
+                let max = MAX_LINE_LEN.min((MAX_BATCH_BYTES - script.len()).saturating_sub(1));
+                match read_line(&mut r, max) {
+                    Ok(Line::Text(t)) => {
                         script.push_str(&t);
                         script.push('\n');
                     }
-                    Line::Eof => return Ok(()),
-                    Line::TooLong | Line::NotUtf8 => {
+                    Ok(Line::Eof) => return Ok(()),
+                    Ok(Line::TooLong) if max < MAX_LINE_LEN => {
+                        bad("batch too large; closing");
+                        return reply(
+                            &mut w,
+                            Err(format!(
+                                "batch larger than {MAX_BATCH_BYTES} bytes (1 MiB); split it"
+                            )),
+                        );
+                    }
+                    Ok(Line::TooLong | Line::NotUtf8) => {
                         bad("bad line in batch; closing");
                         return reply(
                             &mut w,
                             Err("bad line in batch (too long or not UTF-8)".into()),
                         );
                     }
+                    Err(e) if timed_out(&e) => {
+                        bad("batch not complete in time; closing");
+                        return reply(
+                            &mut w,
+                            Err(format!("batch not complete within {:?}", t.idle)),
+                        );
+                    }
+                    Err(e) => return Err(e),
                 }
             }
             daemon.execute_script(&script)
@@ -198,12 +311,205 @@ mod tests {
     #[test]
     fn bounded_lines() {
         let mut r = std::io::Cursor::new(b"show stats\r\nx\n".to_vec());
-        assert!(matches!(read_line(&mut r).unwrap(), Line::Text(t) if t == "show stats"));
-        assert!(matches!(read_line(&mut r).unwrap(), Line::Text(t) if t == "x"));
-        assert!(matches!(read_line(&mut r).unwrap(), Line::Eof));
+        let max = MAX_LINE_LEN;
+        assert!(matches!(read_line(&mut r, max).unwrap(), Line::Text(t) if t == "show stats"));
+        assert!(matches!(read_line(&mut r, max).unwrap(), Line::Text(t) if t == "x"));
+        assert!(matches!(read_line(&mut r, max).unwrap(), Line::Eof));
         let mut r = std::io::Cursor::new(vec![b'a'; MAX_LINE_LEN + 10]);
-        assert!(matches!(read_line(&mut r).unwrap(), Line::TooLong));
+        assert!(matches!(read_line(&mut r, max).unwrap(), Line::TooLong));
         let mut r = std::io::Cursor::new(vec![0xff, b'\n']);
-        assert!(matches!(read_line(&mut r).unwrap(), Line::NotUtf8));
+        assert!(matches!(read_line(&mut r, max).unwrap(), Line::NotUtf8));
+        // A smaller bound: a line of exactly `max` bytes passes, one more does not, and no
+        // more than `max + 1` bytes are taken from the stream.
+        let mut r = std::io::Cursor::new(b"abc\nabcd\n".to_vec());
+        assert!(matches!(read_line(&mut r, 3).unwrap(), Line::Text(t) if t == "abc"));
+        assert!(matches!(read_line(&mut r, 3).unwrap(), Line::TooLong));
+        assert_eq!(r.position(), 8);
+    }
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let c = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (s, _) = l.accept().expect("accept");
+        (c, s)
+    }
+
+    /// A line whose bytes trickle in (one every 50 ms, never a newline) ends at the deadline,
+    /// though each byte arrives well within any per-read timeout.
+    #[test]
+    fn a_trickling_line_cannot_outlast_its_deadline() {
+        let (mut c, s) = pair();
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..60 {
+                if c.write_all(b"a").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let t0 = Instant::now();
+        let mut r = BufReader::new(Deadlined {
+            stream: s,
+            deadline: t0 + Duration::from_millis(300),
+        });
+        let e = match read_line(&mut r, MAX_LINE_LEN) {
+            Err(e) => e,
+            Ok(_) => panic!("a line without end was read"),
+        };
+        assert!(timed_out(&e), "{e}");
+        let took = t0.elapsed();
+        assert!(took < Duration::from_millis(900), "{took:?}");
+        drop(r);
+        trickle.join().expect("trickle");
+    }
+
+    const SHORT: Timeouts = Timeouts {
+        auth: Duration::from_millis(400),
+        idle: Duration::from_secs(120),
+    };
+
+    fn daemon_on_loopback(token: Option<&str>) -> (SocketAddr, Arc<Daemon>) {
+        let engine =
+            vnet_dataplane::Engine::new("127.0.0.1:0".parse().expect("addr")).expect("engine");
+        let daemon = Arc::new(Daemon::new(engine));
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let (d, t) = (daemon.clone(), token.map(str::to_string));
+        std::thread::spawn(move || serve_with(l, d, t, SHORT));
+        (addr, daemon)
+    }
+
+    struct Client {
+        r: BufReader<TcpStream>,
+        w: TcpStream,
+    }
+
+    impl Client {
+        fn new(addr: SocketAddr) -> Client {
+            let s = TcpStream::connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            Client {
+                r: BufReader::new(s.try_clone().expect("clone")),
+                w: s,
+            }
+        }
+        /// The next line, or None at the end of the stream.
+        fn line(&mut self) -> Option<String> {
+            let mut l = String::new();
+            match self.r.read_line(&mut l) {
+                Ok(0) | Err(_) => None,
+                Ok(_) => Some(l.trim_end().to_string()),
+            }
+        }
+        fn command(&mut self, line: &str) -> Option<String> {
+            self.w.write_all(format!("{line}\n").as_bytes()).ok()?;
+            let status = self.line()?;
+            if let Some(n) = status.strip_prefix("ok ") {
+                for _ in 0..n.parse::<usize>().unwrap_or(0) {
+                    self.line();
+                }
+            }
+            Some(status)
+        }
+    }
+
+    /// 32 silent connections fill every slot; they are closed at the authentication deadline
+    /// (and counted), and a legitimate client gets in right after.
+    #[test]
+    fn silent_connections_cannot_hold_the_port() {
+        let (addr, daemon) = daemon_on_loopback(Some("s3cret"));
+        let t0 = Instant::now();
+        let mut silent: Vec<Client> = (0..MAX_CONNECTIONS).map(|_| Client::new(addr)).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut late = Client::new(addr);
+        assert_eq!(
+            late.line().as_deref(),
+            Some("error too many control connections")
+        );
+        let served = loop {
+            let mut c = Client::new(addr);
+            if c.command("auth s3cret").as_deref() == Some("ok 0") {
+                break c.command("show stats");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(3), "never served");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(served.as_deref().map(|s| s.starts_with("ok ")), Some(true));
+        assert!(t0.elapsed() >= SHORT.auth);
+        for c in &mut silent {
+            assert_eq!(
+                c.line().as_deref(),
+                Some("error no authentication within 400ms")
+            );
+            assert_eq!(c.line(), None);
+        }
+        // One refused at the limit, and each silent one.
+        assert!(daemon.control_errors.load(Relaxed) > MAX_CONNECTIONS as u64);
+    }
+
+    /// Bytes of an unauthenticated line trickling in do not stretch the deadline either; an
+    /// authenticated connection is not held to it.
+    #[test]
+    fn the_authentication_deadline_holds_against_trickling_and_spares_the_authenticated() {
+        let (addr, _daemon) = daemon_on_loopback(Some("s3cret"));
+        let mut c = Client::new(addr);
+        let t0 = Instant::now();
+        let mut cut = false;
+        for _ in 0..40 {
+            if c.w.write_all(b"a").is_err() {
+                cut = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let answer = c.line();
+        assert!(
+            cut || answer.as_deref() == Some("error no authentication within 400ms"),
+            "{answer:?}"
+        );
+        assert_eq!(c.line(), None, "still open after {:?}", t0.elapsed());
+
+        let mut ok = Client::new(addr);
+        assert_eq!(ok.command("auth s3cret").as_deref(), Some("ok 0"));
+        std::thread::sleep(SHORT.auth * 2);
+        assert!(ok
+            .command("show stats")
+            .is_some_and(|s| s.starts_with("ok ")));
+    }
+
+    /// A batch is bounded in bytes: just under the bound it is applied; beyond it the
+    /// daemon answers an error as soon as the bound is passed and closes the connection.
+    #[test]
+    fn a_batch_is_bounded_in_bytes() {
+        let (addr, _daemon) = daemon_on_loopback(None);
+        let line = format!("# {}\n", "x".repeat(3998));
+        let fits = (MAX_BATCH_BYTES / line.len()) - 1;
+        let mut c = Client::new(addr);
+        let mut req = format!("batch {fits}\n");
+        for _ in 0..fits {
+            req.push_str(&line);
+        }
+        c.w.write_all(req.as_bytes()).expect("send");
+        assert_eq!(c.line().as_deref(), Some("ok 0"));
+
+        let mut c = Client::new(addr);
+        let mut w = c.w.try_clone().expect("clone");
+        let sender = std::thread::spawn(move || {
+            let mut sent = 0usize;
+            let _ = w.write_all(format!("batch {MAX_SCRIPT_LINES}\n").as_bytes());
+            while sent < 64 * MAX_BATCH_BYTES {
+                if w.write_all(line.as_bytes()).is_err() {
+                    return true;
+                }
+                sent += line.len();
+            }
+            false
+        });
+        assert_eq!(
+            c.line().as_deref(),
+            Some("error batch larger than 1048576 bytes (1 MiB); split it")
+        );
+        assert!(sender.join().expect("sender"), "the daemon read 64 MiB");
     }
 }

@@ -795,8 +795,8 @@ fn render_stats(out: &mut String, r: &StatsReport) {
     for x in &d.dispatchers {
         let _ = writeln!(
             out,
-            "  dispatcher {}: now {}, {} switches, {} wake-ups, {} frames, {} frames per wake-up, {} descriptors",
-            x.index, x.mode, x.switches, x.wakeups, x.frames, x.frames_per_wakeup, x.sources
+            "  dispatcher {}: now {}, {} switches, {} wake-ups, {} frames, {} frames per wake-up, {} descriptors, {} restarts",
+            x.index, x.mode, x.switches, x.wakeups, x.frames, x.frames_per_wakeup, x.sources, x.restarts
         );
     }
     let o = &d.offload;

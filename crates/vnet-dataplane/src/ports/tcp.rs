@@ -4,6 +4,13 @@
 //! writer also (re)connects with exponential backoff; the accepting side's writer waits for a
 //! listener to hand it a connection. Each connection gets a reader thread that feeds the
 //! forwarding engine and, on end of stream or a protocol error, retires the connection.
+//!
+//! TCP links are not authenticated: a connection is the peer's if it comes from the peer's
+//! address. So a new connection never replaces a live one (whoever can connect from that
+//! address would take the link over): it is held, one per link, until the current one is
+//! seen dead (end of stream, an error, or the keepalive/user timeout below), and refused if
+//! that does not happen within [`HOLD_TIMEOUT`]. A restarted peer gets through once its old
+//! connection ends; a rebooted one once the dead connection is noticed (seconds).
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
@@ -49,6 +56,10 @@ pub const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(1);
 pub const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 pub const TCP_KEEPALIVE_PROBES: u32 = 3;
 const MAX_PENDING_HANDSHAKES: usize = 64;
+/// How long a new connection for a `tcp accept` link waits, ungreeted, for the link's live
+/// connection to end. Shorter than the dialer's wait for the greeting (`HANDSHAKE_TIMEOUT`),
+/// so a connection let in is greeted before its dialer gives up; a refused dialer dials again.
+pub const HOLD_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TcpRole {
@@ -74,6 +85,10 @@ pub struct TcpLink {
     queue: Mutex<VecDeque<Vec<u8>>>,
     wake: Condvar,
     conn: Mutex<Option<Conn>>,
+    /// Signalled when the current connection is retired (or the link stops).
+    conn_gone: Condvar,
+    /// A new connection is held waiting for the current one to end (changed under `conn`).
+    held: AtomicBool,
     next_conn: AtomicU64,
     state: AtomicU8,
     stop: AtomicBool,
@@ -96,6 +111,8 @@ impl TcpLink {
             queue: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
             conn: Mutex::new(None),
+            conn_gone: Condvar::new(),
+            held: AtomicBool::new(false),
             next_conn: AtomicU64::new(1),
             state: AtomicU8::new(if matches!(role, TcpRole::Dial(_)) {
                 CONNECTING
@@ -147,11 +164,76 @@ impl TcpLink {
         if let Some(c) = self.conn.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
+        self.conn_gone.notify_all();
         self.wake.notify_all();
     }
 
-    /// Hands an accepted, greeted connection to this link, replacing any older one.
-    pub fn attach(self: &Arc<Self>, stream: TcpStream) {
+    /// Makes a dialed, greeted connection the link's.
+    fn attach(self: &Arc<Self>, stream: TcpStream) {
+        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        self.install(&mut c, stream);
+    }
+
+    /// Takes a connection a listener accepted for this link (its greeting read, ours not yet
+    /// sent): greets it and makes it the link's if the link has no live connection, or once the
+    /// live one ends within [`HOLD_TIMEOUT`]; otherwise refuses it (counted `bad_stream`).
+    /// Blocks the calling handshake thread while the connection is held.
+    fn offer(self: &Arc<Self>, mut stream: TcpStream) -> bool {
+        let peer = stream.peer_addr().ok();
+        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if c.is_some() {
+            if self.held.swap(true, SeqCst) {
+                drop(c);
+                warn!(
+                    port = self.port.0,
+                    ?peer,
+                    "tcp link: another connection already waits for the live one to end; refusing"
+                );
+                self.count(DropReason::BadStream);
+                return false;
+            }
+            info!(
+                port = self.port.0,
+                ?peer,
+                "tcp link: a new connection while the current one is alive; holding it"
+            );
+            let deadline = Instant::now() + HOLD_TIMEOUT;
+            loop {
+                let now = Instant::now();
+                if c.is_none() || self.stop.load(SeqCst) || now >= deadline {
+                    break;
+                }
+                c = match self.conn_gone.wait_timeout(c, deadline - now) {
+                    Ok((g, _)) => g,
+                    Err(p) => p.into_inner().0,
+                };
+            }
+            self.held.store(false, SeqCst);
+            if c.is_some() || self.stop.load(SeqCst) {
+                drop(c);
+                warn!(
+                    port = self.port.0,
+                    ?peer,
+                    "tcp link: the current connection is alive; refusing the new one"
+                );
+                self.count(DropReason::BadStream);
+                return false;
+            }
+        }
+        // Greeted under the lock, so no other connection can become the link's in between.
+        let greeted = stream
+            .write_all(&StreamHello { vni: self.vni }.emit())
+            .and_then(|_| stream.set_read_timeout(None));
+        if greeted.is_err() {
+            return false;
+        }
+        info!(port = self.port.0, ?peer, "tcp link accepted");
+        self.install(&mut c, stream);
+        true
+    }
+
+    /// Makes `stream` the current connection (in `c`, the locked `conn`) and starts its reader.
+    fn install(self: &Arc<Self>, c: &mut Option<Conn>, stream: TcpStream) {
         if let Err(e) = set_liveness(&stream) {
             // The link still works; it only notices a dead peer as late as the kernel does.
             warn!(
@@ -161,14 +243,11 @@ impl TcpLink {
         }
         let stream = Arc::new(stream);
         let id = self.next_conn.fetch_add(1, Relaxed);
-        {
-            let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(old) = c.replace(Conn {
-                stream: stream.clone(),
-                id,
-            }) {
-                let _ = old.stream.shutdown(Shutdown::Both);
-            }
+        if let Some(old) = c.replace(Conn {
+            stream: stream.clone(),
+            id,
+        }) {
+            let _ = old.stream.shutdown(Shutdown::Both);
         }
         self.state.store(UP, Relaxed);
         self.wake.notify_all();
@@ -178,7 +257,19 @@ impl TcpLink {
             .spawn(move || me.reader_loop(stream, id));
         if spawned.is_err() {
             warn!(port = self.port.0, "could not start a TCP reader thread");
-            self.retire(id);
+            if let Some(old) = c.take() {
+                let _ = old.stream.shutdown(Shutdown::Both);
+            }
+            self.state.store(self.idle_state(), Relaxed);
+        }
+    }
+
+    /// The state without a connection.
+    fn idle_state(&self) -> u8 {
+        if matches!(self.role, TcpRole::Dial(_)) {
+            CONNECTING
+        } else {
+            DOWN
         }
     }
 
@@ -189,16 +280,10 @@ impl TcpLink {
             if let Some(old) = c.take() {
                 let _ = old.stream.shutdown(Shutdown::Both);
             }
-            self.state.store(
-                if matches!(self.role, TcpRole::Dial(_)) {
-                    CONNECTING
-                } else {
-                    DOWN
-                },
-                Relaxed,
-            );
+            self.state.store(self.idle_state(), Relaxed);
         }
         drop(c);
+        self.conn_gone.notify_all();
         self.wake.notify_all();
     }
 
@@ -490,11 +575,7 @@ fn handshake(shared: &Shared, mut s: TcpStream, peer: SocketAddr) {
         shared.daemon.count_drop(DropReason::UnknownPeer);
         return;
     };
-    if s.write_all(&StreamHello { vni: h.vni }.emit()).is_err() || s.set_read_timeout(None).is_err()
-    {
-        return;
-    }
-    info!(%peer, "tcp link accepted");
+    // The link greets it, now or once its live connection ends, or refuses it.
     link.accept_stream(s);
 }
 
@@ -515,10 +596,7 @@ impl Port for TcpLink {
 
     fn accept_stream(&self, stream: TcpStream) -> bool {
         match self.me.upgrade() {
-            Some(link) => {
-                link.attach(stream);
-                true
-            }
+            Some(link) => link.offer(stream),
             None => false,
         }
     }
@@ -545,6 +623,88 @@ mod tests {
             TCP_KEEPALIVE_INTERVAL
         );
         assert_eq!(sock.keepalive_retries().expect("get"), TCP_KEEPALIVE_PROBES);
+    }
+
+    /// What a client of an accepting link receives within `wait`: bytes, and whether the
+    /// link closed the connection.
+    fn received(c: &mut TcpStream, wait: Duration) -> (Vec<u8>, bool) {
+        c.set_read_timeout(Some(wait)).expect("timeout");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) => return (got, true),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return (got, true),
+                Err(_) => return (got, false),
+            }
+        }
+    }
+
+    /// A new connection for an accepting link never replaces its live one: it is held (one at
+    /// a time; another is refused at once), greeted only once the live one ends, and refused
+    /// if that does not happen within HOLD_TIMEOUT. Frames go to the current connection only.
+    #[test]
+    fn a_live_connection_is_not_replaced() {
+        let sh = crate::testing::shared();
+        let (link, mut worker) = TcpLink::start(sh, PortId(4), 7, TcpRole::Accept).expect("link");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let addr = listener.local_addr().expect("addr");
+        let connect = || {
+            let c = TcpStream::connect(addr).expect("connect");
+            let (s, _) = listener.accept().expect("accept");
+            (c, s)
+        };
+        let hello = StreamHello { vni: 7 }.emit();
+
+        let (mut first, s) = connect();
+        assert!(link.offer(s));
+        let (got, _) = received(&mut first, Duration::from_millis(200));
+        assert_eq!(got, hello);
+        assert_eq!(link.state(), LinkState::Up);
+
+        // A second one while the first is alive: held, ungreeted.
+        let (mut second, s) = connect();
+        let l2 = link.clone();
+        let held = std::thread::spawn(move || l2.offer(s));
+        std::thread::sleep(Duration::from_millis(100));
+        // A third meanwhile: refused at once.
+        let (mut third, s) = connect();
+        let t0 = Instant::now();
+        assert!(!link.offer(s));
+        assert!(t0.elapsed() < Duration::from_millis(500));
+        assert_eq!(received(&mut third, Duration::from_secs(1)), (vec![], true));
+        // Frames still go to the first connection only.
+        link.send(&[b"frame-1"]).expect("queued");
+        let (got, closed) = received(&mut first, Duration::from_millis(300));
+        assert!(!closed && got.ends_with(b"frame-1"), "{got:?}");
+        assert_eq!(
+            received(&mut second, Duration::from_millis(100)),
+            (vec![], false)
+        );
+
+        // The first ends: the held one is greeted and becomes the link's.
+        drop(first);
+        assert!(held.join().expect("offer"));
+        let (got, closed) = received(&mut second, Duration::from_millis(300));
+        assert!(!closed && got == hello, "{got:?}");
+        link.send(&[b"frame-2"]).expect("queued");
+        let (got, _) = received(&mut second, Duration::from_millis(300));
+        assert!(got.ends_with(b"frame-2"), "{got:?}");
+
+        // One more while the second stays alive: refused after HOLD_TIMEOUT, nothing sent.
+        let (mut fourth, s) = connect();
+        let t0 = Instant::now();
+        assert!(!link.offer(s));
+        assert!(t0.elapsed() >= HOLD_TIMEOUT);
+        assert_eq!(
+            received(&mut fourth, Duration::from_secs(1)),
+            (vec![], true)
+        );
+        link.send(&[b"frame-3"]).expect("queued");
+        let (got, _) = received(&mut second, Duration::from_millis(300));
+        assert!(got.ends_with(b"frame-3"), "{got:?}");
+        worker.stop();
     }
 
     #[test]
