@@ -10,6 +10,7 @@
 //! batch       UDP datagrams deferred to the end of a batch                   (batch.rs)
 //! devices     TAP, VXLAN socket, packet socket, guest-NIC trait, guards      (tap.rs, udp.rs, ...)
 //! os          system calls, netlink, namespaces, threads                     (sys.rs, netns.rs, ...)
+//!             and the underlay's rtnetlink events                             (underlay_watch.rs)
 //! ```
 //!
 //! A frame's path: a dispatcher finds a descriptor ready, its [`ingress::Reader`] reads a
@@ -35,6 +36,7 @@ pub mod shared;
 pub mod sys;
 pub mod tap;
 pub mod udp;
+pub mod underlay_watch;
 mod worker;
 
 #[cfg(test)]
