@@ -417,3 +417,112 @@ def test_veth_guests_over_links_the_kernel_does_not_serve(lab, record):
             # Handed to vnetd by the kernel: punted, and the kernel forwarded none of it itself.
             assert ks1["punted_frames"] - ks0["punted_frames"] > 0
             assert ks1["rx_bytes"] - ks0["rx_bytes"] < r.bytes / 100
+
+
+def test_a_changed_underlay_next_hop_is_followed_at_once(lab, record):
+    """The programs cache a link's outer next hop per CPU for up to a second; vnetd listens to
+    the kernel's route, neighbour, link and address events and makes them forget it. When the
+    peer's underlay MAC changes (announced by gratuitous ARP, as after a NIC swap or a
+    failover), the encapsulated traffic follows within milliseconds, round after round.
+    (The old MAC still reaches B through the lab's bridge, as a flooded frame would reach a
+    NIC; the program, like the stack, does not take frames for another host's MAC.)"""
+    A, B, g = two_hosts(lab, ["veth"], ["veth"])
+    a1, b1 = g["a1"], g["b1"]
+    assert A.interface("vm-a1")["path"] == "kernel"
+    assert a1.ping(b1.ip_addr, count=2).received == 2
+    B.sysctl("net.ipv4.conf.eth0.arp_notify", 1)
+    gaps = []
+    for i in range(4):
+        new = f"02:00:00:00:0b:{i + 1:02x}"
+        p = a1.popen("ping", "-D", "-i", "0.01", "-W", "1", b1.ip_addr,
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            time.sleep(0.5)
+            B.ip_link("set", "eth0", "address", new)
+            netlab.wait_until(lambda: new in A.exec("ip", "neigh", "show", B.underlay_ip).stdout, 2, 0.01,
+                              what="A's neighbour entry to take B's new MAC (gratuitous ARP)")
+            time.sleep(1.2)
+        finally:
+            netlab.stop_pid(p, signal.SIGINT)
+        out = p.stdout.read()
+        assert netlab.parse_ping(out).received > 0, out[-500:]
+        gaps.append(ping_gap(out))
+    record("next_hop_change_gaps_s", [round(x, 3) for x in gaps])
+    # Without the events the stale MAC stays for what is left of the cache's second.
+    assert max(gaps) < 0.15, f"the traffic took {gaps} s to follow a changed next hop"
+
+
+def udp_streams(pairs, mbit: int, seconds: int) -> list:
+    """One UDP iperf3 stream per (client, server) at `mbit`, all at once; the Mbit/s each
+    server received."""
+    servers, clients = [], []
+    try:
+        for port, (c, s) in enumerate(pairs, 5301):
+            servers.append(s.popen("iperf3", "-s", "-1", "-p", port, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL))
+            netlab.wait_until(lambda: f":{port} " in s.exec("ss", "-Htln").stdout, 10, 0.05,
+                              what="iperf3 server")
+        for port, (c, s) in enumerate(pairs, 5301):
+            clients.append(c.popen("iperf3", "-c", s.ip_addr, "-p", port, "-u", "-b", f"{mbit}M",
+                                   "-l", "1200", "-t", seconds, "-J", stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True))
+        out = [c.communicate(timeout=seconds + 30)[0] for c in clients]
+    finally:
+        for p in clients + servers:
+            netlab.stop_pid(p, timeout=3)
+    res = []
+    for o in out:
+        recv = json.loads(o)["end"]["sum_received"]
+        res.append(recv["bits_per_second"] / 1e6)
+    return res
+
+
+def test_a_links_rate_holds_across_both_data_paths(lab, record):
+    """A rate-limited udp link (`rate 20`, on what arrives from it) whose traffic the kernel
+    forwards in part (to a veth guest) and vnetd in part (to a TAP guest): the configured rate
+    holds for the link as a whole, not once per data path."""
+    A, B, g = two_hosts(lab, ["veth", "tap"], ["veth", "veth"])
+    a1, a2, b1, b2 = g["a1"], g["a2"], g["b1"], g["b2"]
+    A.ctl("link", "set", "peer", "rate", 20, "burst", 256)
+    assert A.port("peer")["path"] == "kernel"
+    assert A.interface("vm-a1")["path"] == "kernel" and A.interface("vm-a2")["path"] == "user"
+    for s, d in ((b1, a1), (b2, a2)):
+        lab.wait_ping(s, d.ip_addr, timeout=10)
+    k0 = kernel_share(A, "peer")
+    seconds = 4
+    got = udp_streams([(b1, a1), (b2, a2)], 30, seconds)
+    k1 = kernel_share(A, "peer")
+    record("rate_20_received_mbit_kernel_vnetd", [round(x, 1) for x in got])
+    # Both paths carried some of it, and the total is the link's rate (plus one bucket).
+    assert k1["rx_frames"] - k0["rx_frames"] > 0, "the kernel forwarded none of it"
+    assert min(got) > 1, got
+    total = sum(got)
+    allowance = 20 * 1.15 + 256 * 1024 * 8 / 1e6 / seconds
+    assert total <= allowance, f"{total:.1f} Mbit/s through a 20 Mbit/s link ({got})"
+    assert total > 20 * 0.7, f"only {total:.1f} Mbit/s ({got})"
+
+
+def test_a_netdev_device_gets_its_forwarding_back(lab):
+    """The fast path turns on IPv4 forwarding on a port's device (bpf_fib_lookup needs it).
+    A `netdev` device vnetd does not own (a runtime's veth, a QEMU TAP) gets its value back
+    when the interface goes and when vnetd stops, so its guest cannot route through the host
+    past the overlay. (A SIGKILLed vnetd cannot put it back itself.)"""
+    A = lab.host("A")
+    a1 = lab.guest("a1", ip="192.168.74.11", mac=netlab.mac(1, 1, 1))
+    A.ip_link("add", "ctr0", "type", "veth", "peer", "name", "eth0", "netns", a1.name)
+    A.ip_link("set", "ctr0", "up")
+    A.sysctl("net.ipv4.conf.ctr0.forwarding", 0)
+
+    def forwarding():
+        return A.exec("sysctl", "-n", "net.ipv4.conf.ctr0.forwarding").stdout.strip()
+    A.start_vnetd(config="\n")
+    A.ctl("interface", "add", "vm", "netdev", "ctr0", "mac", a1.mac)
+    assert A.interface("vm")["path"] == "kernel"
+    assert forwarding() == "1"
+    A.ctl("interface", "del", "vm")
+    assert forwarding() == "0", "left on after interface del"
+    A.ctl("interface", "add", "vm", "netdev", "ctr0", "mac", a1.mac)
+    assert forwarding() == "1"
+    assert A.stop_vnetd() == 0
+    assert "ctr0" in A.links()
+    assert forwarding() == "0", "left on after vnetd stopped"

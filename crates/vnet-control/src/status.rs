@@ -66,6 +66,9 @@ pub struct KernelPortStatus {
     pub encap_fail: u64,
     /// Merged UDP datagrams from the underlay passed on to vnetd's socket.
     pub gro_passed: u64,
+    /// Datagrams from a link whose outer IPv4 / UDP lengths disagree with their size, passed
+    /// on to the stack (which trims or drops them) instead of decapsulated.
+    pub bad_length: u64,
 }
 
 /// The kernel fast path as a whole (`show stats`).
@@ -80,6 +83,8 @@ pub struct KernelPathStatus {
     pub unknown_link: u64,
     pub not_vxlan: u64,
     pub fib_fail: u64,
+    /// Forwarding decisions into another VNI (an inconsistent table), not followed.
+    pub vni_mismatch: u64,
     pub table_full: u64,
 }
 

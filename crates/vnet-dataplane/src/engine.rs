@@ -326,9 +326,11 @@ impl Engine {
             },
             _ => false,
         };
-        // An interface the kernel serves is charged by the kernel before anything reaches
-        // vnetd; a link's frames are charged by whichever path takes them.
-        if kernel && kind == DestKind::Interface {
+        // A port the kernel serves is charged by the kernel before anything reaches vnetd:
+        // an interface's frames by port_ingress, a link's datagrams by underlay_ingress (all
+        // of them, those it passes on to vnetd too: the kernel takes a link only when its
+        // datagrams cross that program). One bucket, so the configured rate holds in total.
+        if kernel {
             guard.set_rate_enforced(false);
         }
         self.ports.insert(
@@ -471,6 +473,7 @@ impl Engine {
                     neigh_miss: c.neigh_miss,
                     encap_fail: c.encap_fail,
                     gro_passed: c.gro_passed,
+                    bad_length: c.bad_length,
                 }
             }),
             _ => None,
@@ -598,6 +601,7 @@ impl Engine {
             unknown_link: g.as_ref().map(|g| g.unknown_link).unwrap_or(0),
             not_vxlan: g.as_ref().map(|g| g.not_vxlan).unwrap_or(0),
             fib_fail: g.as_ref().map(|g| g.fib_fail).unwrap_or(0),
+            vni_mismatch: g.as_ref().map(|g| g.vni_mismatch).unwrap_or(0),
             table_full: g.as_ref().map(|g| g.table_full).unwrap_or(0),
         })
     }

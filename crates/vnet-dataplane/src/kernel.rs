@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use tracing::{info, warn};
 use vnet_control::{FastPathMode, PortPolicy};
@@ -17,6 +18,7 @@ use vnet_fastpath::{
 use vnet_wire::MacAddr;
 
 use crate::netlink::Rtnl;
+use crate::underlay_watch::UnderlayWatch;
 
 /// What a port kind asks of the kernel when it opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +50,8 @@ pub struct KernelPath {
     /// The address vnetd's VXLAN socket is bound to, when it is one (then it is every link's
     /// outer source: peers filter on it).
     bound: Option<Ipv4Addr>,
+    /// Forgets the programs' cached outer next hops when the underlay changes.
+    _underlay_watch: Option<UnderlayWatch>,
 }
 
 fn rate(p: &PortPolicy) -> Option<Rate> {
@@ -73,6 +77,24 @@ impl KernelPath {
             IpAddr::V4(a) if !a.is_unspecified() => Some(a),
             _ => None,
         };
+        let watch = match cfg.outer_cache {
+            Some(_) => {
+                let inv = fp.outer_cache_invalidator();
+                let warned = AtomicBool::new(false);
+                UnderlayWatch::start(move || {
+                    if let Err(e) = inv.invalidate() {
+                        if !warned.swap(true, Relaxed) {
+                            warn!("kernel fast path: cannot forget cached next hops: {e}");
+                        }
+                    }
+                })
+                .map_err(|e| {
+                    warn!("kernel fast path: not watching the underlay ({e}): a changed next hop is used after up to {:?}", cfg.outer_cache);
+                })
+                .ok()
+            }
+            None => None,
+        };
         Ok(KernelPath {
             fp,
             mode: FastPathMode::Kernel,
@@ -82,6 +104,7 @@ impl KernelPath {
             link_underlay: FastMap::default(),
             left_out: 0,
             bound,
+            _underlay_watch: watch,
         })
     }
 
@@ -135,7 +158,7 @@ impl KernelPath {
                     return Ok(false);
                 };
                 let Some((local, dev)) = underlay_for(r, self.bound) else {
-                    warn!(%remote, "no underlay device found for this link: its frames go through vnetd");
+                    warn!(%remote, "no underlay device that this link's datagrams cross (or a link to this host itself): its frames go through vnetd");
                     return Ok(false);
                 };
                 let spec = LinkSpec {
@@ -272,22 +295,73 @@ impl KernelPath {
 }
 
 /// Our underlay address towards `remote` (vnetd's bound address, or else the source the
-/// kernel's routing picks) and the device that holds it.
+/// kernel's routing picks) and the device that holds it, when the route to `remote` leaves by
+/// that device too. The program there charges the link's rate for vnetd (which then does not)
+/// and decapsulates, so every datagram of the link must cross it: a link to this host itself
+/// (its datagrams come over lo), or one routed out of another device, stays with vnetd.
+/// (Datagrams that come back by another device than the route out, asymmetric routing, would
+/// escape the rate; `rp_filter` refuses them when strict.)
 fn underlay_for(remote: Ipv4Addr, bound: Option<Ipv4Addr>) -> Option<(Ipv4Addr, u32)> {
     let probe = UdpSocket::bind((bound.unwrap_or(Ipv4Addr::UNSPECIFIED), 0)).ok()?;
     probe.connect((remote, 9)).ok()?;
     let IpAddr::V4(local) = probe.local_addr().ok()?.ip() else {
         return None;
     };
-    let dev = Rtnl::open()
-        .ok()?
+    let mut nl = Rtnl::open().ok()?;
+    let dev = nl
         .addresses()
         .ok()?
         .into_iter()
         .find(|(_, a)| *a == IpAddr::V4(local))
         .map(|(i, _)| i)?;
-    // A link to this host itself (loopback) has no underlay worth a program.
-    (dev != 1).then_some((local, dev))
+    let out = nl.route_oif(remote).ok()??;
+    (dev != 1 && out == dev).then_some((local, dev))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(args: &str) {
+        let st = std::process::Command::new("ip")
+            .args(args.split(' '))
+            .status()
+            .expect("ip (iproute2) runs");
+        assert!(st.success(), "ip {args}");
+    }
+
+    #[test]
+    fn the_kernel_takes_a_link_only_where_its_datagrams_cross_the_program() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (a network namespace of its own)");
+            return;
+        }
+        // SAFETY: unshare changes only this thread's namespace; the test's thread is its own.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            eprintln!("skipped: unshare: {}", std::io::Error::last_os_error());
+            return;
+        }
+        ip("link set lo up");
+        ip("link add u0 type veth peer name u1");
+        ip("link set u0 up");
+        ip("link set u1 up");
+        ip("addr add 10.66.0.1/24 dev u0");
+        ip("addr add 10.66.1.1/32 dev lo");
+        let u0 = Rtnl::open().unwrap().link("u0").unwrap().unwrap().index;
+        let (local, remote) = (Ipv4Addr::new(10, 66, 0, 1), Ipv4Addr::new(10, 66, 0, 2));
+        // A peer on the underlay: its datagrams arrive on u0, where the program is.
+        assert_eq!(underlay_for(remote, None), Some((local, u0)));
+        // This host's own address (another vnetd here): its datagrams come over lo.
+        assert_eq!(underlay_for(local, None), None);
+        // Our address on lo, the peer behind u0: the program would sit on lo, the datagrams
+        // arrive on u0.
+        assert_eq!(
+            underlay_for(remote, Some(Ipv4Addr::new(10, 66, 1, 1))),
+            None
+        );
+        assert_eq!(underlay_for(Ipv4Addr::LOCALHOST, None), None);
+    }
 }
 
 /// Removes the kernel objects a vnetd pinned under `dir` (a teardown): its programs stop

@@ -11,6 +11,7 @@
 //! devices     TAP, VXLAN socket, packet socket, guest-NIC trait, guards      (tap.rs, udp.rs, ...)
 //!             and what outlives vnetd (made.rs: devices vnetd made, adopted on restart)
 //! os          system calls, netlink, namespaces, threads                     (sys.rs, netns.rs, ...)
+//!             and the underlay's rtnetlink events                             (underlay_watch.rs)
 //! ```
 //!
 //! A frame's path: a dispatcher finds a descriptor ready, its [`ingress::Reader`] reads a
@@ -37,6 +38,7 @@ pub mod shared;
 pub mod sys;
 pub mod tap;
 pub mod udp;
+pub mod underlay_watch;
 mod worker;
 
 #[cfg(test)]

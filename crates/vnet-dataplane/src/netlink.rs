@@ -12,7 +12,8 @@ use netlink_packet_core::{
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
-use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 /// What vnet reads of a link.
@@ -164,6 +165,28 @@ impl Rtnl {
             }
         }
         Ok(out)
+    }
+
+    /// The device the kernel routes packets to `dst` out of (`lo` for an address of this
+    /// host); `None` when no route leads there.
+    pub fn route_oif(&mut self, dst: std::net::Ipv4Addr) -> io::Result<Option<u32>> {
+        let mut m = RouteMessage::default();
+        m.header.address_family = AddressFamily::Inet;
+        m.header.destination_prefix_length = 32;
+        m.attributes
+            .push(RouteAttribute::Destination(RouteAddress::Inet(dst)));
+        let answers = match self.request(RouteNetlinkMessage::GetRoute(m), 0) {
+            Ok(a) => a,
+            Err(e) if e.raw_os_error() == Some(libc::ENETUNREACH) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(answers.into_iter().find_map(|m| match m {
+            RouteNetlinkMessage::NewRoute(r) => r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(i) => Some(*i),
+                _ => None,
+            }),
+            _ => None,
+        }))
     }
 
     /// Sets link `index`'s MTU.
@@ -343,6 +366,11 @@ mod tests {
         assert!(
             addrs.iter().any(|(i, a)| *i == 1 && a.is_loopback()),
             "{addrs:?}"
+        );
+        // This host's own address is routed over lo.
+        assert_eq!(
+            nl.route_oif(std::net::Ipv4Addr::LOCALHOST).expect("route"),
+            Some(1)
         );
     }
 }

@@ -12,6 +12,7 @@
  * licence because bpf_probe_read_kernel (the GRO check) needs it. */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
+#include <linux/if_packet.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
 #include <linux/in.h>
@@ -95,6 +96,15 @@ struct {
 	__type(value, struct link_cache);
 } link_cache SEC(".maps");
 
+/* Bumped by vnetd when the underlay's routes, neighbours, links or addresses change: a cached
+ * outer next hop filled under an older value is not used again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} outer_epoch SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -159,7 +169,7 @@ static __always_inline void count_global(int what)
 	__u64 *g = bpf_map_lookup_elem(&global, &zero);
 
 	if (g)
-		g[what & 3] += 1;
+		g[what & (G_COUNT - 1)] += 1;
 }
 
 static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
@@ -338,12 +348,20 @@ static __always_inline int outer_hop(struct __sk_buff *skb, const struct link_va
 	struct link_cache *c = 0;
 	struct bpf_fib_lookup fib = {};
 	__u64 now = 0;
+	__u32 zero = 0, epoch = 0;
 	long rc;
 
 	if (cfg_outer_cache_ns) {
+		__u32 *e = bpf_map_lookup_elem(&outer_epoch, &zero);
+
+		/* Read before the lookup: an entry filled from a route or neighbour that changed
+		 * after this read carries the old epoch, which vnetd's bump (after the change's
+		 * netlink event) has already left behind. */
+		if (e)
+			epoch = *(volatile __u32 *)e;
 		c = bpf_map_lookup_elem(&link_cache, &lslot);
 		now = bpf_ktime_get_ns();
-		if (c && c->expires_ns > now) {
+		if (c && c->expires_ns > now && c->epoch == epoch) {
 			*out = *c;
 			return 0;
 		}
@@ -367,6 +385,7 @@ static __always_inline int outer_hop(struct __sk_buff *skb, const struct link_va
 	mac_copy(out->smac, fib.smac);
 	mac_copy(out->dmac, fib.dmac);
 	out->expires_ns = now + cfg_outer_cache_ns;
+	out->epoch = epoch;
 	if (c)
 		*c = *out;
 	return 0;
@@ -509,6 +528,11 @@ int port_ingress(struct __sk_buff *skb)
 		to = bpf_map_lookup_elem(&port_slots, &slot);
 		if (!to || !to->ifindex)
 			goto punt;
+		if (to->vni != p->vni) {
+			/* Isolation does not rest on compile() alone: never into another VNI. */
+			count_global(G_VNI_MISMATCH);
+			goto punt;
+		}
 		count(pc, C_RX_FRAMES, 1);
 		count(pc, C_RX_BYTES, len);
 		tc = counters_of(slot);
@@ -522,6 +546,10 @@ int port_ingress(struct __sk_buff *skb)
 
 		if (!l || !l->remote_be)
 			goto punt;
+		if (l->vni != p->vni) {
+			count_global(G_VNI_MISMATCH);
+			goto punt;
+		}
 		rc = encap_to_link(skb, l, slot, p, eth.h_proto);
 		if (rc < 0) {
 			count(pc, -rc, 1);
@@ -548,7 +576,8 @@ punt:
 
 /* Delivers a decapsulated frame arriving from link `l` if the table sends it to a local
  * fast-path port; returns TCX_NEXT for anything vnetd must see. `off` is where the inner
- * Ethernet header starts, `decap` whether the outer headers are still in the packet. */
+ * Ethernet header starts, `decap` whether the outer headers are still in the packet. The
+ * caller has charged the link's rate. */
 static __always_inline int from_link(struct __sk_buff *skb, __u32 lslot, const struct link_val *l,
 				     __u32 off, int decap)
 {
@@ -568,15 +597,15 @@ static __always_inline int from_link(struct __sk_buff *skb, __u32 lslot, const s
 		return TCX_NEXT;
 	slot = ACT_SLOT(act);
 	to = bpf_map_lookup_elem(&port_slots, &slot);
-	if (!to || !to->ifindex || to->vni != l->vni)
+	if (!to || !to->ifindex)
 		return TCX_NEXT;
+	if (to->vni != l->vni) {
+		count_global(G_VNI_MISMATCH);
+		return TCX_NEXT;
+	}
 	if (!skb->gso_size && ilen > to->mtu + ETH_HLEN)
 		return TCX_NEXT; /* vnetd drops it as oversize */
 	lc = counters_of(cfg_max_ports + lslot);
-	if ((l->flags & LINK_RATE) && !rate_admit(cfg_max_ports + lslot, ilen)) {
-		count(lc, C_DROP_RATE_LIMITED, 1);
-		return TCX_DROP;
-	}
 	ip = in.h_proto == bpf_htons(ETH_P_IP) || in.h_proto == bpf_htons(ETH_P_IPV6);
 	if (decap) {
 		__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO;
@@ -599,6 +628,15 @@ static __always_inline int from_link(struct __sk_buff *skb, __u32 lslot, const s
 	return deliver(to, ip);
 }
 
+/* Whether link `lslot` may take `len` more inner bytes now (its rate); counts the drop. */
+static __always_inline int link_admit(__u32 lslot, const struct link_val *l, __s64 len)
+{
+	if (!(l->flags & LINK_RATE) || rate_admit(cfg_max_ports + lslot, len > 0 ? len : 0))
+		return 1;
+	count(counters_of(cfg_max_ports + lslot), C_DROP_RATE_LIMITED, 1);
+	return 0;
+}
+
 SEC("tcx/ingress")
 int underlay_ingress(struct __sk_buff *skb)
 {
@@ -611,16 +649,30 @@ int underlay_ingress(struct __sk_buff *skb)
 	} __attribute__((packed)) h;
 	struct link_key key;
 	struct link_val *l;
-	__u32 *lslot, gso;
+	__u32 *lslot, gso, ihl, wire, tot, ulen;
+	__s64 inner;
 
+	/* What the stack would hand to vnetd's socket: IPv4 UDP to its port, not for another
+	 * host's MAC. A later fragment is charged with its first (which has the UDP header). */
 	if (bpf_skb_load_bytes(skb, 0, &h, sizeof(h)) || h.eth.h_proto != bpf_htons(ETH_P_IP) ||
-	    h.ip.version != 4 || h.ip.ihl != 5 || h.ip.protocol != IPPROTO_UDP ||
-	    (h.ip.frag_off & bpf_htons(0x3fff)) || h.udp.dest != cfg_vxlan_port_be) {
+	    h.ip.version != 4 || h.ip.ihl < 5 || h.ip.protocol != IPPROTO_UDP ||
+	    (h.ip.frag_off & bpf_htons(0x1fff)) || skb->pkt_type == PACKET_OTHERHOST) {
 		count_global(G_NOT_VXLAN);
 		return TCX_NEXT;
 	}
-	/* RFC 7348: I flag set, reserved bits zero (vnetd counts the others as bad_vxlan). */
-	if (h.vx_flags != bpf_htonl(0x08000000) || (h.vx_vni & bpf_htonl(0xff)))
+	ihl = h.ip.ihl * 4;
+	if (ihl != sizeof(struct iphdr) &&
+	    bpf_skb_load_bytes(skb, ETH_HLEN + ihl, &h.udp, sizeof(h.udp) + VXLAN_HLEN)) {
+		count_global(G_NOT_VXLAN);
+		return TCX_NEXT;
+	}
+	if (h.udp.dest != cfg_vxlan_port_be) {
+		count_global(G_NOT_VXLAN);
+		return TCX_NEXT;
+	}
+	/* vnetd takes any datagram with the I flag (RFC 7348: reserved bits are ignored on
+	 * receipt), so the link is found as vnetd finds it; the others it drops (bad_vxlan). */
+	if (!(h.vx_flags & bpf_htonl(0x08000000)))
 		return TCX_NEXT;
 	key.remote_be = h.ip.saddr;
 	key.vni = bpf_ntohl(h.vx_vni) >> 8;
@@ -630,12 +682,43 @@ int underlay_ingress(struct __sk_buff *skb)
 		return TCX_NEXT;
 	}
 	l = bpf_map_lookup_elem(&links, lslot);
-	if (!l || (l->local_be && l->local_be != h.ip.daddr))
+	if (!l)
 		return TCX_NEXT;
+	/* The link's rate is charged here for every datagram vnetd would take from it, delivered
+	 * here or passed on (vnetd leaves the rate of the links the kernel serves to this bucket):
+	 * the inner bytes, as vnetd counts them. The stack delivers at most the UDP length (of the
+	 * reassembled datagram, for a first fragment); a GRO aggregate holds gso_segs datagrams. */
+	wire = skb->len - ETH_HLEN; /* >= sizeof(h) - ETH_HLEN: the load above succeeded */
+	tot = bpf_ntohs(h.ip.tot_len);
+	ulen = bpf_ntohs(h.udp.len);
+	gso = gso_type_of(skb);
+	if (!skb->gso_size)
+		inner = (__s64)ulen - sizeof(struct udphdr) - VXLAN_HLEN;
+	else if (gso & (SKB_GSO_UDP_TUNNEL | SKB_GSO_UDP_TUNNEL_CSUM))
+		inner = (__s64)wire - ihl - sizeof(struct udphdr) - VXLAN_HLEN;
+	else
+		inner = (__s64)wire - ihl - sizeof(struct udphdr) -
+			VXLAN_HLEN * (__s64)(skb->gso_segs ? skb->gso_segs : 1);
+	if (!link_admit(*lslot, l, inner))
+		return TCX_DROP;
+	/* Decapsulated here only: a whole datagram without IP options, sent to this host's MAC
+	 * and the link's local address, with a clean VXLAN header. */
+	if (ihl != sizeof(struct iphdr) || (h.ip.frag_off & bpf_htons(0x2000)) ||
+	    skb->pkt_type != PACKET_HOST || h.vx_flags != bpf_htonl(0x08000000) ||
+	    (h.vx_vni & bpf_htonl(0xff)) || (l->local_be && l->local_be != h.ip.daddr))
+		return TCX_NEXT;
+	/* The outer lengths must describe the datagram exactly: trailing bytes (an Ethernet pad,
+	 * junk) would become part of the inner frame, and a shorter UDP length is what the stack
+	 * would deliver. Passed on: the stack trims or drops, vnetd decides. An aggregate larger
+	 * than 64 KB cannot state its length there. */
+	if (!(skb->gso_size && wire > 0xffff) &&
+	    (tot != wire || ulen != tot - sizeof(struct iphdr) || tot < OUTER_LEN + ETH_HLEN)) {
+		count(counters_of(cfg_max_ports + *lslot), C_BAD_LENGTH, 1);
+		return TCX_NEXT;
+	}
 	/* Several VXLAN datagrams merged by GRO (or sent as one UDP GSO skb) are not one frame:
 	 * the stack splits them for vnetd's socket. Only a tunnel GSO skb (one outer header over
 	 * an inner TCP/UDP GSO frame) is decapsulated whole. */
-	gso = gso_type_of(skb);
 	if (skb->gso_size && !(gso & (SKB_GSO_UDP_TUNNEL | SKB_GSO_UDP_TUNNEL_CSUM))) {
 		count(counters_of(cfg_max_ports + *lslot), C_GRO_PASSED, 1);
 		return TCX_NEXT;
@@ -661,6 +744,8 @@ int tunnel_ingress(struct __sk_buff *skb)
 	l = bpf_map_lookup_elem(&links, lslot);
 	if (!l)
 		return TCX_NEXT;
+	if (!link_admit(*lslot, l, skb->len))
+		return TCX_DROP;
 	return from_link(skb, *lslot, l, 0, 0);
 }
 

@@ -1,5 +1,5 @@
-/* The layouts shared by the BPF programs (fastpath.bpf.c) and the loader (src/maps.rs).
- * Every struct here has a Rust twin of the same size and field offsets; src/maps.rs checks
+/* The layouts shared by the BPF programs (fastpath.bpf.c) and the loader (src/layout.rs).
+ * Every struct here has a Rust twin of the same size and field offsets; src/layout.rs checks
  * the sizes in its tests. Integers are host order unless named *_be (network order). */
 #ifndef VNET_FASTPATH_H
 #define VNET_FASTPATH_H
@@ -46,8 +46,8 @@ enum vnet_counter {
 	C_NEIGH_MISS,     /* outer next hop unresolved: punted so vnetd's send resolves it */
 	C_ENCAP_FAIL,     /* the kernel refused to add or remove the outer headers: punted */
 	C_GRO_PASSED,     /* a GRO/GSO aggregate of several UDP datagrams: passed to the stack */
-	C_SPARE,
-	C_COUNT
+	C_BAD_LENGTH,     /* outer IPv4 / UDP lengths disagree with the datagram: passed to the stack */
+	C_COUNT           /* a power of two: indexes are masked with C_COUNT - 1 */
 };
 
 /* Global counter indexes in `global`. */
@@ -56,7 +56,11 @@ enum vnet_global {
 	G_NOT_VXLAN,      /* underlay traffic that is not VXLAN to our port: passed */
 	G_UNKNOWN_LINK,   /* VXLAN from an unknown (source IP, VNI): passed (vnetd counts it) */
 	G_FIB_FAIL,       /* no route to a link's remote address: punted */
-	G_COUNT
+	G_VNI_MISMATCH,   /* a table decision into another VNI (a bug): punted / passed, not followed */
+	G_SPARE5,
+	G_SPARE6,
+	G_SPARE7,
+	G_COUNT           /* a power of two: indexes are masked with G_COUNT - 1 */
 };
 
 /* Load-time settings (.rodata). */
@@ -96,14 +100,14 @@ struct link_val {
 };
 
 /* ONCache-style cached outer header state, per CPU, filled by the program from
- * bpf_fib_lookup and expired after `outer_cache_ns`. */
+ * bpf_fib_lookup and expired after `outer_cache_ns`, or as soon as `outer_epoch` moves on. */
 struct link_cache {
 	__u64 expires_ns;
 	__u32 ifindex;       /* egress device */
 	__u32 mtu;           /* its MTU */
 	__u8 smac[6];
 	__u8 dmac[6];
-	__u32 pad;
+	__u32 epoch;         /* the `outer_epoch` read before the lookup that filled it */
 };
 
 struct fwd_key {

@@ -45,6 +45,7 @@ pub mod counter {
     pub const NEIGH_MISS: usize = 12;
     pub const ENCAP_FAIL: usize = 13;
     pub const GRO_PASSED: usize = 14;
+    pub const BAD_LENGTH: usize = 15;
     pub const COUNT: usize = 16;
 }
 
@@ -54,7 +55,8 @@ pub mod global {
     pub const NOT_VXLAN: usize = 1;
     pub const UNKNOWN_LINK: usize = 2;
     pub const FIB_FAIL: usize = 3;
-    pub const COUNT: usize = 4;
+    pub const VNI_MISMATCH: usize = 4;
+    pub const COUNT: usize = 8;
 }
 
 /// `struct port_val` (32 bytes).
@@ -130,6 +132,9 @@ impl LinkVal {
 
 /// `struct link_cache` (32 bytes, per CPU): written by the programs; the loader only clears it.
 pub const LINK_CACHE_SIZE: usize = 32;
+
+/// `outer_epoch`'s value (a `__u32`): moved on to make every cached outer next hop stale.
+pub const OUTER_EPOCH_SIZE: usize = 4;
 
 /// `struct fwd_key` (20 bytes).
 pub fn fwd_key(vni: u32, kind: u16, src: MacAddr, dst: MacAddr) -> [u8; 20] {

@@ -59,6 +59,7 @@ pub use compile::{
 };
 pub use error::{Error, Unavailable};
 pub use loader::{
-    ApplyReport, Counters, Delivery, FastPath, FastPathConfig, GlobalCounters, LinkSpec,
-    PortPolicy, PortSpec, Program, Rate, TestRun, TCX_DROP, TCX_NEXT, TCX_PASS, TCX_REDIRECT,
+    ApplyReport, Counters, Delivery, FastPath, FastPathConfig, ForwardingOriginal, GlobalCounters,
+    LinkSpec, OuterCacheInvalidator, PortPolicy, PortSpec, Program, Rate, TestRun, TCX_DROP,
+    TCX_NEXT, TCX_PASS, TCX_REDIRECT,
 };

@@ -1,12 +1,14 @@
 //! The loader: loads and verifies the BPF programs, attaches them with tcx, and keeps their
 //! maps in step with what vnetd says (ports, links, the compiled forwarding table). Every
 //! kernel object it creates is owned by a file descriptor (programs, maps, tcx links), none is
-//! pinned: dropping the [`FastPath`], or the process dying, detaches and frees everything.
+//! pinned: dropping the [`FastPath`], or the process dying, detaches and frees everything. The
+//! IPv4 `forwarding` it turns on for ports' devices is put back on detach and on drop (not
+//! when the process is killed: [`FastPath::forwarding_originals`] is for a later process).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder, PrintLevel};
@@ -132,6 +134,9 @@ pub struct Counters {
     pub encap_fail: u64,
     /// Several datagrams merged by GRO or sent as one UDP GSO skb: passed to the stack whole.
     pub gro_passed: u64,
+    /// Datagrams whose outer IPv4 / UDP lengths disagree with their size (trailing bytes, a
+    /// short UDP length, a truncated datagram): passed to the stack, which trims or drops.
+    pub bad_length: u64,
 }
 
 /// Counters of the fast path as a whole.
@@ -141,6 +146,9 @@ pub struct GlobalCounters {
     pub not_vxlan: u64,
     pub unknown_link: u64,
     pub fib_fail: u64,
+    /// Forwarding decisions into another VNI than the frame's (an inconsistent table): not
+    /// followed, the frame went to vnetd.
+    pub vni_mismatch: u64,
     /// Forwarding-table entries left out because the map was full (those destinations stay
     /// on the slow path), over the life of this `FastPath`.
     pub table_full: u64,
@@ -206,6 +214,7 @@ struct Maps {
     links_rx: MapHandle,
     links: MapHandle,
     link_cache: MapHandle,
+    outer_epoch: MapHandle,
     fwd: MapHandle,
     rates: MapHandle,
     counters: MapHandle,
@@ -224,8 +233,43 @@ pub struct FastPath {
     table: CompiledTable,
     current: BTreeMap<FwdKey, FwdEntry>,
     table_full: u64,
+    /// IPv4 `forwarding` of the ports' devices before the fast path turned it on, by ifindex.
+    forwarding: BTreeMap<u32, ForwardingOriginal>,
+    epoch: OuterCacheInvalidator,
     maps: Maps,
     obj: Object,
+}
+
+/// A device's IPv4 `forwarding` sysctl as it was before the fast path turned it on (see
+/// [`FastPath::forwarding_originals`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardingOriginal {
+    pub ifindex: u32,
+    /// The device's name when the value was recorded: restored only while it still has it.
+    pub ifname: String,
+    pub enabled: bool,
+}
+
+/// Makes every CPU's cached outer next hops stale at once (the programs compare each entry's
+/// epoch with `outer_epoch`). Cheap, thread-safe and independent of the [`FastPath`]'s
+/// lifetime: vnetd's netlink watcher holds one.
+#[derive(Debug, Clone)]
+pub struct OuterCacheInvalidator {
+    epoch: Arc<Mutex<MapHandle>>,
+}
+
+impl OuterCacheInvalidator {
+    pub fn invalidate(&self) -> Result<(), Error> {
+        let map = self.epoch.lock().unwrap_or_else(|e| e.into_inner());
+        let key = 0u32.to_ne_bytes();
+        let now = map
+            .lookup(&key, MapFlags::ANY)
+            .map_err(map_err("outer_epoch"))?
+            .and_then(|v| v.get(..layout::OUTER_EPOCH_SIZE)?.try_into().ok())
+            .map_or(0, u32::from_ne_bytes);
+        map.update(&key, &now.wrapping_add(1).to_ne_bytes(), MapFlags::ANY)
+            .map_err(map_err("outer_epoch"))
+    }
 }
 
 impl std::fmt::Debug for FastPath {
@@ -294,24 +338,51 @@ fn map_err(map: &'static str) -> impl FnOnce(libbpf_rs::Error) -> Error {
     move |source| Error::Map { map, source }
 }
 
-/// Turns on IPv4 forwarding on a port's device: bpf_fib_lookup, which finds a link's outer
-/// next hop, requires it of the device it looks up from. The stack never sees a frame of a
-/// port's device (port_ingress takes them all), so this routes nothing. Without it, frames to
-/// links are punted (counted `fib_fail`).
-fn enable_forwarding(ifindex: u32) {
+fn ifname(ifindex: u32) -> Option<String> {
     let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
     // SAFETY: `name` has IF_NAMESIZE bytes, as if_indextoname requires.
     let p = unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr()) };
     if p.is_null() {
-        return;
+        return None;
     }
     // SAFETY: if_indextoname wrote a NUL-terminated name into `name`.
-    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
-        .to_string_lossy()
-        .into_owned();
-    let path = format!("/proc/sys/net/ipv4/conf/{name}/forwarding");
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
+fn forwarding_path(name: &str) -> String {
+    format!("/proc/sys/net/ipv4/conf/{name}/forwarding")
+}
+
+/// Turns on IPv4 forwarding on a port's device: bpf_fib_lookup, which finds a link's outer
+/// next hop, requires it of the device it looks up from. The stack never sees a frame of a
+/// port's device (port_ingress takes them all), so this routes nothing; but a device left
+/// with it and no program would let its guest route through the host, so the value found is
+/// returned for [`FastPath::restore_forwarding`]. Without it, frames to links are punted
+/// (counted `fib_fail`).
+fn enable_forwarding(ifindex: u32) -> Option<ForwardingOriginal> {
+    let name = ifname(ifindex)?;
+    let path = forwarding_path(&name);
+    let was = std::fs::read_to_string(&path).ok()?.trim() != "0";
     if let Err(e) = std::fs::write(&path, "1") {
         tracing::warn!(%path, %e, "fast path: cannot enable forwarding; frames to links will be punted");
+        return None;
+    }
+    Some(ForwardingOriginal {
+        ifindex,
+        ifname: name,
+        enabled: was,
+    })
+}
+
+/// Puts a device's forwarding back as `o` says, if the device still has the same name.
+fn restore_forwarding(o: &ForwardingOriginal) {
+    if ifname(o.ifindex).as_deref() != Some(o.ifname.as_str()) {
+        return; // gone (or another device by now): nothing of ours to put back
+    }
+    let path = forwarding_path(&o.ifname);
+    if let Err(e) = std::fs::write(&path, if o.enabled { "1" } else { "0" }) {
+        tracing::warn!(%path, %e, "fast path: cannot restore forwarding");
     }
 }
 
@@ -412,11 +483,15 @@ impl FastPath {
             links_rx: handle("links_rx")?,
             links: handle("links")?,
             link_cache: handle("link_cache")?,
+            outer_epoch: handle("outer_epoch")?,
             fwd: handle("fwd")?,
             rates: handle("rates")?,
             counters: handle("counters")?,
             global: handle("global")?,
             matrix: handle("matrix")?,
+        };
+        let epoch = OuterCacheInvalidator {
+            epoch: Arc::new(Mutex::new(MapHandle::try_from(&maps.outer_epoch)?)),
         };
         Ok(FastPath {
             cfg: cfg.clone(),
@@ -426,6 +501,8 @@ impl FastPath {
             table: CompiledTable::default(),
             current: BTreeMap::new(),
             table_full: 0,
+            forwarding: BTreeMap::new(),
+            epoch,
             maps,
             obj,
         })
@@ -530,9 +607,10 @@ impl FastPath {
             Some(r) => layout::rate_val(r.bits_per_sec, r.burst_bytes, Self::now_ns()),
             None => [0u8; 48],
         };
+        // Under the bucket's spin lock, as the programs update it (BPF_F_LOCK).
         self.maps
             .rates
-            .update(&idx.to_ne_bytes(), &v, MapFlags::ANY)
+            .update(&idx.to_ne_bytes(), &v, MapFlags::LOCK)
             .map_err(map_err("rates"))
     }
 
@@ -579,7 +657,6 @@ impl FastPath {
             "port",
         )?;
         let val = self.port_val(spec, slot).to_bytes();
-        enable_forwarding(spec.ifindex);
         Self::zero_percpu(&self.maps.counters, "counters", slot, counter::COUNT * 8)?;
         self.write_rate(slot, spec.policy.rate)?;
         self.maps
@@ -598,6 +675,7 @@ impl FastPath {
                 MapFlags::ANY,
             )
             .map_err(map_err("punts"))?;
+        let original = enable_forwarding(spec.ifindex);
         let attached = self
             .attach(Program::PortIngress, spec.ifindex)
             .and_then(|a| {
@@ -613,9 +691,17 @@ impl FastPath {
                     .maps
                     .port_slots
                     .update(&slot.to_ne_bytes(), &[0u8; 32], MapFlags::ANY);
+                if let Some(o) = self.forwarding.get(&spec.ifindex).or(original.as_ref()) {
+                    restore_forwarding(o);
+                }
+                self.forwarding.remove(&spec.ifindex);
                 return Err(e);
             }
         };
+        // A value the caller knew (set_forwarding_original) wins over the one found now.
+        if let Some(o) = original {
+            self.forwarding.entry(spec.ifindex).or_insert(o);
+        }
         self.ports.insert(
             spec.id,
             PortState {
@@ -658,6 +744,8 @@ impl FastPath {
     pub fn detach_port(&mut self, id: PortId) -> Result<(), Error> {
         let st = self.ports.remove(&id).ok_or(Error::UnknownPort(id))?;
         let res = self.reapply();
+        // Put forwarding back first: the device is never left forwarding without a program.
+        self.restore_forwarding(st.spec.ifindex);
         drop(st._links);
         let _ = self.maps.ports.delete(&st.spec.ifindex.to_ne_bytes());
         let _ = self.maps.punts.delete(&st.spec.punt_ifindex.to_ne_bytes());
@@ -758,15 +846,41 @@ impl FastPath {
     /// Forgets every cached outer next hop (each CPU asks bpf_fib_lookup again on the next
     /// packet): for vnetd to call when the underlay's routes or neighbours changed.
     pub fn invalidate_outer_cache(&self) -> Result<(), Error> {
-        for l in self.links.values() {
-            Self::zero_percpu(
-                &self.maps.link_cache,
-                "link_cache",
-                l.slot,
-                layout::LINK_CACHE_SIZE,
-            )?;
+        self.epoch.invalidate()
+    }
+
+    /// A handle to [`FastPath::invalidate_outer_cache`] for another thread.
+    pub fn outer_cache_invalidator(&self) -> OuterCacheInvalidator {
+        self.epoch.clone()
+    }
+
+    /// The IPv4 `forwarding` values of the devices the fast path turned it on for, as they
+    /// were before (to keep across a restart of the process, with the programs pinned).
+    pub fn forwarding_originals(&self) -> Vec<ForwardingOriginal> {
+        self.forwarding.values().cloned().collect()
+    }
+
+    /// Records the original `forwarding` of a device (known from an earlier run that left it
+    /// on): [`FastPath::attach_port`] keeps it instead of the value it finds, and a restore
+    /// puts it back, whether or not a port is attached to the device.
+    pub fn set_forwarding_original(&mut self, o: ForwardingOriginal) {
+        self.forwarding.insert(o.ifindex, o);
+    }
+
+    /// Puts `forwarding` of `ifindex` back to its original value and forgets it (no-op for a
+    /// device the fast path did not change).
+    pub fn restore_forwarding(&mut self, ifindex: u32) {
+        if let Some(o) = self.forwarding.remove(&ifindex) {
+            restore_forwarding(&o);
         }
-        Ok(())
+    }
+
+    /// Puts every device's `forwarding` back (called when the FastPath is dropped; callable
+    /// on its own for a process that leaves its programs attached but its devices restored).
+    pub fn restore_forwarding_all(&mut self) {
+        for (_, o) in std::mem::take(&mut self.forwarding) {
+            restore_forwarding(&o);
+        }
     }
 
     /// Replaces the forwarding table with `table` with the fewest map writes: new and changed
@@ -883,6 +997,7 @@ impl FastPath {
             neigh_miss: sum[counter::NEIGH_MISS],
             encap_fail: sum[counter::ENCAP_FAIL],
             gro_passed: sum[counter::GRO_PASSED],
+            bad_length: sum[counter::BAD_LENGTH],
         })
     }
 
@@ -911,7 +1026,7 @@ impl FastPath {
         let v = self
             .maps
             .rates
-            .lookup(&idx.to_ne_bytes(), MapFlags::ANY)
+            .lookup(&idx.to_ne_bytes(), MapFlags::LOCK)
             .map_err(map_err("rates"))?;
         Ok(v.and_then(|b| layout::rate_available(&b)))
     }
@@ -934,6 +1049,7 @@ impl FastPath {
             not_vxlan: sum[global::NOT_VXLAN],
             unknown_link: sum[global::UNKNOWN_LINK],
             fib_fail: sum[global::FIB_FAIL],
+            vni_mismatch: sum[global::VNI_MISMATCH],
             table_full: self.table_full,
         })
     }
@@ -1009,6 +1125,13 @@ impl FastPath {
             verdict: res.return_value as i32,
             data,
         })
+    }
+}
+
+impl Drop for FastPath {
+    fn drop(&mut self) {
+        // The programs go with the descriptors; no device may keep forwarding without one.
+        self.restore_forwarding_all();
     }
 }
 

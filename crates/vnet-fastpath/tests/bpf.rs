@@ -1,7 +1,8 @@
 //! The programs, loaded through the kernel's verifier and run with `BPF_PROG_TEST_RUN` on
 //! crafted frames: forwarded, encapsulated, punted, spoofed, oversize, VLAN, broadcast, rate
-//! limited, decapsulated (valid and hostile VXLAN), and the punt TAP's way back; plus table
-//! updates and cleanup. Needs root: each test runs in a network namespace of its own (made by
+//! limited, decapsulated (valid and hostile VXLAN, lengths that disagree with the datagram),
+//! decisions into another VNI, and the punt TAP's way back; plus table updates, the outer
+//! cache's invalidation, locked rate rewrites, the forwarding sysctl put back, and cleanup. Needs root: each test runs in a network namespace of its own (made by
 //! `unshare` on the test's thread) with veth devices, so nothing touches the host.
 //! Without root the tests skip with a reason, unless VNET_REQUIRE_BPF=1 (CI), which fails.
 
@@ -17,6 +18,8 @@ const B: MacAddr = MacAddr([0x52, 0x54, 0, 0, 0, 0x0b]);
 const C: MacAddr = MacAddr([0x52, 0x54, 0, 0, 0, 0x0c]);
 const D: MacAddr = MacAddr([0x52, 0x54, 0, 0, 0, 0x0d]);
 const NEIGH_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+/// The underlay device's own MAC: datagrams for another MAC are not this host's.
+const U0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
 const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 1);
 const REMOTE: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 2);
 const UNRESOLVED: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 3);
@@ -92,7 +95,7 @@ fn lab_with(cfg: FastPathConfig) -> Option<Lab> {
         // (this kernel has no dummy driver: veth pairs stand in for TAPs and the underlay)
         "link add punta type veth peer name punta-p",
         "link add puntb type veth peer name puntb-p",
-        "link add u0 type veth peer name u0-p",
+        "link add u0 address 02:00:00:00:00:01 type veth peer name u0-p",
         "addr add 10.9.0.1/24 dev u0",
     ] {
         sh(&l.split(' ').collect::<Vec<_>>());
@@ -237,7 +240,7 @@ fn csum(b: &[u8]) -> u16 {
 /// the underlay.
 fn vxlan(src_ip: Ipv4Addr, vni: u32, flags: u8, inner: &[u8]) -> Vec<u8> {
     let mut f = Vec::new();
-    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 1]); // u0's MAC does not matter to the program
+    f.extend_from_slice(&U0_MAC);
     f.extend_from_slice(&NEIGH_MAC);
     f.extend_from_slice(&[0x08, 0x00]);
     let tot = (20 + 8 + 8 + inner.len()) as u16;
@@ -743,4 +746,417 @@ fn bad_settings_are_refused_in_words() {
         ..Default::default()
     })
     .is_err());
+}
+
+/// Sets the IPv4 header's total length of a `vxlan()` datagram (checksum kept valid).
+fn set_ip_len(f: &mut [u8], tot: u16) {
+    f[16..18].copy_from_slice(&tot.to_be_bytes());
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = csum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+}
+
+fn set_udp_len(f: &mut [u8], len: u16) {
+    f[38..40].copy_from_slice(&len.to_be_bytes());
+}
+
+#[test]
+fn vxlan_whose_lengths_disagree_with_the_datagram_is_not_decapsulated() {
+    let Some(l) = lab() else { return };
+    let inner = frame(A, C, 300);
+    let good = vxlan(REMOTE, 1, 0x08, &inner);
+    let (tot, ulen) = ((good.len() - 14) as u16, (good.len() - 34) as u16);
+    // Bytes after the datagram (an Ethernet pad, or junk): not part of the inner frame.
+    let mut trailing = good.clone();
+    trailing.extend_from_slice(&[0xee; 24]);
+    // The IP length says less than the frame holds, consistently with the UDP length.
+    let mut short_ip = good.clone();
+    set_ip_len(&mut short_ip, tot - 4);
+    set_udp_len(&mut short_ip, ulen - 4);
+    // A UDP length shorter than the IP payload (the stack delivers only that much).
+    let mut short_udp = good.clone();
+    set_udp_len(&mut short_udp, ulen - 4);
+    // A UDP length beyond the IP payload (the stack drops it).
+    let mut long_udp = good.clone();
+    set_udp_len(&mut long_udp, ulen + 4);
+    // An IP length beyond the frame (truncated on the way).
+    let mut long_ip = good.clone();
+    set_ip_len(&mut long_ip, tot + 20);
+    set_udp_len(&mut long_ip, ulen + 20);
+    let cases = [
+        ("trailing bytes", trailing),
+        ("short IP length", short_ip),
+        ("short UDP length", short_udp),
+        ("long UDP length", long_udp),
+        ("truncated datagram", long_ip),
+    ];
+    for (what, f) in &cases {
+        let r =
+            l.fp.test_run(Program::UnderlayIngress, f, l.underlay, 0)
+                .unwrap();
+        assert_eq!(
+            (r.verdict, r.data == *f),
+            (TCX_NEXT, true),
+            "{what}: passed on to the stack untouched"
+        );
+    }
+    let c = l.fp.link_counters(LINK_C).unwrap();
+    assert_eq!((c.rx_frames, c.bad_length), (0, cases.len() as u64));
+    assert_eq!(l.fp.port_counters(PORT_A).unwrap().tx_frames, 0);
+    // The well-formed datagram still is decapsulated.
+    let r =
+        l.fp.test_run(Program::UnderlayIngress, &good, l.underlay, 0)
+            .unwrap();
+    assert_eq!((r.verdict, r.data), (TCX_REDIRECT, inner));
+}
+
+#[test]
+fn vxlan_sent_to_another_hosts_mac_is_not_taken() {
+    let Some(l) = lab() else { return };
+    // As a promiscuous underlay device sees it: the stack drops it, so must the fast path.
+    let mut f = vxlan(REMOTE, 1, 0x08, &frame(A, C, 100));
+    f[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x77]);
+    let r =
+        l.fp.test_run(Program::UnderlayIngress, &f, l.underlay, 0)
+            .unwrap();
+    assert_eq!((r.verdict, r.data == f), (TCX_NEXT, true));
+    assert_eq!(l.fp.link_counters(LINK_C).unwrap().rx_frames, 0);
+}
+
+#[test]
+fn a_links_rate_is_charged_for_what_goes_on_to_vnetd_too() {
+    let Some(mut l) = lab() else { return };
+    // 8 Mbit/s with a 3000-byte bucket on what arrives from link C.
+    l.fp.set_link(&LinkSpec {
+        id: LINK_C,
+        vni: 1,
+        remote: REMOTE,
+        local: LOCAL,
+        udp_port: 4789,
+        rate: Some(Rate {
+            bits_per_sec: 8_000_000,
+            burst_bytes: 3000,
+        }),
+        via_device: None,
+    })
+    .unwrap();
+    // Inner broadcasts (and a datagram with reserved bits set, which vnetd also takes) are
+    // vnetd's to forward: the kernel passes them on, but charges them first, so that the
+    // link's one bucket holds for both paths (vnetd does not charge links the kernel serves).
+    let bcast = vxlan(REMOTE, 1, 0x08, &frame(MacAddr::BROADCAST, C, 1000 - 42));
+    let mut reserved = vxlan(REMOTE, 1, 0x08, &frame(B, C, 1000 - 42));
+    reserved[49] = 1;
+    let verdicts: Vec<i32> = [&bcast, &reserved, &bcast, &reserved, &bcast, &bcast]
+        .iter()
+        .map(|f| {
+            l.fp.test_run(Program::UnderlayIngress, f, l.underlay, 0)
+                .unwrap()
+                .verdict
+        })
+        .collect();
+    let passed = verdicts.iter().filter(|v| **v == TCX_NEXT).count();
+    assert!((3..=4).contains(&passed), "{verdicts:?}");
+    assert!(verdicts[4..].iter().all(|v| *v == TCX_DROP), "{verdicts:?}");
+    let c = l.fp.link_counters(LINK_C).unwrap();
+    assert_eq!(
+        c.drops.get("rate_limited").copied(),
+        Some(6 - passed as u64)
+    );
+    // and the bucket is empty for what the kernel itself would deliver
+    let r =
+        l.fp.test_run(
+            Program::UnderlayIngress,
+            &vxlan(REMOTE, 1, 0x08, &frame(A, C, 100)),
+            l.underlay,
+            0,
+        )
+        .unwrap();
+    assert_eq!(r.verdict, TCX_DROP);
+}
+
+#[test]
+fn a_decision_into_another_vni_is_not_followed() {
+    let Some(mut l) = lab() else { return };
+    // Port B and link C move to VNI 2 while the table (compiled when they were in VNI 1)
+    // still sends VNI 1's B and C to them: an inconsistent table, as a bug in compile()
+    // would write. Isolation must not rest on it.
+    let pb = l.pb;
+    l.fp.detach_port(PORT_B).unwrap();
+    l.fp.attach_port(&PortSpec {
+        id: PORT_B,
+        ifindex: pb,
+        punt_ifindex: ifindex("puntb"),
+        mac: B,
+        vni: 2,
+        mtu: 1450,
+        delivery: Delivery::Egress,
+        policy: PortPolicy::default(),
+    })
+    .unwrap();
+    l.fp.set_link(&LinkSpec {
+        id: LINK_C,
+        vni: 2,
+        remote: REMOTE,
+        local: LOCAL,
+        udp_port: 4789,
+        rate: None,
+        via_device: None,
+    })
+    .unwrap();
+    // And an entry of VNI 2 that sends frames from link C to port A (VNI 1).
+    let mut t = compile(
+        &[
+            CompilePort {
+                id: PORT_A,
+                vni: 1,
+                egress: Egress::FastPort,
+            },
+            CompilePort {
+                id: PORT_B,
+                vni: 1,
+                egress: Egress::FastPort,
+            },
+            CompilePort {
+                id: LINK_C,
+                vni: 1,
+                egress: Egress::UdpLink,
+            },
+        ],
+        &[(B, PORT_B), (C, LINK_C)]
+            .iter()
+            .map(|(m, p)| RouteRule {
+                vni: 1,
+                src: MacMatch::Any,
+                dst: MacMatch::Exact(*m),
+                dest: *p,
+            })
+            .collect::<Vec<_>>(),
+        false,
+    );
+    t.entries.insert(
+        FwdKey {
+            vni: 2,
+            kind: KeyKind::Dst,
+            src: MacAddr::ZERO,
+            dst: A,
+        },
+        FwdEntry {
+            action: Action::Port(PORT_A),
+            check_src: false,
+        },
+    );
+    l.fp.apply_table(&t).unwrap();
+    for (dst, what) in [(B, "a port of VNI 2"), (C, "a link of VNI 2")] {
+        let f = frame(dst, A, 100);
+        let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+        assert_eq!(
+            (r.verdict, r.data == f),
+            (TCX_REDIRECT, true),
+            "{what}: to vnetd (the punt TAP), unchanged"
+        );
+    }
+    assert_eq!(l.fp.port_counters(PORT_B).unwrap().tx_frames, 0);
+    assert_eq!(l.fp.link_counters(LINK_C).unwrap().tx_frames, 0);
+    let a = l.fp.port_counters(PORT_A).unwrap();
+    assert_eq!((a.rx_frames, a.punted_frames), (0, 2));
+    // From link C (VNI 2) to port A (VNI 1): passed to vnetd, not delivered.
+    let f = vxlan(REMOTE, 2, 0x08, &frame(A, C, 100));
+    let r =
+        l.fp.test_run(Program::UnderlayIngress, &f, l.underlay, 0)
+            .unwrap();
+    assert_eq!(r.verdict, TCX_NEXT);
+    assert_eq!(l.fp.port_counters(PORT_A).unwrap().tx_frames, 0);
+    assert_eq!(l.fp.global_counters().unwrap().vni_mismatch, 3);
+}
+
+fn forwarding(dev: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/net/ipv4/conf/{dev}/forwarding"))
+        .expect("forwarding sysctl")
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn a_ports_device_gets_its_forwarding_back() {
+    let Some(mut l) = lab() else { return };
+    // Off in a new namespace; on while the port is attached (bpf_fib_lookup needs it).
+    assert_eq!(
+        (forwarding("pa"), forwarding("pb")),
+        ("1".into(), "1".into())
+    );
+    assert_eq!(forwarding("u0"), "0");
+    let orig = l.fp.forwarding_originals();
+    l.fp.detach_port(PORT_A).unwrap();
+    assert_eq!(forwarding("pa"), "0", "restored on detach");
+    let pa = l.pa;
+    drop(l);
+    assert_eq!(forwarding("pb"), "0", "restored when the fast path goes");
+    // What was recorded, for a later process to restore.
+    assert_eq!(orig.len(), 2);
+    assert!(orig.iter().all(|o| !o.enabled), "{orig:?}");
+    assert!(orig.iter().any(|o| o.ifname == "pa" && o.ifindex == pa));
+    // A value known from an earlier run wins over the one found at attach.
+    let mut fp = FastPath::open(&FastPathConfig::default()).unwrap();
+    fp.set_forwarding_original(ForwardingOriginal {
+        ifindex: pa,
+        ifname: "pa".into(),
+        enabled: true,
+    });
+    std::fs::write("/proc/sys/net/ipv4/conf/pb/forwarding", "0").unwrap();
+    fp.attach_port(&PortSpec {
+        id: PORT_A,
+        ifindex: pa,
+        punt_ifindex: ifindex("punta"),
+        mac: A,
+        vni: 1,
+        mtu: 1450,
+        delivery: Delivery::Egress,
+        policy: PortPolicy::default(),
+    })
+    .unwrap();
+    assert_eq!(forwarding("pa"), "1");
+    fp.restore_forwarding_all();
+    assert_eq!(forwarding("pa"), "1", "the known original");
+    assert!(fp.forwarding_originals().is_empty());
+}
+
+/// Keeps the calling thread on one CPU (the outer cache is per CPU).
+fn pin_to_one_cpu() {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it, and
+    // sched_getcpu / sched_setaffinity only read what we pass.
+    unsafe {
+        let cpu = libc::sched_getcpu().max(0) as usize;
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+#[test]
+fn invalidating_the_outer_cache_takes_a_changed_next_hop_at_once() {
+    let Some(l) = lab() else { return };
+    pin_to_one_cpu();
+    let f = frame(C, A, 100);
+    let dmac = |l: &Lab| {
+        let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+        assert_eq!(r.verdict, TCX_REDIRECT);
+        r.data[0..6].to_vec()
+    };
+    assert_eq!(dmac(&l), NEIGH_MAC);
+    let moved = [0x02, 0, 0, 0, 0, 0x22];
+    sh(&[
+        "neigh",
+        "replace",
+        "10.9.0.2",
+        "lladdr",
+        "02:00:00:00:00:22",
+        "dev",
+        "u0",
+        "nud",
+        "permanent",
+    ]);
+    // Cached for a second...
+    assert_eq!(dmac(&l), NEIGH_MAC);
+    // ...unless told: from another thread, as vnetd's netlink watcher does.
+    let inv = l.fp.outer_cache_invalidator();
+    std::thread::spawn(move || inv.invalidate().unwrap())
+        .join()
+        .unwrap();
+    assert_eq!(dmac(&l), moved);
+}
+
+#[test]
+fn rate_updates_take_the_buckets_lock() {
+    let Some(mut l) = lab() else { return };
+    let big = Rate {
+        bits_per_sec: 8_000_000,
+        burst_bytes: 1 << 20,
+    };
+    let small = Rate {
+        bits_per_sec: 8_000,
+        burst_bytes: 3000,
+    };
+    let policy = |rate| PortPolicy {
+        any_source: false,
+        rate: Some(rate),
+    };
+    l.fp.update_port(PORT_A, &policy(small)).unwrap();
+    assert_eq!(l.fp.rate_available(PORT_A).unwrap(), Some(3000));
+    // The guest sends as fast as it can while the bucket is rewritten, alternately full at
+    // 1 MB and at 3000 bytes: read back under the lock right after a rewrite to 3000 bytes,
+    // the bucket never holds more (an unlocked rewrite racing a program's update could leave
+    // the program's view of the 1 MB bucket behind). A race: without BPF_F_LOCK this caught it
+    // in about one run in four here; with it, never.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    let sender = std::thread::spawn(move || {
+        // SAFETY: plain socket(2); the fd is owned by the OwnedFd below.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW,
+                (libc::ETH_P_ALL as u16).to_be() as i32,
+            )
+        };
+        assert!(fd >= 0, "packet socket");
+        // SAFETY: fd was just returned by socket(2) and nothing else owns it.
+        let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        // SAFETY: sockaddr_ll is plain data, valid all zero.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_ifindex = ifindex("pa-g") as i32;
+        sll.sll_halen = 6;
+        let f = frame(B, A, 1000);
+        // Batches of frames per system call, so the program runs as often as it can.
+        let mut iov = libc::iovec {
+            iov_base: f.as_ptr() as *mut libc::c_void,
+            iov_len: f.len(),
+        };
+        // SAFETY: mmsghdr is plain data, valid all zero; its pointers are set below.
+        let mut msgs: Vec<libc::mmsghdr> = (0..64).map(|_| unsafe { std::mem::zeroed() }).collect();
+        for m in msgs.iter_mut() {
+            m.msg_hdr.msg_name = (&mut sll as *mut libc::sockaddr_ll).cast();
+            m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            m.msg_hdr.msg_iov = &mut iov;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        let mut n = 0u64;
+        while !s.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: every mmsghdr points at `sll` and `iov`, which point at live memory
+            // (`f`) of the lengths given, for the duration of the call.
+            let r = unsafe {
+                libc::sendmmsg(
+                    std::os::fd::AsRawFd::as_raw_fd(&fd),
+                    msgs.as_mut_ptr(),
+                    msgs.len() as u32,
+                    0,
+                )
+            };
+            n += r.max(0) as u64;
+        }
+        n
+    });
+    let t0 = std::time::Instant::now();
+    let mut torn = 0;
+    let mut rounds = 0;
+    while t0.elapsed() < std::time::Duration::from_secs(2) {
+        l.fp.update_port(PORT_A, &policy(big)).unwrap();
+        l.fp.update_port(PORT_A, &policy(small)).unwrap();
+        if l.fp.rate_available(PORT_A).unwrap().unwrap() > 3000 {
+            torn += 1;
+        }
+        rounds += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = sender.join().unwrap();
+    let a = l.fp.port_counters(PORT_A).unwrap();
+    eprintln!("{rounds} rewrites, {sent} frames sent, {a:?}");
+    assert!(a.rx_frames + a.drops.values().sum::<u64>() > 1000, "{a:?}");
+    assert_eq!(
+        torn, 0,
+        "{torn} of {rounds} reads saw a bucket fuller than its cap"
+    );
 }
