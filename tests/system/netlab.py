@@ -217,9 +217,15 @@ class Netns:
         """Run a command inside the namespace."""
         return sh("ip", "netns", "exec", self.name, *args, check=check, timeout=timeout, input=input)
 
-    def popen(self, *args, **kw) -> subprocess.Popen:
-        """Start a background process inside the namespace; the lab stops it by PID at close."""
-        p = subprocess.Popen(["ip", "netns", "exec", self.name, *map(str, args)], **kw)
+    def popen(self, *args, host_mounts: bool = False, **kw) -> subprocess.Popen:
+        """Start a background process inside the namespace; the lab stops it by PID at close.
+        With ``host_mounts`` it joins the network namespace only (``nsenter --net``) and keeps
+        the machine's mounts: ``ip netns exec`` mounts a /sys of its own, without the bpffs at
+        /sys/fs/bpf where vnetd pins its kernel fast path (a bpffs mounted there would go with
+        the process, and the pins with it)."""
+        argv = (["nsenter", f"--net=/run/netns/{self.name}"] if host_mounts
+                else ["ip", "netns", "exec", self.name])
+        p = subprocess.Popen([*argv, *map(str, args)], **kw)
         self.lab._procs.append(p)
         return p
 
@@ -350,7 +356,8 @@ class Host(Netns):
         log = self.lab.workdir / f"vnetd-{self.role}{'-' + str(n) if n else ''}.log"
         env = dict(os.environ, RUST_LOG=os.environ.get("VNET_LOG", os.environ.get("RUST_LOG", "info")))
         with open(log, "wb") as f:
-            proc = self.popen(*argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env)
+            proc = self.popen(*argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
+                              host_mounts=True)
         self.vnetd = Vnetd(self, proc, log, [str(a) for a in argv])
         self.all_vnetd.append(self.vnetd)
         if wait:
@@ -371,7 +378,8 @@ class Host(Netns):
     def teardown_vnetd(self, timeout: float = 15.0) -> subprocess.CompletedProcess:
         """``vnetd --teardown`` for this host's state directory (its daemon stopped): removes
         every device, pinned kernel object and state file vnet made here."""
-        return self.exec(VNETD, "--teardown", "--state-dir", self.state_dir, check=False, timeout=timeout)
+        return sh("nsenter", f"--net=/run/netns/{self.name}", VNETD, "--teardown", "--state-dir",
+                  self.state_dir, check=False, timeout=timeout)
 
     def restart_vnetd(self, **kw) -> Vnetd:
         """SIGTERM the daemon and start it again with the same config file and arguments."""

@@ -360,8 +360,9 @@ impl Engine {
         };
         // The kernel lets go of it first (its frames go to vnetd until the port is gone), then
         // the dispatchers stop reading it (they confirm), then a table without it is published
-        // so no thread sends to it, then it is closed and what vnetd made for it removed.
-        if rt.kernel {
+        // so no thread sends to it, then it is closed and what vnetd made for it removed. A
+        // port left for the next vnetd stays in the kernel (pinned, it forwards meanwhile).
+        if rt.kernel && leave == Leave::Remove {
             if let Some(k) = &mut self.kernel {
                 k.detach(rt.id);
             }
@@ -616,7 +617,40 @@ impl Engine {
             self.remove_port(k, &n, leave);
         }
         self.dispatchers.stop();
-        self.kernel = None;
+        match (self.kernel.take(), leave) {
+            (Some(k), Leave::Remove) => k.teardown(),
+            // Dropped: pinned, the kernel goes on forwarding; unpinned, it stops with us.
+            (k, _) => drop(k),
+        }
+    }
+
+    /// Ends a takeover of an earlier vnetd's kernel fast path, once the restored configuration
+    /// is realized: see [`vnet_fastpath::FastPath::commit`].
+    pub fn commit_kernel_takeover(&mut self) {
+        if let Some(k) = &mut self.kernel {
+            k.commit();
+        }
+    }
+
+    /// Whether the kernel fast path is pinned: forwarding between fast-path ports and plain
+    /// udp links goes on while no vnetd runs.
+    pub fn kernel_pinned(&self) -> bool {
+        self.kernel.as_ref().is_some_and(|k| k.pinned())
+    }
+
+    /// The `forwarding` sysctls the kernel fast path changed, as they were before.
+    pub fn kernel_forwarding_originals(&self) -> Vec<vnet_fastpath::ForwardingOriginal> {
+        self.kernel
+            .as_ref()
+            .map(|k| k.forwarding_originals())
+            .unwrap_or_default()
+    }
+
+    /// Hands the kernel fast path the `forwarding` values an earlier vnetd recorded.
+    pub fn set_kernel_forwarding_originals(&mut self, o: Vec<vnet_fastpath::ForwardingOriginal>) {
+        if let Some(k) = &mut self.kernel {
+            k.set_forwarding_originals(o);
+        }
     }
 
     /// The devices vnetd made for the ports it has now (what the next vnetd adopts).

@@ -289,6 +289,36 @@ impl KernelPath {
         self.fp.global_counters().ok()
     }
 
+    /// Ends a takeover from an earlier vnetd's pinned fast path (the restored configuration
+    /// is attached and applied): see [`vnet_fastpath::FastPath::commit`].
+    pub fn commit(&mut self) {
+        if let Err(e) = self.fp.commit() {
+            warn!("kernel fast path: takeover: {e}");
+        }
+    }
+
+    /// Whether the fast path is pinned (forwarding outlives vnetd).
+    pub fn pinned(&self) -> bool {
+        self.fp.pinned()
+    }
+
+    /// Removes every program, attachment and pin (a teardown).
+    pub fn teardown(self) {
+        self.fp.teardown();
+    }
+
+    /// The devices' `forwarding` values from before the fast path turned it on.
+    pub fn forwarding_originals(&self) -> Vec<vnet_fastpath::ForwardingOriginal> {
+        self.fp.forwarding_originals()
+    }
+
+    /// Values an earlier vnetd recorded (the devices still forward for its pinned programs).
+    pub fn set_forwarding_originals(&mut self, o: Vec<vnet_fastpath::ForwardingOriginal>) {
+        for x in o {
+            self.fp.set_forwarding_original(x);
+        }
+    }
+
     pub fn config(&self) -> &FastPathConfig {
         self.fp.config()
     }

@@ -116,10 +116,9 @@ fn open_here(iface: &Interface, flags: i16) -> io::Result<(Vec<File>, String, bo
     let at_name = nl.link(&iface.ifname)?;
     let existing = match at_name {
         Some(l) => Some(l),
-        None => nl
-            .links()?
-            .into_iter()
-            .find(|l| l.kind.as_deref() == Some("tun") && l.alias.as_deref() == Some(mine.as_str())),
+        None => nl.links()?.into_iter().find(|l| {
+            l.kind.as_deref() == Some("tun") && l.alias.as_deref() == Some(mine.as_str())
+        }),
     };
     let found = match &existing {
         None => Found::Nothing,
@@ -157,9 +156,8 @@ fn open_here(iface: &Interface, flags: i16) -> io::Result<(Vec<File>, String, bo
     for _ in 0..iface.queues.max(1) {
         let q = open_queue(&name, flags)?;
         if iface.offload {
-            set_offload(q.as_raw_fd()).map_err(|e| {
-                io::Error::new(e.kind(), format!("TUNSETOFFLOAD {name}: {e}"))
-            })?;
+            set_offload(q.as_raw_fd())
+                .map_err(|e| io::Error::new(e.kind(), format!("TUNSETOFFLOAD {name}: {e}")))?;
         }
         queues.push(q);
     }

@@ -63,6 +63,13 @@ impl KeyKind {
             KeyKind::Any => crate::layout::FWD_ANY,
         }
     }
+
+    /// The kind of an `FWD_*` value (a map an earlier vnetd wrote).
+    pub fn from_wire(w: u16) -> Option<KeyKind> {
+        [KeyKind::SrcDst, KeyKind::Dst, KeyKind::Src, KeyKind::Any]
+            .into_iter()
+            .find(|k| k.wire() == w)
+    }
 }
 
 /// A key of the forwarding map. Unused MACs are zero. The derived order (VNI, kind, ...) is

@@ -92,6 +92,24 @@ impl PortVal {
         b[24..30].copy_from_slice(&self.mac.0);
         b
     }
+
+    /// Reads a value back (a map an earlier vnetd wrote).
+    pub fn from_bytes(b: &[u8]) -> Option<PortVal> {
+        let w = |i: usize| {
+            Some(u32::from_ne_bytes(
+                b.get(i * 4..i * 4 + 4)?.try_into().ok()?,
+            ))
+        };
+        Some(PortVal {
+            slot: w(0)?,
+            vni: w(1)?,
+            mtu: w(2)?,
+            flags: w(3)?,
+            ifindex: w(4)?,
+            punt_ifindex: w(5)?,
+            mac: MacAddr::from_bytes(b.get(24..30)?),
+        })
+    }
 }
 
 /// `struct link_key` (8 bytes).
@@ -128,6 +146,25 @@ impl LinkVal {
         b[24..28].copy_from_slice(&self.via_ifindex.to_ne_bytes());
         b
     }
+
+    /// Reads a value back (a map an earlier vnetd wrote); `None` for an unused slot.
+    pub fn from_bytes(b: &[u8]) -> Option<LinkVal> {
+        let w = |i: usize| Some(u32::from_ne_bytes(b.get(i..i + 4)?.try_into().ok()?));
+        let ip = |i: usize| -> Option<Ipv4Addr> {
+            let o: [u8; 4] = b.get(i..i + 4)?.try_into().ok()?;
+            Some(Ipv4Addr::from(o))
+        };
+        let v = LinkVal {
+            slot: w(0)?,
+            vni: w(4)?,
+            remote: ip(8)?,
+            local: ip(12)?,
+            udp_port: u16::from_be_bytes(b.get(16..18)?.try_into().ok()?),
+            flags: u16::from_ne_bytes(b.get(18..20)?.try_into().ok()?),
+            via_ifindex: w(24)?,
+        };
+        (!v.remote.is_unspecified()).then_some(v)
+    }
 }
 
 /// `struct link_cache` (32 bytes, per CPU): written by the programs; the loader only clears it.
@@ -144,6 +181,24 @@ pub fn fwd_key(vni: u32, kind: u16, src: MacAddr, dst: MacAddr) -> [u8; 20] {
     b[6..12].copy_from_slice(&src.0);
     b[12..18].copy_from_slice(&dst.0);
     b
+}
+
+/// `struct fwd_key` read back: (VNI, kind, source, destination).
+pub fn fwd_key_parse(b: &[u8]) -> Option<(u32, u16, MacAddr, MacAddr)> {
+    Some((
+        u32::from_ne_bytes(b.get(0..4)?.try_into().ok()?),
+        u16::from_ne_bytes(b.get(4..6)?.try_into().ok()?),
+        MacAddr::from_bytes(b.get(6..12)?),
+        MacAddr::from_bytes(b.get(12..18)?),
+    ))
+}
+
+/// `struct fwd_val` read back: (action, flags).
+pub fn fwd_val_parse(b: &[u8]) -> Option<(u32, u32)> {
+    Some((
+        u32::from_ne_bytes(b.get(0..4)?.try_into().ok()?),
+        u32::from_ne_bytes(b.get(4..8)?.try_into().ok()?),
+    ))
 }
 
 /// `struct fwd_val` (8 bytes).
@@ -177,6 +232,15 @@ pub fn rate_val(rate_bps: u64, burst_bytes: u64, now_ns: u64) -> [u8; 48] {
     b[32..40].copy_from_slice(&cap.to_ne_bytes());
     b[40..48].copy_from_slice(&now_ns.to_ne_bytes());
     b
+}
+
+/// The settings of a `struct rate_val` (rate in bit/s, capacity in units), which tell whether a
+/// bucket an earlier vnetd set is the one wanted now (then it keeps its tokens).
+pub fn rate_params(b: &[u8]) -> Option<(u64, i64)> {
+    Some((
+        u64::from_ne_bytes(b.get(8..16)?.try_into().ok()?),
+        i64::from_ne_bytes(b.get(16..24)?.try_into().ok()?),
+    ))
 }
 
 /// The tokens (whole bytes, negative in debt) of a `struct rate_val` read back.
@@ -213,6 +277,43 @@ pub fn u64s(b: &[u8], n: usize) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_read_back_as_written() {
+        let p = PortVal {
+            slot: 3,
+            vni: 7,
+            mtu: 1450,
+            flags: PORT_RATE | PORT_DELIVER_PEER,
+            ifindex: 12,
+            punt_ifindex: 13,
+            mac: MacAddr([2, 0, 0, 0, 0, 9]),
+        };
+        assert_eq!(PortVal::from_bytes(&p.to_bytes()), Some(p));
+        let l = LinkVal {
+            slot: 4,
+            vni: 7,
+            remote: Ipv4Addr::new(10, 0, 0, 2),
+            local: Ipv4Addr::new(10, 0, 0, 1),
+            udp_port: 4789,
+            flags: LINK_RATE,
+            via_ifindex: 0,
+        };
+        assert_eq!(LinkVal::from_bytes(&l.to_bytes()), Some(l));
+        assert_eq!(LinkVal::from_bytes(&[0u8; 32]), None, "an unused slot");
+        let (src, dst) = (MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2]));
+        assert_eq!(
+            fwd_key_parse(&fwd_key(7, FWD_SRC_DST, src, dst)),
+            Some((7, FWD_SRC_DST, src, dst))
+        );
+        assert_eq!(
+            fwd_val_parse(&fwd_val(action(ACT_PORT, 3), 1)),
+            Some((action(ACT_PORT, 3), 1))
+        );
+        let r = rate_val(1_000_000, 1500, 5);
+        assert_eq!(rate_params(&r), Some((1_000_000, 1500 * UNITS_PER_BYTE)));
+        assert_eq!(PortVal::from_bytes(&[0u8; 8]), None, "too short");
+    }
 
     #[test]
     fn layouts_match_the_c_header() {

@@ -52,6 +52,8 @@ pub mod compile;
 mod error;
 pub mod layout;
 mod loader;
+pub mod pin;
+mod takeover;
 
 pub use compile::{
     compile, kernel_decision, plan_update, Action, CompilePort, CompiledTable, Egress, FwdEntry,
@@ -59,7 +61,7 @@ pub use compile::{
 };
 pub use error::{Error, Unavailable};
 pub use loader::{
-    ApplyReport, Counters, Delivery, FastPath, FastPathConfig, ForwardingOriginal, GlobalCounters,
-    LinkSpec, OuterCacheInvalidator, PortPolicy, PortSpec, Program, Rate, TestRun, TCX_DROP,
-    TCX_NEXT, TCX_PASS, TCX_REDIRECT,
+    restore_forwarding, ApplyReport, Counters, Delivery, FastPath, FastPathConfig,
+    ForwardingOriginal, GlobalCounters, LinkSpec, OuterCacheInvalidator, PortPolicy, PortSpec,
+    Program, Rate, TestRun, TCX_DROP, TCX_NEXT, TCX_PASS, TCX_REDIRECT,
 };

@@ -1,13 +1,24 @@
 //! The loader: loads and verifies the BPF programs, attaches them with tcx, and keeps their
-//! maps in step with what vnetd says (ports, links, the compiled forwarding table). Every
-//! kernel object it creates is owned by a file descriptor (programs, maps, tcx links), none is
-//! pinned: dropping the [`FastPath`], or the process dying, detaches and frees everything. The
-//! IPv4 `forwarding` it turns on for ports' devices is put back on detach and on drop (not
-//! when the process is killed: [`FastPath::forwarding_originals`] is for a later process).
+//! maps in step with what vnetd says (ports, links, the compiled forwarding table).
+//!
+//! With a pin directory ([`FastPathConfig::pin_dir`], what vnetd uses) the maps and the tcx
+//! links are pinned in bpffs ([`crate::pin`]): they outlive the process, so the kernel goes
+//! on forwarding while no vnetd runs, and the next [`FastPath`] reuses the maps, takes the
+//! ports and links back to the slots they had ([`crate::takeover`]), holds every write of the
+//! forwarding table and every program swap until [`FastPath::commit`] (the kernel forwards by
+//! the earlier state meanwhile), then writes only what differs and swaps its programs into the
+//! pinned links. Only [`FastPath::teardown`] removes what is pinned. Without a pin directory
+//! every object is owned by a descriptor: dropping the [`FastPath`], or the process dying,
+//! detaches and frees everything.
+//!
+//! The IPv4 `forwarding` it turns on for ports' devices is put back on detach, on teardown,
+//! and on drop when nothing is pinned; [`FastPath::forwarding_originals`] is for a later
+//! process (a pinned fast path keeps the devices forwarding until a teardown).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +28,8 @@ use vnet_wire::MacAddr;
 
 use crate::compile::{plan_update, Action, CompiledTable, FwdEntry, FwdKey};
 use crate::layout::{self, counter, global};
+use crate::pin;
+use crate::takeover::{self, Earlier};
 use crate::{Error, Unavailable};
 
 /// The compiled programs (build.rs).
@@ -38,6 +51,9 @@ pub struct FastPathConfig {
     /// How long each CPU keeps a link's outer next hop (MACs, egress device) before asking
     /// `bpf_fib_lookup` again; `None` asks for every packet.
     pub outer_cache: Option<Duration>,
+    /// Where to pin the maps and links in bpffs, so forwarding outlives the process and the
+    /// next one takes over (`None`: nothing is pinned).
+    pub pin_dir: Option<PathBuf>,
 }
 
 impl Default for FastPathConfig {
@@ -49,6 +65,7 @@ impl Default for FastPathConfig {
             max_matrix: 65536,
             vxlan_port: 4789,
             outer_cache: Some(Duration::from_secs(1)),
+            pin_dir: None,
         }
     }
 }
@@ -199,7 +216,8 @@ pub const TCX_REDIRECT: i32 = 7;
 struct PortState {
     spec: PortSpec,
     slot: u32,
-    _links: [OwnedFd; 2],
+    /// The tcx links of `port_ingress` and `punt_ingress`.
+    links: [OwnedFd; 2],
 }
 
 struct LinkState {
@@ -222,6 +240,59 @@ struct Maps {
     matrix: MapHandle,
 }
 
+/// The maps that are pinned (the object's internal .rodata and .bss are not: each process
+/// has its own).
+const PINNED_MAPS: [&str; 12] = [
+    "ports",
+    "port_slots",
+    "punts",
+    "links_rx",
+    "links",
+    "link_cache",
+    "outer_epoch",
+    "fwd",
+    "rates",
+    "counters",
+    "global",
+    "matrix",
+];
+
+/// The pin directory and what an earlier vnetd left in it.
+struct Pins {
+    dir: PathBuf,
+    /// The earlier vnetd's state (empty when there was none), taken back as ports and links
+    /// attach.
+    earlier: Earlier,
+    /// Its pinned tcx links by pin name, until claimed.
+    held: BTreeMap<String, OwnedFd>,
+    /// Taking over: no write of the forwarding table and no program swap until `commit`.
+    holding: bool,
+    /// The maps are this process's own (the pinned ones were absent or of another layout):
+    /// pinned at `commit`, when the links run programs that use them.
+    maps_to_pin: bool,
+}
+
+impl Pins {
+    fn map_path(&self, name: &str) -> PathBuf {
+        self.dir.join("maps").join(name)
+    }
+
+    fn link_path(&self, name: &str) -> PathBuf {
+        self.dir.join("links").join(name)
+    }
+}
+
+/// The pin name of the tcx link of `prog` on `ifindex`.
+fn link_pin_name(prog: Program, ifindex: u32) -> String {
+    let role = match prog {
+        Program::PortIngress => "port",
+        Program::PuntIngress => "punt",
+        Program::UnderlayIngress => "underlay",
+        Program::TunnelIngress => "tunnel",
+    };
+    format!("{role}-{ifindex}")
+}
+
 /// vnet's kernel fast path, loaded and verified. See the crate documentation for the call
 /// sequence.
 pub struct FastPath {
@@ -229,13 +300,15 @@ pub struct FastPath {
     // Attachments are declared before the object: they go first when dropped.
     ports: BTreeMap<PortId, PortState>,
     links: BTreeMap<PortId, LinkState>,
-    underlays: BTreeMap<u32, OwnedFd>,
+    underlays: BTreeMap<u32, (Program, OwnedFd)>,
     table: CompiledTable,
     current: BTreeMap<FwdKey, FwdEntry>,
     table_full: u64,
     /// IPv4 `forwarding` of the ports' devices before the fast path turned it on, by ifindex.
     forwarding: BTreeMap<u32, ForwardingOriginal>,
     epoch: OuterCacheInvalidator,
+    /// Pinned maps and links (None: nothing outlives the process).
+    pins: Option<Pins>,
     maps: Maps,
     obj: Object,
 }
@@ -375,8 +448,9 @@ fn enable_forwarding(ifindex: u32) -> Option<ForwardingOriginal> {
     })
 }
 
-/// Puts a device's forwarding back as `o` says, if the device still has the same name.
-fn restore_forwarding(o: &ForwardingOriginal) {
+/// Puts a device's forwarding back as `o` says, if the device still has the same name (also
+/// for a teardown without a [`FastPath`]: vnetd keeps the values across restarts).
+pub fn restore_forwarding(o: &ForwardingOriginal) {
     if ifname(o.ifindex).as_deref() != Some(o.ifname.as_str()) {
         return; // gone (or another device by now): nothing of ours to put back
     }
@@ -384,6 +458,29 @@ fn restore_forwarding(o: &ForwardingOriginal) {
     if let Err(e) = std::fs::write(&path, if o.enabled { "1" } else { "0" }) {
         tracing::warn!(%path, %e, "fast path: cannot restore forwarding");
     }
+}
+
+/// The tcx links pinned in `dir` that are still attached, by pin name; defunct ones (their
+/// device went) are unpinned.
+fn held_links(dir: &Path) -> BTreeMap<String, OwnedFd> {
+    let mut held = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return held;
+    };
+    for e in entries.flatten() {
+        let Some(name) = e.file_name().to_str().map(String::from) else {
+            continue;
+        };
+        match pin::open(&e.path()) {
+            Ok(Some(fd)) if pin::tcx_link(fd.as_fd()).is_ok_and(|l| l.ifindex != 0) => {
+                held.insert(name, fd);
+            }
+            _ => {
+                let _ = pin::unpin(&e.path());
+            }
+        }
+    }
+    held
 }
 
 /// Attaches `prog` at the tcx ingress of `ifindex`; the link lives as long as the fd.
@@ -441,6 +538,15 @@ impl FastPath {
     fn load(cfg: &FastPathConfig) -> Result<FastPath, libbpf_rs::Error> {
         let mut open = ObjectBuilder::default().open_memory(OBJECT)?;
         let counters = cfg.max_ports + cfg.max_links;
+        let pin_dir = cfg.pin_dir.as_ref().and_then(|d| {
+            match pin::ensure_dir(&d.join("maps")).and_then(|()| pin::ensure_dir(&d.join("links"))) {
+                Ok(()) => Some(d.clone()),
+                Err(e) => {
+                    tracing::warn!(dir = %d.display(), "kernel fast path: cannot pin ({e}): forwarding stops whenever vnetd does");
+                    None
+                }
+            }
+        });
         for mut m in open.maps_mut() {
             let name = m.name().to_string_lossy().into_owned();
             let size = match name.as_str() {
@@ -468,6 +574,41 @@ impl FastPath {
                 v[12..14].copy_from_slice(&cfg.vxlan_port.to_be_bytes());
             }
         }
+        // An earlier vnetd's pinned maps are reused when every one is there with the layout
+        // and size this object asks for; otherwise the maps are new (and the earlier ones go
+        // once the links run programs that use the new ones).
+        let mut reused = false;
+        if let Some(dir) = &pin_dir {
+            let mut found = Vec::new();
+            for m in open.maps() {
+                let name = m.name().to_string_lossy().into_owned();
+                if !PINNED_MAPS.contains(&name.as_str()) {
+                    continue;
+                }
+                let Ok(h) = MapHandle::from_pinned_path(dir.join("maps").join(&name)) else {
+                    continue;
+                };
+                let same = h.map_type() == m.map_type()
+                    && h.key_size() == m.key_size()
+                    && h.value_size() == m.value_size()
+                    && h.max_entries() == m.max_entries();
+                found.push((name, h, same));
+            }
+            let all = found.len() == PINNED_MAPS.len() && found.iter().all(|(_, _, same)| *same);
+            if all {
+                for mut m in open.maps_mut() {
+                    let name = m.name().to_string_lossy().into_owned();
+                    if let Some((_, h, _)) = found.iter().find(|(n, _, _)| *n == name) {
+                        m.reuse_fd(h.as_fd())?;
+                    }
+                }
+                reused = true;
+            } else if !found.is_empty() {
+                tracing::warn!(
+                    "kernel fast path: the pinned maps are of another layout or size (another version of vnet, or changed --fastpath-* sizes): new maps, filled before the programs switch to them"
+                );
+            }
+        }
         let obj = open.load()?;
         let handle = |name: &str| -> Result<MapHandle, libbpf_rs::Error> {
             let m = obj
@@ -493,7 +634,33 @@ impl FastPath {
         let epoch = OuterCacheInvalidator {
             epoch: Arc::new(Mutex::new(MapHandle::try_from(&maps.outer_epoch)?)),
         };
-        Ok(FastPath {
+        let pins = pin_dir.map(|dir| {
+            let earlier = if reused {
+                Earlier::read(&maps.ports, &maps.links, &maps.fwd, cfg.max_links)
+            } else {
+                Earlier::default()
+            };
+            let held = held_links(&dir.join("links"));
+            let holding = !earlier.is_empty() || !held.is_empty();
+            if holding {
+                tracing::info!(
+                    ports = earlier.ports.len(),
+                    links = earlier.links.len(),
+                    entries = earlier.fwd.len(),
+                    attachments = held.len(),
+                    maps = if reused { "reused" } else { "new" },
+                    "kernel fast path taken over from an earlier vnetd (it forwarded meanwhile)"
+                );
+            }
+            Pins {
+                dir,
+                earlier,
+                held,
+                holding,
+                maps_to_pin: !reused,
+            }
+        });
+        let mut fp = FastPath {
             cfg: cfg.clone(),
             ports: BTreeMap::new(),
             links: BTreeMap::new(),
@@ -503,22 +670,84 @@ impl FastPath {
             table_full: 0,
             forwarding: BTreeMap::new(),
             epoch,
+            pins,
             maps,
             obj,
-        })
+        };
+        // Nothing earlier to take over: the maps are pinned at once.
+        if fp
+            .pins
+            .as_ref()
+            .is_some_and(|p| !p.holding && p.maps_to_pin)
+        {
+            fp.pin_maps().map_err(|e| invalid_data(e.to_string()))?;
+        }
+        Ok(fp)
+    }
+
+    /// Pins the maps (replacing an earlier vnetd's pins of other maps).
+    fn pin_maps(&mut self) -> std::io::Result<()> {
+        let Some(p) = &mut self.pins else {
+            return Ok(());
+        };
+        for m in self.obj.maps() {
+            let name = m.name().to_string_lossy().into_owned();
+            if PINNED_MAPS.contains(&name.as_str()) {
+                pin::pin(m.as_fd(), &p.map_path(&name))?;
+            }
+        }
+        p.maps_to_pin = false;
+        Ok(())
+    }
+
+    /// Whether the maps and links are pinned (forwarding outlives the process).
+    pub fn pinned(&self) -> bool {
+        self.pins.is_some()
     }
 
     pub fn config(&self) -> &FastPathConfig {
         &self.cfg
     }
 
-    fn attach(&self, p: Program, ifindex: u32) -> Result<OwnedFd, Error> {
+    /// `prog`'s tcx link on `ifindex`: the one an earlier vnetd pinned there (its program
+    /// swapped for ours now, or at `commit` while taking over), or a new one, pinned.
+    fn attach(&mut self, p: Program, ifindex: u32) -> Result<OwnedFd, Error> {
         let prog = self
             .obj
             .progs()
             .find(|x| x.name() == p.name())
             .ok_or_else(|| Error::Invalid(format!("program {} missing", p.name())))?;
-        tcx_attach(prog.as_fd(), ifindex).map_err(|source| Error::Attach { ifindex, source })
+        let name = link_pin_name(p, ifindex);
+        if let Some(pins) = &mut self.pins {
+            if let Some(fd) = pins.held.remove(&name) {
+                let on = pin::tcx_link(fd.as_fd()).map(|l| l.ifindex).unwrap_or(0);
+                if on == ifindex {
+                    if !pins.holding {
+                        pin::update_link(fd.as_fd(), prog.as_fd())
+                            .map_err(|source| Error::Attach { ifindex, source })?;
+                    }
+                    return Ok(fd);
+                }
+                // Defunct (its device went) or on another device by now: replaced.
+                let _ = pin::unpin(&pins.link_path(&name));
+            }
+        }
+        let fd = tcx_attach(prog.as_fd(), ifindex)
+            .map_err(|source| Error::Attach { ifindex, source })?;
+        if let Some(pins) = &self.pins {
+            if let Err(e) = pin::pin(fd.as_fd(), &pins.link_path(&name)) {
+                tracing::warn!(%name, "kernel fast path: cannot pin the attachment ({e}): it goes with this process");
+            }
+        }
+        Ok(fd)
+    }
+
+    /// Lets go of a tcx link for good: its pin goes, then the descriptor (which detaches it).
+    fn release_link(&self, p: Program, ifindex: u32, fd: OwnedFd) {
+        if let Some(pins) = &self.pins {
+            let _ = pin::unpin(&pins.link_path(&link_pin_name(p, ifindex)));
+        }
+        drop(fd);
     }
 
     fn attached_ifindexes(&self) -> BTreeSet<u32> {
@@ -547,15 +776,17 @@ impl FastPath {
             return Err(Error::AlreadyAttached(ifindex));
         }
         let fd = self.attach(p, ifindex)?;
-        self.underlays.insert(ifindex, fd);
+        self.underlays.insert(ifindex, (p, fd));
         Ok(())
     }
 
     pub fn detach_underlay(&mut self, ifindex: u32) -> Result<(), Error> {
-        self.underlays
+        let (p, fd) = self
+            .underlays
             .remove(&ifindex)
-            .map(drop)
-            .ok_or(Error::UnknownUnderlay(ifindex))
+            .ok_or(Error::UnknownUnderlay(ifindex))?;
+        self.release_link(p, ifindex, fd);
+        Ok(())
     }
 
     fn free_slot(
@@ -651,14 +882,30 @@ impl FastPath {
                 return Err(Error::AlreadyAttached(i));
             }
         }
-        let slot = Self::free_slot(
-            self.ports.values().map(|p| p.slot),
-            self.cfg.max_ports,
-            "port",
-        )?;
+        // The slot an earlier vnetd gave this device's port, if any: its counters, bucket and
+        // forwarding entries carry on.
+        let earlier = self
+            .pins
+            .as_mut()
+            .and_then(|p| p.earlier.ports.remove(&spec.ifindex));
+        let slot = match earlier {
+            Some(e) => e.slot,
+            None => Self::free_slot(
+                self.ports
+                    .values()
+                    .map(|p| p.slot)
+                    .chain(self.unclaimed_port_slots()),
+                self.cfg.max_ports,
+                "port",
+            )?,
+        };
         let val = self.port_val(spec, slot).to_bytes();
-        Self::zero_percpu(&self.maps.counters, "counters", slot, counter::COUNT * 8)?;
-        self.write_rate(slot, spec.policy.rate)?;
+        if earlier.is_none() {
+            Self::zero_percpu(&self.maps.counters, "counters", slot, counter::COUNT * 8)?;
+        }
+        if earlier.is_none() || !self.rate_is(slot, spec.policy.rate) {
+            self.write_rate(slot, spec.policy.rate)?;
+        }
         self.maps
             .port_slots
             .update(&slot.to_ne_bytes(), &val, MapFlags::ANY)
@@ -676,15 +923,30 @@ impl FastPath {
             )
             .map_err(map_err("punts"))?;
         let original = enable_forwarding(spec.ifindex);
-        let attached = self
-            .attach(Program::PortIngress, spec.ifindex)
-            .and_then(|a| {
-                self.attach(Program::PuntIngress, spec.punt_ifindex)
-                    .map(|b| [a, b])
-            });
+        let attached = match self.attach(Program::PortIngress, spec.ifindex) {
+            Ok(a) => match self.attach(Program::PuntIngress, spec.punt_ifindex) {
+                Ok(b) => Ok([a, b]),
+                Err(e) => {
+                    match (earlier.is_some(), &mut self.pins) {
+                        // An earlier vnetd's attachment goes back to be claimed later.
+                        (true, Some(p)) => {
+                            p.held
+                                .insert(link_pin_name(Program::PortIngress, spec.ifindex), a);
+                        }
+                        _ => self.release_link(Program::PortIngress, spec.ifindex, a),
+                    }
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
+        };
         let links = match attached {
             Ok(l) => l,
             Err(e) => {
+                if earlier.is_some() {
+                    // An earlier vnetd's port stays as it was, for a later attempt.
+                    return Err(e);
+                }
                 let _ = self.maps.ports.delete(&spec.ifindex.to_ne_bytes());
                 let _ = self.maps.punts.delete(&spec.punt_ifindex.to_ne_bytes());
                 let _ = self
@@ -707,11 +969,39 @@ impl FastPath {
             PortState {
                 spec: *spec,
                 slot,
-                _links: links,
+                links,
             },
         );
         self.reapply()?;
         Ok(())
+    }
+
+    /// Slots of an earlier vnetd's ports and links nobody took back yet (not to be given to
+    /// new ones before `commit` frees them).
+    fn unclaimed_port_slots(&self) -> Vec<u32> {
+        self.pins
+            .as_ref()
+            .map(|p| p.earlier.ports.values().map(|v| v.slot).collect())
+            .unwrap_or_default()
+    }
+
+    fn unclaimed_link_slots(&self) -> Vec<u32> {
+        self.pins
+            .as_ref()
+            .map(|p| p.earlier.links.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether the bucket at `idx` is already the one `rate` asks for.
+    fn rate_is(&self, idx: u32, rate: Option<Rate>) -> bool {
+        let Ok(Some(v)) = self.maps.rates.lookup(&idx.to_ne_bytes(), MapFlags::LOCK) else {
+            return false;
+        };
+        let want = match rate {
+            Some(r) => layout::rate_val(r.bits_per_sec, r.burst_bytes, 0),
+            None => [0u8; 48],
+        };
+        layout::rate_params(&v) == layout::rate_params(&want)
     }
 
     /// Changes a port's policy (source check and rate) at run time. A changed rate starts
@@ -746,7 +1036,9 @@ impl FastPath {
         let res = self.reapply();
         // Put forwarding back first: the device is never left forwarding without a program.
         self.restore_forwarding(st.spec.ifindex);
-        drop(st._links);
+        let [port, punt] = st.links;
+        self.release_link(Program::PortIngress, st.spec.ifindex, port);
+        self.release_link(Program::PuntIngress, st.spec.punt_ifindex, punt);
         let _ = self.maps.ports.delete(&st.spec.ifindex.to_ne_bytes());
         let _ = self.maps.punts.delete(&st.spec.punt_ifindex.to_ne_bytes());
         self.maps
@@ -770,11 +1062,28 @@ impl FastPath {
                 spec.id, spec.remote, spec.vni
             )));
         }
-        let (slot, old) = match self.links.get(&spec.id) {
-            Some(l) => (l.slot, Some(l.spec)),
-            None => (
+        // An earlier vnetd's link to the same (remote, VNI) keeps its slot.
+        let earlier = match (self.links.contains_key(&spec.id), &mut self.pins) {
+            (false, Some(p)) => {
+                let found = p
+                    .earlier
+                    .links
+                    .iter()
+                    .find(|(_, l)| l.remote == spec.remote && l.vni == spec.vni)
+                    .map(|(s, _)| *s);
+                found.and_then(|s| p.earlier.links.remove(&s).map(|_| s))
+            }
+            _ => None,
+        };
+        let (slot, old) = match (self.links.get(&spec.id), earlier) {
+            (Some(l), _) => (l.slot, Some(l.spec)),
+            (None, Some(s)) => (s, None),
+            (None, None) => (
                 Self::free_slot(
-                    self.links.values().map(|l| l.slot),
+                    self.links
+                        .values()
+                        .map(|l| l.slot)
+                        .chain(self.unclaimed_link_slots()),
                     self.cfg.max_links,
                     "link",
                 )?,
@@ -782,10 +1091,14 @@ impl FastPath {
             ),
         };
         let idx = self.cfg.max_ports + slot;
-        if old.is_none() {
+        if old.is_none() && earlier.is_none() {
             Self::zero_percpu(&self.maps.counters, "counters", idx, counter::COUNT * 8)?;
         }
-        if old.map(|o| o.rate) != Some(spec.rate) {
+        let rate_kept = match old {
+            Some(o) => o.rate == spec.rate,
+            None => earlier.is_some() && self.rate_is(idx, spec.rate),
+        };
+        if !rate_kept {
             self.write_rate(idx, spec.rate)?;
         }
         let val = layout::LinkVal {
@@ -805,12 +1118,14 @@ impl FastPath {
             .links
             .update(&slot.to_ne_bytes(), &val.to_bytes(), MapFlags::ANY)
             .map_err(map_err("links"))?;
-        Self::zero_percpu(
-            &self.maps.link_cache,
-            "link_cache",
-            slot,
-            layout::LINK_CACHE_SIZE,
-        )?;
+        if earlier.is_none() {
+            Self::zero_percpu(
+                &self.maps.link_cache,
+                "link_cache",
+                slot,
+                layout::LINK_CACHE_SIZE,
+            )?;
+        }
         self.maps
             .links_rx
             .update(&new_key, &slot.to_ne_bytes(), MapFlags::ANY)
@@ -883,6 +1198,135 @@ impl FastPath {
         }
     }
 
+    /// Whether a takeover waits for [`FastPath::commit`].
+    pub fn taking_over(&self) -> bool {
+        self.pins.as_ref().is_some_and(|p| p.holding)
+    }
+
+    /// Ends a takeover, once the restored configuration's ports and links are attached and its
+    /// table applied: writes the difference between the earlier vnetd's table and this one
+    /// (nothing, when nothing changed), swaps this process's programs into every link, lets
+    /// go of what the earlier vnetd had and this one does not (ports, links, attachments; the
+    /// devices' forwarding put back), and pins the maps if they are new. Until then the kernel
+    /// forwarded by the earlier state, unchanged.
+    pub fn commit(&mut self) -> Result<ApplyReport, Error> {
+        let Some(p) = &mut self.pins else {
+            return Ok(ApplyReport::default());
+        };
+        if !p.holding {
+            return Ok(ApplyReport::default());
+        }
+        p.holding = false;
+        let earlier = std::mem::take(&mut p.earlier);
+        let held = std::mem::take(&mut p.held);
+        let links_dir = p.dir.join("links");
+        let port_slots: BTreeMap<u32, PortId> =
+            self.ports.iter().map(|(id, st)| (st.slot, *id)).collect();
+        let link_slots: BTreeMap<u32, PortId> =
+            self.links.iter().map(|(id, st)| (st.slot, *id)).collect();
+        let (known, stale) = takeover::known_entries(&earlier.fwd, &port_slots, &link_slots);
+        self.current = known;
+        let mut report = self.reapply()?;
+        for k in stale {
+            if !self.current.contains_key(&k) {
+                let _ = self
+                    .maps
+                    .fwd
+                    .delete(&layout::fwd_key(k.vni, k.kind.wire(), k.src, k.dst));
+                report.deleted += 1;
+            }
+        }
+        // Every link runs this process's programs from now on.
+        let prog_fd = |p: Program| -> Option<OwnedFd> {
+            let prog = self.obj.progs().find(|x| x.name() == p.name())?;
+            prog.as_fd().try_clone_to_owned().ok()
+        };
+        let progs: BTreeMap<&'static str, OwnedFd> = [
+            Program::PortIngress,
+            Program::PuntIngress,
+            Program::UnderlayIngress,
+            Program::TunnelIngress,
+        ]
+        .into_iter()
+        .filter_map(|p| Some((p.name(), prog_fd(p)?)))
+        .collect();
+        let mut swaps: Vec<(Program, u32, BorrowedFd<'_>)> = Vec::new();
+        for st in self.ports.values() {
+            swaps.push((Program::PortIngress, st.spec.ifindex, st.links[0].as_fd()));
+            swaps.push((
+                Program::PuntIngress,
+                st.spec.punt_ifindex,
+                st.links[1].as_fd(),
+            ));
+        }
+        for (ifindex, (p, fd)) in &self.underlays {
+            swaps.push((*p, *ifindex, fd.as_fd()));
+        }
+        for (p, ifindex, fd) in swaps {
+            if let Some(prog) = progs.get(p.name()) {
+                if let Err(e) = pin::update_link(fd, prog.as_fd()) {
+                    tracing::warn!(
+                        ifindex,
+                        program = p.name(),
+                        "kernel fast path: program swap failed: {e}"
+                    );
+                }
+            }
+        }
+        // What the earlier vnetd had and this one has not.
+        for (ifindex, pv) in &earlier.ports {
+            let _ = self.maps.ports.delete(&ifindex.to_ne_bytes());
+            let _ = self.maps.punts.delete(&pv.punt_ifindex.to_ne_bytes());
+            let _ = self
+                .maps
+                .port_slots
+                .update(&pv.slot.to_ne_bytes(), &[0u8; 32], MapFlags::ANY);
+        }
+        for (slot, lv) in &earlier.links {
+            let _ = self
+                .maps
+                .links_rx
+                .delete(&layout::link_key(lv.remote, lv.vni));
+            let _ = self
+                .maps
+                .links
+                .update(&slot.to_ne_bytes(), &[0u8; 32], MapFlags::ANY);
+        }
+        for (name, fd) in held {
+            tracing::info!(%name, "kernel fast path: an attachment the configuration no longer has goes");
+            let _ = pin::unpin(&links_dir.join(&name));
+            drop(fd);
+        }
+        for ifindex in earlier.ports.keys() {
+            self.restore_forwarding(*ifindex);
+        }
+        if self.pins.as_ref().is_some_and(|p| p.maps_to_pin) {
+            self.pin_maps()
+                .map_err(|e| Error::Invalid(format!("pinning the maps: {e}")))?;
+        }
+        tracing::info!(
+            written = report.written,
+            deleted = report.deleted,
+            "kernel fast path: takeover complete"
+        );
+        Ok(report)
+    }
+
+    /// Removes everything: the tcx links (the programs leave the devices), the pins and their
+    /// directory (the maps are freed), and puts the devices' forwarding back. What vnetd's
+    /// teardown does; dropping a pinned [`FastPath`] leaves it all in place instead.
+    pub fn teardown(mut self) {
+        if let Some(p) = self.pins.take() {
+            if let Err(e) = pin::remove_dir(&p.dir) {
+                tracing::warn!(dir = %p.dir.display(), "kernel fast path: removing the pins: {e}");
+            }
+            drop(p.held);
+        }
+        self.ports.clear();
+        self.underlays.clear();
+        self.restore_forwarding_all();
+    }
+
     /// Replaces the forwarding table with `table` with the fewest map writes: new and changed
     /// entries first, stale ones deleted last, so an entry in both tables is never missing.
     /// Targets that are not attached ports or set links are slow.
@@ -892,6 +1336,10 @@ impl FastPath {
     }
 
     fn reapply(&mut self) -> Result<ApplyReport, Error> {
+        if self.pins.as_ref().is_some_and(|p| p.holding) {
+            // Taking over: the kernel forwards by the earlier table until `commit`.
+            return Ok(ApplyReport::default());
+        }
         let mut t = self.table.clone();
         for e in t.entries.values_mut() {
             let known = match e.action {
@@ -1130,8 +1578,12 @@ impl FastPath {
 
 impl Drop for FastPath {
     fn drop(&mut self) {
-        // The programs go with the descriptors; no device may keep forwarding without one.
-        self.restore_forwarding_all();
+        // Unpinned, the programs go with the descriptors, and no device may keep forwarding
+        // without one. Pinned, they stay (the devices keep forwarding, with their programs,
+        // until a teardown).
+        if self.pins.is_none() {
+            self.restore_forwarding_all();
+        }
     }
 }
 

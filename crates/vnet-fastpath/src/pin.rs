@@ -65,7 +65,10 @@ pub fn ensure_dir(dir: &Path) -> io::Result<()> {
     }
     std::fs::create_dir_all(dir)?;
     if !is_bpffs(dir) {
-        return Err(io::Error::other(format!("{} is not on a bpffs", dir.display())));
+        return Err(io::Error::other(format!(
+            "{} is not on a bpffs",
+            dir.display()
+        )));
     }
     Ok(())
 }
@@ -127,10 +130,7 @@ pub fn tcx_link(fd: BorrowedFd<'_>) -> io::Result<TcxLink> {
         return Err(io::Error::from_raw_os_error(-r));
     }
     if info.type_ != libbpf_sys::BPF_LINK_TYPE_TCX {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a tcx link",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a tcx link"));
     }
     // SAFETY: the link is a tcx link (checked above), so the union holds its tcx member.
     let ifindex = unsafe { info.__bindgen_anon_1.tcx.ifindex };

@@ -68,6 +68,14 @@ pub struct Daemon {
     pub teardown: AtomicBool,
 }
 
+/// What the state directory gets after a change of the local configuration.
+struct LocalSnapshot {
+    generation: u64,
+    script: String,
+    made: Vec<vnet_dataplane::made::MadeDevice>,
+    forwarding: Vec<vnet_fastpath::ForwardingOriginal>,
+}
+
 pub(crate) fn random_mac() -> MacAddr {
     let mut b = [0u8; 6];
     if getrandom::fill(&mut b).is_err() {
@@ -106,23 +114,36 @@ impl Daemon {
 
     /// Hands the local configuration (and the devices made for it) to the saver: called with
     /// the state locked, right after a change; the write itself happens after the unlock.
-    fn local_snapshot(
-        &self,
-        st: &State,
-    ) -> Option<(u64, String, Vec<vnet_dataplane::made::MadeDevice>)> {
+    fn local_snapshot(&self, st: &State) -> Option<LocalSnapshot> {
         self.saver.as_ref()?;
         let g = self.generation.fetch_add(1, Relaxed) + 1;
-        Some((g, st.local_config().to_script(), st.engine.made_devices()))
+        Some(LocalSnapshot {
+            generation: g,
+            script: st.local_config().to_script(),
+            made: st.engine.made_devices(),
+            forwarding: st.engine.kernel_forwarding_originals(),
+        })
     }
 
-    fn save_local(&self, snap: Option<(u64, String, Vec<vnet_dataplane::made::MadeDevice>)>) {
-        let (Some(saver), Some((g, text, made))) = (&self.saver, snap) else {
+    fn save_local(&self, snap: Option<LocalSnapshot>) {
+        let (Some(saver), Some(s)) = (&self.saver, snap) else {
             return;
         };
-        saver.local(g, &text);
+        saver.local(s.generation, &s.script);
         saver.update_resources(|r| {
-            r.made = made.into_iter().map(|d| (d.netns, d.ifname)).collect();
+            r.made = s.made.into_iter().map(|d| (d.netns, d.ifname)).collect();
+            r.set_forwarding(&s.forwarding);
         });
+    }
+
+    /// Ends the takeover of an earlier vnetd's kernel fast path (after `restore`), and records
+    /// what it changed on the devices.
+    pub fn commit_takeover(&self) {
+        let mut st = self.lock();
+        st.engine.commit_kernel_takeover();
+        let snap = self.local_snapshot(&st);
+        drop(st);
+        self.save_local(snap);
     }
 
     fn derived_snapshot(&self, st: &State) -> Option<(u64, String)> {

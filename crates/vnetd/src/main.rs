@@ -310,6 +310,12 @@ fn teardown_offline(args: &Args) -> Result<()> {
         .clone()
         .unwrap_or_else(|| state::bpf_dir_for(&args.state_dir));
     vnet_dataplane::kernel::remove_pinned(&bpf);
+    // The programs are gone: no device keeps forwarding for them.
+    if resources.netns.is_none() || resources.netns == state::netns_inode() {
+        for o in resources.forwarding_originals() {
+            vnet_fastpath::restore_forwarding(&o);
+        }
+    }
     state.clear()?;
     info!(devices = removed, state_dir = %args.state_dir.display(), "torn down");
     Ok(())
@@ -425,15 +431,21 @@ fn run(args: Args) -> Result<()> {
     if args.no_kernel_fastpath {
         info!("kernel fast path off (--no-kernel-fastpath): everything runs in user space");
     } else {
+        let pin_dir = state::bpf_dir_for(&args.state_dir);
         let cfg = vnet_fastpath::FastPathConfig {
             max_ports: args.fastpath_ports,
             max_links: args.fastpath_links,
             max_table: args.fastpath_table_size,
             max_matrix: args.fastpath_matrix_size,
+            pin_dir: Some(pin_dir.clone()),
             ..Default::default()
         };
         match engine.enable_kernel_path(cfg) {
-            Ok(()) => info!("kernel fast path loaded (eBPF at tcx): veth and netdev interfaces and plain udp links are forwarded in the kernel where the table decides"),
+            Ok(()) => {
+                info!(pinned = engine.kernel_pinned(), "kernel fast path loaded (eBPF at tcx): veth and netdev interfaces and plain udp links are forwarded in the kernel where the table decides");
+                resources.bpf_dir = Some(pin_dir);
+                engine.set_kernel_forwarding_originals(resources.forwarding_originals());
+            }
             Err(why) => tracing::warn!("the kernel fast path is not available, so everything runs in user space (veth interfaces become TAPs): {why}"),
         }
     }
@@ -459,6 +471,7 @@ fn run(args: Args) -> Result<()> {
             }
         }
     }
+    daemon.commit_takeover();
     if let Some(s) = daemon.saver() {
         if let Some(f) = &plan.file_applied {
             s.dir().write(state::FILE, f)?;

@@ -51,6 +51,33 @@ pub struct Resources {
     /// mount namespace finds it here).
     #[serde(default)]
     pub bpf_dir: Option<PathBuf>,
+    /// Devices' IPv4 `forwarding` before the kernel fast path turned it on: `(ifindex, name,
+    /// was on)`, put back when their port goes, at a teardown, or by the next vnetd.
+    #[serde(default)]
+    pub forwarding: Vec<(u32, String, bool)>,
+}
+
+impl Resources {
+    pub fn forwarding_originals(&self) -> Vec<vnet_fastpath::ForwardingOriginal> {
+        self.forwarding
+            .iter()
+            .map(
+                |(ifindex, ifname, enabled)| vnet_fastpath::ForwardingOriginal {
+                    ifindex: *ifindex,
+                    ifname: ifname.clone(),
+                    enabled: *enabled,
+                },
+            )
+            .collect()
+    }
+
+    pub fn set_forwarding(&mut self, o: &[vnet_fastpath::ForwardingOriginal]) {
+        self.forwarding = o
+            .iter()
+            .map(|x| (x.ifindex, x.ifname.clone(), x.enabled))
+            .collect();
+        self.forwarding.sort();
+    }
 }
 
 /// The state directory, locked.
@@ -259,6 +286,7 @@ mod tests {
             made: vec![(Some("g".into()), "vn-a".into()), (None, "vp-1".into())],
             etcd_lease: Some("abc".into()),
             bpf_dir: Some("/sys/fs/bpf/vnet-x".into()),
+            forwarding: vec![(4, "vh-1".into(), false)],
         };
         s.write_resources(&r).unwrap();
         assert_eq!(s.resources().unwrap(), r);
