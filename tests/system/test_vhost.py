@@ -11,8 +11,11 @@ path is measured by the benchmark (bench/, `vhost` section) without an emulated 
 import json
 import os
 import re
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -306,3 +309,226 @@ route add any 52:54:00:61:00:09 interface hv
     record("hostile_connections", nic["connections"])
     record("hostile_bad_chains", nic["bad_chains"])
     record("hostile_protocol_errors", nic["protocol_errors"])
+
+
+# --- cut-through receive: nothing for another guest reaches this guest's memory (issue #17) ---
+
+MARKER = b"XFOREIGN-FRAME-X"  # carried only by frames that are not for the vhost-user guest
+ISO_VM, ISO_PEER, ISO_OTHER = "52:54:00:62:00:01", "52:54:00:62:00:0b", "52:54:00:62:00:0c"
+
+
+def own_frame(seq: int, n: int) -> bytes:
+    """A frame for the vhost-user guest as `vhost-frontend isolation` checks it."""
+    body = struct.pack("!I", seq) + bytes((seq * 7 + i) % 251 for i in range(n))
+    return netlab.ether(ISO_VM, ISO_PEER, 0x88B5, body)
+
+
+def foreign_frame(dst: str, seq: int, n: int) -> bytes:
+    body = struct.pack("!I", seq) + (MARKER * (n // len(MARKER) + 1))[:n]
+    return netlab.ether(dst, ISO_PEER, 0x88B5, body)
+
+
+class Collector:
+    """Collects the inner frames of VXLAN datagrams arriving at a socket, on a thread."""
+
+    def __init__(self, sock):
+        self.sock, self.frames, self.stop = sock, [], threading.Event()
+        self.sock.settimeout(0.2)
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            try:
+                d = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            self.frames.append((struct.unpack("!I", d[4:8])[0] >> 8, d[8:]))
+
+    def close(self):
+        self.stop.set()
+        self.t.join()
+        self.sock.close()
+
+
+def isolation_bed(lab):
+    """Host A serves vhost-user ``vm`` (VNI 1, alone in it, so its UDP links' datagrams take the
+    cut-through receive) and a TAP guest ``t2`` in VNI 2; links to B in VNIs 1 and 2 and to C in
+    VNI 1, where the MAC ISO_OTHER lives. B and C are bare namespaces: a socket on B's VXLAN port
+    plays B's daemon (so what A's connected socket receives is exactly what the test sends) and
+    one on C's receives what A forwards there."""
+    A, B, C = lab.host("A"), lab.host("B"), lab.host("C")
+    t2 = lab.guest("t2", ip="192.168.62.2", mac="52:54:00:62:00:02")
+    sock = lab.workdir / "iso.sock"
+    A.start_vnetd(config=f"""
+interface add vm vhost-user {sock} mac {ISO_VM}
+interface add t2 tap mac {t2.mac} netns {t2.name} vni 2
+link add to-b udp {B.underlay_ip}
+link add to-b2 udp {B.underlay_ip} vni 2
+link add to-c udp {C.underlay_ip}
+route add any {ISO_VM} interface vm
+route add any {ISO_OTHER} link to-c
+route add any {t2.mac} interface t2
+""")
+    t2.configure(A.interface("t2")["ifname"])
+    tx = B.socket()
+    tx.bind((B.underlay_ip, netlab.VXLAN_PORT))
+    rx = C.socket()
+    rx.bind((C.underlay_ip, netlab.VXLAN_PORT))
+    return A, sock, t2, tx, Collector(rx)
+
+
+def start_isolation_frontend(A, sock, scribble: bool):
+    args = [FRONTEND, "-s", str(sock), "isolation", "--marker", MARKER.decode(), "--idle", "2", "--duration", "60"]
+    fe = subprocess.Popen(args + (["--scribble"] if scribble else []), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    netlab.wait_until(lambda: vhost_port(A, "vm")["nic"]["queue_pairs_started"] == 1, 10, what="frontend up")
+    time.sleep(0.5)  # receive buffers posted, cut-through sockets open
+    return fe
+
+
+def finish_frontend(fe) -> dict:
+    out, err = fe.communicate(timeout=90)
+    assert fe.returncode == 0 and out.strip(), err[-2000:]
+    return json.loads(out)
+
+
+def send_interleaved(A, tx, rounds: int, kinds) -> dict:
+    """Sends ``rounds`` bursts from B to A, each one frame of every kind in ``kinds`` (own,
+    other_vni, other_guest) in turn: foreign frames long, own frames short, so a foreign frame's
+    bytes would outlast a later own frame in the same buffer. Returns what was sent, by kind."""
+    dst = (A.underlay_ip, netlab.VXLAN_PORT)
+    sent = {k: [] for k in kinds}
+    seq = 0
+    for r in range(rounds):
+        for k in kinds:
+            seq += 1
+            if k == "own":
+                f, vni = own_frame(seq, 40 + seq % 200), 1
+            elif k == "other_vni":
+                f, vni = foreign_frame("52:54:00:62:00:02", seq, 900 + seq % 400), 2
+            else:
+                f, vni = foreign_frame(ISO_OTHER, seq, 900 + seq % 400), 1
+            tx.sendto(netlab.vxlan(vni, f), dst)
+            sent[k].append(f)
+        if r % 8 == 7:
+            time.sleep(0.002)
+    # The last datagrams foreign: what is left in posted buffers is theirs, if anything.
+    for _ in range(4):
+        seq += 1
+        f = foreign_frame(ISO_OTHER, seq, 1400)
+        tx.sendto(netlab.vxlan(1, f), dst)
+        sent.setdefault("other_guest", []).append(f)
+    return sent
+
+
+def test_cut_through_receive_writes_only_this_guests_frames(lab, record):
+    """A peer sends on the cut-through path frames of another VNI and frames for another
+    guest's MAC, interleaved with frames for the vhost-user guest: no run of the foreign frames'
+    marker ever appears in the guest's receive buffers (every buffer scanned as the backend
+    returns it, every few milliseconds, and at the end), its own frames arrive whole, and the
+    foreign ones still go where they belong (the VNI 2 guest, the other host)."""
+    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
+    A, sock, t2, tx, coll = isolation_bed(lab)
+    try:
+        fe = start_isolation_frontend(A, sock, scribble=False)
+        s0 = A.stats()
+        sent = send_interleaved(A, tx, 400, ("own", "other_vni", "other_guest"))
+        rep = finish_frontend(fe)
+        time.sleep(0.3)
+    finally:
+        coll.close()
+        tx.close()
+    s1 = A.stats()
+    nic0, nic1 = netlab.port_of(s0, "vm")["nic"], netlab.port_of(s1, "vm")["nic"]
+    record("isolation_frontend", rep)
+    assert rep["marker_hits"] == 0, f"foreign frames' bytes reached the guest's memory: {rep['marker_where']}"
+    assert rep["own_ok"] == len(sent["own"]) and rep["own_bad"] == 0, rep
+    assert rep["scans"] > 10, rep
+    # They came the cut-through way, and the others went on from there.
+    assert nic1["rx_cut_through"] - nic0["rx_cut_through"] >= len(sent["own"]) // 2, (nic0, nic1)
+    assert nic1["rx_direct_fallback"] - nic0["rx_direct_fallback"] >= len(sent["other_guest"]) // 2
+    got = {f for vni, f in coll.frames if vni == 1}
+    assert got == set(sent["other_guest"]), f"{len(got)} of {len(sent['other_guest'])} frames for the other host arrived intact"
+    assert delta(s0, s1, "t2", "tx_frames") == len(sent["other_vni"]), "VNI 2 frames from the same peer lost"
+
+
+def test_a_guest_rewriting_its_receive_buffers_cannot_change_another_guests_frames(lab, record):
+    """The vhost-user guest keeps rewriting the start of its posted receive buffers while the
+    peer sends frames for another host through it (interleaved with its own): the other host
+    receives every one of those frames exactly as sent."""
+    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
+    A, sock, t2, tx, coll = isolation_bed(lab)
+    try:
+        fe = start_isolation_frontend(A, sock, scribble=True)
+        s0 = A.stats()
+        sent = send_interleaved(A, tx, 1500, ("own", "other_guest"))
+        rep = finish_frontend(fe)
+        time.sleep(0.3)
+    finally:
+        coll.close()
+        tx.close()
+    s1 = A.stats()
+    record("scribble_frontend", rep)
+    want = sent["other_guest"]
+    got = [f for vni, f in coll.frames if vni == 1]
+    altered = [f for f in got if f not in set(want)]
+    assert not altered, f"{len(altered)} frames reached the other host altered, e.g. {altered[0][:40]!r}"
+    assert sorted(got) == sorted(want), f"{len(got)} of {len(want)} frames for the other host arrived"
+    assert rep["scribbles"] > 100 and rep["frames"] == len(sent["own"]), rep
+    nic0, nic1 = netlab.port_of(s0, "vm")["nic"], netlab.port_of(s1, "vm")["nic"]
+    assert nic1["rx_cut_through"] - nic0["rx_cut_through"] == len(sent["own"]), (nic0, nic1)
+    assert rep["marker_hits"] == 0, rep["marker_where"]
+
+
+def test_hostile_frontend_cuts_guest_memory_short(lab, record):
+    """The frontend cuts its guest memory (a memfd made without sealing) to nothing under vnetd,
+    once on running rings with a transmit kick and once while traffic flows to the interface:
+    touching it is SIGBUS, which vnetd survives. It drops that frontend and counts it
+    (`memory_faults`), the other interfaces keep forwarding, and a new frontend connects and
+    moves frames. A memfd that can be sealed is sealed by vnetd, so cutting it is refused."""
+    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
+    A = lab.host("A")
+    g1 = lab.guest("g1", ip="192.168.63.1", mac="52:54:00:63:00:01")
+    g2 = lab.guest("g2", ip="192.168.63.2", mac="52:54:00:63:00:02")
+    sock = lab.workdir / "cut.sock"
+    A.start_vnetd(config=f"""
+interface add hv vhost-user {sock} mac 52:54:00:63:00:09
+interface add g1 tap mac {g1.mac} netns {g1.name}
+interface add g2 tap mac {g2.mac} netns {g2.name}
+route add any {g1.mac} interface g1
+route add any {g2.mac} interface g2
+route add any 52:54:00:63:00:09 interface hv
+""")
+    g1.configure(A.interface("g1")["ifname"])
+    g2.configure(A.interface("g2")["ifname"])
+    flood = g1.popen("ping", "-f", "-b", "-W", "1", "192.168.63.255",
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = subprocess.run([FRONTEND, "-s", str(sock), "hostile", "--case", "mem_truncate", "--rx-wait", "1"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        netlab.stop_pid(flood)
+    assert A.vnetd.alive(), f"vnetd died: {A.vnetd.log_text()[-3000:]}\n{r.stderr[-1000:]}"
+    out = json.loads(r.stdout)
+    res = {x["variant"]: x for x in out["results"]}
+    assert set(res) == {"tx_kick", "rx_traffic", "sealed_memfd"}, res.keys()
+    for v in ("tx_kick", "rx_traffic"):
+        assert res[v]["mem_cut"] is True and res[v]["connection_closed"], res[v]
+    assert res["sealed_memfd"]["mem_cut"] is False, "a sealable memfd was not sealed against shrinking"
+    assert res["sealed_memfd"]["works_after_reinit"] is True, res["sealed_memfd"]
+    assert out["failures"] == 0, out
+    nic = vhost_port(A, "hv")["nic"]
+    assert nic["memory_faults"] >= 2, nic
+    assert "SIGBUS" in A.vnetd.log_text()
+    assert lab.ping(g1, g2.ip_addr, count=3, interval=0.2, wait=2).ok, "the other interfaces stopped forwarding"
+    # A well-behaved frontend gets a working device again: its frames are taken and forwarded.
+    s0 = A.stats()
+    b = subprocess.run([FRONTEND, "-s", str(sock), "bench", "--role", "tx", "--count", "200", "--size", "200",
+                        "--src-mac", "52:54:00:63:00:09", "--dst-mac", g2.mac, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert b.returncode == 0, b.stderr[-1000:]
+    assert json.loads(b.stdout)["frames"] == 200
+    assert delta(s0, A.stats(), "g2", "tx_frames") >= 200
+    record("memory_faults", nic["memory_faults"])
+    record("mem_truncate", {k: v["verdict"] for k, v in res.items()})

@@ -127,6 +127,8 @@ pub struct VhostUserStatus {
     pub queue_pairs: usize,
     pub queue_pairs_started: usize,
     pub protocol_errors: u64,
+    /// Frontends dropped for cutting guest memory short under vnetd (SIGBUS survived).
+    pub memory_faults: u64,
     pub bad_chains: u64,
     pub tx_cut_through: u64,
     pub tx_copied: u64,

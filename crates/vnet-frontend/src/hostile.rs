@@ -2,7 +2,9 @@
 //!
 //! Every variant runs on its own connection. Guest memory is a memfd twice the declared
 //! region; the undeclared half holds a canary pattern and hostile descriptors/rings point into
-//! it, so a backend that fails to bounds-check shows up as `canary_intact: false`.
+//! it, so a backend that fails to bounds-check shows up as `canary_intact: false`. The
+//! `mem_truncate` variants cut the memfd short under the backend (a backend that does not
+//! survive the SIGBUS goes away); the memfd gets its size back before this side touches it.
 
 use crate::conn::{Conn, ConnError};
 use crate::device::{self, Endpoint, Negotiated, Queue, SetupOpts};
@@ -30,6 +32,7 @@ pub const CASES: &[&str] = &[
     "rx_buf_tiny",
     "msg_garbage",
     "truncated",
+    "mem_truncate",
 ];
 
 #[derive(Clone, Debug)]
@@ -81,6 +84,8 @@ pub struct CaseReport {
     pub canary_damage: Option<String>,
     /// truncated: the backend closed its side after our EOF.
     pub closed_after_eof: Option<bool>,
+    /// mem_truncate: the memfd was cut short (false: refused, e.g. sealed by the backend).
+    pub mem_cut: Option<bool>,
     /// survived | closed | hung | corrupted | connect_failed | setup_failed
     pub verdict: String,
     pub notes: Vec<String>,
@@ -132,16 +137,26 @@ const RX: usize = 0;
 const TX: usize = 1;
 
 impl Sess {
-    fn connect(ep: &Endpoint, o: &HostileOpts) -> Result<Sess, (bool, anyhow::Error)> {
+    /// `sealable`: guest memory the backend can seal against shrinking.
+    fn connect(
+        ep: &Endpoint,
+        o: &HostileOpts,
+        sealable: bool,
+    ) -> Result<Sess, (bool, anyhow::Error)> {
         let stream = ep.open(o.setup.timeout).map_err(|e| (false, e.into()))?;
         let mut conn = Conn::new(stream, o.setup.timeout);
         let neg = device::negotiate(&mut conn, &o.setup).map_err(|e| (true, e))?;
-        Self::with_conn(conn, neg, o).map_err(|e| (true, e))
+        Self::with_conn(conn, neg, o, sealable).map_err(|e| (true, e))
     }
 
-    fn with_conn(conn: Conn, neg: Negotiated, o: &HostileOpts) -> Result<Sess> {
+    fn with_conn(conn: Conn, neg: Negotiated, o: &HostileOpts, sealable: bool) -> Result<Sess> {
         let region = o.setup.mem_mb << 20;
-        let mem = Arc::new(GuestMem::new(region, 2 * region, o.setup.gpa_base)?);
+        let mem = Arc::new(GuestMem::with_sealing(
+            region,
+            2 * region,
+            o.setup.gpa_base,
+            sealable,
+        )?);
         mem.fill_canary();
         let mut layouts = Vec::new();
         for _ in 0..2 {
@@ -317,6 +332,9 @@ enum Kind {
     Data,
     /// Raw messages that desynchronise the stream: finish by EOF.
     Stream,
+    /// Cuts guest memory short on running rings: the memfd gets its size back (zeros), then
+    /// as `Data`; the canary is gone with the cut, so it is not checked.
+    Truncate,
 }
 
 type Body = fn(&mut Sess, &mut CaseReport) -> Result<()>;
@@ -602,7 +620,56 @@ fn variants() -> Vec<Variant> {
             b.extend_from_slice(&[0xee; 64]);
             send_bytes(s, rep, &b)
         }),
+        // --- guest memory cut short under the backend (SIGBUS when it touches it) ---
+        v!("mem_truncate", "tx_kick", "memfd (not sealable) cut to 0 bytes on running rings, then a queued tx frame kicked", Truncate, false, |s, rep| {
+            queue_valid_tx(s)?;
+            cut(s, rep);
+            for _ in 0..3 {
+                s.kick(TX);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(())
+        }),
+        v!("mem_truncate", "rx_traffic", "memfd (not sealable) cut to 0 bytes while rx buffers are posted and traffic arrives (needs rx traffic)", Truncate, true, |s, rep| {
+            let a = s.mem.gpa(s.scratch);
+            let d: Vec<_> = (0..16u16).map(|i| (i, a + i as u64 * 4096, 4096, DESC_F_WRITE, 0)).collect();
+            let h: Vec<u16> = (0..16).collect();
+            post(s, RX, &d, &h)?;
+            std::thread::sleep(s.opts.rx_wait / 4);
+            cut(s, rep);
+            s.kick(RX);
+            Ok(())
+        }),
+        v!("mem_truncate", "sealed_memfd", "memfd made sealable: the backend seals it against shrinking, so the cut must be refused", Truncate, false, |s, rep| {
+            queue_valid_tx(s)?;
+            cut(s, rep);
+            s.kick(TX);
+            Ok(())
+        }),
     ]
+}
+
+/// Cuts the memfd to 0 bytes (`mem_cut` says whether the kernel allowed it).
+fn cut(s: &Sess, rep: &mut CaseReport) {
+    match s.mem.set_file_size(0) {
+        Ok(()) => rep.mem_cut = Some(true),
+        Err(e) => {
+            rep.mem_cut = Some(false);
+            rep.notes.push(format!("ftruncate refused: {e}"));
+        }
+    }
+}
+
+/// Queues the valid frame (descriptor num-1) on the tx ring without kicking.
+fn queue_valid_tx(s: &mut Sess) -> Result<()> {
+    let valid = s.num() - 1;
+    let (off, len) = (s.frame_off, s.frame_len);
+    let gpa = s.mem.gpa(off);
+    let r = s.ring(TX)?;
+    r.set_desc(valid, gpa, len as u32, 0, 0);
+    r.push(valid);
+    r.publish();
+    Ok(())
 }
 
 fn send_bytes(s: &mut Sess, rep: &mut CaseReport, b: &[u8]) -> Result<()> {
@@ -788,7 +855,7 @@ fn run_variant(ep: &Endpoint, o: &HostileOpts, v: &Variant) -> CaseReport {
         canary_intact: true,
         ..Default::default()
     };
-    let mut s = match Sess::connect(ep, o) {
+    let mut s = match Sess::connect(ep, o, v.name == "sealed_memfd") {
         Ok(s) => s,
         Err((connected, e)) => {
             rep.connected = connected;
@@ -805,6 +872,7 @@ fn run_variant(ep: &Endpoint, o: &HostileOpts, v: &Variant) -> CaseReport {
     rep.connected = true;
     if v.kind != Kind::Setup {
         let mut notes = Vec::new();
+        // (Truncate too: the cut comes on running rings.)
         if let Err(e) = s.bring_up(&mut notes) {
             rep.verdict = "setup_failed".into();
             rep.setup_error = Some(format!("{e:#}"));
@@ -834,6 +902,16 @@ fn run_variant(ep: &Endpoint, o: &HostileOpts, v: &Variant) -> CaseReport {
             std::thread::sleep(o.settle);
             finish_live(&mut s, &mut rep, false);
         }
+        Kind::Truncate => {
+            std::thread::sleep(if v.rx { o.rx_wait } else { o.settle });
+            if let Err(e) = s.mem.set_file_size(s.mem.len()) {
+                // Touching the memory now would be SIGBUS here: report and stop.
+                rep.notes.push(format!("memfd size not restored: {e}"));
+                rep.verdict = "setup_failed".into();
+                return rep;
+            }
+            finish_live(&mut s, &mut rep, true);
+        }
     }
     // Buffer checks for the rx cases.
     if v.case == "rx_desc_readonly" {
@@ -849,7 +927,12 @@ fn run_variant(ep: &Endpoint, o: &HostileOpts, v: &Variant) -> CaseReport {
             .all(|c| c[4..].iter().all(|&x| x == GUARD_BYTE));
         rep.guard_intact = Some(ok);
     }
-    check_canary(&s, &mut rep);
+    if rep.mem_cut == Some(true) {
+        rep.notes
+            .push("canary not checked: the memfd was cut short (its bytes are zeros now)".into());
+    } else {
+        check_canary(&s, &mut rep);
+    }
     rep.verdict = verdict(&rep);
     rep
 }

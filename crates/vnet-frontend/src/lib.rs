@@ -15,6 +15,7 @@
 //!   bench --role tx|rx|both --size 1500 [--duration S | --count N] [--rate PPS] [--json]
 //!         [--dst-mac MAC] [--src-mac MAC] [--batch 32] [--idle 2]
 //!   hostile --case NAME|all [--list] [--settle-ms 300] [--rx-wait 1] [--no-round]
+//!   isolation --marker BYTES [--scribble] [--duration 30] [--idle 2]
 //! ```
 //!
 //! `bench` reports frames, bytes (Ethernet, no virtio header), seconds, pps, gbit_per_s,
@@ -22,17 +23,20 @@
 //! frames_per_call and calls_per_MB. `hostile` reports per variant whether the backend closed
 //! the connection, still answered, still moved frames, and whether the canary (the
 //! undeclared second half of the memfd) stayed intact. Exit status: 0 ok, 1 error, 2 the
-//! backend disconnected (bench) or a hostile case found corruption/a hang.
+//! backend disconnected (bench) or a hostile case found corruption/a hang. `isolation` reports
+//! whether any byte run of foreign frames (those carrying `--marker`) reached the guest's
+//! receive buffers, and checks the frames for it.
 //!
 //! Modules: [`proto`] wire format, [`conn`] the socket, [`mem`] guest memory, [`ring`] split
-//! rings and EVENT_IDX, [`frame`] test frames and checksums, [`device`] bring-up, [`bench`]
-//! and [`hostile`] the modes.
+//! rings and EVENT_IDX, [`frame`] test frames and checksums, [`device`] bring-up, [`bench`],
+//! [`hostile`] and [`isolation`] the modes.
 
 pub mod bench;
 pub mod conn;
 pub mod device;
 pub mod frame;
 pub mod hostile;
+pub mod isolation;
 pub mod mem;
 pub mod proto;
 pub mod ring;

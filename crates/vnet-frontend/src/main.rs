@@ -13,6 +13,7 @@ use vnet_frontend::conn::ConnError;
 use vnet_frontend::device::{Device, Endpoint, SetupOpts};
 use vnet_frontend::frame::{parse_mac, FrameSpec};
 use vnet_frontend::hostile::{self, HostileOpts};
+use vnet_frontend::isolation::{self, IsolationOpts};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -67,6 +68,9 @@ enum Mode {
     Bench(BenchArgs),
     /// Misbehave and report what the backend did (JSON).
     Hostile(HostileArgs),
+    /// Post receive buffers and report whether bytes of foreign frames (carrying a marker)
+    /// ever appeared in them (JSON).
+    Isolation(IsolationArgs),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -134,6 +138,22 @@ struct HostileArgs {
     /// Skip the normal frame round after each case.
     #[arg(long)]
     no_round: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct IsolationArgs {
+    /// The bytes only frames that are not for this guest carry (at least 8).
+    #[arg(long)]
+    marker: String,
+    /// Keep rewriting the start of every receive buffer while frames arrive.
+    #[arg(long)]
+    scribble: bool,
+    /// Longest run, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    duration: f64,
+    /// Stop after this many seconds without a frame (once frames have arrived).
+    #[arg(long, default_value_t = 2.0)]
+    idle: f64,
 }
 
 /// println! that does not panic when stdout is gone (e.g. piped into `head`).
@@ -225,6 +245,21 @@ fn run(cli: &Cli) -> Result<u8> {
             Ok(0)
         }
         Mode::Bench(b) => run_bench(&ep, &opts, b),
+        Mode::Isolation(a) => {
+            let io = IsolationOpts {
+                marker: a.marker.as_bytes().to_vec(),
+                scribble: a.scribble,
+                duration: secs(a.duration, "--duration")?,
+                idle: secs(a.idle, "--idle")?,
+            };
+            let dev = Device::open(&ep, &opts, 1)?;
+            let rep = isolation::run(&dev, &io)?;
+            let _ = dev.stop();
+            let mut v = serde_json::to_value(&rep)?;
+            v["mode"] = json!("isolation");
+            say!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(0)
+        }
         Mode::Hostile(h) => {
             let mut o = opts.clone();
             o.queue_pairs = 1;

@@ -38,7 +38,19 @@ unsafe impl Sync for GuestMem {}
 
 impl GuestMem {
     /// Creates a memfd of `total` bytes, maps it, declares the first `region_size` bytes.
+    /// The memfd cannot be sealed (as a VMM that never asks for sealing makes it).
     pub fn new(region_size: usize, total: usize, gpa_base: u64) -> Result<Self> {
+        Self::with_sealing(region_size, total, gpa_base, false)
+    }
+
+    /// As [`Self::new`]; `sealable`: made with `MFD_ALLOW_SEALING`, so the backend can seal it
+    /// against shrinking.
+    pub fn with_sealing(
+        region_size: usize,
+        total: usize,
+        gpa_base: u64,
+        sealable: bool,
+    ) -> Result<Self> {
         if region_size == 0 || !region_size.is_multiple_of(PAGE) || total < region_size {
             bail!("bad guest memory size {region_size}/{total}");
         }
@@ -46,8 +58,9 @@ impl GuestMem {
             bail!("guest physical base {gpa_base:#x} must be page aligned and not overflow");
         }
         let name = c"vnet-frontend-guest";
+        let flags = libc::MFD_CLOEXEC | if sealable { libc::MFD_ALLOW_SEALING } else { 0 };
         // SAFETY: `name` is a valid NUL-terminated string; flags are plain constants.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), flags) };
         if raw < 0 {
             return Err(std::io::Error::last_os_error()).context("memfd_create");
         }
@@ -79,6 +92,17 @@ impl GuestMem {
             gpa_base,
             next: Mutex::new(0),
         })
+    }
+
+    /// Sets the memfd's size (hostile: cut short under the backend, then given back; the
+    /// bytes cut off come back as zeros). Nothing may touch the mapping past the file's end
+    /// meanwhile: that is SIGBUS, here as in the backend.
+    pub fn set_file_size(&self, len: usize) -> std::io::Result<()> {
+        // SAFETY: ftruncate on our own fd; the mapping stays as it is.
+        if unsafe { libc::ftruncate(self.fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     pub fn fd(&self) -> RawFd {

@@ -601,6 +601,11 @@ fn vhost(b: &mut Builder, snap: &HostSnapshot) {
         "VMM connections to the vhost-user socket.",
     );
     let perr = c(b, "vhost_protocol_errors", "vhost-user protocol errors.");
+    let mfault = c(
+        b,
+        "vhost_memory_faults",
+        "Frontends dropped for cutting guest memory short (SIGBUS survived).",
+    );
     let bad = c(
         b,
         "vhost_bad_chains",
@@ -651,6 +656,7 @@ fn vhost(b: &mut Builder, snap: &HostSnapshot) {
         gset(&qp, l.clone(), v.queue_pairs_started as f64);
         set(&conns, l.clone(), v.connections);
         set(&perr, l.clone(), v.protocol_errors);
+        set(&mfault, l.clone(), v.memory_faults);
         set(&bad, l.clone(), v.bad_chains);
         for (dir, path, n) in [
             ("tx", "cut_through", v.tx_cut_through),

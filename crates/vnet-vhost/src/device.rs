@@ -33,8 +33,32 @@ use vnet_wire::MAX_FRAME_LEN;
 
 use crate::msg::{self, proto, MemRegion, Request, F_PROTOCOL_FEATURES};
 use crate::notify::{Action, Notifier, NotifyCounters, NotifyPolicy, RingView};
+use crate::sigbus;
 
 pub type Mem = GuestMemoryMmap<()>;
+
+/// The guest's memory as one frontend shared it, with its SIGBUS guard. The guard is declared
+/// first so that it is dropped first: the ranges are unregistered before they are unmapped.
+pub struct GuestMem {
+    guard: sigbus::Guard,
+    mem: Mem,
+}
+
+impl std::ops::Deref for GuestMem {
+    type Target = Mem;
+
+    fn deref(&self) -> &Mem {
+        &self.mem
+    }
+}
+
+impl GuestMem {
+    /// The frontend cut this memory short and vnetd faulted on it (the guard caught it): the
+    /// device must stop touching it and drop the frontend.
+    pub fn faulted(&self) -> bool {
+        self.guard.faulted()
+    }
+}
 
 /// `struct virtio_net_hdr_v1`: the 10-byte header plus `num_buffers` (VERSION_1 is required).
 pub const HDR_LEN: usize = VIRTIO_NET_HDR_LEN + 2;
@@ -76,17 +100,18 @@ impl Default for NetConfig {
 pub struct Stats {
     pub tx_cut_through: AtomicU64,
     pub tx_copied: AtomicU64,
-    /// Received by the kernel straight into guest buffers (no copy in user space).
+    /// Taken from a cut-through socket into vnetd's bounce buffer, checked, and copied into
+    /// the guest's buffers.
     pub rx_cut_through: AtomicU64,
     /// Datagrams on a cut-through socket that were not for this guest (ordinary path).
     pub rx_direct_fallback: AtomicU64,
-    /// Cut-through frames moved down one buffer, past a datagram that was not for the guest.
-    pub rx_moved: AtomicU64,
     /// Written into guest buffers from the receiving thread's buffer (one copy).
     pub rx_direct: AtomicU64,
     pub rx_copied: AtomicU64,
     pub bad_chains: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Frontends dropped because they cut guest memory short under us (SIGBUS survived).
+    pub memory_faults: AtomicU64,
     pub connections: AtomicU64,
     pub kicks: AtomicU64,
     pub tx_notifications: AtomicU64,
@@ -190,7 +215,7 @@ pub struct Dev {
     pub max_frame: usize,
     pub pairs: usize,
     pub ingress: Ingress,
-    pub mem: ArcSwapOption<Mem>,
+    pub mem: ArcSwapOption<GuestMem>,
     /// Rings 2k (receive) and 2k+1 (transmit) of queue pair k.
     pub rings: Vec<Mutex<Ring>>,
     pub acked: AtomicU64,
@@ -304,6 +329,11 @@ impl Dev {
         s.kicks_changed = true;
     }
 
+    /// Whether the frontend cut guest memory short and vnetd faulted on it (see [`sigbus`]).
+    pub fn memory_faulted(&self) -> bool {
+        self.mem.load().as_ref().is_some_and(|m| m.faulted())
+    }
+
     /// Marks the device broken: it stops moving frames until the frontend resets it.
     pub fn mark_broken(&self, why: &str) {
         if !self.broken.swap(true, SeqCst) {
@@ -371,8 +401,11 @@ impl Dev {
                     return Err(invalid("one file descriptor per memory region"));
                 }
                 let mut mapped = Vec::with_capacity(regions.len());
+                // After `mapped`, so dropped before it on an error.
+                let mut guard = sigbus::Guard::new();
                 for (r, f) in regions.iter().zip(files.drain(..)) {
-                    check_backing(&self.name, &f, r)?;
+                    let sealed = check_backing(&f, r)?;
+                    let page = sigbus::page_size(&f);
                     let m = MmapRegion::build(
                         Some(FileOffset::new(f, r.mmap_offset)),
                         r.size as usize,
@@ -380,6 +413,14 @@ impl Dev {
                         libc::MAP_SHARED,
                     )
                     .map_err(|e| invalid(format!("map guest memory: {e}")))?;
+                    if let Err(e) = guard.add(m.as_ptr() as usize, m.size(), page) {
+                        if !sealed {
+                            return Err(invalid(format!(
+                                "guest memory that the frontend can cut short, unguarded: {e}"
+                            )));
+                        }
+                        warn!(interface = %self.name, "guest memory region not guarded against SIGBUS ({e}); it is sealed against shrinking");
+                    }
                     mapped.push(
                         GuestRegionMmap::new(m, GuestAddress(r.guest_addr))
                             .ok_or_else(|| invalid("guest region overflows"))?,
@@ -387,7 +428,7 @@ impl Dev {
                 }
                 let mem = GuestMemoryMmap::from_regions(mapped)
                     .map_err(|e| invalid(format!("guest memory: {e}")))?;
-                self.mem.store(Some(Arc::new(mem)));
+                self.mem.store(Some(Arc::new(GuestMem { guard, mem })));
                 s.regions = regions;
                 None
             }
@@ -443,7 +484,7 @@ impl Dev {
                     return Err(invalid("ring started before the memory table"));
                 };
                 r.queue.set_ready(true);
-                if !r.queue.is_valid(&*mem) {
+                if !r.queue.is_valid(&**mem) {
                     r.queue.set_ready(false);
                     return Err(invalid(format!(
                         "ring {index} does not fit in guest memory or is misaligned"
@@ -500,7 +541,7 @@ impl Dev {
         let Some(mem) = self.mem.load_full() else {
             return;
         };
-        if self.broken.load(Relaxed) {
+        if self.broken.load(Relaxed) || mem.faulted() {
             return;
         }
         let cut = self.cfg.load().cut_through;
@@ -518,10 +559,10 @@ impl Dev {
             items.clear();
             arena.clear();
             if event_idx {
-                let _ = ring.queue.disable_notification(&*mem);
+                let _ = ring.queue.disable_notification(&**mem);
             }
             {
-                let mut iter = match ring.queue.iter(&*mem) {
+                let mut iter = match ring.queue.iter(&**mem) {
                     Ok(it) => it,
                     Err(e) => {
                         drop(ring);
@@ -534,19 +575,19 @@ impl Dev {
                 }
             }
             if items.is_empty() {
-                if event_idx && ring.queue.enable_notification(&*mem).unwrap_or(false) {
+                if event_idx && ring.queue.enable_notification(&**mem).unwrap_or(false) {
                     continue;
                 }
                 break;
             }
             self.forward_items(&items, &arena);
             for it in &items {
-                if ring.queue.add_used(&*mem, it.head, 0).is_err() {
+                if ring.queue.add_used(&**mem, it.head, 0).is_err() {
                     drop(ring);
                     return self.mark_broken("used ring outside guest memory");
                 }
             }
-            if ring.queue.needs_notification(&*mem).unwrap_or(true) {
+            if ring.queue.needs_notification(&**mem).unwrap_or(true) {
                 ring.signal();
                 self.stats.tx_notifications.fetch_add(1, Relaxed);
             }
@@ -605,6 +646,9 @@ impl Dev {
         let Some(mem) = self.mem.load_full() else {
             return Err(DropReason::TxError);
         };
+        if mem.faulted() {
+            return Err(DropReason::TxError);
+        }
         let cfg = self.cfg.load();
         let mut ring = lock(self.rx_ring(queue));
         if !ring.live() {
@@ -643,7 +687,7 @@ impl Dev {
                 }
                 ring.backlog.push_back((*vh, f));
                 if self.event_idx() {
-                    let _ = ring.queue.enable_notification(&*mem);
+                    let _ = ring.queue.enable_notification(&**mem);
                 }
                 Ok(())
             }
@@ -708,7 +752,7 @@ impl Dev {
         let Some(mem) = self.mem.load_full() else {
             return;
         };
-        if self.broken.load(Relaxed) {
+        if self.broken.load(Relaxed) || mem.faulted() {
             return;
         }
         let mrg = self.acked.load(Relaxed) & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0;
@@ -731,7 +775,7 @@ impl Dev {
                     Ok(false) => {
                         r.backlog.push_front((vh, f));
                         if self.event_idx() {
-                            let _ = r.queue.enable_notification(&*mem);
+                            let _ = r.queue.enable_notification(&**mem);
                         }
                         break;
                     }
@@ -767,9 +811,10 @@ impl Dev {
 }
 
 /// The file behind a memory region must hold the whole region: touching a mapping past the
-/// end of its file is SIGBUS, which would take the daemon down. A memfd is also sealed against
-/// shrinking (QEMU seals its memfds already), so the frontend cannot cut it short later.
-fn check_backing(name: &str, f: &File, r: &MemRegion) -> io::Result<()> {
+/// end of its file is SIGBUS. A memfd is also sealed against shrinking where it allows it
+/// (QEMU seals its memfds already), so the frontend cannot cut it short later. Returns whether
+/// the file is sealed so; every region is guarded against SIGBUS anyway ([`sigbus`]).
+fn check_backing(f: &File, r: &MemRegion) -> io::Result<bool> {
     let meta = f.metadata()?;
     let end = r
         .mmap_offset
@@ -784,16 +829,16 @@ fn check_backing(name: &str, f: &File, r: &MemRegion) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: fcntl on a descriptor we own; F_GET_SEALS/F_ADD_SEALS take an int argument.
     let seals = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals >= 0 && seals & libc::F_SEAL_SHRINK == 0 {
-        // SAFETY: as above.
-        let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
-        if r < 0 {
-            warn!(interface = %name, "guest memory (a memfd) cannot be sealed against shrinking; a frontend that shrinks it would crash vnetd");
-        }
-    } else if seals < 0 {
-        warn!(interface = %name, "guest memory is not a memfd; a frontend that truncates its file would crash vnetd");
+    if seals < 0 {
+        // Not a memfd (a file on /dev/shm or hugetlbfs): nothing can seal it.
+        return Ok(false);
     }
-    Ok(())
+    if seals & libc::F_SEAL_SHRINK != 0 {
+        return Ok(true);
+    }
+    // SAFETY: as above.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
+    Ok(r == 0)
 }
 
 /// Clears a kick eventfd.

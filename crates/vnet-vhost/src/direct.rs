@@ -1,18 +1,22 @@
-//! Cut-through receive (VNET/P+ section 4.4): VXLAN datagrams from a UDP link land straight
-//! in the guest's receive buffers, the 8-byte VXLAN header in a scratch buffer, with no copy
-//! in user space.
+//! Cut-through receive (after VNET/P+ section 4.4): VXLAN datagrams from a UDP link are read
+//! in batches by the interface's own thread and land in the guest's receive buffers with one
+//! copy, bypassing the dispatchers and the route table's ordinary path.
 //!
 //! Each UDP link of the interface's VNI gets a socket bound to the daemon's VXLAN port and
 //! connected to the link's peer (`SO_REUSEPORT`): the kernel hands a connected socket its
 //! peer's datagrams, so everything the peer sends arrives here and not on the shared socket
 //! (kernel VXLAN peers pick their source port per flow and keep using the shared socket).
-//! The device thread waits on these sockets; when one is readable it notifies the guest
-//! early (optimistic policy), gives `recvmmsg` iovecs of [scratch, guest buffer] for as many
-//! receive buffers as the guest offers, then checks each frame with the route table: a frame
-//! for this interface is completed with its virtio-net header and published; any other
-//! (transit, broadcast for elsewhere, no route) is copied out to the ordinary path and its
-//! buffer is kept for the next datagram. Used only when this interface is the only one in its
-//! VNI on this host, learning is off, and the guest uses mergeable receive buffers.
+//! That is *all* the peer sends: any VNI, any inner destination. So `recvmmsg` writes into a
+//! bounce buffer of vnetd's own ([`Bounce`], one per device, reused), never into guest memory:
+//! nothing reaches the guest's memory before it is known to be for this guest, and nothing
+//! for another guest is ever read back from memory the guest can rewrite. The device thread
+//! waits on these sockets; when one is readable it notifies the guest early (optimistic
+//! policy), takes as many datagrams as the guest offers receive buffers, and checks each: a
+//! frame for this interface (VXLAN of the link's VNI, accepted by the route table) is copied
+//! with its virtio-net header into the next receive buffer and published; any other (another
+//! VNI, transit, broadcast for elsewhere, no route) goes to the ordinary path from the bounce
+//! buffer. Used only when this interface is the only one in its VNI on this host, learning is
+//! off, and the guest uses mergeable receive buffers.
 
 use std::io;
 use std::net::SocketAddr;
@@ -23,8 +27,9 @@ use std::time::Instant;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 use virtio_queue::{QueueOwnedT, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vnet_core::DropReason;
+use vnet_dataplane::forward::FwdCtx;
 use vnet_dataplane::sys::{MmsgReceiver, Msg};
 use vnet_dataplane::DirectLink;
 use vnet_wire::{MacAddr, VXLAN_HEADER_LEN};
@@ -34,13 +39,18 @@ use crate::notify::Action;
 
 const BATCH: usize = 32;
 const SOCKET_BUFFER: usize = 4 << 20;
+/// Bytes before the VXLAN header in a bounce slot: the VXLAN header ends where the
+/// virtio-net header would, so a frame for the guest goes out as one piece, [virtio-net
+/// header written over the VXLAN header, frame].
+const PAD: usize = HDR_LEN - VXLAN_HEADER_LEN;
+/// The smallest frame a bounce slot holds: a jumbo frame, so that transit frames and other
+/// VNIs' frames from the peer (which may be larger than this guest's) are not cut short.
+const SLOT_FRAME_MIN: usize = 9216 + 18;
 
-/// A connected socket for one UDP link, with its `recvmmsg` scratch.
+/// A connected socket for one UDP link.
 pub struct DirectSock {
     pub fd: OwnedFd,
     pub link: DirectLink,
-    rx: MmsgReceiver,
-    msgs: Vec<Msg>,
 }
 
 impl DirectSock {
@@ -67,13 +77,51 @@ impl DirectSock {
         Ok(DirectSock {
             fd: sock.into(),
             link,
-            rx: MmsgReceiver::new(BATCH),
-            msgs: Vec::with_capacity(BATCH),
         })
     }
 
     pub fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+}
+
+/// Where cut-through receive lands: `BATCH` slots of vnetd's own memory, each
+/// [`PAD` bytes, VXLAN header, frame], with the `recvmmsg` state and the per-batch lists.
+/// Made once per device session and reused, so the receive path allocates nothing.
+pub struct Bounce {
+    buf: Vec<u8>,
+    /// Bytes from one slot to the next.
+    stride: usize,
+    rx: MmsgReceiver,
+    msgs: Vec<Msg>,
+    /// The guest's receive buffers of this batch: (head, address, length), in ring order.
+    bufs: Vec<(u16, GuestAddress, usize)>,
+    used: Vec<(u16, u32)>,
+    /// Datagrams for the ordinary path: (VNI, slot, frame length).
+    others: Vec<(u32, usize, usize)>,
+}
+
+impl Bounce {
+    pub fn new(max_frame: usize) -> Bounce {
+        let stride = (PAD + VXLAN_HEADER_LEN + max_frame.max(SLOT_FRAME_MIN)).next_multiple_of(64);
+        Bounce {
+            buf: vec![0u8; stride * BATCH],
+            stride,
+            rx: MmsgReceiver::new(BATCH),
+            msgs: Vec::with_capacity(BATCH),
+            bufs: Vec::with_capacity(BATCH),
+            used: Vec::with_capacity(BATCH),
+            others: Vec::with_capacity(BATCH),
+        }
+    }
+
+    fn slot(&self, k: usize) -> &[u8] {
+        &self.buf[k * self.stride..(k + 1) * self.stride]
+    }
+
+    /// The frame of length `len` in slot `k`.
+    fn frame(&self, k: usize, len: usize) -> &[u8] {
+        &self.slot(k)[HDR_LEN..HDR_LEN + len]
     }
 }
 
@@ -92,18 +140,39 @@ fn rewind(q: &mut virtio_queue::Queue, n: usize) {
     q.set_next_avail(next);
 }
 
-fn vxlan_ok(h: &[u8; VXLAN_HEADER_LEN], vni: u32) -> bool {
-    h[0] & 0x08 != 0 && u32::from_be_bytes([0, h[4], h[5], h[6]]) == vni
+/// An error a connected UDP socket reports for an ICMP message about a datagram the shared
+/// socket *sent* to the peer (same addresses), e.g. port unreachable while the peer's vnetd
+/// restarts: nothing to read, and the next read goes on. Not a reason to drop the frontend.
+fn is_icmp_report(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ECONNREFUSED
+                | libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+                | libc::EHOSTDOWN
+                | libc::ENOPROTOOPT
+                | libc::EACCES
+        )
+    )
+}
+
+/// What a datagram from a link's peer is: VXLAN (the I flag) of which VNI.
+fn vxlan_vni(h: &[u8]) -> Option<u32> {
+    (h.len() >= VXLAN_HEADER_LEN && h[0] & 0x08 != 0)
+        .then(|| u32::from_be_bytes([0, h[4], h[5], h[6]]))
 }
 
 impl Dev {
-    /// Receives what `d`'s peer sent straight into the guest's receive buffers.
-    pub fn direct_receive(&self, d: &mut DirectSock) -> io::Result<Received> {
+    /// Receives what `d`'s peer sent into `b`, then this guest's frames into its receive
+    /// buffers (one copy each); see the module header.
+    pub fn direct_receive(&self, d: &DirectSock, b: &mut Bounce) -> io::Result<Received> {
         let Some(mem) = self.mem.load_full() else {
             return Ok(Received::Off);
         };
         if !self.cfg.load().cut_through
             || self.broken.load(Relaxed)
+            || mem.faulted()
             || self.acked.load(Relaxed) & (1 << VIRTIO_NET_F_MRG_RXBUF) == 0
         {
             return Ok(Received::Off);
@@ -116,12 +185,12 @@ impl Dev {
         // us recovers from the used index, which assumes in-order use): buffers left over at
         // the end go back to the ring.
         let need = HDR_LEN + self.max_frame;
-        let mut bufs: Vec<(u16, GuestAddress, usize)> = Vec::with_capacity(BATCH);
-        while bufs.len() < BATCH {
-            let chain = match ring.queue.iter(&*mem) {
+        b.bufs.clear();
+        while b.bufs.len() < BATCH {
+            let chain = match ring.queue.iter(&**mem) {
                 Ok(mut it) => it.next(),
                 Err(e) => {
-                    rewind(&mut ring.queue, bufs.len());
+                    rewind(&mut ring.queue, b.bufs.len());
                     drop(ring);
                     self.mark_broken(&format!("receive ring: {e}"));
                     return Ok(Received::Off);
@@ -134,7 +203,13 @@ impl Dev {
             let single = descs.next().is_none();
             match first {
                 Some(dsc) if single && dsc.is_write_only() && dsc.len() as usize >= need => {
-                    bufs.push((head, dsc.addr(), dsc.len() as usize));
+                    if !mem.check_range(dsc.addr(), dsc.len() as usize) {
+                        rewind(&mut ring.queue, b.bufs.len() + 1);
+                        drop(ring);
+                        self.mark_broken("receive buffer outside guest memory");
+                        return Ok(Received::Off);
+                    }
+                    b.bufs.push((head, dsc.addr(), dsc.len() as usize));
                 }
                 _ => {
                     // Not a buffer we can receive into whole: leave it for the ordinary path.
@@ -143,9 +218,9 @@ impl Dev {
                 }
             }
         }
-        if bufs.is_empty() {
+        if b.bufs.is_empty() {
             if self.event_idx() {
-                let _ = ring.queue.enable_notification(&*mem);
+                let _ = ring.queue.enable_notification(&**mem);
             }
             return Ok(Received::NoBuffers);
         }
@@ -154,104 +229,90 @@ impl Dev {
         if ring.notifier.before_frame(&view, now) == Action::Notify {
             ring.signal();
         }
-        // iovecs: [scratch VXLAN header, guest buffer after the virtio-net header].
-        let n = bufs.len();
-        let mut scratch = [[0u8; VXLAN_HEADER_LEN]; BATCH];
+        // At most one datagram per receive buffer the guest offers: the rest wait in the
+        // socket until it offers more.
+        let n = b.bufs.len();
+        let stride = b.stride;
         let mut iovs = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
-        }; 2 * BATCH];
-        for (k, &(_, addr, len)) in bufs.iter().enumerate() {
-            let Some(a) = addr.checked_add(HDR_LEN as u64) else {
-                rewind(&mut ring.queue, bufs.len());
-                drop(ring);
-                self.mark_broken("receive buffer address overflows");
-                return Ok(Received::Off);
-            };
-            let slice = match mem.get_slice(a, len - HDR_LEN) {
-                Ok(s) => s,
-                Err(_) => {
-                    rewind(&mut ring.queue, bufs.len());
-                    drop(ring);
-                    self.mark_broken("receive buffer outside guest memory");
-                    return Ok(Received::Off);
-                }
-            };
-            iovs[2 * k] = libc::iovec {
-                iov_base: scratch[k].as_mut_ptr().cast(),
-                iov_len: VXLAN_HEADER_LEN,
-            };
-            iovs[2 * k + 1] = libc::iovec {
-                iov_base: slice.ptr_guard_mut().as_ptr().cast(),
-                iov_len: slice.len(),
+        }; BATCH];
+        for (k, iov) in iovs[..n].iter_mut().enumerate() {
+            *iov = libc::iovec {
+                iov_base: b.buf[k * stride + PAD..].as_mut_ptr().cast(),
+                iov_len: stride - PAD,
             };
         }
-        // SAFETY: `iovs[..2n]` cover `scratch` (ours) and guest receive buffers inside regions
-        // mapped by `mem`, which we hold for the whole call; the kernel writes at most iov_len
-        // bytes to each.
-        let r = unsafe { d.rx.recv(d.raw(), &mut iovs[..2 * n], 2, &mut d.msgs) };
+        // SAFETY: each of `iovs[..n]` covers the tail of one slot of `b.buf`, memory of ours
+        // that nothing else touches during the call; the kernel writes at most iov_len bytes.
+        let r = unsafe { b.rx.recv(d.raw(), &mut iovs[..n], 1, &mut b.msgs) };
         if let Err(e) = r {
-            rewind(&mut ring.queue, bufs.len());
+            rewind(&mut ring.queue, n);
+            if is_icmp_report(&e) {
+                return Ok(Received::Frames { full: true });
+            }
             return Err(e);
         }
-        let got = d.msgs.len();
-        let mut fallback: Vec<Vec<u8>> = Vec::new();
-        let mut used: Vec<(u16, u32)> = Vec::with_capacity(got);
+        let got = b.msgs.len();
+        b.used.clear();
+        b.others.clear();
         let mut ctx = self.ctx.lock().unwrap_or_else(|p| p.into_inner());
-        // `w`: the next buffer to publish. A datagram that is not for the guest leaves its
-        // buffer unpublished; a later frame is then moved down into it (rare), so buffers are
+        // `w`: the next buffer to fill. Only frames for the guest take one, so buffers are
         // still used in ring order.
         let mut w = 0;
-        for (k, m) in d.msgs.iter().enumerate().take(got) {
-            let (len, trunc) = (m.len, m.truncated);
-            if trunc || len < VXLAN_HEADER_LEN + 14 || !vxlan_ok(&scratch[k], d.link.vni) {
-                let r = if trunc {
+        for k in 0..got {
+            let Msg { len, truncated, .. } = b.msgs[k];
+            let at = k * stride;
+            if truncated || len < VXLAN_HEADER_LEN + 14 {
+                let r = if truncated {
                     DropReason::Oversize
                 } else {
-                    DropReason::BadVxlan
+                    DropReason::Truncated
                 };
                 self.ingress.count_link_drop(d.link.port, len, r);
                 continue;
             }
+            let Some(vni) = vxlan_vni(&b.buf[at + PAD..at + HDR_LEN]) else {
+                self.ingress
+                    .count_link_drop(d.link.port, len, DropReason::BadVxlan);
+                continue;
+            };
             let flen = len - VXLAN_HEADER_LEN;
-            let at = |b: usize| GuestAddress(bufs[b].1 .0 + HDR_LEN as u64);
-            let mut eth = [0u8; 12];
-            if mem.read_slice(&mut eth, at(k)).is_err() {
+            if vni != d.link.vni {
+                b.others.push((vni, k, flen));
                 continue;
             }
+            let f = &b.buf[at + HDR_LEN..at + HDR_LEN + 12];
             let mut dst = [0u8; 6];
             let mut src = [0u8; 6];
-            dst.copy_from_slice(&eth[..6]);
-            src.copy_from_slice(&eth[6..12]);
-            if !self
-                .ingress
-                .accept_direct(&mut ctx, d.link.port, MacAddr(dst), MacAddr(src), flen)
+            dst.copy_from_slice(&f[..6]);
+            src.copy_from_slice(&f[6..12]);
+            if flen > self.max_frame
+                || !self.ingress.accept_direct(
+                    &mut ctx,
+                    d.link.port,
+                    MacAddr(dst),
+                    MacAddr(src),
+                    flen,
+                )
             {
-                let mut f = vec![0u8; flen];
-                if mem.read_slice(&mut f, at(k)).is_ok() {
-                    fallback.push(f);
-                }
+                b.others.push((vni, k, flen));
                 continue;
             }
-            if w != k {
-                let mut f = vec![0u8; flen];
-                if mem.read_slice(&mut f, at(k)).is_err() || mem.write_slice(&f, at(w)).is_err() {
-                    continue;
-                }
-                self.stats.rx_moved.fetch_add(1, Relaxed);
-            }
-            // virtio_net_hdr_v1: no offload flags (the guest checks the checksum), one buffer.
-            let mut h = [0u8; HDR_LEN];
-            h[HDR_LEN - 2] = 1;
-            if mem.write_slice(&h, bufs[w].1).is_err() {
+            // virtio_net_hdr_v1 over the VXLAN header: no offload flags (the guest checks
+            // the checksum), one buffer; then header and frame in one copy.
+            let s = &mut b.buf[at..at + HDR_LEN + flen];
+            s[..HDR_LEN].fill(0);
+            s[HDR_LEN - 2] = 1;
+            if mem.write_slice(s, b.bufs[w].1).is_err() {
                 continue;
             }
-            used.push((bufs[w].0, (HDR_LEN + flen) as u32));
+            b.used.push((b.bufs[w].0, (HDR_LEN + flen) as u32));
             w += 1;
         }
         rewind(&mut ring.queue, n - w);
-        for &(h, l) in &used {
-            if ring.queue.add_used(&*mem, h, l).is_err() {
+        for &(h, l) in &b.used {
+            if ring.queue.add_used(&**mem, h, l).is_err() {
                 drop(ring);
                 drop(ctx);
                 self.mark_broken("used ring outside guest memory");
@@ -261,25 +322,50 @@ impl Dev {
         }
         self.stats
             .rx_cut_through
-            .fetch_add(used.len() as u64, Relaxed);
+            .fetch_add(b.used.len() as u64, Relaxed);
         let v = ring.view(&mem);
         if ring.notifier.end_of_burst(&v, Instant::now()) == Action::Notify {
             ring.signal();
         }
         drop(ring);
-        if !fallback.is_empty() {
+        if !b.others.is_empty() {
             self.stats
                 .rx_direct_fallback
-                .fetch_add(fallback.len() as u64, Relaxed);
-            self.ingress.forward_from(&mut ctx, d.link.port, &fallback);
+                .fetch_add(b.others.len() as u64, Relaxed);
+            self.forward_others(&mut ctx, d, b);
         }
         Ok(Received::Frames { full: got == n })
+    }
+
+    /// The datagrams of a batch that were not for this guest, from the bounce buffer: those
+    /// of the link's VNI from the link, the others from the link of their VNI to that peer.
+    fn forward_others(&self, ctx: &mut FwdCtx, d: &DirectSock, b: &Bounce) {
+        let mine: Vec<&[u8]> = b
+            .others
+            .iter()
+            .filter(|o| o.0 == d.link.vni)
+            .map(|&(_, k, l)| b.frame(k, l))
+            .collect();
+        if !mine.is_empty() {
+            self.ingress.forward_from(ctx, d.link.port, &mine);
+        }
+        let other: Vec<(u32, &[u8])> = b
+            .others
+            .iter()
+            .filter(|o| o.0 != d.link.vni)
+            .map(|&(v, k, l)| (v, b.frame(k, l)))
+            .collect();
+        if !other.is_empty() {
+            self.ingress
+                .forward_other_vni(ctx, d.link.peer.ip(), &other);
+        }
     }
 
     /// Takes the datagrams on `d` the ordinary way (copied, through the route table).
     pub fn plain_receive(&self, d: &DirectSock) -> io::Result<usize> {
         let mut buf = vec![0u8; 65536];
         let mut frames: Vec<Vec<u8>> = Vec::new();
+        let mut others: Vec<(u32, Vec<u8>)> = Vec::new();
         let mut total = 0;
         loop {
             // SAFETY: `buf` is ours and valid for its length.
@@ -296,33 +382,43 @@ impl Dev {
                 if e.kind() == io::ErrorKind::WouldBlock {
                     break;
                 }
-                if e.kind() == io::ErrorKind::Interrupted {
+                if e.kind() == io::ErrorKind::Interrupted || is_icmp_report(&e) {
                     continue;
                 }
                 return Err(e);
             }
             let len = r as usize;
             total += 1;
-            let mut h = [0u8; VXLAN_HEADER_LEN];
             if len < VXLAN_HEADER_LEN + 14 {
                 self.ingress
                     .count_link_drop(d.link.port, len, DropReason::Truncated);
                 continue;
             }
-            h.copy_from_slice(&buf[..VXLAN_HEADER_LEN]);
-            if !vxlan_ok(&h, d.link.vni) {
+            let Some(vni) = vxlan_vni(&buf[..len]) else {
                 self.ingress
                     .count_link_drop(d.link.port, len, DropReason::BadVxlan);
                 continue;
+            };
+            let f = buf[VXLAN_HEADER_LEN..len].to_vec();
+            if vni == d.link.vni {
+                frames.push(f);
+            } else {
+                others.push((vni, f));
             }
-            frames.push(buf[VXLAN_HEADER_LEN..len].to_vec());
-            if frames.len() >= BATCH {
+            if frames.len() + others.len() >= BATCH {
                 break;
             }
         }
-        if !frames.is_empty() {
+        if !frames.is_empty() || !others.is_empty() {
             let mut ctx = self.ctx.lock().unwrap_or_else(|p| p.into_inner());
-            self.ingress.forward_from(&mut ctx, d.link.port, &frames);
+            if !frames.is_empty() {
+                self.ingress.forward_from(&mut ctx, d.link.port, &frames);
+            }
+            if !others.is_empty() {
+                let o: Vec<(u32, &[u8])> = others.iter().map(|(v, f)| (*v, &f[..])).collect();
+                self.ingress
+                    .forward_other_vni(&mut ctx, d.link.peer.ip(), &o);
+            }
         }
         Ok(total)
     }
@@ -333,13 +429,58 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_vxlan_of_the_links_vni_is_taken_in_place() {
+    fn vxlan_datagrams_are_told_apart_by_vni() {
         let h = vnet_wire::VxlanRepr { vni: 7 }.header();
-        assert!(vxlan_ok(&h, 7));
-        assert!(!vxlan_ok(&h, 8));
+        assert_eq!(vxlan_vni(&h), Some(7));
+        assert_eq!(
+            vxlan_vni(&vnet_wire::VxlanRepr { vni: 8 }.header()),
+            Some(8)
+        );
         // The I flag missing: not VXLAN (an encrypted link's message starts with 1..3).
         let mut bad = h;
         bad[0] = 3;
-        assert!(!vxlan_ok(&bad, 7));
+        assert_eq!(vxlan_vni(&bad), None);
+        assert_eq!(vxlan_vni(&h[..4]), None);
+    }
+
+    #[test]
+    fn an_icmp_error_for_the_shared_sockets_datagram_is_not_fatal() {
+        // The shared socket sends to the peer's port, which is closed: the ICMP error lands on
+        // the connected socket of the same addresses as a read error.
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = peer.local_addr().unwrap();
+        drop(peer);
+        let d = DirectSock::open(DirectLink {
+            port: vnet_core::PortId(1),
+            peer: to,
+            local: "127.0.0.1:0".parse().unwrap(),
+            vni: 1,
+        })
+        .unwrap();
+        let local = socket2::SockRef::from(&d.fd).local_addr().unwrap();
+        let shared = Socket::new(Domain::IPV4, Type::DGRAM, None).unwrap();
+        shared.set_reuse_port(true).unwrap();
+        shared.bind(&local).unwrap();
+        shared.send_to(b"x", &SockAddr::from(to)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let mut b = [0u8; 16];
+        // SAFETY: `b` is ours and valid for its length.
+        let r = unsafe { libc::recv(d.raw(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+        assert_eq!(r, -1);
+        let e = io::Error::last_os_error();
+        assert!(is_icmp_report(&e), "{e}");
+        assert!(!is_icmp_report(&io::Error::from_raw_os_error(libc::EBADF)));
+    }
+
+    #[test]
+    fn a_bounce_slot_holds_a_jumbo_frame_and_ends_its_vxlan_header_where_the_virtio_header_does() {
+        let b = Bounce::new(1518);
+        assert!(b.stride - PAD >= VXLAN_HEADER_LEN + SLOT_FRAME_MIN);
+        assert_eq!(b.stride % 64, 0);
+        assert_eq!(b.buf.len(), b.stride * BATCH);
+        assert_eq!(PAD + VXLAN_HEADER_LEN, HDR_LEN);
+        // A guest with a larger MTU gets larger slots.
+        let big = Bounce::new(65535 + 18);
+        assert!(big.stride - PAD >= VXLAN_HEADER_LEN + 65535 + 18);
     }
 }

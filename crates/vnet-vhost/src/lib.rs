@@ -10,23 +10,28 @@
 //! - **cut-through** (`set cut-through on`, the default): a frame the guest transmits is
 //!   handed to the overlay as a slice of guest memory, so a UDP link sends it with `sendmmsg`
 //!   from an iovec [VXLAN header, guest buffer] and nothing copies it in user space; a frame
-//!   for the guest is written straight into its receive descriptors by the dispatcher that
-//!   received it. The copying path (`off`) gathers transmitted frames into buffers and queues
-//!   received ones for the device thread, and also serves what cut-through cannot: a frame
-//!   spread over several descriptors, or one whose checksum we must complete.
+//!   for the guest is written into its receive descriptors by the thread that received it,
+//!   with one copy: by the dispatcher from its receive buffer, or by the device's own thread
+//!   from a bounce buffer its UDP links' datagrams are read into and checked in ([`direct`]),
+//!   so nothing enters guest memory that is not for this guest. The copying path (`off`)
+//!   gathers transmitted frames into buffers and queues received ones for the device thread,
+//!   and also serves what cut-through cannot: a frame spread over several descriptors, or one
+//!   whose checksum we must complete.
 //! - **notification policy** (`set notify batch|optimistic`), see [`notify`].
 //!
 //! Every descriptor and every request is hostile until checked: rings and memory tables are
 //! validated, chains are bounded, every guest access goes through `vm-memory`'s checked
 //! accessors (nothing outside the guest's regions is touched); a bad transmit chain is dropped
 //! and counted, a broken ring marks the device broken until the frontend resets it, a bad
-//! request drops the connection (the device is reset and waits for the frontend again).
+//! request drops the connection (the device is reset and waits for the frontend again), and
+//! a frontend that cuts guest memory short is survived and dropped ([`sigbus`]).
 
 pub mod conn;
 mod device;
 mod direct;
 pub mod msg;
 pub mod notify;
+mod sigbus;
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -45,7 +50,7 @@ use vnet_dataplane::{GuestNic, Ingress, NicFactory};
 use vnet_offload::VirtioNetHdr;
 
 use device::{drain_eventfd, Dev, NetConfig, Session};
-use direct::DirectSock;
+use direct::{Bounce, DirectSock};
 pub use notify::NotifyPolicy;
 use vnet_dataplane::DirectLink;
 
@@ -105,6 +110,7 @@ impl GuestNic for VhostNic {
             queue_pairs: self.dev.pairs,
             queue_pairs_started: self.dev.pairs_started(),
             protocol_errors: s.protocol_errors.load(Relaxed),
+            memory_faults: s.memory_faults.load(Relaxed),
             bad_chains: s.bad_chains.load(Relaxed),
             tx_cut_through: s.tx_cut_through.load(Relaxed),
             tx_copied: s.tx_copied.load(Relaxed),
@@ -285,12 +291,20 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
     epoll.add(dev.wake.as_raw_fd(), TOKEN_WAKE)?;
     let mut ring_fds: Vec<Option<RawFd>> = vec![None; dev.rings.len()];
     let mut direct: Vec<DirectSock> = Vec::new();
+    // Where cut-through receive lands before the check; made with the first socket.
+    let mut bounce: Option<Bounce> = None;
     let mut direct_key: Option<(u64, bool)> = None;
     // Cut-through sockets left unarmed because the guest had no receive buffers.
     let mut direct_waiting = false;
     loop {
         if dev.stop.load(SeqCst) {
             return Ok(());
+        }
+        if dev.memory_faulted() {
+            dev.stats.memory_faults.fetch_add(1, Relaxed);
+            return Err(io::Error::other(
+                "the frontend cut guest memory short under us (SIGBUS survived)",
+            ));
         }
         let key = (dev.ingress.generation(), dev.cfg.load().cut_through);
         if direct_key != Some(key) {
@@ -365,10 +379,11 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
                 }
                 t if t >= TOKEN_DIRECT => {
                     let i = (t - TOKEN_DIRECT) as usize;
-                    let Some(d) = direct.get_mut(i) else { continue };
+                    let Some(d) = direct.get(i) else { continue };
+                    let b = bounce.get_or_insert_with(|| Bounce::new(dev.max_frame));
                     let mut rearm = true;
                     for _ in 0..DIRECT_ROUNDS {
-                        match dev.direct_receive(d)? {
+                        match dev.direct_receive(d, b)? {
                             direct::Received::Frames { full: true } => continue,
                             direct::Received::Frames { full: false } => break,
                             direct::Received::NoBuffers => {

@@ -1,6 +1,7 @@
 //! How a NIC that is not read by the dispatchers (vhost-user, with its own thread) hands its
 //! guest's frames to the overlay, and the vhost-user cut-through receive's questions to the
-//! route table ([`Ingress::direct_links`], [`Ingress::accept_direct`]).
+//! route table ([`Ingress::direct_links`], [`Ingress::accept_direct`]) and its way back to the
+//! ordinary path ([`Ingress::forward_from`], [`Ingress::forward_other_vni`]).
 //!
 //! A frame the guest transmitted may be handed over where it lies, in the guest's shared
 //! memory ([`GuestFrame::Shared`]): the guest can rewrite those bytes at any moment, so vnet
@@ -9,7 +10,7 @@
 //! must read it. A frame whose offload header needs its bytes read (a checksum to complete,
 //! a segment to cut) is copied whole first.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -150,8 +151,8 @@ impl Ingress {
             return vec![];
         }
         let local = snap.udp.local_addr();
-        // Encrypted links never take the cut-through path (it reads plaintext VXLAN straight
-        // into the guest), nor does any link to a peer address an encrypted link shares: the
+        // Encrypted links never take the cut-through path (it reads plaintext VXLAN only),
+        // nor does any link to a peer address an encrypted link shares: the
         // connected socket would take that link's datagrams too.
         let encrypted_peers: Vec<Option<SocketAddr>> = snap
             .ports
@@ -211,7 +212,7 @@ impl Ingress {
     }
 
     /// Frames that arrived on `link` but are not for this interface alone: the ordinary path.
-    pub fn forward_from(&self, ctx: &mut FwdCtx, link: PortId, frames: &[Vec<u8>]) {
+    pub fn forward_from<F: AsRef<[u8]>>(&self, ctx: &mut FwdCtx, link: PortId, frames: &[F]) {
         let snap = self.shared.snapshot.load_full();
         let mut batch = TxBatch::default();
         for f in frames {
@@ -220,6 +221,43 @@ impl Ingress {
                 &snap,
                 ctx,
                 link,
+                Arrival::local(VirtioNetHdr::default(), f.as_ref()),
+                &mut batch,
+            );
+        }
+        batch.flush(&self.shared.offload, &self.shared.daemon, &snap.udp);
+        ctx.flush(&self.shared);
+        snap.end_of_burst();
+    }
+
+    /// Frames (with their VNIs) from `peer` that arrived on the connected socket of one of
+    /// its links (vhost-user cut-through) but carry another VNI: each goes on from the link
+    /// of its VNI to that peer, as if the shared VXLAN socket had received it (`unknown_vni`
+    /// when there is none).
+    pub fn forward_other_vni(&self, ctx: &mut FwdCtx, peer: IpAddr, frames: &[(u32, &[u8])]) {
+        let snap = self.shared.snapshot.load_full();
+        let ip = peer.to_canonical();
+        let mut batch = TxBatch::default();
+        for &(vni, f) in frames {
+            let Some(&port) = snap.udp_peers.get(&(ip, vni)) else {
+                self.shared.daemon.count_drop(DropReason::UnknownVni);
+                continue;
+            };
+            let encrypted = snap
+                .ports
+                .get(&port)
+                .and_then(|p| p.port.as_udp())
+                .is_some_and(|l| l.crypto.is_some());
+            if encrypted {
+                // Plaintext claiming to come from an encrypted link's peer: unauthenticated.
+                snap.count_rx_drop(port, f.len(), DropReason::BadAuth);
+                continue;
+            }
+            process(
+                &self.shared,
+                &snap,
+                ctx,
+                port,
                 Arrival::local(VirtioNetHdr::default(), f),
                 &mut batch,
             );
