@@ -436,8 +436,10 @@ def test_duplicate_host_id_does_not_fight(lab, etcd):
     # h2 kept its link to the real h1 all along.
     assert ov.routes(h2).get(ov.guests[0].mac) == ("link", "c-h1-v1")
     lab.wait_ping(ov.guests[1], ov.guests[0].ip_addr, timeout=5)
-    # Once h1 is gone (lease revoked on SIGTERM), the id is free and the intruder takes it.
-    h1.stop_vnetd()
+    # Once h1 is gone (a teardown revokes its lease; a plain stop would keep it for the next
+    # vnetd until the TTL), the id is free and the intruder takes it.
+    h1.ctl("teardown")
+    netlab.wait_until(lambda: not h1.vnetd.alive(), 10, what="h1's vnetd to exit")
     netlab.wait_until(
         lambda: {r["host_id"]: r for r in json.loads(etcd.ctl("hosts", "json"))}.get("h1", {}).get("addr")
         == intruder.underlay_ip, 15, 0.2, what="the second daemon to take the free host id")

@@ -348,6 +348,15 @@ fn underlay_for(remote: Ipv4Addr, bound: Option<Ipv4Addr>) -> Option<(Ipv4Addr, 
     (dev != 1 && out == dev).then_some((local, dev))
 }
 
+/// Removes the kernel objects a vnetd pinned under `dir` (a teardown): its programs stop
+/// forwarding and its maps are freed once nothing else holds them.
+pub fn remove_pinned(dir: &std::path::Path) {
+    match vnet_fastpath::pin::remove_dir(dir) {
+        Ok(()) => info!(dir = %dir.display(), "no pinned kernel objects left"),
+        Err(e) => warn!(dir = %dir.display(), "could not remove the pinned kernel objects: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,15 +400,5 @@ mod tests {
             None
         );
         assert_eq!(underlay_for(Ipv4Addr::LOCALHOST, None), None);
-    }
-}
-
-/// Removes the kernel objects a vnetd pinned under `dir` (a teardown): its programs stop
-/// forwarding and its maps are freed once nothing else holds them.
-pub fn remove_pinned(dir: &std::path::Path) {
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => info!(dir = %dir.display(), "pinned kernel objects removed"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => warn!(dir = %dir.display(), "could not remove the pinned kernel objects: {e}"),
     }
 }

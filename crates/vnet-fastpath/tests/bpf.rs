@@ -2,8 +2,11 @@
 //! crafted frames: forwarded, encapsulated, punted, spoofed, oversize, VLAN, broadcast, rate
 //! limited, decapsulated (valid and hostile VXLAN, lengths that disagree with the datagram),
 //! decisions into another VNI, and the punt TAP's way back; plus table updates, the outer
-//! cache's invalidation, locked rate rewrites, the forwarding sysctl put back, and cleanup. Needs root: each test runs in a network namespace of its own (made by
-//! `unshare` on the test's thread) with veth devices, so nothing touches the host.
+//! cache's invalidation, locked rate rewrites, the forwarding sysctl put back, pinning and the
+//! takeover by a later process, and cleanup. Needs root: each test runs in a network
+//! namespace of its own (made by `unshare` on the test's thread) with veth devices, so nothing
+//! touches the host but the pins of the pinning tests (a directory of their own on bpffs,
+//! removed by the test).
 //! Without root the tests skip with a reason, unless VNET_REQUIRE_BPF=1 (CI), which fails.
 
 use std::net::Ipv4Addr;
@@ -1159,4 +1162,211 @@ fn rate_updates_take_the_buckets_lock() {
         torn, 0,
         "{torn} of {rounds} reads saw a bucket fuller than its cap"
     );
+}
+
+/// A pin directory of this test's own on the machine's bpffs.
+fn test_pin_dir(what: &str) -> std::path::PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    std::path::PathBuf::from(format!(
+        "{}/vnet-test-{what}-{}-{nanos}",
+        pin::BPFFS,
+        std::process::id()
+    ))
+}
+
+/// The ports and links of `lab_with` under other ids (a new process numbers its ports anew),
+/// attached by a FastPath that takes over; `with_b`: port B and its route too.
+fn take_over(fp: &mut FastPath, with_b: bool) -> ApplyReport {
+    let (pa, pb, punt_a, punt_b, u0) = (
+        ifindex("pa"),
+        ifindex("pb"),
+        ifindex("punta"),
+        ifindex("puntb"),
+        ifindex("u0"),
+    );
+    let (a, b, c, d) = (PortId(11), PortId(12), PortId(13), PortId(14));
+    fp.attach_underlay(u0).expect("underlay");
+    let port = |id, ifindex, punt_ifindex, mac| PortSpec {
+        id,
+        ifindex,
+        punt_ifindex,
+        mac,
+        vni: 1,
+        mtu: 1450,
+        delivery: Delivery::Egress,
+        policy: PortPolicy::default(),
+    };
+    fp.attach_port(&port(a, pa, punt_a, A)).expect("port A");
+    if with_b {
+        fp.attach_port(&port(b, pb, punt_b, B)).expect("port B");
+    }
+    let link = |id, remote| LinkSpec {
+        id,
+        vni: 1,
+        remote,
+        local: LOCAL,
+        udp_port: 4789,
+        rate: None,
+        via_device: None,
+    };
+    fp.set_link(&link(c, REMOTE)).expect("link C");
+    fp.set_link(&link(d, UNRESOLVED)).expect("link D");
+    let mut ports = vec![
+        CompilePort {
+            id: a,
+            vni: 1,
+            egress: Egress::FastPort,
+        },
+        CompilePort {
+            id: c,
+            vni: 1,
+            egress: Egress::UdpLink,
+        },
+        CompilePort {
+            id: d,
+            vni: 1,
+            egress: Egress::UdpLink,
+        },
+    ];
+    let mut dests = vec![(A, a), (C, c), (D, d)];
+    if with_b {
+        ports.push(CompilePort {
+            id: b,
+            vni: 1,
+            egress: Egress::FastPort,
+        });
+        dests.push((B, b));
+    }
+    let rules: Vec<RouteRule> = dests
+        .iter()
+        .map(|(m, p)| RouteRule {
+            vni: 1,
+            src: MacMatch::Any,
+            dst: MacMatch::Exact(*m),
+            dest: *p,
+        })
+        .collect();
+    let held = fp
+        .apply_table(&compile(&ports, &rules, false))
+        .expect("table");
+    assert_eq!(
+        (held.written, held.deleted),
+        (0, 0),
+        "a table written while taking over"
+    );
+    fp.commit().expect("commit")
+}
+
+#[test]
+fn a_pinned_fast_path_outlives_its_process_and_is_taken_over() {
+    let dir = test_pin_dir("takeover");
+    let cfg = FastPathConfig {
+        pin_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    let Some(l) = lab_with(cfg.clone()) else {
+        return;
+    };
+    assert!(l.fp.pinned());
+    assert!(!l.fp.taking_over(), "nothing to take over at a first start");
+    let (pa, pb, u0) = (l.pa, l.pb, l.underlay);
+    let f = frame(B, A, 100);
+    let r = l.fp.test_run(Program::PortIngress, &f, pa, 0).unwrap();
+    assert_eq!(r.verdict, TCX_REDIRECT);
+    let before = l.fp.port_counters(PORT_A).unwrap();
+    assert_eq!(before.rx_frames, 1);
+    // The process "ends": its descriptors close, the pins keep everything attached.
+    drop(l);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (1, 1, 1));
+
+    // The next one takes it all back, writes nothing and swaps its programs in.
+    let mut fp = FastPath::open(&cfg).expect("second open");
+    assert!(fp.taking_over());
+    let report = take_over(&mut fp, true);
+    assert_eq!(
+        (report.written, report.deleted),
+        (0, 0),
+        "the same table rewritten"
+    );
+    assert!(!fp.taking_over());
+    assert_eq!(
+        (tcx_count(pa), tcx_count(pb), tcx_count(u0)),
+        (1, 1, 1),
+        "attached twice"
+    );
+    assert_eq!(fp.table_len(), 4);
+    // The counters carried over (the same slot, the same map).
+    assert_eq!(fp.port_counters(PortId(11)).unwrap().rx_frames, 1);
+    let r = fp.test_run(Program::PortIngress, &f, pa, 0).unwrap();
+    assert_eq!(
+        r.verdict, TCX_REDIRECT,
+        "the taken-over table still forwards A to B"
+    );
+    assert_eq!(fp.port_counters(PortId(12)).unwrap().tx_frames, 2);
+    drop(fp);
+
+    // A third one whose configuration no longer has port B: B's attachment and entries go.
+    let mut fp = FastPath::open(&cfg).expect("third open");
+    let report = take_over(&mut fp, false);
+    assert_eq!(report.deleted, 1, "B's entry");
+    assert_eq!(fp.table_len(), 3);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while tcx_count(pb) != 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (1, 0, 1));
+    assert!(!dir.join("links").join(format!("port-{pb}")).exists());
+
+    // A teardown leaves nothing: no attachment, no pin.
+    fp.teardown();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while (tcx_count(pa), tcx_count(u0)) != (0, 0) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (0, 0, 0));
+    assert!(!dir.exists(), "{} stayed", dir.display());
+}
+
+#[test]
+fn pinned_maps_of_another_size_are_replaced_not_reused() {
+    let dir = test_pin_dir("resize");
+    let cfg = FastPathConfig {
+        pin_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    let Some(l) = lab_with(cfg.clone()) else {
+        return;
+    };
+    let pa = l.pa;
+    drop(l);
+    // Another table size (an upgrade, or a changed --fastpath-table-size): new maps, filled
+    // before the attachments switch to the programs that use them.
+    let cfg2 = FastPathConfig {
+        max_table: 1024,
+        ..cfg
+    };
+    let mut fp = FastPath::open(&cfg2).expect("open with another size");
+    assert!(fp.taking_over(), "the attachments are still to take over");
+    let report = take_over(&mut fp, true);
+    assert_eq!(report.written, 4, "the whole table into the new map");
+    let f = frame(B, A, 100);
+    assert_eq!(
+        fp.test_run(Program::PortIngress, &f, pa, 0)
+            .unwrap()
+            .verdict,
+        TCX_REDIRECT
+    );
+    assert_eq!(tcx_count(pa), 1);
+    let fwd = libbpf_rs::MapHandle::from_pinned_path(dir.join("maps/fwd")).expect("fwd pinned");
+    assert_eq!(
+        libbpf_rs::MapCore::max_entries(&fwd),
+        1024,
+        "the new map is the pinned one"
+    );
+    fp.teardown();
+    assert!(!dir.exists());
 }

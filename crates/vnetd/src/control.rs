@@ -371,7 +371,7 @@ mod tests {
     fn daemon_on_loopback(token: Option<&str>) -> (SocketAddr, Arc<Daemon>) {
         let engine =
             vnet_dataplane::Engine::new("127.0.0.1:0".parse().expect("addr")).expect("engine");
-        let daemon = Arc::new(Daemon::new(engine));
+        let daemon = Arc::new(Daemon::new(engine, None));
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = l.local_addr().expect("addr");
         let (d, t) = (daemon.clone(), token.map(str::to_string));
