@@ -25,6 +25,7 @@ import time
 import pytest
 
 import netlab
+from test_vhost import image  # noqa: F401  (the QEMU guest image fixture)
 
 MTU = 1450
 
@@ -255,3 +256,69 @@ route add any {b1.mac} link peer
     assert dev_a1 not in a1.links(), "the TAP of the interface the file dropped stayed"
     assert "the config file changed" in A.vnetd.log_text()
     lab.wait_ping(a2, b1.ip_addr, timeout=10)
+
+
+@pytest.mark.parametrize("vnetd_side", ["server", "client"])
+def test_a_vhost_user_vm_is_served_again_after_a_restart(lab, image, record, vnetd_side):
+    """A real VM (QEMU, vhost-user) across SIGKILL + start of its vnetd: the VM keeps running
+    and its device is served again. vnetd as the server: QEMU reconnects (`reconnect=1`, its
+    granularity is a second); vnetd as the client (`interface add ... client`, QEMU listens):
+    the new vnetd connects at once. The gap is from the new vnetd being ready to the first
+    reply of a ping (10 ms apart) that ran all along."""
+    from test_vhost import SUBNET, boot, failed, vm_mac
+    sock = lab.workdir / "vm1.sock"
+    A, B = lab.host("A"), lab.host("B")
+    b1 = lab.guest("b1", ip=f"{SUBNET}.20", mac="52:54:00:60:01:20")
+    client = " client" if vnetd_side == "client" else ""
+    g = None
+    if vnetd_side == "client":
+        # QEMU listens first; vnetd connects to it.
+        g = qemu_guest(lab, image, A, sock, server=True)
+    A.start_vnetd(config=f"""
+interface add vm1 vhost-user {sock} mac {vm_mac(1)} mtu {MTU}{client}
+link add to-b udp {B.underlay_ip}
+route add any {vm_mac(1)} interface vm1
+route add any {b1.mac} link to-b
+""")
+    B.start_vnetd(config=f"""
+interface add b1 tap mac {b1.mac} netns {b1.name} mtu {MTU}
+link add to-a udp {A.underlay_ip}
+route add any {b1.mac} interface b1
+route add any {vm_mac(1)} link to-a
+""")
+    b1.configure(B.interface("b1")["ifname"], MTU)
+    if g is None:
+        g = boot(lab, image, A, sock, 1, reconnect=1)
+    with g:
+        g.wait_ready(timeout=120)
+        lab.wait_ping(b1, f"{SUBNET}.1", timeout=30)
+        p = b1.popen("ping", "-D", "-i", "0.01", "-W", "1", f"{SUBNET}.1",
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(1)
+        restart(A, signal.SIGKILL)
+        ready = time.time()
+        time.sleep(4)
+        netlab.stop_pid(p, signal.SIGINT)
+        out = p.stdout.read()
+        replies = [float(t) for t in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", out, re.M)]
+        first = min((t for t in replies if t >= ready), default=None)
+        assert first is not None, f"no reply after the restart: {out[-600:]}\n{failed(g, A)}"
+        back = first - ready
+        record(f"{vnetd_side}_back_after_ready_s", round(back, 3))
+        assert g.alive(), failed(g, A)
+        bound = 1.0 if vnetd_side == "client" else 2.5
+        assert back < bound, f"{back:.2f} s after vnetd was ready"
+
+
+def qemu_guest(lab, image, host, sock, server: bool):
+    """A VM whose vhost-user NIC listens on ``sock`` (QEMU as the server)."""
+    import sys
+    sys.path.insert(0, str(netlab.REPO))
+    from guest import qemu
+    from test_vhost import SUBNET, vm_mac
+    g = qemu.Guest(image, qemu.VhostUser(str(sock), mac=vm_mac(1), server=server),
+                   ip=f"{SUBNET}.1/24", mtu=MTU, cmd="true", then="wait", netns=host.name,
+                   name=f"{lab.prefix}-vm1")
+    g.start()
+    netlab.wait_until(lambda: sock.exists(), 30, what="QEMU's vhost-user socket")
+    return g
