@@ -28,6 +28,14 @@ ensure_etcd
 ensure_packages_no_start prometheus
 ensure_packages chromium containernetworking-plugins
 ensure_cnitool
+# Issue #17: the CNI plugin through podman (tests/system/test_podman.py). Debian's podman 4.3
+# (CNI backend) with runc (crun refuses this machine's hybrid cgroups) and a busybox-static tree
+# as the containers' root file system (no image registry is needed). podman's units (API
+# socket, restart service, auto-update timer) act only on its default storage, empty here, and
+# none is started by the install; the test runs podman with its own storage and CNI config
+# directory, so podman's default network (the cni-podman0 bridge) is never made.
+ensure_packages_no_start podman runc
+ensure_packages busybox-static
 ensure_cargo
 
 if ! python3 -c 'import pytest' 2>/dev/null; then

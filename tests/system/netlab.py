@@ -571,6 +571,13 @@ class Lab:
     def guest(self, role: str, ip: Optional[str] = None, mac: Optional[str] = None) -> Guest:
         return Guest(self, role, ip, mac)
 
+    def adopt_netns(self, name: str) -> None:
+        """A namespace someone else made for this lab (a container runtime's, in /run/netns):
+        if it is still there at close, what runs in it is killed and it is deleted, as ours."""
+        if name not in self._namespaces:
+            self._namespaces.append(name)
+            self._save_state()
+
     def veth(self, a: Netns, a_dev: str, b: Netns, b_dev: str, up: bool = True) -> None:
         """A veth pair between two of the lab's namespaces (created directly inside ``a``)."""
         a.ip_link("add", a_dev, "type", "veth", "peer", "name", b_dev, "netns", b.name)
