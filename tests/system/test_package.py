@@ -26,12 +26,19 @@ REPO = netlab.REPO
 
 
 @pytest.fixture(scope="module")
-def deb():
+def debs_dir(tmp_path_factory):
+    """Where this module keeps the packages it built (cargo-deb may replace what is in
+    target/debian/)."""
+    return tmp_path_factory.mktemp("debs")
+
+
+@pytest.fixture(scope="module")
+def deb(debs_dir):
     r = subprocess.run(["bash", "scripts/package.sh"], cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     path = Path(r.stdout.strip().splitlines()[-1])
     assert path.exists() and path.suffix == ".deb", r.stdout
-    return path
+    return Path(shutil.copy(path, debs_dir / path.name))
 
 
 def extract(deb: Path, root: Path) -> None:
@@ -128,8 +135,12 @@ def test_package_installs_and_starts(lab, deb, record):
     assert "--token-file" in argv and "/etc/vnet/token" in argv
     h = lab.host("pkg")
     h.token_file = token
-    proc = start_installed(lab, h, root, argv)
+    if Path("/sys/fs/bpf/vnet").exists():
+        pytest.skip("/sys/fs/bpf/vnet exists: a vnet runs on this machine, and the installed daemon "
+                    "of this test would share its pins")
+    proc = None
     try:
+        proc = start_installed(lab, h, root, argv)
         assert "to-b" in h.ctl("show", "links")
         assert "link add to-b udp 10.99.0.9" in h.ctl("show", "config")
         # Without the token, the control port refuses.
@@ -140,8 +151,19 @@ def test_package_installs_and_starts(lab, deb, record):
                                        headers={"Authorization": f"Bearer {token.read_text().strip()}"})
         assert st == 200 and b'vnet_link_state{link="to-b",state="up"} 1' in body
     finally:
-        netlab.stop_pid(proc)
+        if proc is not None:
+            netlab.stop_pid(proc)
+        # A stop leaves the overlay for the next vnetd: this one is the last.
+        teardown_installed(h, root)
     assert proc.returncode == 0, (lab.workdir / "vnetd-installed.log").read_text()[-3000:]
+    assert not Path("/sys/fs/bpf/vnet").exists()
+
+
+def teardown_installed(h, root: Path, check: bool = True) -> None:
+    """What the package's removal does: the installed vnetd's teardown of its state directory."""
+    r = subprocess.run(["nsenter", f"--net=/run/netns/{h.name}", root / "usr/bin/vnetd", "--teardown",
+                        "--state-dir", root / "var/lib/vnet"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 or not check, r.stderr
 
 
 def run_script(lab, deb: Path, root: Path, name: str, *args, netns=None) -> None:
@@ -175,12 +197,14 @@ def start_installed(lab, h, root: Path, argv: list, log_name="vnetd-installed.lo
     for link, target in (("lib64", "usr/lib64"), ("lib", "usr/lib")):
         if not (root / link).exists():
             (root / link).symlink_to(target)
-    for d in ("dev", "proc", "run/vnet", "run/netns", "tmp", "sys/fs/bpf"):
+    for d in ("dev", "proc", "run/vnet", "run/netns", "tmp", "sys"):
         (root / d).mkdir(parents=True, exist_ok=True)
+    # /sys as systemd gives the service: libbpf reads the kernel's BTF and the CPU count there,
+    # and bpffs is mounted at /sys/fs/bpf.
     binds = (("/usr/lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu"), ("/usr/lib64", "usr/lib64"),
-             ("/dev", "dev"), ("/proc", "proc"), ("/run/netns", "run/netns"),
-             ("/sys/fs/bpf", "sys/fs/bpf"))
-    mounts = " && ".join(f"mount --bind {src} {root}/{dst}" for src, dst in binds)
+             ("/dev", "dev"), ("/proc", "proc"), ("/run/netns", "run/netns"), ("/sys", "sys"))
+    # --rbind: the named namespaces are mounts of their own under /run/netns.
+    mounts = " && ".join(f"mount --rbind {src} {root}/{dst}" for src, dst in binds)
     script = (f"(mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf) && {mounts} && "
               f"exec chroot {root} {shlex.join(argv)}")
     log = open(lab.workdir / log_name, "ab")
@@ -194,15 +218,15 @@ def start_installed(lab, h, root: Path, argv: list, log_name="vnetd-installed.lo
 
 
 @pytest.fixture(scope="module")
-def rebuilt_deb(deb):
+def rebuilt_deb(deb, debs_dir):
     """The same package rebuilt as the next revision (what an upgrade installs)."""
-    out = deb.parent / "rebuilt"
-    out.mkdir(exist_ok=True)
-    r = subprocess.run(["cargo", "deb", "-p", "vnetd", "--no-build", "--strip", "--deb-revision", "2",
-                        "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(["cargo", "deb", "-p", "vnetd", "--no-build", "--strip", "--deb-revision", "2"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    (path,) = out.glob("vnet_*-2_*.deb")
-    return path
+    path = Path(r.stdout.strip().splitlines()[-1])
+    assert path.exists() and path.name.endswith("-2_amd64.deb"), r.stdout
+    assert path.read_bytes() != deb.read_bytes()
+    return Path(shutil.copy(path, debs_dir / path.name))
 
 
 def test_upgrade_by_a_rebuilt_deb_loses_nothing(lab, deb, rebuilt_deb, record):
@@ -240,8 +264,9 @@ route add any {b1.mac} link peer
 """)
     argv, _ = unit_env(root)
     A.token_file = root / "etc/vnet/token"
-    proc = start_installed(lab, A, root, argv)
+    proc = None
     try:
+        proc = start_installed(lab, A, root, argv)
         A.add_vm(a2, "cni-a2", a2.mac, kind="veth", mtu=1450)
         a1.configure(A.interface("vm-a1")["ifname"], 1450)
         for g in (a1, a2):
@@ -256,7 +281,11 @@ route add any {b1.mac} link peer
         # The upgrade as dpkg and systemd do it: the new files over the old (the running
         # binary is replaced, not written into), the new postinst, then the unit's restart.
         t0 = time.monotonic()
+        # dpkg keeps conffiles the administrator changed (dpkg-deb -x would not).
+        conffiles = {f: (root / f).read_bytes() for f in ("etc/vnet/vnet.conf", "etc/default/vnetd")}
         extract(rebuilt_deb, root)
+        for f, data in conffiles.items():
+            (root / f).write_bytes(data)
         run_script(lab, rebuilt_deb, root, "postinst", "configure", "0.1.0-1")
         netlab.stop_pid(proc)
         assert proc.returncode == 0, (lab.workdir / "vnetd-installed.log").read_text()[-3000:]
@@ -277,9 +306,9 @@ route add any {b1.mac} link peer
         log = (lab.workdir / "vnetd-installed.log").read_text()
         assert "takeover complete written=0 deleted=0" in log, log[-3000:]
     except BaseException:
-        netlab.stop_pid(proc)
-        subprocess.run(["nsenter", f"--net=/run/netns/{A.name}", root / "usr/bin/vnetd", "--teardown",
-                        "--state-dir", root / "var/lib/vnet"], capture_output=True, timeout=30)
+        if proc is not None:
+            netlab.stop_pid(proc)
+        teardown_installed(A, root, check=False)
         raise
     netlab.stop_pid(proc)
     # Removal: the prerm stops vnetd (systemd's part, stubbed) and tears the overlay down.

@@ -440,10 +440,11 @@ fn run(args: Args) -> Result<()> {
             pin_dir: Some(pin_dir.clone()),
             ..Default::default()
         };
+        // Recorded before the attempt: a teardown removes whatever it leaves in the directory.
+        resources.bpf_dir = Some(pin_dir);
         match engine.enable_kernel_path(cfg) {
             Ok(()) => {
                 info!(pinned = engine.kernel_pinned(), "kernel fast path loaded (eBPF at tcx): veth and netdev interfaces and plain udp links are forwarded in the kernel where the table decides");
-                resources.bpf_dir = Some(pin_dir);
                 engine.set_kernel_forwarding_originals(resources.forwarding_originals());
             }
             Err(why) => tracing::warn!("the kernel fast path is not available, so everything runs in user space (veth interfaces become TAPs): {why}"),

@@ -40,7 +40,12 @@ pub struct Saver {
 }
 
 impl Saver {
+    /// Starts the writer; the host record is written at once (a teardown after a crash must
+    /// find where this daemon pins its fast path even if nothing changed since).
     pub fn new(dir: StateDir, resources: Resources) -> std::io::Result<Saver> {
+        if let Err(e) = dir.write_resources(&resources) {
+            warn!("state: writing the host record: {e:#}");
+        }
         let shared = Arc::new(Shared {
             dir,
             local_written: Mutex::new(0),
