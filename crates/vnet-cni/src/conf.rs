@@ -244,6 +244,13 @@ impl Env {
         }
         Ok((id, ifname))
     }
+
+    /// CNI_NETNS, which ADD and CHECK need.
+    pub fn require_netns(&self) -> Result<PathBuf, CniError> {
+        self.netns
+            .clone()
+            .ok_or_else(|| env_error("CNI_NETNS is not set"))
+    }
 }
 
 /// The MAC the runtime asks for (the `mac` capability, or `MAC` in CNI_ARGS), if any.
@@ -447,6 +454,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(e.require_container().unwrap(), ("abc", "eth0"));
+        assert_eq!(
+            e.require_netns().unwrap(),
+            PathBuf::from("/var/run/netns/x")
+        );
         assert_eq!(e.path.len(), 2);
         let c = parse_config(br#"{"cniVersion":"1.0.0","name":"ov","type":"vnet-cni"}"#).unwrap();
         assert_eq!(
@@ -467,6 +478,7 @@ mod tests {
         ])
         .unwrap();
         assert!(e.require_container().is_err());
+        assert_eq!(e.require_netns().unwrap_err().code, code::INVALID_ENV);
         let e = env(&[
             ("CNI_COMMAND", "ADD"),
             ("CNI_ARGS", "MAC=01:00:5e:00:00:01"),

@@ -19,20 +19,22 @@ mod conf;
 mod ipam;
 mod link;
 mod names;
-mod nl;
-mod vnetd;
 
 use std::io::Read;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use serde_json::Value;
+use vnet_client::{token, Control, Error as CtlError, Token};
 use vnet_wire::MacAddr;
 
 use crate::conf::{
     code, parse_config, requested_mac, AddResult, CniError, Config, Env, InterfaceResult, IpNet,
     IpamResult, SUPPORTED_VERSIONS,
 };
-use crate::vnetd::{Control, CtlError};
+
+/// How long vnetd may take to accept the connection, and each answer.
+const VNETD_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn main() {
     let env = match Env::from_vars(|k| std::env::var(k).ok()) {
@@ -100,7 +102,10 @@ fn ctl_error(e: CtlError) -> CniError {
             CniError::new(code::TRY_AGAIN, "vnetd is not reachable", e.to_string())
         }
         CtlError::Refused(m) => CniError::new(code::VNETD_REFUSED, "vnetd refused", m),
-        CtlError::Token(..) => CniError::new(
+        CtlError::BadAnswer(_) | CtlError::Request(_) => {
+            CniError::new(code::VNETD_REFUSED, "vnetd refused", e.to_string())
+        }
+        CtlError::Token { .. } => CniError::new(
             code::INVALID_CONFIG,
             "invalid network configuration",
             e.to_string(),
@@ -109,30 +114,19 @@ fn ctl_error(e: CtlError) -> CniError {
     }
 }
 
+/// Connects to vnetd with the token vnetctl would present (the configuration's `tokenFile`
+/// naming the file); the plugin runs as root, so a default file it cannot read is an error.
 fn connect(cfg: &Config) -> Result<Control, CtlError> {
-    let default = std::path::Path::new(vnetd::DEFAULT_TOKEN_FILE);
-    let token = vnetd::token_file(
-        cfg.conf.token_file.as_deref(),
-        std::env::var_os(vnetd::TOKEN_FILE_ENV).as_deref(),
-        default,
-        default.exists(),
-    )
-    .as_deref()
-    .map(vnetd::read_token)
-    .transpose()?;
-    Control::connect(cfg.control, token.as_deref())
-}
-
-fn random_mac() -> MacAddr {
-    let mut b = [0u8; 6];
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        b.copy_from_slice(&t.to_le_bytes()[..6]);
-    }
-    MacAddr::local_from_random(b)
+    let token = match token::load(token::choose_here(cfg.conf.token_file.as_deref()))? {
+        Token::Unreadable(path, e) => {
+            return Err(CtlError::Token {
+                path,
+                reason: e.to_string(),
+            })
+        }
+        t => t,
+    };
+    Control::connect(cfg.control, VNETD_TIMEOUT, token.word())
 }
 
 fn netlink_error(what: &str, e: std::io::Error) -> CniError {
@@ -155,13 +149,7 @@ fn is_unknown_kind(msg: &str) -> bool {
 
 fn add(cfg: &Config, env: &Env) -> Result<String, CniError> {
     let (cid, ifname) = env.require_container()?;
-    let netns = env.netns.clone().ok_or_else(|| {
-        CniError::new(
-            code::INVALID_ENV,
-            "invalid CNI environment",
-            "CNI_NETNS is not set",
-        )
-    })?;
+    let netns = env.require_netns()?;
     let ipam_type = cfg
         .conf
         .ipam
@@ -174,7 +162,7 @@ fn add(cfg: &Config, env: &Env) -> Result<String, CniError> {
                 "\"ipam\" is missing",
             )
         })?;
-    let mac = requested_mac(&cfg.conf, env)?.unwrap_or_else(random_mac);
+    let mac = requested_mac(&cfg.conf, env)?.unwrap_or_else(MacAddr::random);
     let name = names::interface_name(&cfg.conf.name, cid, ifname);
     let dev = names::device_name(&cfg.conf.name, cid, ifname);
 
@@ -287,7 +275,7 @@ fn add(cfg: &Config, env: &Env) -> Result<String, CniError> {
             interfaces: vec![InterfaceResult {
                 name: ifname.to_string(),
                 mac: info
-                    .mac
+                    .address
                     .map(|m| MacAddr(m).to_string())
                     .unwrap_or_else(|| mac.to_string()),
                 mtu: info.mtu,
@@ -370,13 +358,7 @@ fn check_failed(details: String) -> CniError {
 
 fn check(cfg: &Config, env: &Env) -> Result<(), CniError> {
     let (cid, ifname) = env.require_container()?;
-    let netns = env.netns.clone().ok_or_else(|| {
-        CniError::new(
-            code::INVALID_ENV,
-            "invalid CNI environment",
-            "CNI_NETNS is not set",
-        )
-    })?;
+    let netns = env.require_netns()?;
     let prev: AddResult = cfg
         .conf
         .prev_result
@@ -419,14 +401,17 @@ fn check(cfg: &Config, env: &Env) -> Result<(), CniError> {
     }
     let (info, addrs) = link::inspect(&netns, ifname)
         .map_err(|e| check_failed(format!("{ifname} in {}: {e}", netns.display())))?;
-    let mac = info.mac.map(|m| MacAddr(m).to_string()).unwrap_or_default();
+    let mac = info
+        .address
+        .map(|m| MacAddr(m).to_string())
+        .unwrap_or_default();
     if !mac.eq_ignore_ascii_case(&want.mac) {
         return Err(check_failed(format!(
             "{ifname} has MAC {mac}, not {}",
             want.mac
         )));
     }
-    if info.flags & nl::IFF_UP == 0 {
+    if !info.up {
         return Err(check_failed(format!("{ifname} is down")));
     }
     for ip in &prev.ips {

@@ -4,10 +4,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-
-use crate::sys::cvt;
 
 pub fn netns_path(name: &str) -> PathBuf {
     PathBuf::from("/run/netns").join(name)
@@ -25,17 +22,4 @@ pub fn move_to_netns(ifindex: u32, ns: &File) -> io::Result<()> {
 }
 
 /// Runs `job` on a thread that has joined namespace `ns`, and returns its result.
-pub fn in_netns<T: Send + 'static>(
-    ns: &File,
-    job: impl FnOnce() -> io::Result<T> + Send + 'static,
-) -> io::Result<T> {
-    let ns = ns.try_clone()?;
-    std::thread::spawn(move || {
-        // SAFETY: setns on a namespace file we hold open; it affects only this thread, which
-        // ends right after the job.
-        cvt(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) })?;
-        job()
-    })
-    .join()
-    .map_err(|_| io::Error::other("namespace job panicked"))?
-}
+pub use vnet_netlink::in_netns;

@@ -314,30 +314,6 @@ pub fn if_index(name: &str) -> io::Result<u32> {
     Ok(i32::from_ne_bytes([r.data[0], r.data[1], r.data[2], r.data[3]]) as u32)
 }
 
-pub fn set_mac(name: &str, mac: [u8; 6]) -> io::Result<()> {
-    let s = ioctl_socket()?;
-    let mut r = IfReq::new(name)?;
-    r.data[..2].copy_from_slice(&(libc::ARPHRD_ETHER).to_ne_bytes());
-    r.data[2..8].copy_from_slice(&mac);
-    r.ioctl(s.as_raw_fd(), libc::SIOCSIFHWADDR)
-}
-
-pub fn set_mtu(name: &str, mtu: u32) -> io::Result<()> {
-    let s = ioctl_socket()?;
-    let mut r = IfReq::new(name)?;
-    r.data[..4].copy_from_slice(&(mtu as i32).to_ne_bytes());
-    r.ioctl(s.as_raw_fd(), libc::SIOCSIFMTU)
-}
-
-pub fn set_up(name: &str) -> io::Result<()> {
-    let s = ioctl_socket()?;
-    let mut r = IfReq::new(name)?;
-    r.ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS)?;
-    let flags = i16::from_ne_bytes([r.data[0], r.data[1]]) | libc::IFF_UP as i16;
-    r.data[..2].copy_from_slice(&flags.to_ne_bytes());
-    r.ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS)
-}
-
 /// One message of a `recvmmsg` batch.
 #[derive(Debug, Clone, Copy)]
 pub struct Msg {

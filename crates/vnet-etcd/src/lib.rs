@@ -12,6 +12,8 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "cli")]
+mod cli;
 pub mod codec;
 
 use std::io::{BufRead, BufReader, Read};
@@ -20,6 +22,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[cfg(feature = "cli")]
+pub use cli::{EtcdAccess, OverlayArgs};
 pub use codec::{
     prefix_end, CodecError, Compare, CompareTarget, EventKind, KeyValue, RangeResponse, TxnOp,
     WatchEvent, WatchMessage,
@@ -87,42 +91,6 @@ impl ClientConfig {
             key_file: None,
             user: None,
         }
-    }
-}
-
-/// How to reach etcd securely, as the `--etcd-*` flags of vnetd and vnetctl give it (their
-/// `--etcd` flag, which these require, is the binary's own).
-#[cfg(feature = "cli")]
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct EtcdAccess {
-    /// PEM file of the CA of etcd's server certificates (enables TLS).
-    #[arg(long, requires = "etcd")]
-    pub etcd_ca: Option<PathBuf>,
-    /// PEM client certificate for etcd (with --etcd-key).
-    #[arg(long, requires_all = ["etcd_key", "etcd_ca"])]
-    pub etcd_cert: Option<PathBuf>,
-    /// PEM private key of --etcd-cert.
-    #[arg(long, requires = "etcd_cert")]
-    pub etcd_key: Option<PathBuf>,
-    /// etcd user name (with --etcd-password-file).
-    #[arg(long, requires_all = ["etcd_password_file", "etcd"])]
-    pub etcd_user: Option<String>,
-    /// A file holding the etcd user's password (one line).
-    #[arg(long, requires = "etcd_user")]
-    pub etcd_password_file: Option<PathBuf>,
-}
-
-#[cfg(feature = "cli")]
-impl EtcdAccess {
-    /// Puts the TLS files and the credentials (the password read from its file) into `cc`.
-    pub fn apply_to(&self, cc: &mut ClientConfig) -> Result<(), Error> {
-        cc.ca_file = self.etcd_ca.clone();
-        cc.cert_file = self.etcd_cert.clone();
-        cc.key_file = self.etcd_key.clone();
-        if let (Some(user), Some(path)) = (&self.etcd_user, &self.etcd_password_file) {
-            cc.user = Some((user.clone(), read_password(path)?));
-        }
-        Ok(())
     }
 }
 

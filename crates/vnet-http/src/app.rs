@@ -55,14 +55,11 @@ struct HostApi<'a> {
     synced: Option<bool>,
 }
 
-/// Compares without an early exit, so timing does not reveal how much of a guess was right.
-fn same_secret(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut diff = (a.len() != b.len()) as u8;
-    for i in 0..a.len().max(b.len()) {
-        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
-    }
-    diff == 0
+/// Whether a presented token is the configured one (the HTTP listener's bearer token and the
+/// control port's `auth`), compared in constant time so that timing does not reveal how much
+/// of a guess was right (only whether its length was).
+pub fn same_secret(expected: &str, given: &str) -> bool {
+    subtle::ConstantTimeEq::ct_eq(expected.as_bytes(), given.as_bytes()).into()
 }
 
 /// Whether a `Host` header names this machine's loopback (`localhost`, `127.x`, `[::1]`,
@@ -244,5 +241,8 @@ mod tests {
         assert!(same_secret("abc", "abc"));
         assert!(!same_secret("abc", "abd"));
         assert!(!same_secret("abc", "abcd"));
+        assert!(!same_secret("abc", "ab"));
+        assert!(!same_secret("", "x"));
+        assert!(!same_secret("x", ""));
     }
 }

@@ -1,7 +1,8 @@
 //! Wire formats of vnet, in the style of smoltcp's `wire` module: typed, zero-copy views over
 //! byte buffers (`EthernetFrame`, `VxlanPacket`) plus small `Repr` structs that emit headers.
 //!
-//! Nothing here does I/O; everything that parses bytes from a guest or the wire returns a
+//! Nothing here does I/O (but `MacAddr::random`, behind the `random` feature, which reads the
+//! kernel's random source); everything that parses bytes from a guest or the wire returns a
 //! [`WireError`] instead of panicking, and is fuzzed (see `fuzz/`).
 
 #![forbid(unsafe_code)]

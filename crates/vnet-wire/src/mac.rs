@@ -34,6 +34,22 @@ impl MacAddr {
         bytes[0] = (bytes[0] & 0xfc) | 0x02;
         MacAddr(bytes)
     }
+
+    /// A new random locally administered unicast address (the one generator vnetd and
+    /// vnet-cni use for NICs given no MAC): the kernel's random source, or should it fail
+    /// (extremely unlikely), time-derived bytes.
+    #[cfg(feature = "random")]
+    pub fn random() -> MacAddr {
+        let mut b = [0u8; 6];
+        if getrandom::fill(&mut b).is_err() {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            b.copy_from_slice(&t.to_le_bytes()[..6]);
+        }
+        MacAddr::local_from_random(b)
+    }
 }
 
 impl fmt::Display for MacAddr {
@@ -116,6 +132,19 @@ mod tests {
         let m = MacAddr::local_from_random([0xff; 6]);
         assert!(m.is_unicast());
         assert_eq!(m.0[0] & 0x02, 0x02);
+    }
+
+    #[cfg(feature = "random")]
+    #[test]
+    fn random_macs_are_local_unicast_and_new_each_time() {
+        let macs: Vec<MacAddr> = (0..64).map(|_| MacAddr::random()).collect();
+        for m in &macs {
+            assert!(m.is_unicast(), "{m}");
+            assert_eq!(m.0[0] & 0x02, 0x02, "{m}");
+        }
+        // 46 random bits each: 64 draws collide with odds of about 2^-35.
+        let distinct: std::collections::BTreeSet<_> = macs.iter().collect();
+        assert_eq!(distinct.len(), macs.len());
     }
 
     proptest! {

@@ -4,15 +4,15 @@
 #![forbid(unsafe_code)]
 
 mod cluster;
-mod token;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
+use vnet_client::{token, Control, Request, Token};
 
 /// Send a command to vnetd, e.g. `vnetctl show stats` or `vnetctl --file topology.vnet`.
 #[derive(Parser, Debug)]
@@ -23,29 +23,21 @@ struct Args {
     control: SocketAddr,
     /// A file holding the control port's shared token [default: $VNET_TOKEN_FILE, else
     /// /etc/vnet/token when it exists].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "etcd")]
     token_file: Option<PathBuf>,
     /// Apply this script atomically (`-` reads standard input).
-    #[arg(long, short = 'f', conflicts_with = "command")]
+    #[arg(long, short = 'f', conflicts_with_all = ["command", "etcd"])]
     file: Option<PathBuf>,
     /// Seconds to wait for vnetd.
     #[arg(long, default_value_t = 30)]
     timeout: u64,
-    /// Manage the overlay in etcd at these endpoints (comma-separated) instead of one vnetd.
-    #[arg(long, requires = "overlay", conflicts_with_all = ["file", "token_file"])]
-    etcd: Option<String>,
-    /// The overlay's name in etcd.
-    #[arg(long, requires = "etcd")]
-    overlay: Option<String>,
+    // With --etcd: manage the overlay in etcd instead of one vnetd.
     #[command(flatten)]
-    etcd_access: vnet_etcd::EtcdAccess,
+    overlay: vnet_etcd::OverlayArgs,
     /// The command, e.g. `show stats json` (with --etcd: `hosts`, `routes`, `move ...`).
     #[arg(allow_hyphen_values = true)]
     command: Vec<String>,
 }
-
-/// The largest batch vnetd takes, in bytes of its lines (docs/control-language.md).
-const MAX_BATCH_BYTES: usize = 1 << 20;
 
 fn main() {
     match run(Args::parse()) {
@@ -81,16 +73,12 @@ fn local_command(words: &[String]) -> Option<Result<String>> {
     }
 }
 
-fn run_etcd(args: &Args, endpoints: &str) -> Result<String> {
-    let overlay: vnet_cluster::OverlayName = args
-        .overlay
-        .as_deref()
-        .unwrap_or_default()
-        .parse()
-        .context("--overlay")?;
-    let mut cc = vnet_etcd::ClientConfig::new(endpoints);
+fn run_etcd(
+    args: &Args,
+    overlay: vnet_cluster::OverlayName,
+    mut cc: vnet_etcd::ClientConfig,
+) -> Result<String> {
     cc.timeout = Duration::from_secs(args.timeout.clamp(1, 30));
-    args.etcd_access.apply_to(&mut cc)?;
     let client = vnet_etcd::Client::new(&cc)?;
     if args.command.is_empty() {
         bail!("{}", cluster::USAGE);
@@ -102,9 +90,10 @@ fn run(args: Args) -> Result<String> {
     if let Some(r) = local_command(&args.command) {
         return r;
     }
-    if let Some(endpoints) = &args.etcd {
-        return run_etcd(&args, endpoints);
+    if let Some((overlay, cc)) = args.overlay.client_config()? {
+        return run_etcd(&args, overlay, cc);
     }
+    // The request is checked before vnetd is asked anything.
     let request = match (&args.file, args.command.is_empty()) {
         (Some(path), _) => {
             let text = if path.as_os_str() == "-" {
@@ -114,67 +103,91 @@ fn run(args: Args) -> Result<String> {
             } else {
                 std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?
             };
-            let lines: Vec<&str> = text.lines().collect();
-            let bytes: usize = lines.iter().map(|l| l.len() + 1).sum();
-            if bytes > MAX_BATCH_BYTES {
-                bail!("the script is {bytes} bytes; vnetd takes at most {MAX_BATCH_BYTES} (1 MiB) at once: split it");
-            }
-            let mut req = format!("batch {}\n", lines.len());
-            for l in lines {
-                req.push_str(l);
-                req.push('\n');
-            }
-            req
+            Request::batch(&text.lines().collect::<Vec<_>>())?
         }
-        (None, false) => {
-            let cmd = args.command.join(" ");
-            if cmd.contains('\n') {
-                bail!("a command is one line");
-            }
-            format!("{cmd}\n")
-        }
+        (None, false) => Request::command(&args.command.join(" "))?,
         (None, true) => bail!("no command given (try `vnetctl show stats`, or --help)"),
     };
-    let token = token::load(token::choose(
-        args.token_file.as_deref(),
-        std::env::var_os(token::TOKEN_FILE_ENV).as_deref(),
-        Path::new(token::DEFAULT_TOKEN_FILE),
-    ))?;
+    let token = token::load(token::choose_here(args.token_file.as_deref()))?;
     let timeout = Duration::from_secs(args.timeout.max(1));
-    let stream = TcpStream::connect_timeout(&args.control, timeout)
-        .with_context(|| format!("cannot reach vnetd at {}", args.control))?;
-    stream.set_read_timeout(Some(timeout))?;
-    let mut w = stream.try_clone()?;
-    let mut r = BufReader::new(stream);
-    if let token::Token::Use(t) = &token {
-        w.write_all(format!("auth {t}\n").as_bytes())?;
-        read_reply(&mut r)?;
-    }
-    w.write_all(request.as_bytes())?;
-    read_reply(&mut r).map_err(|e| match token::why_refused(&token, &e.to_string()) {
-        Some(why) => anyhow!(why),
-        None => e,
-    })
+    let out = Control::connect(args.control, timeout, token.word())
+        .and_then(|mut c| c.call(&request))
+        .map_err(|e| explain(&token, e))?;
+    Ok(out.iter().map(|l| format!("{l}\n")).collect())
 }
 
-fn read_reply(r: &mut impl BufRead) -> Result<String> {
-    let mut status = String::new();
-    if r.read_line(&mut status)? == 0 {
-        bail!("vnetd closed the connection");
+/// vnetd's refusal as the message; when it asked for a token that the default file could
+/// not give, why.
+fn explain(token: &Token, e: vnet_client::Error) -> anyhow::Error {
+    match (token, e) {
+        (Token::Unreadable(path, why), vnet_client::Error::Refused(m))
+            if m == "authentication failed" =>
+        {
+            anyhow!(
+                "vnetd asks for a token: {} exists but cannot be read ({why}); \
+                 run vnetctl as root or give --token-file",
+                path.display()
+            )
+        }
+        (_, vnet_client::Error::Refused(m)) => anyhow!(m),
+        (_, e) => e.into(),
     }
-    let status = status.trim_end();
-    if let Some(msg) = status.strip_prefix("error ") {
-        return Err(anyhow!("{msg}"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_default_token_is_explained_only_when_vnetd_asks_for_one() {
+        let path = PathBuf::from("/etc/vnet/token");
+        let unreadable = || Token::Unreadable(path.clone(), std::io::Error::other("denied"));
+        let refused = |m: &str| vnet_client::Error::Refused(m.into());
+        let msg = explain(&unreadable(), refused("authentication failed")).to_string();
+        assert!(
+            msg.contains("/etc/vnet/token") && msg.contains("--token-file"),
+            "{msg}"
+        );
+        // Other refusals are vnetd's message as it is.
+        let msg = explain(&unreadable(), refused("unknown command")).to_string();
+        assert_eq!(msg, "unknown command");
+        let msg = explain(&Token::None, refused("authentication failed")).to_string();
+        assert_eq!(msg, "authentication failed");
     }
-    let n: usize = status
-        .strip_prefix("ok ")
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| anyhow!("unexpected reply from vnetd: {status:?}"))?;
-    let mut out = String::new();
-    for _ in 0..n {
-        if r.read_line(&mut out)? == 0 {
-            bail!("vnetd closed the connection mid-reply");
+}
+
+#[cfg(test)]
+mod args {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> std::result::Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("vnetctl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_overlay_options_are_checked_as_they_are_parsed() {
+        Args::command().debug_assert();
+        let a = parse(&["--etcd", "e:2379", "--overlay", "o1", "hosts"]).expect("ok");
+        let (overlay, _) = a.overlay.client_config().expect("config").expect("etcd");
+        assert_eq!(overlay.to_string(), "o1");
+        assert!(parse(&["show", "stats"]).is_ok());
+        for bad in [
+            &["--etcd", "e:2379", "hosts"][..],
+            &["--overlay", "o1", "hosts"],
+            &["--etcd", "e:2379", "--overlay", "two words", "hosts"],
+            &["--etcd", "e:2379", "--overlay", "o1", "--file", "x.vnet"],
+            &[
+                "--etcd",
+                "e:2379",
+                "--overlay",
+                "o1",
+                "--token-file",
+                "t",
+                "hosts",
+            ],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
         }
     }
-    Ok(out)
 }

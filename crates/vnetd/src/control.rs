@@ -13,7 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
-use vnet_control::{MAX_LINE_LEN, MAX_SCRIPT_LINES};
+use vnet_client::protocol;
+use vnet_client::{MAX_BATCH_BYTES, MAX_BATCH_LINES};
+use vnet_control::MAX_LINE_LEN;
+use vnet_http::app::same_secret;
 
 use crate::daemon::Daemon;
 
@@ -25,8 +28,6 @@ const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// An answer the client does not take within this ends the connection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-/// The most bytes of one batch's lines (newlines included).
-const MAX_BATCH_BYTES: usize = 1 << 20;
 
 /// How long a connection may take (the constants above; shorter in tests).
 #[derive(Debug, Clone, Copy)]
@@ -130,28 +131,7 @@ fn read_line(r: &mut impl BufRead, max: usize) -> std::io::Result<Line> {
 }
 
 fn reply(w: &mut impl Write, r: Result<String, String>) -> std::io::Result<()> {
-    match r {
-        Ok(out) => {
-            let lines: Vec<&str> = out.lines().collect();
-            let mut s = format!("ok {}\n", lines.len());
-            for l in lines {
-                s.push_str(l);
-                s.push('\n');
-            }
-            w.write_all(s.as_bytes())
-        }
-        Err(e) => w.write_all(format!("error {}\n", e.replace('\n', " ")).as_bytes()),
-    }
-}
-
-/// Compares without an early exit, so timing does not reveal how much of a guess was right.
-fn same_secret(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut diff = (a.len() != b.len()) as u8;
-    for i in 0..a.len().max(b.len()) {
-        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
-    }
-    diff == 0
+    w.write_all(protocol::answer(r.as_deref().map_err(String::as_str)).as_bytes())
 }
 
 fn handle(
@@ -236,12 +216,12 @@ fn handle(
         }
         let result = if first == Some("batch") {
             let n = match words.next().map(str::parse::<usize>) {
-                Some(Ok(n)) if n <= MAX_SCRIPT_LINES => n,
+                Some(Ok(n)) if n <= MAX_BATCH_LINES => n,
                 _ => {
                     bad("bad batch header");
                     reply(
                         &mut w,
-                        Err(format!("batch needs a line count up to {MAX_SCRIPT_LINES}")),
+                        Err(format!("batch needs a line count up to {MAX_BATCH_LINES}")),
                     )?;
                     continue;
                 }
@@ -301,11 +281,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn secrets() {
-        assert!(same_secret("abc", "abc"));
-        assert!(!same_secret("abc", "abd"));
-        assert!(!same_secret("abc", "ab"));
-        assert!(!same_secret("", "x"));
+    fn a_batch_holds_what_a_script_may() {
+        assert_eq!(MAX_BATCH_LINES, vnet_control::MAX_SCRIPT_LINES);
     }
 
     #[test]
@@ -497,7 +474,7 @@ mod tests {
         let mut w = c.w.try_clone().expect("clone");
         let sender = std::thread::spawn(move || {
             let mut sent = 0usize;
-            let _ = w.write_all(format!("batch {MAX_SCRIPT_LINES}\n").as_bytes());
+            let _ = w.write_all(format!("batch {MAX_BATCH_LINES}\n").as_bytes());
             while sent < 64 * MAX_BATCH_BYTES {
                 if w.write_all(line.as_bytes()).is_err() {
                     return true;

@@ -76,20 +76,6 @@ struct LocalSnapshot {
     forwarding: Vec<vnet_fastpath::ForwardingOriginal>,
 }
 
-pub(crate) fn random_mac() -> MacAddr {
-    let mut b = [0u8; 6];
-    if getrandom::fill(&mut b).is_err() {
-        // The kernel's random source failing is extremely unlikely; fall back to
-        // time-derived bytes, still locally administered.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        b.copy_from_slice(&t.to_le_bytes()[..6]);
-    }
-    MacAddr::local_from_random(b)
-}
-
 impl Daemon {
     pub fn new(engine: Engine, saver: Option<Saver>) -> Daemon {
         Daemon {
@@ -501,7 +487,7 @@ fn apply_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), String> {
     };
     let mut cfg = st.cfg.clone();
     let mut changes: Vec<(usize, Change)> = Vec::new();
-    let mut gen = random_mac;
+    let mut gen = MacAddr::random;
     for (line, cmd) in cmds {
         match cfg.apply(cmd, &mut gen) {
             Ok(ch) => changes.extend(ch.into_iter().map(|c| (*line, c))),

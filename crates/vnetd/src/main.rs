@@ -33,6 +33,8 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/vnet";
 /// Joins local VM interfaces and links to other hosts into one Ethernet LAN (VNET).
 #[derive(Parser, Debug)]
 #[command(version, about)]
+// --etcd needs --host-id too.
+#[command(group(clap::ArgGroup::new("with_etcd").arg("etcd").requires("host_id")))]
 struct Args {
     /// A script of control-language commands to apply at the first start (refused whole on any
     /// bad line); later starts restore the state and apply only what changed in it since.
@@ -72,13 +74,9 @@ struct Args {
     /// and exit.
     #[arg(long, value_name = "PATH")]
     gen_key: Option<PathBuf>,
-    /// etcd endpoints (comma-separated `host:port` or URLs): take links and routes to the
-    /// other hosts of the overlay from etcd (docs/control-language.md, "Many hosts from etcd").
-    #[arg(long, requires_all = ["overlay", "host_id"])]
-    etcd: Option<String>,
-    /// The overlay's name in etcd (keys under `/vnet/NAME/`).
-    #[arg(long, requires = "etcd")]
-    overlay: Option<String>,
+    // --etcd, --overlay and how to reach etcd.
+    #[command(flatten)]
+    overlay: vnet_etcd::OverlayArgs,
     /// This host's id in the overlay (at most 20 of `A-Z a-z 0-9 _ - .`).
     #[arg(long, requires = "etcd")]
     host_id: Option<String>,
@@ -92,8 +90,6 @@ struct Args {
     /// Seconds between two publications of the traffic matrix (0: never).
     #[arg(long, default_value_t = 5, requires = "etcd", value_parser = clap::value_parser!(u64).range(0..=86400))]
     etcd_matrix_interval: u64,
-    #[command(flatten)]
-    etcd_access: vnet_etcd::EtcdAccess,
     /// Never load the kernel fast path (eBPF): everything runs in user space, veth interfaces
     /// become TAPs. Without this flag vnetd loads it where the kernel allows, and says why not
     /// where it does not.
@@ -162,23 +158,15 @@ fn etcd_setup(
     args: &Args,
     public_key: Option<vnet_crypto::PublicKey>,
 ) -> Result<Option<EtcdSetup>> {
-    let Some(endpoints) = &args.etcd else {
+    let Some((overlay, cc)) = args.overlay.client_config().context("etcd access")? else {
         return Ok(None);
     };
-    let overlay: vnet_cluster::OverlayName = args
-        .overlay
-        .as_deref()
-        .unwrap_or_default()
-        .parse()
-        .context("--overlay")?;
     let host: vnet_cluster::HostId = args
         .host_id
         .as_deref()
         .unwrap_or_default()
         .parse()
         .context("--host-id")?;
-    let mut cc = vnet_etcd::ClientConfig::new(endpoints);
-    args.etcd_access.apply_to(&mut cc).context("etcd access")?;
     let addr = match (args.advertise_addr, args.bind) {
         (Some(a), _) => a,
         (None, Some(b)) if !b.is_unspecified() => {
@@ -401,7 +389,7 @@ fn run(args: Args) -> Result<()> {
         state.read(state::FILE)?.as_deref(),
         file_text.as_deref(),
         &cni_deleted,
-        &mut daemon::random_mac,
+        &mut vnet_wire::MacAddr::random,
     )
     .map_err(|e| match &args.config {
         Some(p) => anyhow::anyhow!("config {}: {e}", p.display()),
@@ -552,4 +540,29 @@ fn run(args: Args) -> Result<()> {
         info!("stopped (the devices and the kernel fast path stay for the next vnetd)");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// The overlay's own options are vnet-etcd's (tested with vnetctl's); vnetd adds that
+    /// `--etcd` needs `--host-id`.
+    #[test]
+    fn etcd_needs_a_host_id() {
+        Args::command().debug_assert();
+        let ok = [
+            "vnetd",
+            "--etcd",
+            "e:2379",
+            "--overlay",
+            "o1",
+            "--host-id",
+            "h",
+        ];
+        assert!(Args::try_parse_from(ok).is_ok());
+        assert!(Args::try_parse_from(&ok[..5]).is_err());
+        assert!(Args::try_parse_from(["vnetd", "--host-id", "h"]).is_err());
+    }
 }
