@@ -218,12 +218,13 @@ fn handle(
             let n = match words.next().map(str::parse::<usize>) {
                 Some(Ok(n)) if n <= MAX_BATCH_LINES => n,
                 _ => {
-                    bad("bad batch header");
-                    reply(
+                    // The lines of the batch follow: without a count there is no telling
+                    // where it ends, and none of them may run as a command of its own.
+                    bad("bad batch header; closing");
+                    return reply(
                         &mut w,
                         Err(format!("batch needs a line count up to {MAX_BATCH_LINES}")),
-                    )?;
-                    continue;
+                    );
                 }
             };
             // The whole batch must arrive within one idle timeout.
@@ -279,6 +280,33 @@ fn handle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batch header the daemon refuses closes the connection: the lines after it are the
+    /// batch's, and none of them may run as a command of its own.
+    #[test]
+    fn a_refused_batch_runs_none_of_its_lines() {
+        let (addr, daemon) = daemon_on_loopback(None);
+        let mut c = Client::new(addr);
+        let req = format!(
+            "batch {}\nlink add demo1 udp 10.0.0.1\nshow links\n",
+            MAX_BATCH_LINES + 1
+        );
+        c.w.write_all(req.as_bytes()).expect("write");
+        let status = c.line().unwrap_or_default();
+        assert!(
+            status.starts_with("error batch needs a line count"),
+            "{status:?}"
+        );
+        assert_eq!(
+            c.line(),
+            None,
+            "the connection stayed open after a refused batch"
+        );
+        assert!(!daemon
+            .execute_line("show links")
+            .expect("show")
+            .contains("demo1"));
+    }
 
     #[test]
     fn a_batch_holds_what_a_script_may() {
