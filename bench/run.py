@@ -1,39 +1,35 @@
-#!/usr/bin/env python3
 """vnet's benchmark suite: native vs the kernel's VXLAN vs vnet (guest-driven, polling,
 adaptive, and adaptive over an encrypted link), interleaved and repeated in one run. See bench/README.md.
 
-    sudo python3 bench/run.py                 # full default run (< 10 min on 2 cores)
-    sudo python3 bench/run.py --quick         # CI smoke run (~1 min), same output files
-    sudo python3 bench/run.py --rate 1gbit    # wire rate-limited with tc tbf
+    sudo python3 -m bench.run                 # full default run (< 10 min on 2 cores)
+    sudo python3 -m bench.run --quick         # CI smoke run (~1 min), same output files
+    sudo python3 -m bench.run --rate 1gbit    # wire rate-limited with tc tbf
+
+(from the repository root; ``bash scripts/bench.sh`` installs, builds and runs it).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import random
+import shutil
 import subprocess
 import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
 
+from vnetlab import netlab
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import ensure_matplotlib  # noqa: E402
-
-if __name__ == "__main__":
-    ensure_matplotlib(__file__)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import random  # noqa: E402
-import shutil  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import measure  # noqa: E402
-import mpi  # noqa: E402
-import report  # noqa: E402
-import testbed  # noqa: E402
-from testbed import CONFIGS, REPO, Testbed, is_vnet, netlab  # noqa: E402
+from . import REPO, measure, mpi, suite_report
+from .machine import background_cpu, command_line, machine_info, vnet_version
+from .progress import Progress, mmss
+from .report import ensure_matplotlib, write_json
+from .suite_bed import CONFIGS, SuiteBed, is_vnet, parse_rate
+from .testbed import have_root
 
 ALL_METRICS = ["tcp1", "tcp4", "udp", "rtt64", "sweep"]
 MPI_CONFIGS = ["native", "kernel-vxlan", "vnet-kernel", "vnet-adaptive"]
@@ -96,58 +92,10 @@ def parse_args(argv=None):
     a.mpi_configs = [c for c in a.mpi_configs if c in a.configs]
     a.mpi_rounds = a.mpi_rounds or (1 if q else 2)
     if a.rate:
-        testbed.parse_rate(a.rate)
+        parse_rate(a.rate)
         if a.udp_rate == "0":
-            a.udp_rate = str(int(testbed.parse_rate(a.rate)))
+            a.udp_rate = str(int(parse_rate(a.rate)))
     return a
-
-
-# --- progress -------------------------------------------------------------------------------
-
-class Progress:
-    """One status line (rewritten in place on a terminal, one line per step otherwise)."""
-
-    def __init__(self, total_s_est: float, ntasks: int):
-        self.t0 = time.monotonic()
-        self.est_total = total_s_est
-        self.ntasks = ntasks
-        self.done = 0
-        self.spent_est = 0.0
-        self.tty = sys.stderr.isatty()
-        self.width = 0
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
-    def show(self, what: str) -> None:
-        el = self.elapsed()
-        # scale the remaining estimate by how fast the finished tasks went versus their estimate
-        speed = (el / self.spent_est) if self.spent_est > 5 else 1.0
-        eta = max(0.0, (self.est_total - self.spent_est) * speed)
-        line = (f"[{self.done:3d}/{self.ntasks}] {_mmss(el)} elapsed, ~{_mmss(eta)} left | {what}")
-        if self.tty:
-            pad = max(0, self.width - len(line))
-            sys.stderr.write("\r" + line + " " * pad)
-            self.width = len(line)
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-
-    def step(self, est: float) -> None:
-        self.done += 1
-        self.spent_est += est
-
-    def say(self, msg: str) -> None:
-        if self.tty and self.width:
-            sys.stderr.write("\r" + " " * self.width + "\r")
-            self.width = 0
-        sys.stderr.write(msg + "\n")
-        sys.stderr.flush()
-
-
-def _mmss(s: float) -> str:
-    s = int(s)
-    return f"{s // 60}:{s % 60:02d}"
 
 
 # --- the plan -------------------------------------------------------------------------------
@@ -198,7 +146,7 @@ def plan(a, rng: random.Random) -> list:
 
 # --- running --------------------------------------------------------------------------------
 
-def run_task(tb: Testbed, a, kind: str, config: str, rnd: int, phase: str, work: Path, raw: Path,
+def run_task(tb: SuiteBed, a, kind: str, config: str, rnd: int, phase: str, work: Path, raw: Path,
              rtts: dict) -> list:
     tb.prepare(config)
     tag = f"{phase}-r{rnd}-{config}"
@@ -214,9 +162,9 @@ def run_task(tb: Testbed, a, kind: str, config: str, rnd: int, phase: str, work:
         return measure.latency_size(tb, config, int(kind.split(":")[1]), a.lat_duration)
     if kind == "netpipe":
         upper, reps = (65536, 50) if a.quick else (1 << 20, 50)
-        return mpi.netpipe(tb, config, work / "mpi", upper, reps, raw, tag)
+        return measure.netpipe(tb, config, work / "mpi", upper, reps, raw, tag)
     if kind == "hpcc":
-        return mpi.hpcc(tb, config, work / "mpi", a.hpcc_n, raw, tag)
+        return measure.hpcc(tb, config, work / "mpi", a.hpcc_n, raw, tag)
     raise ValueError(kind)
 
 
@@ -229,34 +177,10 @@ def box_stats(vals: list) -> dict:
     return {"n": n, "p1": q(1), "p25": q(25), "p50": q(50), "p75": q(75), "p99": q(99), "p999": q(99.9)}
 
 
-def machine_info() -> str:
-    kern = os.uname().release
-    cpu = ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} CPUs ({cpu}), Linux {kern}"
-
-
-def vnet_version() -> str:
-    try:
-        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "crates"], capture_output=True,
-                               text=True).stdout.strip()
-        return f"commit {rev}" + (" + uncommitted changes in crates/" if dirty else "")
-    except OSError:
-        return "unknown"
-
-
 def preflight(a) -> list:
     """Problems that stop the run, and notes on what will be skipped."""
     fatal, notes = [], []
-    r = testbed.have_root()
+    r = have_root()
     if r:
         fatal.append(r)
     for t in ("ip", "bridge", "ss", "iperf3", "sockperf", "tc" if a.rate else "ip"):
@@ -298,23 +222,23 @@ def main(argv=None) -> int:
     netlab.install_signal_cleanup()
     netlab.sweep_stale()
 
-    doc = {"meta": {"started": started.strftime("%Y-%m-%d %H:%M:%S UTC"), "command": " ".join(sys.argv),
+    doc = {"meta": {"started": started.strftime("%Y-%m-%d %H:%M:%S UTC"), "command": command_line(),
                     "machine": machine_info(), "ncpu": os.cpu_count(), "vnet_version": vnet_version(),
                     "vnet_settings": a.vnet_set, "rounds": a.rounds, "duration": a.duration,
                     "lat_duration": a.lat_duration, "sizes": {str(k): v for k, v in a.sizes.items()}, "mtus": a.mtus, "rate": a.rate, "configs": a.configs,
                     "seed": seed, "quick": a.quick, "background_cpu": [], "notes": list(notes)},
            "samples": [], "latency_box": {}}
     prog = Progress(est, ntasks)
-    prog.say(f"vnet bench: {ntasks} tests in {len(phases)} phase(s), about {_mmss(est)}; output {out}")
+    prog.say(f"vnet bench: {ntasks} tests in {len(phases)} phase(s), about {mmss(est)}; output {out}")
     for n in notes:
         prog.say(f"note: {n}")
     interrupted = False
     try:
         for phase, mtu, tasks in phases:
             prog.show(f"{phase}: building the testbed")
-            doc["meta"]["background_cpu"].append(round(measure.background_cpu(1.0), 3))
+            doc["meta"]["background_cpu"].append(round(background_cpu(1.0), 3))
             rtts: dict = {}
-            with Testbed(mtu=mtu, rate=a.rate, vnet_settings=a.vnet_set) as tb:
+            with SuiteBed(mtu=mtu, rate=a.rate, vnet_settings=a.vnet_set) as tb:
                 work = tb.workdir
                 vnet_dead = False
                 for rnd, kind, config in tasks:
@@ -355,7 +279,7 @@ def main(argv=None) -> int:
                     for d in h.all_vnetd:
                         shutil.copy(d.log, raw / f"{phase}-{d.log.name}")
             doc["latency_box"][phase] = {c: box_stats(v) for c, v in rtts.items() if v}
-            _write(out, doc)
+            write_json(out / "samples.json", doc)
     except KeyboardInterrupt:
         interrupted = True
         doc["meta"]["notes"].append("interrupted: the results are partial")
@@ -369,26 +293,21 @@ def main(argv=None) -> int:
 
     doc["meta"]["elapsed_s"] = round(prog.elapsed(), 1)
     try:
-        doc["meta"]["plots"] = report.plot_all(doc, out)
+        doc["meta"]["plots"] = suite_report.plot_all(doc, out)
     except ImportError:
         doc["meta"]["plots"] = []
     except Exception:  # noqa: BLE001
         doc["meta"]["plots"] = []
         doc["meta"]["notes"].append("plotting failed:\n" + traceback.format_exc()[-1500:])
-    _write(out, doc)
-    report.write_summary(doc, out / "summary.md")
-    prog.say(f"done in {_mmss(prog.elapsed())}: {out / 'summary.md'}")
+    write_json(out / "samples.json", doc)
+    suite_report.write_summary(doc, out / "summary.md")
+    prog.say(f"done in {mmss(prog.elapsed())}: {out / 'summary.md'}")
     n_err = len([s for s in doc["samples"] if s.get("error")])
     if interrupted:
         return 130
     return 1 if n_err and n_err == len(doc["samples"]) else 0
 
 
-def _write(out: Path, doc: dict) -> None:
-    tmp = out / ".samples.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    tmp.replace(out / "samples.json")
-
-
 if __name__ == "__main__":
+    ensure_matplotlib()
     sys.exit(main())

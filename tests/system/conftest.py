@@ -4,14 +4,12 @@ vnetd logs attached to failure reports, and the results file."""
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import netlab  # noqa: E402
+from vnetlab import netlab
 
 RESULTS = Path(os.environ.get("VNET_RESULTS", netlab.REPO / "results" / "system-tests.json"))
 _results: dict = {}

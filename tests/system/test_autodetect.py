@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-import netlab
+from vnetlab import netlab
 from test_etcd import EtcdServer, OVERLAY
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-import netlab
-from netlab import delta
+from vnetlab import netlab
+from vnetlab.netlab import delta
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 TTL = 3  # the daemons' lease TTL (seconds) in these tests

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-import netlab
+from vnetlab import netlab
 from test_etcd import ETCD, OVERLAY, TTL
 
 MEMBERS = ("m1", "m2", "m3")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-import httplab
-import netlab
+from vnetlab import httplab
+from vnetlab import netlab
 from test_etcd import EtcdServer
 
 TOKEN = "s3cret-metrics-token"

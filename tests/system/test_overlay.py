@@ -8,8 +8,8 @@ import signal
 import subprocess
 import time
 
-import netlab
-from netlab import delta, drops, new_drops, port_of
+from vnetlab import netlab
+from vnetlab.netlab import delta, drops, new_drops, port_of
 
 MIN_GBPS = 0.05  # a floor that only shows the path works; the figure goes to the results file
 

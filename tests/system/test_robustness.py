@@ -12,8 +12,8 @@ import subprocess
 import threading
 import time
 
-import netlab
-from netlab import ControlClient, delta, drops, port_of, vxlan, ether, stream_hello, stream_record
+from vnetlab import netlab
+from vnetlab.netlab import ControlClient, delta, drops, port_of, vxlan, ether, stream_hello, stream_record
 
 
 def expect_drop(host, reason: str, n: int, send, timeout: float = 5.0) -> int:

@@ -1,4 +1,4 @@
-"""The scale harness still runs (issue #13): ``bench/scale.py --quick`` starts its own etcd,
+"""The scale harness still runs (issue #13): ``python3 -m bench.scale --quick`` starts its own etcd,
 runs N=10 and N=50 real vnet agents with recording data planes through bring-up, a join, a
 move, a storm of moves and a death, and writes scale.json, summary.md and the plot.
 
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-import netlab
+from vnetlab import netlab
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -22,9 +22,9 @@ def test_scale_quick(tmp_path):
     if not binary.exists():
         pytest.fail(f"{binary} not found: run `cargo build --release` first")
     out = tmp_path / "scale"
-    r = subprocess.run([sys.executable, str(netlab.REPO / "bench" / "scale.py"), "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"bench/scale.py --quick failed (rc={r.returncode}):\n{r.stderr[-4000:]}"
+    r = subprocess.run([sys.executable, "-m", "bench.scale", "--quick", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=netlab.REPO)
+    assert r.returncode == 0, f"bench.scale --quick failed (rc={r.returncode}):\n{r.stderr[-4000:]}"
     doc = json.loads((out / "scale.json").read_text())
     assert [run["hosts"] for run in doc["runs"]] == [10, 50]
     for run in doc["runs"]:

@@ -1,6 +1,7 @@
 """netlab: throw-away network topologies built from real Linux objects.
 
-Used by vnet's system tests (tests/system) and by scripts/demo.py.
+Used by vnet's system tests (tests/system), the benchmark suite (bench/) and
+scripts/demo.py, which import it as ``from vnetlab import netlab``.
 
 The model (everything lives in network namespaces this module creates; nothing
 is ever added to, or changed in, the root namespace):
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _bin(env: str, default: str) -> Path:

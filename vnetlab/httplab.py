@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-import netlab
+from . import netlab
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
