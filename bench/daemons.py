@@ -49,7 +49,7 @@ from vnetlab import netlab
 from . import REPO
 from .etcd import etcd_argv, shm_dir
 from .machine import commit, proc_cpu, proc_rss
-from .report import pyplot, sig
+from .report import pyplot, save, sig
 
 OVERLAY = "bench"
 # A line of vnetd's log (tracing's format without colours): UTC time, level, target, message.
@@ -332,9 +332,7 @@ def plot(doc: dict, out: Path) -> None:
     ax.set(xlabel="seconds until the daemon routes the change", ylabel="fraction of daemons",
            title=f"{doc['daemons']} vnetd --etcd daemons on one etcd")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "daemons.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "daemons.png")
 
 
 def run(n: int, out: Path, ttl: int = 10, wave: int = 20, threads: int = 8) -> dict:

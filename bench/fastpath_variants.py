@@ -29,7 +29,7 @@ from . import REPO
 from .fastpath_bed import CONFIGS, FP_VARIANTS, FPLAB, FastpathBed, coexistence
 from .machine import loadavg, machine_cpu
 from .measure import MeasureError, parse_sockperf
-from .report import med, pyplot
+from .report import med, pyplot, save
 
 GOALS = """Goals of issue #10 (fast path = the chosen variant): TCP >= 1.1x kernel VXLAN at MTU 1500
 and 9000, and >= 0.75x native at 9000; 64 B RTT p50 <= kernel VXLAN and <= 1.3x native;
@@ -246,8 +246,7 @@ def plot(samples, out: Path) -> None:
             ax.boxplot([d if d else [float("nan")] for d in data], labels=CONFIGS)
             ax.set_title(f"wire MTU {mtu}: {label}")
             ax.tick_params(axis="x", labelrotation=20)
-    fig.tight_layout()
-    fig.savefig(out / "fastpath_variants.png", dpi=110)
+    save(fig, out / "fastpath_variants.png")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ run mean anything.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -34,18 +33,17 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
 from vnetlab import netlab
 
-from . import REPO, hpc_report
+from . import hpc_report
 from .hpc_bed import CONFIGS, RANKS, Bed, Placement
-from .machine import background_cpu, command_line, loadavg, machine_info, vnet_version
-from .mpi import (TOOLS, hpcc_input, hpcc_summary, in_dir, mpirun_argv, netpipe_argv, netpipe_result,
-                  write_agent)
-from .progress import Progress, mmss
+from .machine import background_cpu, loadavg
+from .mpi import (TOOLS, hpcc_input, hpcc_summary, in_dir, job_output, mpirun_argv, netpipe_argv,
+                  netpipe_result, write_agent)
+from .session import Progress, arguments, begin, finish, guarded, mmss, plots_note, run_meta, usable
 from .report import ensure_matplotlib, write_json
 from .testbed import have_root
 
@@ -59,11 +57,8 @@ HPCC_FIGURES = {k: (key, mult) for k, (key, mult, *_rest) in hpc_report.KERNELS.
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="output directory (default results/hpc-<UTC time>)")
-    ap.add_argument("--quick", action="store_true",
-                    help="one round, HPCC N=64, NetPIPE to 64 KB: checks that everything runs")
-    ap.add_argument("--rounds", type=int, help="rounds of every (job, configuration) (default 5; quick 1)")
+    ap = arguments(__doc__, "hpc", "one round, HPCC N=64, NetPIPE to 64 KB: checks that everything runs",
+                   "rounds of every (job, configuration) (default 5; quick 1)")
     ap.add_argument("--hosts", type=int, default=4, help="host namespaces the 4 guests spread over, 2-4 (default 4)")
     ap.add_argument("--mtus", default="1500", help="underlay MTUs, comma separated (default 1500; e.g. 1500,9000)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"configurations (default all: {','.join(CONFIGS)})")
@@ -71,9 +66,6 @@ def parse_args(argv=None):
     ap.add_argument("--np-upper", type=int, help="NetPIPE's largest message, bytes (default 1048576; quick 65536)")
     ap.add_argument("--np-repeats", type=int, default=50, help="NetPIPE round trips per message size (default 50)")
     ap.add_argument("--no-netpipe", action="store_true", help="HPCC only")
-    ap.add_argument("--vnet-set", action="append", default=[], metavar="'KEY VALUE'",
-                    help="extra `set` for every vnetd, e.g. --vnet-set 'yield timed' (repeatable)")
-    ap.add_argument("--seed", type=int, help="seed of the order shuffle")
     a = ap.parse_args(argv)
     a.rounds = a.rounds or (1 if a.quick else 5)
     a.hpcc_n = a.hpcc_n or (64 if a.quick else 256)
@@ -192,11 +184,7 @@ def run_hpcc(bed: Bed, p: Placement, n: int, raw: Path, tag: str, timeout: float
     outf = wd / "hpccoutf.txt"
     outf.unlink(missing_ok=True)
     r, before, after, wall = _measured(p, lambda: _exec(p, wd, argv + ["hpcc"], timeout))
-    if r.returncode != 0 or not outf.exists():
-        raise JobError(f"hpcc (mpirun) rc={r.returncode}: {(r.stdout + r.stderr)[-1500:]}")
-    text = outf.read_text(errors="replace")
-    shutil.copy(outf, raw / f"hpcc-{tag}.txt")
-    res = parse_hpcc(text)
+    res = parse_hpcc(job_output(r, outf, "hpcc", raw / f"hpcc-{tag}.txt", JobError))
     missing = [k for k in HPCC_FIGURES if k not in res["figures"]]
     if missing:
         raise JobError(f"hpccoutf.txt lacks {', '.join(missing)}")
@@ -215,12 +203,9 @@ def run_netpipe(bed: Bed, p: Placement, upper: int, repeats: int, raw: Path, tag
     out.unlink(missing_ok=True)
     argv += netpipe_argv(upper, repeats, out)
     r, before, after, wall = _measured(p, lambda: _exec(p, wd, argv, timeout))
-    if r.returncode != 0 or not out.exists():
-        raise JobError(f"NetPIPE (mpirun) rc={r.returncode}: {(r.stdout + r.stderr)[-1500:]}")
-    res = netpipe_result(out.read_text(), repeats)
+    res = netpipe_result(job_output(r, out, "NetPIPE", raw / f"netpipe-{tag}.out", JobError), repeats)
     if res is None:
         raise JobError("NetPIPE wrote no results")
-    shutil.copy(out, raw / f"netpipe-{tag}.out")
     check = p.check(before, after, {"per_pair": res["payload"], "ranks": ranks})
     lat, best = res["lat"], res["best"]
     return {"figures": {"np_lat_us": lat[2] * 1e6, "np_bw_mbps": best[1]},
@@ -265,35 +250,19 @@ def preflight(a) -> tuple:
         for b in (netlab.VNETD, netlab.VNETCTL):
             if not b.exists():
                 fatal.append(f"{b} not found: cargo build --release")
-    notes = []
-    try:
-        import matplotlib  # noqa: F401  (only whether it is there)
-    except ImportError:
-        notes.append("plots skipped: matplotlib is not importable (apt-get install python3-matplotlib)")
-    return fatal, notes
+    return fatal, plots_note()
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    fatal, notes = preflight(a)
-    if fatal:
-        for f in fatal:
-            print(f"hpc: {f}", file=sys.stderr)
-        return 2
-    started = datetime.now(timezone.utc)
-    out = (a.out or (REPO / "results" / f"hpc-{started.strftime('%Y%m%dT%H%M%SZ')}")).resolve()
-    raw = out / "raw" / "hpc"  # beside bench/run.py's raw/ when both share --out
-    raw.mkdir(parents=True, exist_ok=True)
-    seed = a.seed if a.seed is not None else int(time.time())
-    rng = random.Random(seed)
+    notes = usable(preflight(a), "hpc")
+    # raw/hpc: beside the suite's raw/ when both share --out
+    started, out, raw, seed, rng = begin("hpc", a.out, "raw/hpc", a.seed)
     tasks = plan(a, rng)
     est = len(a.mtus) * (sum(estimate(j, a) for _, j, _ in tasks) + estimate("build", a) * len(a.configs))
     ntasks = len(a.mtus) * (len(tasks) + len(a.configs))
-    netlab.install_signal_cleanup()
-    netlab.sweep_stale()
     placement = [f"rank {i}: host h{i * a.hosts // RANKS + 1}" for i in range(RANKS)]
-    doc = {"meta": {"started": started.strftime("%Y-%m-%d %H:%M:%S UTC"), "command": command_line(),
-                    "machine": machine_info(), "ncpu": os.cpu_count(), "vnet_version": vnet_version(),
+    doc = {"meta": {**run_meta(started),
                     "ranks": RANKS, "hosts": a.hosts, "placement": placement, "mtus": a.mtus,
                     "configs": a.configs, "rounds": a.rounds, "hpcc_n": a.hpcc_n, "np_upper": a.np_upper,
                     "np_repeats": a.np_repeats, "vnet_settings": a.vnet_set, "quick": a.quick, "seed": seed,
@@ -307,40 +276,17 @@ def main(argv=None) -> int:
              f"MTU {','.join(map(str, a.mtus))}), about {mmss(est)}; output {out}")
     for n in notes:
         prog.say(f"note: {n}")
-    interrupted = False
-    try:
+    with guarded(doc["meta"]["notes"], prog) as state:
         for mtu in a.mtus:
             phase = f"mtu{mtu}"
             prog.show(f"{phase}: building the underlay ({a.hosts} hosts)")
             doc["meta"]["background_cpu"].append(round(background_cpu(1.0), 3))
             with Bed(hosts=a.hosts, mtu=mtu, vnet_settings=a.vnet_set) as bed:
                 run_phase(bed, a, phase, tasks, doc, prog, raw)
-                for h in bed.hosts:
-                    for d in h.all_vnetd:
-                        shutil.copy(d.log, raw / f"{phase}-{d.log.name}")
+                bed.keep_logs(raw, phase)
             write_json(out / "hpc.json", doc)
-    except KeyboardInterrupt:
-        interrupted = True
-        doc["meta"]["notes"].append("interrupted: the results are partial")
-        prog.say("interrupted: writing what was measured")
-    except Exception:  # noqa: BLE001  (report what was measured, then fail)
-        interrupted = True
-        doc["meta"]["notes"].append("the run stopped on an error:\n" + traceback.format_exc()[-2000:])
-        prog.say(traceback.format_exc())
-    finally:
-        netlab.close_all()
-    doc["meta"]["elapsed_s"] = round(prog.elapsed(), 1)
-    try:
-        doc["meta"]["plots"] = hpc_report.plot(doc, out)
-    except ImportError:
-        doc["meta"]["plots"] = []
-    except Exception:  # noqa: BLE001  (a plot failing must not lose the tables)
-        doc["meta"]["plots"] = []
-        doc["meta"]["notes"].append("plotting failed:\n" + traceback.format_exc()[-1500:])
-    write_json(out / "hpc.json", doc)
-    hpc_report.write_markdown(doc, out / "hpc.md")
-    prog.say(f"done in {mmss(prog.elapsed())}: {out / 'hpc.md'}")
-    if interrupted:
+    finish(doc, prog, out / "hpc.json", lambda: hpc_report.plot(doc, out), hpc_report.write_markdown, out / "hpc.md")
+    if state["interrupted"]:
         return 130
     errors = [r for r in doc["runs"] if r.get("error")]
     bad = [r for r in doc["runs"] if r.get("check") and not r["check"]["ok"]]

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .report import COLORS, ensure_matplotlib, fmt, md_row, med, pct, phases, pyplot, spread
+from .report import COLORS, ensure_matplotlib, fmt, md_row, med, pct, phases, pyplot, save, spread
 
 # name -> (hpccoutf.txt summary key, multiplier, unit, better, label)
 KERNELS = {
@@ -209,10 +209,7 @@ def plot(doc: dict, out: Path) -> list:
         ax.set_title(f"{phase}: NetPIPE rank 0 <-> rank 3")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "hpc.png", dpi=110)
-    plt.close(fig)
-    return ["hpc.png"]
+    return [save(fig, out / "hpc.png")]
 
 
 if __name__ == "__main__":

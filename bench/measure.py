@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Optional
 
 from .machine import CpuMeter
-from .mpi import hpcc_input, hpcc_summary, in_dir, mpirun_argv, netpipe_argv, netpipe_result, write_agent
+from .mpi import (hpcc_input, hpcc_summary, in_dir, job_output, mpirun_argv, netpipe_argv, netpipe_result,
+                  write_agent)
 from .suite_bed import SuiteBed, check_path, dispatch_delta, is_vnet
 
 
@@ -48,27 +48,31 @@ def evidence(tb: SuiteBed, config: str, before: dict, after: dict, ab: int, ba: 
 
 # --- iperf3 ---------------------------------------------------------------------------------
 
-def iperf_tcp(tb: SuiteBed, config: str, seconds: float, streams: int = 1) -> list:
-    """TCP throughput A -> B (iperf3, receiver's goodput), with CPU seconds per GB moved:
-    the whole machine's (from /proc/stat) and, for vnet, the two daemons' own."""
+def _iperf(tb: SuiteBed, config: str, extra: list, seconds: float, what: str, pids=()) -> tuple:
+    """One iperf3 client run A -> B (``extra`` its options) between two counter snapshots, the
+    CPU of the machine and of ``pids`` metered over it: (its JSON report, the counters before,
+    after, the CpuMeter). A failed run restarts the server."""
     ep = tb.endpoint(config)
     tb.server("iperf3", ep.server, ep.server_ip)
-    argv = ["iperf3", "-c", ep.server_ip, "-B", ep.client_ip, "-p", 5201, "-t", seconds, "-J"]
-    if streams > 1:
-        argv += ["-P", streams]
-    pids = tb.vnetd_pids() if is_vnet(config) else []
+    argv = ["iperf3", "-c", ep.server_ip, "-B", ep.client_ip, "-p", 5201, *extra, "-t", seconds, "-J"]
     before = tb.counters(config)
     with CpuMeter(pids) as cpu:
         r = _run(ep.client, argv, seconds + 30)
     after = tb.counters(config)
-    if r.returncode != 0 and not r.stdout.strip().startswith("{"):
-        tb.restart_server("iperf3", ep.server, ep.server_ip)
-        raise MeasureError(f"iperf3 rc={r.returncode}: {r.stderr[-500:]}")
     try:
-        j = _json(r.stdout, "iperf3")
+        if r.returncode != 0 and not r.stdout.strip().startswith("{"):
+            raise MeasureError(f"iperf3 rc={r.returncode}: {r.stderr[-500:]}")
+        return _json(r.stdout, what), before, after, cpu
     except MeasureError:
         tb.restart_server("iperf3", ep.server, ep.server_ip)
         raise
+
+
+def iperf_tcp(tb: SuiteBed, config: str, seconds: float, streams: int = 1) -> list:
+    """TCP throughput A -> B (iperf3, receiver's goodput), with CPU seconds per GB moved:
+    the whole machine's (from /proc/stat) and, for vnet, the two daemons' own."""
+    pids = tb.vnetd_pids() if is_vnet(config) else []
+    j, before, after, cpu = _iperf(tb, config, ["-P", streams] if streams > 1 else [], seconds, "iperf3", pids)
     recv = j["end"]["sum_received"]
     sent = j["end"].get("sum_sent", {})
     gbps = recv["bits_per_second"] / 1e9
@@ -94,19 +98,8 @@ def iperf_tcp(tb: SuiteBed, config: str, seconds: float, streams: int = 1) -> li
 def iperf_udp(tb: SuiteBed, config: str, seconds: float, rate: str = "0") -> list:
     """UDP goodput A -> B (iperf3 -u, datagrams that fill the path's MTU without
     fragmentation, sender unlimited unless ``rate``): the receiver's goodput and loss."""
-    ep = tb.endpoint(config)
-    tb.server("iperf3", ep.server, ep.server_ip)
-    length = ep.mtu - 28
-    argv = ["iperf3", "-c", ep.server_ip, "-B", ep.client_ip, "-p", 5201, "-u", "-b", rate,
-            "-l", length, "-t", seconds, "-J"]
-    before = tb.counters(config)
-    r = _run(ep.client, argv, seconds + 30)
-    after = tb.counters(config)
-    try:
-        j = _json(r.stdout, "iperf3 -u")
-    except MeasureError:
-        tb.restart_server("iperf3", ep.server, ep.server_ip)
-        raise
+    length = tb.endpoint(config).mtu - 28
+    j, before, after, _ = _iperf(tb, config, ["-u", "-b", rate, "-l", length], seconds, "iperf3 -u")
     recv = j["end"]["sum_received"]
     nbytes = int(recv["bytes"])
     ev = evidence(tb, config, before, after, nbytes)
@@ -255,12 +248,9 @@ def netpipe(tb: SuiteBed, config: str, workdir: Path, upper: int, repeats: int, 
     workdir.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     r, before, after, wall = _mpi_job(tb, config, workdir, netpipe_argv(upper, repeats, out), 240)
-    if r.returncode != 0 or not out.exists():
-        raise MeasureError(f"NetPIPE (mpirun) rc={r.returncode}: {(r.stdout + r.stderr)[-1200:]}")
-    res = netpipe_result(out.read_text(), repeats)
+    res = netpipe_result(job_output(r, out, "NetPIPE", raw_dir / f"netpipe-{tag}.out", MeasureError), repeats)
     if res is None:
         raise MeasureError("NetPIPE wrote no results")
-    shutil.copy(out, raw_dir / f"netpipe-{tag}.out")
     lat, best = res["lat"], res["best"]
     ev = evidence(tb, config, before, after, res["payload"], res["payload"])
     extra = {"size": lat[0], "wall_s": round(wall, 2), "curve": res["curve"]}
@@ -277,11 +267,7 @@ def hpcc(tb: SuiteBed, config: str, workdir: Path, n: int, raw_dir: Path, tag: s
     outf = workdir / "hpccoutf.txt"
     outf.unlink(missing_ok=True)
     r, before, after, wall = _mpi_job(tb, config, workdir, ["hpcc"], 300)
-    if r.returncode != 0 or not outf.exists():
-        raise MeasureError(f"hpcc (mpirun) rc={r.returncode}: {(r.stdout + r.stderr)[-1200:]}")
-    text = outf.read_text(errors="replace")
-    shutil.copy(outf, raw_dir / f"hpcc-{tag}.txt")
-    vals = hpcc_summary(text)
+    vals = hpcc_summary(job_output(r, outf, "hpcc", raw_dir / f"hpcc-{tag}.txt", MeasureError))
     # the ping-pong bandwidth test alone moves several 2 MB messages each way
     ev = evidence(tb, config, before, after, 2_000_000, 2_000_000)
     out = []

@@ -118,6 +118,15 @@ def netpipe_argv(upper: int, repeats: int, out: Path) -> list:
     return ["NPopenmpi", "-l", "1", "-u", str(upper), "-p", "0", "-n", str(repeats), "-o", str(out)]
 
 
+def job_output(r, path: Path, what: str, raw: Path, error=RuntimeError) -> str:
+    """The output file an mpirun job ``r`` wrote to ``path``, copied to ``raw``; ``error`` (with
+    the end of what mpirun said) when the job failed or wrote none."""
+    if r.returncode != 0 or not path.exists():
+        raise error(f"{what} (mpirun) rc={r.returncode}: {(r.stdout + r.stderr)[-1500:]}")
+    shutil.copy(path, raw)
+    return path.read_text(errors="replace")
+
+
 def netpipe_result(text: str, repeats: int):
     """NetPIPE's output file (size, Mbit/s, seconds per line): the 8-byte latency row (one way,
     as NetPIPE reports it), the best bandwidth row, the payload each way (every size

@@ -50,6 +50,15 @@ def pyplot():
     return plt
 
 
+def save(fig, path: Path) -> str:
+    """Lay ``fig`` out, write it to ``path`` (PNG, 110 dpi) and free it; its file name."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
 # --- numbers ----------------------------------------------------------------------------------
 
 def med(vals) -> Optional[float]:

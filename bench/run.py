@@ -10,23 +10,20 @@ adaptive, and adaptive over an encrypted link), interleaved and repeated in one 
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import random
 import shutil
 import subprocess
 import sys
 import time
-import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
 from vnetlab import netlab
 
-from . import REPO, measure, mpi, suite_report
-from .machine import background_cpu, command_line, machine_info, vnet_version
-from .progress import Progress, mmss
+from . import measure, mpi, suite_report
+from .machine import background_cpu
+from .session import Progress, arguments, begin, finish, guarded, mmss, plots_note, run_meta, usable
 from .report import ensure_matplotlib, write_json
 from .suite_bed import CONFIGS, SuiteBed, is_vnet, parse_rate
 from .testbed import have_root
@@ -41,11 +38,8 @@ SWEEP_DEFAULT = [1024, 16384, 65507]
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="output directory (default results/bench-<UTC time>)")
-    ap.add_argument("--quick", action="store_true",
-                    help="CI smoke run: one round, 1 s tests, MTU 1500, reduced metrics (~1 min)")
-    ap.add_argument("--rounds", type=int, help="rounds of every (metric, config) (default 3; quick 1)")
+    ap = arguments(__doc__, "bench", "CI smoke run: one round, 1 s tests, MTU 1500, reduced metrics (~1 min)",
+                   "rounds of every (metric, config) (default 3; quick 1)")
     ap.add_argument("--duration", type=int, help="seconds per iperf3 test (default 2; quick 1)")
     ap.add_argument("--lat-duration", type=int, help="seconds per sockperf test (64 B and the size sweep; default 1)")
     ap.add_argument("--mtus", default=None, help="wire MTUs, comma separated (default 1500,9000; quick 1500)")
@@ -60,9 +54,6 @@ def parse_args(argv=None):
     ap.add_argument("--mpi-configs", default=None, help=f"configurations for MPI (default {','.join(MPI_CONFIGS)})")
     ap.add_argument("--mpi-rounds", type=int, help="rounds of the MPI tests (default 2; quick 1)")
     ap.add_argument("--hpcc-n", type=int, default=256, help="HPL problem size of the small HPCC run (default 256)")
-    ap.add_argument("--vnet-set", action="append", default=[], metavar="'KEY VALUE'",
-                    help="extra `set` for both vnetd, e.g. --vnet-set 'yield timed' (repeatable)")
-    ap.add_argument("--seed", type=int, default=None, help="seed of the order shuffle")
     a = ap.parse_args(argv)
     q = a.quick
     a.rounds = a.rounds or (1 if q else 3)
@@ -194,36 +185,17 @@ def preflight(a) -> list:
         if miss:
             notes.append(f"MPI/HPCC skipped: missing {', '.join(miss)} (apt-get install openmpi-bin hpcc netpipe-openmpi)")
             a.no_mpi = True
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        notes.append("plots skipped: matplotlib is not importable (apt-get install python3-matplotlib)")
-    return fatal, notes
+    return fatal, notes + plots_note()
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    fatal, notes = preflight(a)
-    if fatal:
-        for f in fatal:
-            print(f"bench: {f}", file=sys.stderr)
-        return 2
-    started = datetime.now(timezone.utc)
-    out = a.out or (REPO / "results" / f"bench-{started.strftime('%Y%m%dT%H%M%SZ')}")
-    out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    raw = out / "raw"
-    raw.mkdir(exist_ok=True)
-    seed = a.seed if a.seed is not None else int(time.time())
-    rng = random.Random(seed)
+    notes = usable(preflight(a), "bench")
+    started, out, raw, seed, rng = begin("bench", a.out, "raw", a.seed)
     phases = plan(a, rng)
     est = sum(task_estimate(k, a) for _, _, ts in phases for _, k, _ in ts) + 8 * len(phases)
     ntasks = sum(len(ts) for _, _, ts in phases)
-    netlab.install_signal_cleanup()
-    netlab.sweep_stale()
-
-    doc = {"meta": {"started": started.strftime("%Y-%m-%d %H:%M:%S UTC"), "command": command_line(),
-                    "machine": machine_info(), "ncpu": os.cpu_count(), "vnet_version": vnet_version(),
+    doc = {"meta": {**run_meta(started),
                     "vnet_settings": a.vnet_set, "rounds": a.rounds, "duration": a.duration,
                     "lat_duration": a.lat_duration, "sizes": {str(k): v for k, v in a.sizes.items()}, "mtus": a.mtus, "rate": a.rate, "configs": a.configs,
                     "seed": seed, "quick": a.quick, "background_cpu": [], "notes": list(notes)},
@@ -232,8 +204,7 @@ def main(argv=None) -> int:
     prog.say(f"vnet bench: {ntasks} tests in {len(phases)} phase(s), about {mmss(est)}; output {out}")
     for n in notes:
         prog.say(f"note: {n}")
-    interrupted = False
-    try:
+    with guarded(doc["meta"]["notes"], prog) as state:
         for phase, mtu, tasks in phases:
             prog.show(f"{phase}: building the testbed")
             doc["meta"]["background_cpu"].append(round(background_cpu(1.0), 3))
@@ -271,39 +242,19 @@ def main(argv=None) -> int:
                         prog.say("!! " + msg)
                     prog.step(task_estimate(kind, a))
                 # evidence kept with the results: daemon logs and final counters
+                tb.keep_logs(raw, phase)
                 for h in (tb.hA, tb.hB):
                     try:
                         (raw / f"vnet-stats-{phase}-{h.role}.json").write_text(json.dumps(h.stats(), indent=1))
                     except Exception:  # noqa: BLE001  (a dead daemon has no stats)
                         pass
-                    for d in h.all_vnetd:
-                        shutil.copy(d.log, raw / f"{phase}-{d.log.name}")
             doc["latency_box"][phase] = {c: box_stats(v) for c, v in rtts.items() if v}
             write_json(out / "samples.json", doc)
-    except KeyboardInterrupt:
-        interrupted = True
-        doc["meta"]["notes"].append("interrupted: the results are partial")
-        prog.say("interrupted: writing what was measured")
-    except Exception:  # noqa: BLE001
-        doc["meta"]["notes"].append("the run stopped on an error:\n" + traceback.format_exc()[-2000:])
-        prog.say(traceback.format_exc())
-        interrupted = True
-    finally:
-        netlab.close_all()
 
-    doc["meta"]["elapsed_s"] = round(prog.elapsed(), 1)
-    try:
-        doc["meta"]["plots"] = suite_report.plot_all(doc, out)
-    except ImportError:
-        doc["meta"]["plots"] = []
-    except Exception:  # noqa: BLE001
-        doc["meta"]["plots"] = []
-        doc["meta"]["notes"].append("plotting failed:\n" + traceback.format_exc()[-1500:])
-    write_json(out / "samples.json", doc)
-    suite_report.write_summary(doc, out / "summary.md")
-    prog.say(f"done in {mmss(prog.elapsed())}: {out / 'summary.md'}")
+    finish(doc, prog, out / "samples.json", lambda: suite_report.plot_all(doc, out), suite_report.write_summary,
+           out / "summary.md")
     n_err = len([s for s in doc["samples"] if s.get("error")])
-    if interrupted:
+    if state["interrupted"]:
         return 130
     return 1 if n_err and n_err == len(doc["samples"]) else 0
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from . import REPO
 from .etcd import etcd_argv, free_port, shm_dir
 from .machine import commit
-from .report import ensure_matplotlib, pyplot, sig
+from .report import ensure_matplotlib, pyplot, save, sig
 
 STEPS = ("join", "move", "storm", "death")
 GOALS = {"move": 1.0, "join": 2.0}
@@ -205,9 +205,7 @@ def plots(runs: list[dict], baseline: list[dict] | None, out: Path) -> list[str]
                              alpha=0.5, label=f"{name}agent ms/event, {s}")
     axes[1].set(xscale="log", yscale="log", xlabel="hosts (N)", title="etcd cores; agent CPU per event (ms)")
     axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "scale.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "scale.png")
     return []
 
 

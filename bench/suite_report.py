@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .report import COLORS, ensure_matplotlib, fmt, md_row, med, phases, pyplot, ratio, spread
+from .report import COLORS, ensure_matplotlib, fmt, md_row, med, phases, pyplot, ratio, save, spread
 
 CONFIG_ORDER = ["native", "kernel-vxlan", "vnet-kernel", "vnet-guest-driven", "vnet-polling", "vnet-adaptive",
                 "vnet-encrypted"]
@@ -174,6 +174,16 @@ def dispatch_table(samples, phase) -> list:
     return rows
 
 
+def section(title: str, lines: list) -> list:
+    """A section of summary.md after a blank line (none when it has no lines)."""
+    return ["", title, "", *lines] if lines else []
+
+
+def table(head: list, rows: list) -> list:
+    """A Markdown table (no lines without rows)."""
+    return [md_row(head), md_row(["---"] * len(head)), *rows] if rows else []
+
+
 def goals_table(title: str, goals: list) -> list:
     """The lines of a goals section (none when no goal could be judged)."""
     if not goals:
@@ -235,22 +245,12 @@ def write_summary(doc: dict, path: Path) -> None:
                 L.append(f"| {label} {arrow} | {cfg} | {fmt(v)} | {spread(vals) if len(vals) > 1 else '–'} | {len(vals)} | "
                          f"{ratio(v, nat) if cfg != 'native' else '1'} | "
                          f"{ratio(v, kx) if cfg != 'kernel-vxlan' else '1'} |")
-        enc = encryption_table(samples, phase)
-        if enc:
-            L.append("")
-            L.append("### Encrypted vs plaintext vnet link (both adaptive; medians)")
-            L.append("")
-            L.append("| metric | vnet plaintext | vnet encrypted | encrypted / plaintext |")
-            L.append("| --- | --- | --- | --- |")
-            L.extend(enc)
-        rows = dispatch_table(samples, phase)
-        if rows:
-            L.append("")
-            L.append("### vnet dispatchers (both daemons, per test; medians)")
-            L.append("")
-            L.append("| config | test | frames per wake-up | mode switches | UDP GSO sends | dispatcher modes at the end |")
-            L.append("| --- | --- | --- | --- | --- | --- |")
-            L.extend(rows)
+        L += section("### Encrypted vs plaintext vnet link (both adaptive; medians)",
+                     table(["metric", "vnet plaintext", "vnet encrypted", "encrypted / plaintext"],
+                           encryption_table(samples, phase)))
+        L += section("### vnet dispatchers (both daemons, per test; medians)",
+                     table(["config", "test", "frames per wake-up", "mode switches", "UDP GSO sends",
+                            "dispatcher modes at the end"], dispatch_table(samples, phase)))
     errs = [s for s in samples if s.get("error")]
     bad = [s for s in checks if not s["check"].get("ok")]
     drops = [s for s in valid(samples) if s.get("check", {}) and s["check"].get("drops")]
@@ -268,18 +268,8 @@ def write_summary(doc: dict, path: Path) -> None:
                 continue
             L.append(f"- vnet drops during {s['phase']} round {s['round']} {s['config']} {s['metric']}: "
                      f"{s['check']['drops']}")
-    notes = meta.get("notes", [])
-    if notes:
-        L.append("")
-        L.append("## Notes")
-        L.append("")
-        L.extend(f"- {n}" for n in notes)
-    plots = meta.get("plots", [])
-    if plots:
-        L.append("")
-        L.append("## Plots")
-        L.append("")
-        L.extend(f"![{p}]({p})" for p in plots)
+    L += section("## Notes", [f"- {n}" for n in meta.get("notes", [])])
+    L += section("## Plots", [f"![{p}]({p})" for p in meta.get("plots", [])])
     path.write_text("\n".join(L) + "\n")
 
 
@@ -319,10 +309,7 @@ def plot_all(doc: dict, out: Path) -> list:
             ax.grid(axis="y", alpha=0.3)
         axes[0][0].legend(fontsize=8)
         fig.suptitle("Throughput guest to guest (native: host to host)")
-        fig.tight_layout()
-        fig.savefig(out / "throughput.png", dpi=110)
-        plt.close(fig)
-        written.append("throughput.png")
+        written.append(save(fig, out / "throughput.png"))
 
     # 2. 64-byte latency box plots (pooled RTTs of all rounds)
     boxes = doc.get("latency_box", {})
@@ -352,10 +339,7 @@ def plot_all(doc: dict, out: Path) -> list:
             ax.grid(axis="y", alpha=0.3, which="both")
         fig.suptitle("64-byte UDP round trip, sockperf ping-pong\n"
                      "box: quartiles; whiskers: p1–p99; ▼: p99.9; all rounds pooled", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(out / "latency_box.png", dpi=110)
-        plt.close(fig)
-        written.append("latency_box.png")
+        written.append(save(fig, out / "latency_box.png"))
 
     # 3. latency against message size
     sph = [p for p in ph if any(s["phase"] == p and s["metric"].startswith("rtt_size_") for s in valid(samples))]
@@ -386,10 +370,7 @@ def plot_all(doc: dict, out: Path) -> list:
             ax.grid(alpha=0.3, which="both")
         axes[0][0].legend(fontsize=8)
         fig.suptitle("Round-trip latency against message size (sockperf ping-pong)")
-        fig.tight_layout()
-        fig.savefig(out / "latency_vs_size.png", dpi=110)
-        plt.close(fig)
-        written.append("latency_vs_size.png")
+        written.append(save(fig, out / "latency_vs_size.png"))
 
     # 4. CPU per GB
     cph = [p for p in ph if any(s["phase"] == p and s["metric"] == "cpu_s_per_gb_tcp1" for s in valid(samples))]
@@ -408,10 +389,7 @@ def plot_all(doc: dict, out: Path) -> list:
             ax.set_title(p)
             ax.grid(axis="y", alpha=0.3)
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "cpu_per_gb.png", dpi=110)
-        plt.close(fig)
-        written.append("cpu_per_gb.png")
+        written.append(save(fig, out / "cpu_per_gb.png"))
 
     # 5. MPI
     mmetrics = [m for m in ("mpi_pingpong_lat_us", "hpcc_pingpong_lat_us", "hpcc_ring_lat_us",
@@ -438,10 +416,7 @@ def plot_all(doc: dict, out: Path) -> list:
             ax.set_title(metric_info(m)[0], fontsize=8)
             ax.grid(axis="y", alpha=0.3)
         fig.suptitle(f"MPI between the two endpoints ({p}; Open MPI over TCP, NetPIPE and HPCC)")
-        fig.tight_layout()
-        fig.savefig(out / "mpi.png", dpi=110)
-        plt.close(fig)
-        written.append("mpi.png")
+        written.append(save(fig, out / "mpi.png"))
     return written
 
 

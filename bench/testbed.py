@@ -19,7 +19,9 @@ beds build the same way are here once:
 from __future__ import annotations
 
 import os
+import shutil
 import time
+from pathlib import Path
 from typing import Optional
 
 from vnetlab import netlab
@@ -85,6 +87,12 @@ class Testbed:
 
     def logs(self) -> str:
         return self.lab.logs()
+
+    def keep_logs(self, raw: Path, phase: str) -> None:
+        """Copy every vnetd's log to ``raw`` (``<phase>-<log name>``), evidence kept with the results."""
+        for h in self.hosts:
+            for d in h.all_vnetd:
+                shutil.copy(d.log, raw / f"{phase}-{d.log.name}")
 
     # -- the wire --
     def wire_pair(self, net: str, pin_neighbours: bool = True) -> tuple:

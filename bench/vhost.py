@@ -34,7 +34,7 @@ from pathlib import Path
 from vnetlab import netlab
 
 from . import REPO
-from .report import ensure_matplotlib, med, pyplot
+from .report import ensure_matplotlib, med, pyplot, save
 from .testbed import Testbed
 
 FRONTEND = Path(os.environ.get("VHOST_FRONTEND", REPO / "target" / "release" / "vhost-frontend"))
@@ -212,8 +212,7 @@ def plot(doc: dict, path: Path) -> bool:
         ax.set_title(t)
     axes[0].legend(fontsize=8)
     fig.suptitle("vnet vhost-user: vhost-user -> UDP -> vhost-user")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     return True
 
 
