@@ -29,10 +29,21 @@ def _matplotlib_python():
     return None
 
 
-def test_bench_quick(tmp_path, tools):
-    for b in (netlab.VNETD, netlab.VNETCTL):
-        if not b.exists():
+def require(*binaries):
+    for b in binaries:
+        if not os.path.exists(b):
             pytest.fail(f"{b} not found: run `cargo build --release` first")
+
+
+def run_quick(module: str, out, timeout: float, py: str = sys.executable):
+    """``python3 -m bench.<module> --quick --out OUT`` from the repository root: it must succeed."""
+    r = subprocess.run([py, "-m", f"bench.{module}", "--quick", "--out", str(out)],
+                       capture_output=True, text=True, timeout=timeout, cwd=netlab.REPO)
+    assert r.returncode == 0, f"bench.{module} --quick failed (rc={r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-4000:]}"
+
+
+def test_bench_quick(tmp_path, tools):
+    require(netlab.VNETD, netlab.VNETCTL)
     missing = [t for t in ("sockperf", "mpirun", "hpcc", "NPopenmpi") if shutil.which(t) is None]
     if _matplotlib_python() is None:
         missing.append("matplotlib")
@@ -40,9 +51,7 @@ def test_bench_quick(tmp_path, tools):
         pytest.skip(f"benchmark tools missing ({', '.join(missing)}): bash scripts/bench.sh --install-only")
 
     out = tmp_path / "bench"
-    r = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=900, cwd=netlab.REPO)
-    assert r.returncode == 0, f"bench.run --quick failed (rc={r.returncode}):\n{r.stderr[-4000:]}"
+    run_quick("run", out, 900)
 
     doc = json.loads((out / "samples.json").read_text())
     samples = doc["samples"]
@@ -82,15 +91,10 @@ def test_bench_quick(tmp_path, tools):
 def test_vhost_bench_quick(tmp_path, tools):
     """``python3 -m bench.vhost --quick``: every (size, data path, notification policy) produced a
     sample whose path vnetd's own counters confirm, and the report and plot were written."""
-    fe = os.environ.get("VHOST_FRONTEND", str(netlab.REPO / "target" / "release" / "vhost-frontend"))
-    for b in (netlab.VNETD, netlab.VNETCTL, fe):
-        if not os.path.exists(b):
-            pytest.fail(f"{b} not found: run `cargo build --release` first")
-    py = _matplotlib_python() or sys.executable
+    require(netlab.VNETD, netlab.VNETCTL,
+            os.environ.get("VHOST_FRONTEND", str(netlab.REPO / "target" / "release" / "vhost-frontend")))
     out = tmp_path / "vhost"
-    r = subprocess.run([py, "-m", "bench.vhost", "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600, cwd=netlab.REPO)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    run_quick("vhost", out, 600, _matplotlib_python() or sys.executable)
     doc = json.loads((out / "vhost.json").read_text())
     samples = doc["samples"]
     assert len(samples) == 2 * 4, samples
@@ -109,17 +113,12 @@ def test_hpc_bench_quick(tmp_path, tools):
     kernel's figure and NetPIPE's, every run's counters show its bytes on the configuration's
     path (for vnet: vnet's own link counters, on every link between hosts), and the report
     says the machine is oversubscribed."""
-    for b in (netlab.VNETD, netlab.VNETCTL):
-        if not b.exists():
-            pytest.fail(f"{b} not found: run `cargo build --release` first")
+    require(netlab.VNETD, netlab.VNETCTL)
     missing = [t for t in hpc.TOOLS if shutil.which(t) is None]
     if missing:
         pytest.skip(f"MPI tools missing ({', '.join(missing)}): bash scripts/bench.sh --install-only")
-    py = _matplotlib_python() or sys.executable
     out = tmp_path / "hpc"
-    r = subprocess.run([py, "-m", "bench.hpc", "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=2400, cwd=netlab.REPO)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    run_quick("hpc", out, 2400, _matplotlib_python() or sys.executable)
     doc = json.loads((out / "hpc.json").read_text())
     runs = doc["runs"]
     errors = [f"{x['config']} {x['job']}: {x['error']}" for x in runs if x.get("error")]
@@ -172,9 +171,7 @@ def test_hpc_counters_check_can_fail(tools):
     NetPIPE job between rank 0 and rank 3 (two hosts) it passes; and for vnet-kernel the same
     job with the fast path off (`set fastpath off`: vnetd forwards it) fails, because the
     kernel's share of the links did not carry it."""
-    for b in (netlab.VNETD, netlab.VNETCTL):
-        if not b.exists():
-            pytest.fail(f"{b} not found: run `cargo build --release` first")
+    require(netlab.VNETD, netlab.VNETCTL)
     if shutil.which("mpirun") is None or shutil.which("NPopenmpi") is None:
         pytest.skip("MPI tools missing: bash scripts/bench.sh --install-only")
     with hpc_bed.Bed(hosts=2) as bed:
