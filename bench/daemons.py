@@ -38,16 +38,16 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 from vnetlab import netlab
+from vnetlab.etcdlab import EtcdServer
 
 from . import REPO
-from .etcd import etcd_argv, shm_dir
+from .etcd import shm_dir
 from .machine import commit, proc_cpu, proc_rss
 from .report import pyplot, save, sig
 
@@ -61,29 +61,17 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-class Etcd:
-    """One etcd member in its own namespace on the lab's underlay, stopped by PID (netlab)."""
+class Etcd(EtcdServer):
+    """The benchmark's etcd, in its own namespace on the lab's underlay (``vnetlab.etcdlab``):
+    its data in /dev/shm (removed at the end), a larger quota, longer timeouts for 200 daemons."""
 
     def __init__(self, lab: netlab.Lab):
-        self.ns = lab.host("etcd")
-        self.endpoint = f"{self.ns.underlay_ip}:2379"
-        self.data = shm_dir("vnet-daemons-etcd-")
-        out = open(lab.workdir / "etcd.log", "ab")
-        self.proc = self.ns.popen(*etcd_argv("bench", self.data, f"http://{self.endpoint}", "http://127.0.0.1:2380",
-                                             quota=4 << 30),
-                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        out.close()
-        netlab.wait_until(lambda: self.ctl("hosts", check=False).returncode == 0, 30, what="etcd to answer")
-
-    def ctl(self, *words, check=True):
-        r = self.ns.exec(netlab.VNETCTL, "--etcd", self.endpoint, "--overlay", OVERLAY, "--timeout", "10",
-                         *map(str, words), check=False, timeout=60)
-        if check and r.returncode != 0:
-            raise netlab.CtlError(words, r.returncode, r.stdout, r.stderr)
-        return r
+        super().__init__(lab, name="bench", overlay=OVERLAY, data=shm_dir("vnet-daemons-etcd-"), quota=4 << 30,
+                         timeout=10)
+        self.start(wait=30)
 
     def close(self) -> None:
-        netlab.stop_pid(self.proc)
+        self.stop()
         shutil.rmtree(self.data, ignore_errors=True)
 
 
@@ -246,7 +234,7 @@ class Bench:
         others = list(range(1, len(self.hosts)))  # every daemon but the source (host 1)
         self.rounds.clear()
         t0, t0_wall = time.monotonic(), time.time()
-        r = self.etcd.ctl("move", 1, g.mac, dst.role, "vmig")
+        moved = self.etcd.ctl("move", 1, g.mac, dst.role, "vmig")
         issued = time.monotonic() - t0
         seen = self.poll(others, lambda i, r: r.get(g.mac) == (want_dst if i == 1 else want),
                          timeout=60, t0=t0, what="move")
@@ -257,7 +245,7 @@ class Bench:
             applied.update(self.applied_at([i], g.mac, want_dst if i == 1 else want, t0_wall))
         out["applied"] = summarize("move", applied, [])
         out["vnetctl_move_s"] = issued
-        out["vnetctl_output"] = r.stdout.strip()
+        out["vnetctl_output"] = moved.strip()
         return out
 
     def close(self) -> None:

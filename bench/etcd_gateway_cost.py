@@ -21,7 +21,9 @@ import subprocess
 import time
 import urllib.request
 
-from .etcd import etcd_argv, free_port, shm_dir
+from vnetlab.etcdlab import etcd_argv
+
+from .etcd import free_port, shm_dir
 from .machine import proc_cpu
 
 

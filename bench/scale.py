@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 
 from . import REPO
-from .etcd import etcd_argv, free_port, shm_dir
+from vnetlab.etcdlab import etcd_argv
+
+from .etcd import free_port, shm_dir
 from .machine import commit
 from .report import ensure_matplotlib, pyplot, save, sig
 

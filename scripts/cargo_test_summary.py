@@ -88,8 +88,8 @@ class Summary:
         return self.targets[-1] if self.targets else None
 
     def feed(self, line: str) -> None:
-        if line.startswith("error") or line.startswith("    `-p "):  # and the targets it names
-            self.cargo_errors.append(line)
+        if line.startswith("error") or (line.startswith("    `") and self.cargo_errors):
+            self.cargo_errors.append(line)  # with the targets cargo lists after "N targets failed:"
         m = RUNNING.match(line)
         d = DOCTESTS.match(line)
         if m:
