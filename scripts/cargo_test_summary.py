@@ -43,7 +43,7 @@ class Target:
 
 def load_packages(metadata: str | None) -> dict:
     """(target name with '_', source path relative to its package) and ("doc", lib name) ->
-    package name, from cargo metadata."""
+    (package name, target name), from cargo metadata."""
     try:
         text = (Path(metadata).read_text() if metadata else
                 subprocess.run(["cargo", "metadata", "--no-deps", "--format-version", "1", "--offline"],
@@ -60,17 +60,17 @@ def load_packages(metadata: str | None) -> dict:
                 src = str(Path(t["src_path"]).relative_to(root))
             except ValueError:
                 src = t["src_path"]
-            out[(name, src)] = pkg["name"]
+            out[(name, src)] = (pkg["name"], t["name"])
             if "lib" in t["kind"] or "proc-macro" in t["kind"]:
-                out[("doc", name)] = pkg["name"]
+                out[("doc", name)] = (pkg["name"], t["name"])
     return out
 
 
-def target_label(src: str, stem: str) -> str:
+def target_label(src: str, name: str) -> str:
     if src == "src/lib.rs":
         return "lib"
     if src.startswith("src/"):
-        return f"bin {stem}"
+        return f"bin {name}"
     return src
 
 
@@ -94,12 +94,12 @@ class Summary:
         d = DOCTESTS.match(line)
         if m:
             src, stem = m.group(1), m.group(2)
-            crate = self.packages.get((stem, src), stem.replace("_", "-"))
-            self._start(Target(crate, target_label(src, stem)))
+            crate, name = self.packages.get((stem, src), (stem.replace("_", "-"), stem))
+            self._start(Target(crate, target_label(src, name)))
             return
         if d:
             lib = d.group(1)
-            self._start(Target(self.packages.get(("doc", lib), lib.replace("_", "-")), "doc"))
+            self._start(Target(self.packages.get(("doc", lib), (lib.replace("_", "-"), lib))[0], "doc"))
             return
         t = self.current
         if t is None:
