@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Many real ``vnetd --etcd`` daemons on one etcd (issue #13): how long a host joining and a
 guest moving take to reach every daemon's forwarding table.
 
-Each daemon runs in a host namespace of its own (``tests/system/netlab.py``: a veth to a shared
+Each daemon runs in a host namespace of its own (``vnetlab.netlab``: a veth to a shared
 underlay bridge) with one guest NIC (a TAP that vnetd moves into a guest namespace); etcd runs
 in a namespace of its own on the same underlay, its data in /dev/shm. The daemons' local
 configurations hold only their guest's interface: every link and route comes from etcd.
@@ -35,21 +34,22 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
-import re
 import json
 import os
+import re
 import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "system"))
-import netlab  # noqa: E402
+from vnetlab import netlab
+from vnetlab.etcdlab import EtcdServer
+
+from . import REPO
+from .etcd import shm_dir
+from .machine import commit, proc_cpu, proc_rss
+from .report import pyplot, save, sig
 
 OVERLAY = "bench"
 # A line of vnetd's log (tracing's format without colours): UTC time, level, target, message.
@@ -61,71 +61,39 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-class Etcd:
-    """One etcd member in its own namespace on the lab's underlay, stopped by PID (netlab)."""
+class Etcd(EtcdServer):
+    """The benchmark's etcd, in its own namespace on the lab's underlay (``vnetlab.etcdlab``):
+    its data in /dev/shm (removed at the end), a larger quota, longer timeouts for 200 daemons."""
 
     def __init__(self, lab: netlab.Lab):
-        self.ns = lab.host("etcd")
-        self.endpoint = f"{self.ns.underlay_ip}:2379"
-        self.data = Path(tempfile.mkdtemp(prefix="vnet-daemons-etcd-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
-        url, peer = f"http://{self.endpoint}", "http://127.0.0.1:2380"
-        out = open(lab.workdir / "etcd.log", "ab")
-        self.proc = self.ns.popen(
-            "/usr/bin/etcd", "--name", "bench", "--data-dir", self.data,
-            "--listen-client-urls", url, "--advertise-client-urls", url,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"bench={peer}", "--quota-backend-bytes", str(4 << 30),
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        out.close()
-        netlab.wait_until(lambda: self.ctl("hosts", check=False).returncode == 0, 30, what="etcd to answer")
-
-    def ctl(self, *words, check=True):
-        r = self.ns.exec(netlab.VNETCTL, "--etcd", self.endpoint, "--overlay", OVERLAY, "--timeout", "10",
-                         *map(str, words), check=False, timeout=60)
-        if check and r.returncode != 0:
-            raise netlab.CtlError(words, r.returncode, r.stdout, r.stderr)
-        return r
+        super().__init__(lab, name="bench", overlay=OVERLAY, data=shm_dir("vnet-daemons-etcd-"), quota=4 << 30,
+                         timeout=10)
+        self.start(wait=30)
 
     def close(self) -> None:
-        netlab.stop_pid(self.proc)
+        self.stop()
         shutil.rmtree(self.data, ignore_errors=True)
 
 
 class Control:
-    """A persistent connection to one daemon's control port (opened inside its namespace)."""
+    """A persistent connection to one daemon's control port (``netlab.ControlClient``, opened
+    inside its namespace), opened again once when it fails."""
 
     def __init__(self, host: netlab.Host):
         self.host = host
-        self.sock = None
-        self.buf = b""
-
-    def _connect(self) -> None:
-        s = self.host.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.settimeout(10)
-        addr, port = self.host.control.rsplit(":", 1)
-        s.connect((addr, int(port)))
-        self.sock, self.buf = s, b""
-
-    def _line(self) -> bytes:
-        while b"\n" not in self.buf:
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise ConnectionError("control port closed")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return line
+        self.client = None
 
     def command(self, line: str) -> str:
         for attempt in (1, 2):
             try:
-                if self.sock is None:
-                    self._connect()
-                self.sock.sendall(line.encode() + b"\n")
-                head = self._line().decode()
+                if self.client is None:
+                    self.client = netlab.ControlClient(self.host, timeout=10)
+                head, lines = self.client.command(line)
+                if head is None or None in lines:
+                    raise ConnectionError("control port closed")
                 if head.startswith("error"):
                     raise RuntimeError(f"{self.host.role}: {line}: {head}")
-                n = int(head.split()[1])
-                return "\n".join(self._line().decode() for _ in range(n))
+                return "\n".join(lines)
             except (OSError, ConnectionError, ValueError, IndexError):
                 self.close()
                 if attempt == 2:
@@ -136,9 +104,9 @@ class Control:
         return {r["dst"].lower(): (r["to"], r["name"]) for r in json.loads(self.command("show routes json"))}
 
     def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
 
 
 class Bench:
@@ -266,7 +234,7 @@ class Bench:
         others = list(range(1, len(self.hosts)))  # every daemon but the source (host 1)
         self.rounds.clear()
         t0, t0_wall = time.monotonic(), time.time()
-        r = self.etcd.ctl("move", 1, g.mac, dst.role, "vmig")
+        moved = self.etcd.ctl("move", 1, g.mac, dst.role, "vmig")
         issued = time.monotonic() - t0
         seen = self.poll(others, lambda i, r: r.get(g.mac) == (want_dst if i == 1 else want),
                          timeout=60, t0=t0, what="move")
@@ -277,7 +245,7 @@ class Bench:
             applied.update(self.applied_at([i], g.mac, want_dst if i == 1 else want, t0_wall))
         out["applied"] = summarize("move", applied, [])
         out["vnetctl_move_s"] = issued
-        out["vnetctl_output"] = r.stdout.strip()
+        out["vnetctl_output"] = moved.strip()
         return out
 
     def close(self) -> None:
@@ -302,12 +270,7 @@ def summarize(step: str, seen: dict, rounds: list[float]) -> dict:
 
 def resources(bench: Bench, etcd: Etcd) -> dict:
     def usage(pid: int):
-        try:
-            f = open(f"/proc/{pid}/stat").read()
-            f = f[f.rfind(")") + 2:].split()
-            return (int(f[11]) + int(f[12])) / 100, int(f[21]) * 4096
-        except OSError:
-            return 0.0, 0
+        return proc_cpu(pid), proc_rss(pid)
     daemons = [usage(h.vnetd.pid) for h in bench.hosts if h.vnetd and h.vnetd.alive()]
     e = usage(etcd.proc.pid)
     return {"daemons_cpu_s": sum(c for c, _ in daemons), "daemons_rss_bytes": sum(r for _, r in daemons),
@@ -325,16 +288,16 @@ def report(doc: dict, out: Path) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in doc["steps"]:
         if s["step"] == "bring-up":
-            lines.append(f"| bring-up | {s['daemons']} | | | {fmt(s['all_routed_s'])} (all started in {fmt(s['start_s'])}) | "
+            lines.append(f"| bring-up | {s['daemons']} | | | {sig(s['all_routed_s'])} (all started in {sig(s['start_s'])}) | "
                          f"{s['not_converged']} | | |")
             continue
         g = GOALS[s["step"]]
         a = s.get("applied") or {}
         ok = a.get("not_converged", 1) == 0 and a.get("max_s") is not None and a["max_s"] <= g
-        lines.append(f"| {s['step']}, applied (daemons' logs) | {a.get('daemons', '-')} | {fmt(a.get('p50_s'))} | {fmt(a.get('p99_s'))} | "
-                     f"{fmt(a.get('max_s'))} | {a.get('not_converged', '-')} | | every daemon <= {g} s: {'met' if ok else 'NOT met'} |")
-        lines.append(f"| {s['step']}, seen by polling | {s['daemons']} | {fmt(s['p50_s'])} | {fmt(s['p99_s'])} | {fmt(s['max_s'])} | "
-                     f"{s['not_converged']} | {fmt(s['poll_round_s'])} | |")
+        lines.append(f"| {s['step']}, applied (daemons' logs) | {a.get('daemons', '-')} | {sig(a.get('p50_s'))} | {sig(a.get('p99_s'))} | "
+                     f"{sig(a.get('max_s'))} | {a.get('not_converged', '-')} | | every daemon <= {g} s: {'met' if ok else 'NOT met'} |")
+        lines.append(f"| {s['step']}, seen by polling | {s['daemons']} | {sig(s['p50_s'])} | {sig(s['p99_s'])} | {sig(s['max_s'])} | "
+                     f"{s['not_converged']} | {sig(s['poll_round_s'])} | |")
     r = doc["resources"]
     lines += ["", f"After the steps: the daemons used {r['daemons_cpu_s']:.1f} CPU-s in all and hold "
               f"{r['daemons_rss_bytes'] / 1e6:.0f} MB resident; etcd {r['etcd_cpu_s']:.1f} CPU-s, "
@@ -342,15 +305,9 @@ def report(doc: dict, out: Path) -> str:
     return "\n".join(lines)
 
 
-def fmt(v) -> str:
-    return "-" if v is None else f"{v:.3g}"
-
-
 def plot(doc: dict, out: Path) -> None:
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -363,9 +320,7 @@ def plot(doc: dict, out: Path) -> None:
     ax.set(xlabel="seconds until the daemon routes the change", ylabel="fraction of daemons",
            title=f"{doc['daemons']} vnetd --etcd daemons on one etcd")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "daemons.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "daemons.png")
 
 
 def run(n: int, out: Path, ttl: int = 10, wave: int = 20, threads: int = 8) -> dict:
@@ -373,9 +328,8 @@ def run(n: int, out: Path, ttl: int = 10, wave: int = 20, threads: int = 8) -> d
         raise SystemExit("--daemons must be 3 to 250 (one /24 underlay)")
     out.mkdir(parents=True, exist_ok=True)
     netlab.install_signal_cleanup()
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    doc = {"daemons": n, "lease_ttl": ttl, "commit": commit or "?", "time": stamp, "steps": []}
+    doc = {"daemons": n, "lease_ttl": ttl, "commit": commit() or "?", "time": stamp, "steps": []}
     with netlab.Lab(tag="daemons") as lab:
         etcd = Etcd(lab)
         bench = Bench(lab, etcd, n, ttl, threads)
@@ -385,8 +339,8 @@ def run(n: int, out: Path, ttl: int = 10, wave: int = 20, threads: int = 8) -> d
             for step in (bench.join, bench.move):
                 s = step()
                 doc["steps"].append(s)
-                log(f"{s['step']}: p50 {fmt(s['p50_s'])} p99 {fmt(s['p99_s'])} max {fmt(s['max_s'])} s, "
-                    f"{s['not_converged']} not converged (polling round {fmt(s['poll_round_s'])} s)")
+                log(f"{s['step']}: p50 {sig(s['p50_s'])} p99 {sig(s['p99_s'])} max {sig(s['max_s'])} s, "
+                    f"{s['not_converged']} not converged (polling round {sig(s['poll_round_s'])} s)")
             doc["resources"] = resources(bench, etcd)
         finally:
             bench.close()

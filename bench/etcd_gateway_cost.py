@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What one full read of an overlay costs etcd through its JSON gateway (what vnet's agents
 use) against its gRPC API (what ``etcdctl`` uses), issue #13.
 
@@ -9,7 +8,7 @@ pages of 1,000 keys (what the agents do now), and over gRPC (``etcdctl get --pre
 protobuf``). Reports per read: wall time, etcd's CPU (from /proc), and the answer's size.
 etcd is stopped by PID at the end.
 
-    python3 bench/etcd_gateway_cost.py [--hosts 1000] [--reads 10]
+    python3 -m bench.etcd_gateway_cost [--hosts 1000] [--reads 10]
 """
 
 from __future__ import annotations
@@ -18,17 +17,14 @@ import argparse
 import base64
 import json
 import shutil
-import socket
 import subprocess
-import tempfile
 import time
 import urllib.request
 
+from vnetlab.etcdlab import etcd_argv
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .etcd import free_port, shm_dir
+from .machine import proc_cpu
 
 
 def b64(s: str | bytes) -> str:
@@ -41,22 +37,15 @@ def main() -> int:
     ap.add_argument("--reads", type=int, default=10)
     args = ap.parse_args()
     cp, pp = free_port(), free_port()
-    data = tempfile.mkdtemp(prefix="vnet-gwcost-", dir="/dev/shm")
+    data = shm_dir("vnet-gwcost-")
     url = f"http://127.0.0.1:{cp}"
-    etcd = subprocess.Popen(
-        ["/usr/bin/etcd", "--name", "g", "--data-dir", data, "--listen-client-urls", url, "--advertise-client-urls", url,
-         "--listen-peer-urls", f"http://127.0.0.1:{pp}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{pp}",
-         "--initial-cluster", f"g=http://127.0.0.1:{pp}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    etcd = subprocess.Popen(etcd_argv("g", data, url, f"http://127.0.0.1:{pp}"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
 
     def post(path: str, body: dict) -> bytes:
         req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.read()
-
-    def cpu() -> float:
-        f = open(f"/proc/{etcd.pid}/stat").read()
-        f = f[f.rfind(")") + 2:].split()
-        return (int(f[11]) + int(f[12])) / 100
 
     try:
         for _ in range(100):
@@ -106,11 +95,11 @@ def main() -> int:
         print("| read | wall ms | etcd CPU ms | answer MB |")
         print("| --- | --- | --- | --- |")
         for label, fn in (("gateway, one answer", whole), ("gateway, pages of 1000", paged), ("gRPC (etcdctl)", grpc)):
-            c0, t0 = cpu(), time.time()
+            c0, t0 = proc_cpu(etcd.pid), time.time()
             size = 0
             for _ in range(args.reads):
                 size = fn()
-            c1, t1 = cpu(), time.time()
+            c1, t1 = proc_cpu(etcd.pid), time.time()
             print(f"| {label} | {(t1 - t0) / args.reads * 1000:.0f} | {(c1 - c0) / args.reads * 1000:.0f} | {size / 1e6:.2f} |")
     finally:
         etcd.terminate()

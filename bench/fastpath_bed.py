@@ -1,4 +1,4 @@
-"""The kernel fast path's testbed (issue #10): the bench topology of testbed.py with guests on
+"""The kernel fast path's testbed (issue #10): the suite's topology (suite_bed.py) with guests on
 veth ports driven by the eBPF fast path (crate vnet-fastpath, through its `fplab` example
 standing in for vnetd's control plane), beside the kernel VXLAN + bridge and the native wire.
 
@@ -17,7 +17,8 @@ only, so no program of another variant runs on the wire meanwhile):
   device (UDP 4791: it cannot share a port with a UDP socket, see ``coexistence()``), and
   tunnel_ingress on that device delivering with bpf_redirect_peer.
 
-Built on tests/system/netlab.py (unique names, processes stopped by PID, cleanup always).
+A ``testbed.Testbed`` (unique names, processes stopped by PID, cleanup always; the wire and
+the kernel VXLAN as every bed builds them).
 """
 
 from __future__ import annotations
@@ -27,20 +28,19 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "system"))
-import netlab  # noqa: E402
+from vnetlab import netlab
+
+from . import REPO
+from .testbed import KERNEL_VXLAN_PORT, Testbed
 
 FPLAB = Path(os.environ.get("FPLAB", REPO / "target" / "release" / "examples" / "fplab"))
 if not FPLAB.is_absolute():
     FPLAB = REPO / FPLAB
 
-VXLAN_OVERHEAD = 50
 WIRE_NET = "10.77.0"
 KX_NET = "192.168.72"
 FP_NET = "192.168.74"
@@ -87,73 +87,30 @@ class Fplab:
             netlab.stop_pid(self.proc, sig=sig, timeout=5)
 
 
-class FastpathBed:
+class FastpathBed(Testbed):
     """Two hosts on a veth wire with kernel-VXLAN guests and fast-path guests. Context manager."""
 
     def __init__(self, mtu: int = 1500, tag: str = "fpbed"):
-        self.wire_mtu = mtu
-        self.overlay_mtu = mtu - VXLAN_OVERHEAD
-        self.lab = netlab.Lab(tag=f"{tag}-mtu{mtu}")
+        super().__init__(f"{tag}-mtu{mtu}", mtu)
         self.running: dict = {}  # host -> Fplab
         self.variant: Optional[str] = None
 
-    def __enter__(self):
-        try:
-            self.build()
-        except BaseException:
-            self.lab.failed = True
-            self.lab.keep_workdir = True
-            self.lab.close()
-            raise
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            self.lab.failed = True
+    def close(self) -> None:
         self.stop_fastpath()
-        self.lab.close()
+        super().close()
 
-    def build(self) -> None:
+    def setup(self) -> None:
         lab = self.lab
-        self.hA = netlab.Host(lab, "hA", f"{WIRE_NET}.1")
-        self.hB = netlab.Host(lab, "hB", f"{WIRE_NET}.2")
-        lab.hosts += [self.hA, self.hB]
-        hosts = (self.hA, self.hB)
-        lab.veth(self.hA, "eth0", self.hB, "eth0", up=False)
-        for h in hosts:
-            h.ip_link("set", "eth0", "mtu", self.wire_mtu)
-            h.ip("addr", "add", f"{h.underlay_ip}/24", "dev", "eth0")
-            h.ip_link("set", "eth0", "up")
-        macs = {h: h.links()["eth0"]["address"] for h in hosts}
-        for h, o in ((self.hA, self.hB), (self.hB, self.hA)):
-            h.ip("neigh", "replace", o.underlay_ip, "lladdr", macs[o], "dev", "eth0", "nud", "permanent")
-
-        # kernel VXLAN + bridge, as bench/testbed.py builds it
-        self.kx_guests = []
-        for i, (h, o) in enumerate(((self.hA, self.hB), (self.hB, self.hA))):
-            g = lab.guest(f"k{'ab'[i]}", ip=f"{KX_NET}.{i + 1}", mac=KX_MAC[i])
-            h.ip_link("add", "vx1", "type", "vxlan", "id", KX_VNI, "dstport", 4789,
-                      "local", h.underlay_ip, "dev", "eth0", "nolearning")
-            h.ip_link("set", "vx1", "mtu", self.overlay_mtu)
-            h.ip_link("add", "br-kx", "type", "bridge")
-            h.ip_link("set", "vx1", "master", "br-kx")
-            h.ip_link("add", "kg", "type", "veth", "peer", "name", "eth0", "netns", g.name)
-            h.ip_link("set", "kg", "mtu", self.overlay_mtu)
-            h.ip_link("set", "kg", "master", "br-kx")
-            for dev in ("vx1", "kg", "br-kx"):
-                h.ip_link("set", dev, "up")
-            h.exec("bridge", "fdb", "append", "00:00:00:00:00:00", "dev", "vx1", "dst", o.underlay_ip)
-            h.exec("bridge", "fdb", "append", KX_MAC[1 - i], "dev", "vx1", "dst", o.underlay_ip)
-            g.ip_link("set", "eth0", "address", KX_MAC[i])
-            g.configure("eth0", self.overlay_mtu)
-            self.kx_guests.append(g)
+        hosts = self.wire_pair(WIRE_NET)
+        # kernel VXLAN + bridge, as the suite's bed builds it
+        self.kx_guests = self.guest_pair("k", KX_NET, KX_MAC)
+        self.kernel_vxlan(list(zip(self.kx_guests, hosts)), KX_VNI, port=lambda i: "kg")
 
         # fast-path guests: a veth whose host end gets the programs, a punt TAP (nobody reads
         # it here: nothing in these tests needs the slow path), and a collect-metadata VXLAN
         # device for variant (a)
-        self.fp_guests = []
-        for i, h in enumerate(hosts):
-            g = lab.guest(f"f{'ab'[i]}", ip=f"{FP_NET}.{i + 1}", mac=FP_MAC[i])
+        self.fp_guests = self.guest_pair("f", FP_NET, FP_MAC)
+        for g, h in zip(self.fp_guests, hosts):
             h.ip_link("add", "fp", "type", "veth", "peer", "name", "eth0", "netns", g.name)
             h.ip_link("set", "fp", "mtu", self.overlay_mtu)
             h.ip_link("set", "fp", "up")
@@ -162,14 +119,9 @@ class FastpathBed:
             h.ip_link("add", "name", "vxfp", "type", "vxlan", "external", "dstport", VXDEV_PORT)
             h.ip_link("set", "vxfp", "mtu", self.overlay_mtu)
             h.ip_link("set", "vxfp", "up")
-            g.ip_link("set", "eth0", "address", FP_MAC[i])
+            g.ip_link("set", "eth0", "address", g.mac)
             g.configure("eth0", self.overlay_mtu)
-            self.fp_guests.append(g)
-
-        for gs in (self.kx_guests, self.fp_guests):
-            for i, g in enumerate(gs):
-                o = gs[1 - i]
-                g.ip("neigh", "replace", o.ip_addr, "lladdr", o.mac, "dev", g.ifname, "nud", "permanent")
+        self.pin_guest_neighbours(self.kx_guests, self.fp_guests)
         for cfg in ("native", "kernel-vxlan"):
             a, _, _, ip = self.endpoint(cfg)
             lab.wait_ping(a, ip, timeout=15)
@@ -180,7 +132,7 @@ class FastpathBed:
         me, peer = FP_MAC[i], FP_MAC[1 - i]
         args = ["--port", f"1:fp:fpt:{me}:{FP_VNI}:{self.overlay_mtu}:peer",
                 "--route", f"{me}=1", "--route", f"{peer}=2"]
-        link = f"2:{o.underlay_ip}:{h.underlay_ip}:4789:{FP_VNI}"
+        link = f"2:{o.underlay_ip}:{h.underlay_ip}:{KERNEL_VXLAN_PORT}:{FP_VNI}"
         if variant == "fp-vxdev":
             args += ["--link", f"{link}:via=vxfp", "--tunnel-dev", "vxfp"]
         else:
@@ -224,8 +176,7 @@ class FastpathBed:
         """What proves a test's path: the fast path's own counters, or the kernel devices'."""
         if config in FP_VARIANTS:
             return {h.role: f.counters() for h, f in self.running.items()}
-        dev = "vx1" if config == "kernel-vxlan" else "eth0"
-        return {"A": self.hA.link_counters(dev), "B": self.hB.link_counters(dev), "dev": dev}
+        return self.pair_counters("vx1" if config == "kernel-vxlan" else "eth0")
 
 
 def coexistence(host: netlab.Netns, port: int = 4792) -> dict:

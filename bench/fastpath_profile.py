@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Where the time goes: a system-wide `perf record` during one iperf3 TCP stream guest to guest,
 per configuration (kernel VXLAN, fast-path variants, native), on the fastpath_variants testbed.
 Prints and saves the top kernel symbols (self time, all CPUs) of each.
 
-    sudo python3 bench/fastpath_profile.py [--mtu 1500] [--seconds 6] [--configs kernel-vxlan fp-cache]
+    sudo python3 -m bench.fastpath_profile [--mtu 1500] [--seconds 6] [--configs kernel-vxlan fp-cache]
 """
 
 from __future__ import annotations
@@ -16,8 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fastpath_bed import CONFIGS, FastpathBed, netlab  # noqa: E402
+from vnetlab import netlab
+
+from . import REPO
+from .fastpath_bed import CONFIGS, FastpathBed
 
 
 def main(argv=None) -> int:
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
     if shutil.which("perf") is None:
         print("perf missing (Debian: linux-perf)", file=sys.stderr)
         return 2
-    out = a.out or netlab.REPO / "results" / time.strftime("fastpath-profile-%Y%m%dT%H%M%SZ", time.gmtime())
+    out = a.out or REPO / "results" / time.strftime("fastpath-profile-%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
     netlab.install_signal_cleanup()
     report = {}

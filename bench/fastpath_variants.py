@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Which kernel fast path (issue #10)? Measures the fast-path variants (fastpath_bed.py) against
 native and the kernel VXLAN + bridge, interleaved: every round runs every configuration in a new
 random order, per wire MTU. Metrics: TCP 1 stream (iperf3, receiver), 64-byte UDP round trip
@@ -8,7 +7,7 @@ Each fast-path sample is checked against the fast path's own counters (the link'
 bytes on A, decapsulated on B, delivered to guest B) and records the bytes per skb seen there
 (GSO kept whole: ~64 KB), the punts, and the receiving guest's checksum errors (nstat).
 
-    sudo python3 bench/fastpath_variants.py [--mtus 1500 9000] [--rounds 3] [--quick]
+    sudo python3 -m bench.fastpath_variants [--mtus 1500 9000] [--rounds 3] [--quick]
 
 Needs the release build of the fplab example: cargo build --release -p vnet-fastpath --examples.
 Writes results/fastpath-<time>/{summary.md,samples.json}, and plots if matplotlib is there.
@@ -20,23 +19,21 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fastpath_bed import CONFIGS, FP_VARIANTS, FastpathBed, coexistence, netlab  # noqa: E402
-from measure import machine_cpu, parse_sockperf, MeasureError  # noqa: E402
+from vnetlab import netlab
+
+from . import REPO
+from .fastpath_bed import CONFIGS, FP_VARIANTS, FPLAB, FastpathBed, coexistence
+from .machine import loadavg, machine_cpu
+from .measure import MeasureError, parse_sockperf
+from .report import med, pyplot, save
 
 GOALS = """Goals of issue #10 (fast path = the chosen variant): TCP >= 1.1x kernel VXLAN at MTU 1500
 and 9000, and >= 0.75x native at 9000; 64 B RTT p50 <= kernel VXLAN and <= 1.3x native;
 CPU/GB <= kernel VXLAN."""
-
-
-def loadavg() -> float:
-    with open("/proc/loadavg") as f:
-        return float(f.read().split()[0])
 
 
 def nstat(ns) -> dict:
@@ -78,30 +75,9 @@ def path_ok(config: str, before: dict, after: dict, payload: int) -> dict:
             "path": f"kernel device {before['dev']} in the host namespaces"}
 
 
-class Servers:
-    def __init__(self, bed: FastpathBed):
-        self.bed, self.procs = bed, {}
-
-    def ensure(self, kind: str, config: str):
-        a, b, _, ip = self.bed.endpoint(config)
-        key = (kind, b.name)
-        p = self.procs.get(key)
-        if p is not None and p.poll() is None:
-            return
-        if kind == "iperf3":
-            argv, port, flag = ["iperf3", "-s", "-B", ip, "-p", 5201], 5201, "-Htln"
-        else:
-            argv, port, flag = ["sockperf", "server", "-i", ip, "-p", 11111], 11111, "-Huln"
-        log = open(self.bed.lab.workdir / f"{kind}-{b.role}.log", "ab")
-        p = b.popen(*argv, stdin=netlab.subprocess.DEVNULL, stdout=log, stderr=log)
-        log.close()
-        netlab.wait_until(lambda: f":{port} " in b.exec("ss", flag).stdout, 10, 0.05, what=f"{kind} server")
-        self.procs[key] = p
-
-
-def tcp(bed, servers, config, seconds) -> dict:
+def tcp(bed, config, seconds) -> dict:
     a, b, cip, sip = bed.endpoint(config)
-    servers.ensure("iperf3", config)
+    bed.server("iperf3", b, sip)
     before = bed.counters(config)
     csum0 = nstat(b)
     cpu0, t0 = machine_cpu()
@@ -122,9 +98,9 @@ def tcp(bed, servers, config, seconds) -> dict:
             "machine_cpu_s": round(cpu1 - cpu0, 3), "wall_s": round(t1 - t0, 3), "check": ev}
 
 
-def rtt(bed, servers, config, seconds) -> dict:
+def rtt(bed, config, seconds) -> dict:
     a, b, cip, sip = bed.endpoint(config)
-    servers.ensure("sockperf", config)
+    bed.server("sockperf", b, sip)
     before = bed.counters(config)
     r = a.exec("sockperf", "ping-pong", "-i", sip, "-p", 11111, "--client_ip", cip, "-m", 64, "-t", seconds,
                check=False, timeout=seconds + 20)
@@ -132,10 +108,6 @@ def rtt(bed, servers, config, seconds) -> dict:
     res = parse_sockperf(r.stdout + r.stderr)
     res["check"] = path_ok(config, before, after, res["total_received"] * 64)
     return res
-
-
-def med(vals):
-    return statistics.median(vals) if vals else None
 
 
 def main(argv=None) -> int:
@@ -154,11 +126,10 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("fastpath_variants.py: run as root", file=sys.stderr)
         return 2
-    from fastpath_bed import FPLAB
     if not FPLAB.exists():
         print(f"{FPLAB} missing: cargo build --release -p vnet-fastpath --examples", file=sys.stderr)
         return 2
-    out = a.out or netlab.REPO / "results" / time.strftime("fastpath-%Y%m%dT%H%M%SZ", time.gmtime())
+    out = a.out or REPO / "results" / time.strftime("fastpath-%Y%m%dT%H%M%SZ", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(a.seed)
     netlab.install_signal_cleanup()
@@ -169,7 +140,6 @@ def main(argv=None) -> int:
         with FastpathBed(mtu, tag="fpvar") as bed:
             if "coexistence" not in notes:
                 notes["coexistence"] = coexistence(bed.hA)
-            servers = Servers(bed)
             for rnd in range(a.rounds):
                 for metric in ("tcp", "rtt"):
                     order = list(a.configs)
@@ -178,8 +148,8 @@ def main(argv=None) -> int:
                         bed.prepare(config)
                         la = loadavg()
                         try:
-                            res = (tcp(bed, servers, config, a.tcp_seconds) if metric == "tcp"
-                                   else rtt(bed, servers, config, a.lat_seconds))
+                            res = (tcp(bed, config, a.tcp_seconds) if metric == "tcp"
+                                   else rtt(bed, config, a.lat_seconds))
                             err = None
                         except (MeasureError, ValueError, KeyError, netlab.LabError) as e:
                             res, err = {}, str(e)
@@ -261,9 +231,7 @@ def report(samples, notes, a) -> str:
 
 def plot(samples, out: Path) -> None:
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         (out / "PLOTS-SKIPPED").write_text("matplotlib not installed (scripts/bench.sh --install-only installs it)\n")
         return
@@ -278,8 +246,7 @@ def plot(samples, out: Path) -> None:
             ax.boxplot([d if d else [float("nan")] for d in data], labels=CONFIGS)
             ax.set_title(f"wire MTU {mtu}: {label}")
             ax.tick_params(axis="x", labelrotation=20)
-    fig.tight_layout()
-    fig.savefig(out / "fastpath_variants.png", dpi=110)
+    save(fig, out / "fastpath_variants.png")
 
 
 if __name__ == "__main__":

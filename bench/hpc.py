@@ -1,18 +1,17 @@
-#!/usr/bin/env python3
 """MPI jobs over many guests (issue #13): HPC Challenge with 4 ranks on 4 guests spread over
 2-4 hosts, and NetPIPE between the most distant pair, for native, the kernel's VXLAN and vnet's
 paths, reported like the dissertation's tables (value per configuration and its ratio to
 native). See bench/README.md, "MPI jobs over many guests".
 
-    sudo python3 bench/hpc.py                 # full run: 5 rounds, HPCC N=256, NetPIPE to 1 MB
-    sudo python3 bench/hpc.py --quick         # one round, small sizes (the CI check)
-    sudo python3 bench/hpc.py --mtus 1500,9000 --hosts 2 --configs native,vnet-adaptive
+    sudo python3 -m bench.hpc                 # full run: 5 rounds, HPCC N=256, NetPIPE to 1 MB
+    sudo python3 -m bench.hpc --quick         # one round, small sizes (the CI check)
+    sudo python3 -m bench.hpc --mtus 1500,9000 --hosts 2 --configs native,vnet-adaptive
 
 Output (``results/hpc-<UTC time>/`` or ``--out``): hpc.md (the tables), hpc.json (every run,
 its HPCC/NetPIPE figures and the counters that show which path its bytes took), hpc.png, and
 raw/hpc/ (hpccoutf.txt and NetPIPE's output of every run, the vnetd logs).
 
-How the jobs span namespaces and stay honest (as bench/mpi.py for two ranks): ``mpirun`` runs
+How the jobs span namespaces and stay honest (``mpi``, as for the suite's two ranks): ``mpirun`` runs
 in rank 0's namespace and starts the other ranks' daemons through an ``plm_rsh_agent`` script
 that maps each "host" (an address) to its namespace; ``--mca btl tcp,self --mca pml ob1``
 keeps the ranks off shared memory (namespaces of one machine share /dev/shm), on the
@@ -25,39 +24,32 @@ run mean anything.
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import re
+import shutil
+import signal
+import subprocess
 import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import ensure_matplotlib  # noqa: E402
+from vnetlab import netlab
 
-if __name__ == "__main__":
-    ensure_matplotlib(__file__)
+from . import hpc_report
+from .hpc_bed import CONFIGS, RANKS, Bed, Placement
+from .machine import background_cpu, loadavg
+from .mpi import (TOOLS, hpcc_input, hpcc_summary, in_dir, job_output, mpirun_argv, netpipe_argv,
+                  netpipe_result, write_agent)
+from .session import Progress, arguments, begin, finish, guarded, mmss, plots_note, run_meta, usable
+from .report import ensure_matplotlib, write_json
+from .testbed import have_root
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import random  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import hpc_bed  # noqa: E402
-import hpc_report  # noqa: E402
-from hpc_bed import CONFIGS, RANKS, Bed, Placement, netlab  # noqa: E402
-from measure import background_cpu  # noqa: E402
-from mpi import AGENT, _q, hpcc_input  # noqa: E402
-from run import Progress, _mmss, machine_info, vnet_version  # noqa: E402
-
-REPO = hpc_bed.REPO
 # HPCC sends 2,000,000-byte messages between every ordered pair of ranks in its ping-pong
 # bandwidth test (and many more in the ring tests): the floor a run's counters must show.
 HPCC_PAIR_BYTES = 2_000_000
-TOOLS = ("mpirun", "hpcc", "NPopenmpi")
 
 
 # The figures of one HPCC run kept per kernel: name -> (hpccoutf.txt summary key, multiplier)
@@ -65,11 +57,8 @@ HPCC_FIGURES = {k: (key, mult) for k, (key, mult, *_rest) in hpc_report.KERNELS.
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="output directory (default results/hpc-<UTC time>)")
-    ap.add_argument("--quick", action="store_true",
-                    help="one round, HPCC N=64, NetPIPE to 64 KB: checks that everything runs")
-    ap.add_argument("--rounds", type=int, help="rounds of every (job, configuration) (default 5; quick 1)")
+    ap = arguments(__doc__, "hpc", "one round, HPCC N=64, NetPIPE to 64 KB: checks that everything runs",
+                   "rounds of every (job, configuration) (default 5; quick 1)")
     ap.add_argument("--hosts", type=int, default=4, help="host namespaces the 4 guests spread over, 2-4 (default 4)")
     ap.add_argument("--mtus", default="1500", help="underlay MTUs, comma separated (default 1500; e.g. 1500,9000)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"configurations (default all: {','.join(CONFIGS)})")
@@ -77,9 +66,6 @@ def parse_args(argv=None):
     ap.add_argument("--np-upper", type=int, help="NetPIPE's largest message, bytes (default 1048576; quick 65536)")
     ap.add_argument("--np-repeats", type=int, default=50, help="NetPIPE round trips per message size (default 50)")
     ap.add_argument("--no-netpipe", action="store_true", help="HPCC only")
-    ap.add_argument("--vnet-set", action="append", default=[], metavar="'KEY VALUE'",
-                    help="extra `set` for every vnetd, e.g. --vnet-set 'yield timed' (repeatable)")
-    ap.add_argument("--seed", type=int, help="seed of the order shuffle")
     a = ap.parse_args(argv)
     a.rounds = a.rounds or (1 if a.quick else 5)
     a.hpcc_n = a.hpcc_n or (64 if a.quick else 256)
@@ -111,31 +97,20 @@ def _job_dir(bed: Bed, p: Placement, ranks: list) -> tuple:
     """A work directory with the rsh agent and its host map; the mpirun words that start
     ``ranks`` (rank indexes, in order) on ``p``."""
     wd = bed.workdir / f"job-{p.config}"
-    wd.mkdir(exist_ok=True)
-    agent = wd / "mpi-agent.sh"
-    agent.write_text(AGENT)
-    agent.chmod(0o755)
-    hosts = {p.ranks[i].ip: p.ranks[i].ns.name for i in ranks}  # ranks may share a host
-    (wd / "hosts.map").write_text("".join(f"{ip} {ns}\n" for ip, ns in hosts.items()))
+    agent = write_agent(wd, {p.ranks[i].ip: p.ranks[i].ns.name for i in ranks})  # ranks may share a host
     slots: dict = {}
     for i in ranks:  # ranks are placed in the order of --host, by slot
         slots[p.ranks[i].ip] = slots.get(p.ranks[i].ip, 0) + 1
-    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", len(ranks),
-            "--host", ",".join(f"{ip}:{n}" for ip, n in slots.items()), "--bind-to", "none",
-            "--mca", "plm_rsh_agent", agent, "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
-            "--mca", "btl_tcp_if_include", p.subnet, "--mca", "oob_tcp_if_include", p.subnet,
-            "--mca", "mpi_yield_when_idle", "1", "--mca", "btl_base_warn_component_unused", "0"]
-    return wd, [str(x) for x in argv]
+    hosts = ",".join(f"{ip}:{n}" for ip, n in slots.items())
+    return wd, mpirun_argv(agent, hosts, len(ranks), p.subnet, oversubscribe=True)
 
 
 def _exec(p: Placement, wd: Path, argv: list, timeout: float) -> subprocess.CompletedProcess:
     """Run ``argv`` (an mpirun) in rank 0's namespace. On timeout the whole job goes: mpirun,
     the agents and daemons it started and their ranks share its session (SIGTERM so mpirun can
     stop its daemons, then SIGKILL), and nothing of the job is left to compete with the next."""
-    cmd = " ".join(_q(x) for x in argv)
-    proc = subprocess.Popen(["ip", "netns", "exec", p.ranks[0].ns.name, "sh", "-c",
-                             f"cd {_q(str(wd))} && exec {cmd}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(["ip", "netns", "exec", p.ranks[0].ns.name, "sh", "-c", in_dir(wd, argv)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -187,7 +162,7 @@ def _measured(p: Placement, run) -> tuple:
 
 def parse_hpcc(text: str) -> dict:
     """The summary section of hpccoutf.txt (``key=value`` lines) and its verification lines."""
-    vals = dict(re.findall(r"^(\w+)=(\S+)$", text, re.M))
+    vals = hpcc_summary(text)
     figures = {}
     for name, (key, mult) in HPCC_FIGURES.items():
         try:
@@ -209,11 +184,7 @@ def run_hpcc(bed: Bed, p: Placement, n: int, raw: Path, tag: str, timeout: float
     outf = wd / "hpccoutf.txt"
     outf.unlink(missing_ok=True)
     r, before, after, wall = _measured(p, lambda: _exec(p, wd, argv + ["hpcc"], timeout))
-    if r.returncode != 0 or not outf.exists():
-        raise JobError(f"hpcc (mpirun) rc={r.returncode}: {(r.stdout + r.stderr)[-1500:]}")
-    text = outf.read_text(errors="replace")
-    shutil.copy(outf, raw / f"hpcc-{tag}.txt")
-    res = parse_hpcc(text)
+    res = parse_hpcc(job_output(r, outf, "hpcc", raw / f"hpcc-{tag}.txt", JobError))
     missing = [k for k in HPCC_FIGURES if k not in res["figures"]]
     if missing:
         raise JobError(f"hpccoutf.txt lacks {', '.join(missing)}")
@@ -230,30 +201,16 @@ def run_netpipe(bed: Bed, p: Placement, upper: int, repeats: int, raw: Path, tag
     wd, argv = _job_dir(bed, p, ranks)
     out = wd / "np.out"
     out.unlink(missing_ok=True)
-    argv += ["NPopenmpi", "-l", "1", "-u", str(upper), "-p", "0", "-n", str(repeats), "-o", str(out)]
+    argv += netpipe_argv(upper, repeats, out)
     r, before, after, wall = _measured(p, lambda: _exec(p, wd, argv, timeout))
-    if r.returncode != 0 or not out.exists():
-        raise JobError(f"NetPIPE (mpirun) rc={r.returncode}: {(r.stdout + r.stderr)[-1500:]}")
-    rows = []
-    for line in out.read_text().splitlines():
-        f = line.split()
-        if len(f) >= 3:
-            try:
-                rows.append((int(f[0]), float(f[1]), float(f[2])))
-            except ValueError:
-                continue
-    if not rows:
+    res = netpipe_result(job_output(r, out, "NetPIPE", raw / f"netpipe-{tag}.out", JobError), repeats)
+    if res is None:
         raise JobError("NetPIPE wrote no results")
-    shutil.copy(out, raw / f"netpipe-{tag}.out")
-    # what NetPIPE moved each way at least: every size it reports, `repeats` times
-    payload = sum(s for s, _, _ in rows) * repeats
-    check = p.check(before, after, {"per_pair": payload, "ranks": ranks})
-    lat = next((row for row in rows if row[0] >= 8), rows[0])
-    best = max(rows, key=lambda row: row[1])
+    check = p.check(before, after, {"per_pair": res["payload"], "ranks": ranks})
+    lat, best = res["lat"], res["best"]
     return {"figures": {"np_lat_us": lat[2] * 1e6, "np_bw_mbps": best[1]},
-            "extra": {"lat_size": lat[0], "bw_size": best[0], "payload_each_way": payload},
-            "curve": [{"bytes": s, "mbps": m, "usec": round(t * 1e6, 2)} for s, m, t in rows],
-            "check": check, "info": p.info(before, after), "wall_s": round(wall, 2)}
+            "extra": {"lat_size": lat[0], "bw_size": best[0], "payload_each_way": res["payload"]},
+            "curve": res["curve"], "check": check, "info": p.info(before, after), "wall_s": round(wall, 2)}
 
 
 # --- the plan ------------------------------------------------------------------------------
@@ -283,7 +240,7 @@ def estimate(job: str, a) -> float:
 
 def preflight(a) -> tuple:
     fatal = []
-    r = hpc_bed.have_root()
+    r = have_root()
     if r:
         fatal.append(r)
     for t in ("ip", "bridge", "ping", *TOOLS):
@@ -293,35 +250,19 @@ def preflight(a) -> tuple:
         for b in (netlab.VNETD, netlab.VNETCTL):
             if not b.exists():
                 fatal.append(f"{b} not found: cargo build --release")
-    notes = []
-    try:
-        import matplotlib  # noqa: F401  (only whether it is there)
-    except ImportError:
-        notes.append("plots skipped: matplotlib is not importable (apt-get install python3-matplotlib)")
-    return fatal, notes
+    return fatal, plots_note()
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    fatal, notes = preflight(a)
-    if fatal:
-        for f in fatal:
-            print(f"hpc: {f}", file=sys.stderr)
-        return 2
-    started = datetime.now(timezone.utc)
-    out = (a.out or (REPO / "results" / f"hpc-{started.strftime('%Y%m%dT%H%M%SZ')}")).resolve()
-    raw = out / "raw" / "hpc"  # beside bench/run.py's raw/ when both share --out
-    raw.mkdir(parents=True, exist_ok=True)
-    seed = a.seed if a.seed is not None else int(time.time())
-    rng = random.Random(seed)
+    notes = usable(preflight(a), "hpc")
+    # raw/hpc: beside the suite's raw/ when both share --out
+    started, out, raw, seed, rng = begin("hpc", a.out, "raw/hpc", a.seed)
     tasks = plan(a, rng)
     est = len(a.mtus) * (sum(estimate(j, a) for _, j, _ in tasks) + estimate("build", a) * len(a.configs))
     ntasks = len(a.mtus) * (len(tasks) + len(a.configs))
-    netlab.install_signal_cleanup()
-    netlab.sweep_stale()
     placement = [f"rank {i}: host h{i * a.hosts // RANKS + 1}" for i in range(RANKS)]
-    doc = {"meta": {"started": started.strftime("%Y-%m-%d %H:%M:%S UTC"), "command": " ".join(sys.argv),
-                    "machine": machine_info(), "ncpu": os.cpu_count(), "vnet_version": vnet_version(),
+    doc = {"meta": {**run_meta(started),
                     "ranks": RANKS, "hosts": a.hosts, "placement": placement, "mtus": a.mtus,
                     "configs": a.configs, "rounds": a.rounds, "hpcc_n": a.hpcc_n, "np_upper": a.np_upper,
                     "np_repeats": a.np_repeats, "vnet_settings": a.vnet_set, "quick": a.quick, "seed": seed,
@@ -332,43 +273,20 @@ def main(argv=None) -> int:
            "runs": []}
     prog = Progress(est, ntasks)
     prog.say(f"hpc bench: {ntasks} steps ({len(a.configs)} configurations x {a.rounds} round(s), "
-             f"MTU {','.join(map(str, a.mtus))}), about {_mmss(est)}; output {out}")
+             f"MTU {','.join(map(str, a.mtus))}), about {mmss(est)}; output {out}")
     for n in notes:
         prog.say(f"note: {n}")
-    interrupted = False
-    try:
+    with guarded(doc["meta"]["notes"], prog) as state:
         for mtu in a.mtus:
             phase = f"mtu{mtu}"
             prog.show(f"{phase}: building the underlay ({a.hosts} hosts)")
             doc["meta"]["background_cpu"].append(round(background_cpu(1.0), 3))
             with Bed(hosts=a.hosts, mtu=mtu, vnet_settings=a.vnet_set) as bed:
                 run_phase(bed, a, phase, tasks, doc, prog, raw)
-                for h in bed.hosts:
-                    for d in h.all_vnetd:
-                        shutil.copy(d.log, raw / f"{phase}-{d.log.name}")
-            _write(out, doc)
-    except KeyboardInterrupt:
-        interrupted = True
-        doc["meta"]["notes"].append("interrupted: the results are partial")
-        prog.say("interrupted: writing what was measured")
-    except Exception:  # noqa: BLE001  (report what was measured, then fail)
-        interrupted = True
-        doc["meta"]["notes"].append("the run stopped on an error:\n" + traceback.format_exc()[-2000:])
-        prog.say(traceback.format_exc())
-    finally:
-        netlab.close_all()
-    doc["meta"]["elapsed_s"] = round(prog.elapsed(), 1)
-    try:
-        doc["meta"]["plots"] = hpc_report.plot(doc, out)
-    except ImportError:
-        doc["meta"]["plots"] = []
-    except Exception:  # noqa: BLE001  (a plot failing must not lose the tables)
-        doc["meta"]["plots"] = []
-        doc["meta"]["notes"].append("plotting failed:\n" + traceback.format_exc()[-1500:])
-    _write(out, doc)
-    hpc_report.write_markdown(doc, out / "hpc.md")
-    prog.say(f"done in {_mmss(prog.elapsed())}: {out / 'hpc.md'}")
-    if interrupted:
+                bed.keep_logs(raw, phase)
+            write_json(out / "hpc.json", doc)
+    finish(doc, prog, out / "hpc.json", lambda: hpc_report.plot(doc, out), hpc_report.write_markdown, out / "hpc.md")
+    if state["interrupted"]:
         return 130
     errors = [r for r in doc["runs"] if r.get("error")]
     bad = [r for r in doc["runs"] if r.get("check") and not r["check"]["ok"]]
@@ -391,7 +309,7 @@ def run_phase(bed: Bed, a, phase: str, tasks: list, doc: dict, prog: Progress, r
         prog.show(f"{phase} round {rnd}/{a.rounds}: {job} on {config}")
         tag = f"{phase}-r{rnd}-{config}"
         rec = {"phase": phase, "mtu": bed.wire_mtu, "config": config, "round": rnd, "job": job,
-               "time": datetime.now(timezone.utc).strftime("%H:%M:%S"), "loadavg": _loadavg()}
+               "time": datetime.now(timezone.utc).strftime("%H:%M:%S"), "loadavg": loadavg()}
         if config in unbuilt:
             doc["runs"].append(dict(rec, error=f"not built: {unbuilt[config]}"))
             prog.step(estimate(job, a))
@@ -442,18 +360,6 @@ def _launch_failed(err: str) -> bool:
                                   "an inability to create a connection back to mpirun"))
 
 
-def _loadavg() -> float:
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return -1.0
-
-
-def _write(out: Path, doc: dict) -> None:
-    tmp = out / ".hpc.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    tmp.replace(out / "hpc.json")
-
-
 if __name__ == "__main__":
+    ensure_matplotlib()
     sys.exit(main())

@@ -1,7 +1,7 @@
 """The HPC testbed: 4 MPI ranks on 4 guests spread over 2-4 hosts, one testbed for every
 configuration, so a job can be run on each in turn and compared within one run.
 
-Built from tests/system/netlab.py (namespaces, vnetd processes, guaranteed cleanup):
+A ``testbed.Testbed`` (the lab and its cleanup, the kernel VXLAN, the vnet daemons):
 
     wire namespace: bridge br0 (the underlay switch), one veth per host, MTU 1500 or 9000
       |             |             |             |
@@ -30,30 +30,20 @@ the counters that prove which path a job's bytes took; ``check`` compares two sn
 
 from __future__ import annotations
 
-import os
-import sys
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "system"))
-import netlab  # noqa: E402
-from measure import proc_cpu  # noqa: E402
+from vnetlab import netlab
+
+from .machine import proc_cpu
+from .testbed import PARK_MODE, VNET_PORT, Testbed, dispatch_activity, kernel_delta
 
 RANKS = 4
-VXLAN_OVERHEAD = 50
-KERNEL_VXLAN_PORT = 4789
-VNET_PORT = 4790
 VNI = 1
 WIRE_NET = "10.88.0"
 VNET_NET = "192.168.81"
 KX_NET = "192.168.82"
 VETH_NET = "192.168.83"
-# Mode the vnet daemons are parked in while another configuration runs: a polling dispatcher
-# would take CPU from the ranks of native or kernel-VXLAN jobs.
-PARK_MODE = "guest-driven"
 
 
 def kx_mac(i: int) -> str:
@@ -84,7 +74,7 @@ class Placement:
     info: Callable[[dict, dict], dict] = field(default=lambda b, a: {})  # extra per-sample facts
 
 
-class Bed:
+class Bed(Testbed):
     """Hosts on an underlay bridge; configurations are built on it on demand by name.
 
     Use as a context manager: everything made (namespaces, daemons) goes on exit."""
@@ -92,39 +82,18 @@ class Bed:
     def __init__(self, hosts: int = 4, mtu: int = 1500, vnet_settings=()):
         if not 2 <= hosts <= RANKS:
             raise ValueError(f"hosts must be 2..{RANKS}")
+        super().__init__(f"hpc-{hosts}h-mtu{mtu}", mtu, subnet=WIRE_NET, vnet_settings=vnet_settings)
         self.nhosts = hosts
-        self.wire_mtu = mtu
-        self.overlay_mtu = mtu - VXLAN_OVERHEAD
-        self.vnet_settings = list(vnet_settings)
-        self.lab = netlab.Lab(tag=f"hpc-{hosts}h-mtu{mtu}", subnet=WIRE_NET)
-        self.hosts: list = []
         self.shared: dict = {}  # parts several configurations share (vnet daemons, ...)
         self.placements: dict = {}
-
-    def __enter__(self):
-        try:
-            self._underlay()
-        except BaseException:
-            self.lab.failed = self.lab.keep_workdir = True
-            self.lab.close()
-            raise
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            self.lab.failed = True
-        self.lab.close()
-
-    @property
-    def workdir(self) -> Path:
-        return self.lab.workdir
 
     def host_of(self, rank: int) -> int:
         """Block placement: ranks fill hosts in order, so rank 0 is on the first host and
         rank RANKS-1 on the last."""
         return rank * self.nhosts // RANKS
 
-    def _underlay(self) -> None:
+    def setup(self) -> None:
+        """The underlay: the hosts on the lab's wire bridge, at the wire MTU."""
         for n in range(self.nhosts):
             self.hosts.append(self.lab.host(f"h{n + 1}"))
         wire = self.lab.wire
@@ -147,12 +116,6 @@ class Bed:
                         self.lab.wait_ping(r.ns, o.ip, timeout=20)
             self.placements[config] = p
         return self.placements[config]
-
-    def daemons_alive(self) -> bool:
-        return all(h.vnetd.alive() for h in self.hosts if h.vnetd is not None)
-
-    def logs(self) -> str:
-        return self.lab.logs()
 
 
 # --- counters checks ---------------------------------------------------------------------
@@ -202,49 +165,23 @@ def build_native(bed: Bed) -> Placement:
         "native", ranks, f"{WIRE_NET}.0/24", "eth0 (underlay) in each host",
         counters=lambda: _device_counters(bed, "eth0"),
         check=lambda b, a, need: _device_check(bed, ranks, "eth0", b, a, need),
-        prepare=lambda: _park_vnet(bed), mtu=bed.wire_mtu)
+        prepare=lambda: bed.set_vnet_mode(PARK_MODE), mtu=bed.wire_mtu)
 
 
 def build_kernel_vxlan(bed: Bed) -> Placement:
     """Linux ``vxlan`` (UDP 4789, no learning, static FDB) + a bridge in every host, the
     guests on veth ports of the bridge."""
-    lab = bed.lab
     ranks = []
     for i in range(RANKS):
         h = bed.host_of(i)
-        g = lab.guest(f"kx{i}", ip=f"{KX_NET}.{i + 1}", mac=kx_mac(i))
+        g = bed.lab.guest(f"kx{i}", ip=f"{KX_NET}.{i + 1}", mac=kx_mac(i))
         ranks.append(Rank(g, g.ip_addr, h))
-    for hi, host in enumerate(bed.hosts):
-        host.ip_link("add", "vx1", "type", "vxlan", "id", VNI, "dstport", KERNEL_VXLAN_PORT,
-                     "local", host.underlay_ip, "dev", "eth0", "nolearning")
-        host.ip_link("set", "vx1", "mtu", bed.overlay_mtu)
-        host.ip_link("add", "br-kx", "type", "bridge")
-        host.ip_link("set", "vx1", "master", "br-kx")
-        for dev in ("vx1", "br-kx"):
-            host.ip_link("set", dev, "up")
-        for oi, other in enumerate(bed.hosts):
-            if oi != hi:
-                # floods (ARP) to every other host; each remote guest's MAC to its host
-                host.exec("bridge", "fdb", "append", "00:00:00:00:00:00", "dev", "vx1", "dst",
-                          other.underlay_ip)
-        for r in ranks:
-            if r.host != hi:
-                host.exec("bridge", "fdb", "append", kx_mac(ranks.index(r)), "dev", "vx1", "dst",
-                          bed.hosts[r.host].underlay_ip)
-    for i, r in enumerate(ranks):
-        host = bed.hosts[r.host]
-        port = f"kg{i}"
-        host.ip_link("add", port, "type", "veth", "peer", "name", "eth0", "netns", r.ns.name)
-        host.ip_link("set", port, "mtu", bed.overlay_mtu)
-        host.ip_link("set", port, "master", "br-kx")
-        host.ip_link("set", port, "up")
-        r.ns.ip_link("set", "eth0", "address", kx_mac(i))
-        r.ns.configure("eth0", bed.overlay_mtu)
+    bed.kernel_vxlan([(r.ns, bed.hosts[r.host]) for r in ranks], VNI)
     return Placement(
         "kernel-vxlan", ranks, f"{KX_NET}.0/24", "vx1 (kernel VXLAN device) in each host",
         counters=lambda: _device_counters(bed, "vx1"),
         check=lambda b, a, need: _device_check(bed, ranks, "vx1", b, a, need),
-        prepare=lambda: _park_vnet(bed), mtu=bed.overlay_mtu)
+        prepare=lambda: bed.set_vnet_mode(PARK_MODE), mtu=bed.overlay_mtu)
 
 
 @dataclass
@@ -277,11 +214,8 @@ def vnet_daemons(bed: Bed) -> None:
     if "vnetd" in bed.shared:
         return
     for hi, host in enumerate(bed.hosts):
-        lines = [f"# HPC benchmark host h{hi + 1}, wire MTU {bed.wire_mtu}", f"set mode {PARK_MODE}"]
-        lines += [f"set {s}" for s in bed.vnet_settings]
-        host.start_vnetd(config="\n".join(lines) + "\n", args=["--udp-port", VNET_PORT])
+        bed.start_vnetd(host, f"HPC benchmark host h{hi + 1}, wire MTU {bed.wire_mtu}")
     bed.shared["vnetd"] = True
-    bed.shared["vnet_mode"] = PARK_MODE
 
 
 def vnet_overlay(bed: Bed, ov: VnetOverlay) -> list:
@@ -313,28 +247,11 @@ def vnet_overlay(bed: Bed, ov: VnetOverlay) -> list:
     return ranks
 
 
-def _set_vnet_mode(bed: Bed, mode: str) -> None:
-    if "vnetd" not in bed.shared or bed.shared.get("vnet_mode") == mode:
-        return
-    for h in bed.hosts:
-        h.ctl("set", "mode", mode)
-    bed.shared["vnet_mode"] = mode
-    time.sleep(0.1)
-
-
-def _park_vnet(bed: Bed) -> None:
-    _set_vnet_mode(bed, PARK_MODE)
-
-
 def _vnet_counters(bed: Bed) -> dict:
     """``show stats json`` of every host (by index) and the daemons' CPU seconds so far."""
     snap: dict = {i: h.stats() for i, h in enumerate(bed.hosts)}
     snap["vnetd_cpu_s"] = sum(proc_cpu(h.vnetd.pid) for h in bed.hosts if h.vnetd is not None)
     return snap
-
-
-def _kernel_share(stats: dict, port: str, key: str) -> int:
-    return (netlab.port_of(stats, port).get("kernel") or {}).get(key, 0)
 
 
 def _vnet_check(bed: Bed, ov: VnetOverlay, ranks: list, before: dict, after: dict, need: dict,
@@ -352,10 +269,8 @@ def _vnet_check(bed: Bed, ov: VnetOverlay, ranks: list, before: dict, after: dic
         links[f"h{a + 1}->h{b + 1}"] = entry = {"tx_bytes": tx, "rx_bytes": rx, "need": want}
         ok = ok and tx >= want and rx >= want
         if kernel:
-            entry["kernel_tx_bytes"] = (_kernel_share(after[a], ov.link(b), "tx_bytes")
-                                        - _kernel_share(before[a], ov.link(b), "tx_bytes"))
-            entry["kernel_rx_bytes"] = (_kernel_share(after[b], ov.link(a), "rx_bytes")
-                                        - _kernel_share(before[b], ov.link(a), "rx_bytes"))
+            entry["kernel_tx_bytes"] = kernel_delta(before[a], after[a], ov.link(b), "tx_bytes")
+            entry["kernel_rx_bytes"] = kernel_delta(before[b], after[b], ov.link(a), "rx_bytes")
             ok = ok and entry["kernel_tx_bytes"] >= want and entry["kernel_rx_bytes"] >= want
     drops = {}
     for i in range(bed.nhosts):
@@ -373,19 +288,8 @@ def _vnet_check(bed: Bed, ov: VnetOverlay, ranks: list, before: dict, after: dic
 def _dispatch_info(bed: Bed, before: dict, after: dict) -> dict:
     """Dispatcher activity over the job: frames, wake-ups, mode switches, end modes; and the
     daemons' CPU time."""
-    frames = wakeups = switches = 0
-    modes = []
-    for i in range(bed.nhosts):
-        b = {d["index"]: d for d in before[i].get("dispatch", {}).get("dispatchers", [])}
-        for d in after[i].get("dispatch", {}).get("dispatchers", []):
-            p = b.get(d["index"], {})
-            frames += d.get("frames", 0) - p.get("frames", 0)
-            wakeups += d.get("wakeups", 0) - p.get("wakeups", 0)
-            switches += d.get("switches", 0) - p.get("switches", 0)
-            modes.append(f"h{i + 1}/{d['index']}:{d.get('mode')}")
-    return {"dispatch": {"frames": frames, "wakeups": wakeups, "switches": switches,
-                         "frames_per_wakeup": round(frames / wakeups, 2) if wakeups else None,
-                         "end_modes": modes},
+    snaps = [(f"h{i + 1}/", before[i], after[i]) for i in range(bed.nhosts)]
+    return {"dispatch": dispatch_activity(snaps),
             "vnetd_cpu_s": round(after["vnetd_cpu_s"] - before["vnetd_cpu_s"], 2)}
 
 
@@ -396,7 +300,7 @@ def _vnet_placement(bed: Bed, name: str, ov: VnetOverlay, mode: str, kernel: boo
         "kernel fast path (vnet link counters, kernel share)" if kernel else "vnet udp links (vnetctl show stats json)",
         counters=lambda: _vnet_counters(bed),
         check=lambda b, a, need: _vnet_check(bed, ov, ranks, b, a, need, kernel),
-        prepare=lambda: _set_vnet_mode(bed, mode), mtu=bed.overlay_mtu,
+        prepare=lambda: bed.set_vnet_mode(mode), mtu=bed.overlay_mtu,
         info=lambda b, a: _dispatch_info(bed, b, a))
 
 
@@ -431,11 +335,3 @@ CONFIGS: dict = {
     "vnet-adaptive": vnet_mode("adaptive"),
     "vnet-polling": vnet_mode("polling"),
 }
-
-
-def have_root() -> Optional[str]:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, TAP devices)"
-    if not os.path.exists("/dev/net/tun"):
-        return "needs /dev/net/tun"
-    return None

@@ -1,5 +1,5 @@
 """hpc.md and hpc.png from hpc.json alone, so they can be redrawn later:
-``python3 bench/hpc_report.py results/hpc-.../hpc.json``.
+``python3 -m bench.hpc_report results/hpc-.../hpc.json``.
 
 The tables follow the dissertation's (seed 000, chapter 6, Tables 6.1-6.2): one row per HPCC
 kernel, the median value per configuration, then each configuration as a percentage of native
@@ -9,10 +9,11 @@ lower is always worse."""
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Optional
+
+from .report import COLORS, ensure_matplotlib, fmt, md_row, med, pct, phases, pyplot, save, spread
 
 # name -> (hpccoutf.txt summary key, multiplier, unit, better, label)
 KERNELS = {
@@ -33,18 +34,6 @@ NETPIPE = {
     "np_lat_us": ("µs", "lower", "NetPIPE latency, 8 B one way"),
     "np_bw_mbps": ("Mbit/s", "higher", "NetPIPE peak bandwidth"),
 }
-COLORS = {"native": "#4d4d4d", "kernel-vxlan": "#1f77b4", "vnet-guest-driven": "#2ca02c",
-          "vnet-polling": "#d62728", "vnet-adaptive": "#ff7f0e", "vnet-kernel": "#17becf"}
-
-
-def phases(doc: dict) -> list:
-    seen = []
-    for r in doc["runs"]:
-        if r["phase"] not in seen:
-            seen.append(r["phase"])
-    return seen
-
-
 def configs(doc: dict) -> list:
     return [c for c in doc["meta"]["configs"] if any(r["config"] == c for r in doc["runs"])]
 
@@ -57,25 +46,9 @@ def values(doc: dict, phase: str, job: str, config: str, figure: str) -> list:
             and r.get("check", {}).get("ok") and figure in r.get("figures", {})]
 
 
-def med(vals) -> Optional[float]:
-    return statistics.median(vals) if vals else None
-
-
-def fmt(v: Optional[float]) -> str:
-    if v is None:
-        return "–"
-    a = abs(v)
-    if a == 0:
-        return "0"
-    if a >= 100:
-        return f"{v:.0f}"
-    if a >= 10:
-        return f"{v:.1f}"
-    if a >= 1:
-        return f"{v:.2f}"
-    if a >= 0.01:
-        return f"{v:.3f}"
-    return f"{v:.2e}"
+def hfmt(v: Optional[float]) -> str:
+    """A figure of these tables: HPCC's rates can be tiny at small N (scientific below 0.01)."""
+    return fmt(v, sci_below=0.01)
 
 
 def pct_of_native(v: Optional[float], native: Optional[float], better: str) -> Optional[float]:
@@ -85,33 +58,29 @@ def pct_of_native(v: Optional[float], native: Optional[float], better: str) -> O
     return 100.0 * (v / native if better == "higher" else native / v)
 
 
-def _pct(p: Optional[float]) -> str:
-    return "–" if p is None else f"{p:.0f} %"
-
-
 def _table(doc, phase, job, figures: dict, cfgs: list) -> list:
     others = [c for c in cfgs if c != "native"]
     head = ["kernel", "unit"] + cfgs + [f"{c} / native" for c in others if "native" in cfgs]
-    L = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    L = [md_row(head), "|" + "---|" * len(head)]
     for fig, spec in figures.items():
         unit, better, label = spec[-3], spec[-2], spec[-1]
         meds = {c: med(values(doc, phase, job, c, fig)) for c in cfgs}
-        row = [label, unit] + [fmt(meds[c]) for c in cfgs]
+        row = [label, unit] + [hfmt(meds[c]) for c in cfgs]
         if "native" in cfgs:
-            row += [_pct(pct_of_native(meds[c], meds["native"], better)) for c in others]
-        L.append("| " + " | ".join(row) + " |")
+            row += [pct(pct_of_native(meds[c], meds["native"], better)) for c in others]
+        L.append(md_row(row))
     return L
 
 
 def _spread_table(doc, phase, job, figures: dict, cfgs: list) -> list:
     head = ["kernel"] + cfgs
-    L = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    L = [md_row(head), "|" + "---|" * len(head)]
     for fig, spec in figures.items():
         row = [spec[-1]]
         for c in cfgs:
             v = values(doc, phase, job, c, fig)
-            row.append(f"{fmt(min(v))}–{fmt(max(v))} (n={len(v)})" if v else "–")
-        L.append("| " + " | ".join(row) + " |")
+            row.append(f"{spread(v, hfmt)} (n={len(v)})" if v else "–")
+        L.append(md_row(row))
     return L
 
 
@@ -136,9 +105,9 @@ def _evidence_table(doc, phase, cfgs) -> list:
             dtxt = ", ".join(f"{k} {n}" for k, n in sorted(drops.items())) or "none"
             load = med([r["loadavg"] for r in runs if r.get("loadavg", -1) >= 0])
             cpu = med([r["info"]["vnetd_cpu_s"] for r in runs if "vnetd_cpu_s" in r.get("info", {})])
-            L.append(f"| {c} | {job} | {len(good)} / {len(runs)} | {path} | {fmt(carried)} | "
-                     f"{fmt(guest) if guest is not None else '–'} | {dtxt if c.startswith('vnet') else '–'} | "
-                     f"{fmt(cpu)} | {fmt(load)} |")
+            L.append(f"| {c} | {job} | {len(good)} / {len(runs)} | {path} | {hfmt(carried)} | "
+                     f"{hfmt(guest) if guest is not None else '–'} | {dtxt if c.startswith('vnet') else '–'} | "
+                     f"{hfmt(cpu)} | {hfmt(load)} |")
     return L
 
 
@@ -165,7 +134,7 @@ def write_markdown(doc: dict, path: Path) -> None:
          "the job must move between them: 2 MB per ordered pair of ranks for HPCC, NetPIPE's "
          "payload for NetPIPE), the `vx1` devices for kernel-vxlan, the hosts' `eth0` for native. "
          "Runs failing the check are left out of the tables.", ""]
-    for phase in phases(doc):
+    for phase in phases(doc["runs"]):
         L += [f"## {phase}", "", "### HPCC, 4 ranks", "",
               "Percentages: performance relative to native (rates: value / native; latencies: "
               "native / value). HPCC's ring bandwidths are per process, as HPCC prints them.", ""]
@@ -193,10 +162,8 @@ def write_markdown(doc: dict, path: Path) -> None:
 def plot(doc: dict, out: Path) -> list:
     """hpc.png: per phase, % of native per HPCC kernel and NetPIPE figure (grouped bars), and
     NetPIPE's bandwidth against message size (median curve per configuration)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ph = phases(doc)
+    plt = pyplot()
+    ph = phases(doc["runs"])
     cfgs = configs(doc)
     if not ph or not cfgs:
         return []
@@ -235,24 +202,20 @@ def plot(doc: dict, out: Path) -> list:
                 for pt in cv:
                     by_size.setdefault(pt["bytes"], []).append(pt["mbps"])
             xs = sorted(by_size)
-            ax.plot(xs, [statistics.median(by_size[x]) for x in xs], label=c, color=COLORS.get(c), lw=1.3)
+            ax.plot(xs, [med(by_size[x]) for x in xs], label=c, color=COLORS.get(c), lw=1.3)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel("Mbit/s")
         ax.set_title(f"{phase}: NetPIPE rank 0 <-> rank 3")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "hpc.png", dpi=110)
-    plt.close(fig)
-    return ["hpc.png"]
+    return [save(fig, out / "hpc.png")]
 
 
 if __name__ == "__main__":
-    from report import ensure_matplotlib
-    ensure_matplotlib(__file__)
+    ensure_matplotlib()
     if len(sys.argv) != 2:
-        sys.exit("usage: hpc_report.py results/hpc-.../hpc.json")
+        sys.exit("usage: python3 -m bench.hpc_report results/hpc-.../hpc.json")
     src = Path(sys.argv[1])
     d = json.loads(src.read_text())
     d["meta"]["plots"] = plot(d, src.parent)

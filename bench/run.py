@@ -1,39 +1,32 @@
-#!/usr/bin/env python3
 """vnet's benchmark suite: native vs the kernel's VXLAN vs vnet (guest-driven, polling,
 adaptive, and adaptive over an encrypted link), interleaved and repeated in one run. See bench/README.md.
 
-    sudo python3 bench/run.py                 # full default run (< 10 min on 2 cores)
-    sudo python3 bench/run.py --quick         # CI smoke run (~1 min), same output files
-    sudo python3 bench/run.py --rate 1gbit    # wire rate-limited with tc tbf
+    sudo python3 -m bench.run                 # full default run (< 10 min on 2 cores)
+    sudo python3 -m bench.run --quick         # CI smoke run (~1 min), same output files
+    sudo python3 -m bench.run --rate 1gbit    # wire rate-limited with tc tbf
+
+(from the repository root; ``bash scripts/bench.sh`` installs, builds and runs it).
 """
 
 from __future__ import annotations
 
-import os
+import json
+import random
+import shutil
 import subprocess
 import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
 
+from vnetlab import netlab
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import ensure_matplotlib  # noqa: E402
-
-if __name__ == "__main__":
-    ensure_matplotlib(__file__)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import random  # noqa: E402
-import shutil  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import measure  # noqa: E402
-import mpi  # noqa: E402
-import report  # noqa: E402
-import testbed  # noqa: E402
-from testbed import CONFIGS, REPO, Testbed, is_vnet, netlab  # noqa: E402
+from . import measure, mpi, suite_report
+from .machine import background_cpu
+from .session import Progress, arguments, begin, finish, guarded, mmss, plots_note, run_meta, usable
+from .report import ensure_matplotlib, write_json
+from .suite_bed import CONFIGS, SuiteBed, is_vnet, parse_rate
+from .testbed import have_root
 
 ALL_METRICS = ["tcp1", "tcp4", "udp", "rtt64", "sweep"]
 MPI_CONFIGS = ["native", "kernel-vxlan", "vnet-kernel", "vnet-adaptive"]
@@ -45,11 +38,8 @@ SWEEP_DEFAULT = [1024, 16384, 65507]
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="output directory (default results/bench-<UTC time>)")
-    ap.add_argument("--quick", action="store_true",
-                    help="CI smoke run: one round, 1 s tests, MTU 1500, reduced metrics (~1 min)")
-    ap.add_argument("--rounds", type=int, help="rounds of every (metric, config) (default 3; quick 1)")
+    ap = arguments(__doc__, "bench", "CI smoke run: one round, 1 s tests, MTU 1500, reduced metrics (~1 min)",
+                   "rounds of every (metric, config) (default 3; quick 1)")
     ap.add_argument("--duration", type=int, help="seconds per iperf3 test (default 2; quick 1)")
     ap.add_argument("--lat-duration", type=int, help="seconds per sockperf test (64 B and the size sweep; default 1)")
     ap.add_argument("--mtus", default=None, help="wire MTUs, comma separated (default 1500,9000; quick 1500)")
@@ -64,9 +54,6 @@ def parse_args(argv=None):
     ap.add_argument("--mpi-configs", default=None, help=f"configurations for MPI (default {','.join(MPI_CONFIGS)})")
     ap.add_argument("--mpi-rounds", type=int, help="rounds of the MPI tests (default 2; quick 1)")
     ap.add_argument("--hpcc-n", type=int, default=256, help="HPL problem size of the small HPCC run (default 256)")
-    ap.add_argument("--vnet-set", action="append", default=[], metavar="'KEY VALUE'",
-                    help="extra `set` for both vnetd, e.g. --vnet-set 'yield timed' (repeatable)")
-    ap.add_argument("--seed", type=int, default=None, help="seed of the order shuffle")
     a = ap.parse_args(argv)
     q = a.quick
     a.rounds = a.rounds or (1 if q else 3)
@@ -96,58 +83,10 @@ def parse_args(argv=None):
     a.mpi_configs = [c for c in a.mpi_configs if c in a.configs]
     a.mpi_rounds = a.mpi_rounds or (1 if q else 2)
     if a.rate:
-        testbed.parse_rate(a.rate)
+        parse_rate(a.rate)
         if a.udp_rate == "0":
-            a.udp_rate = str(int(testbed.parse_rate(a.rate)))
+            a.udp_rate = str(int(parse_rate(a.rate)))
     return a
-
-
-# --- progress -------------------------------------------------------------------------------
-
-class Progress:
-    """One status line (rewritten in place on a terminal, one line per step otherwise)."""
-
-    def __init__(self, total_s_est: float, ntasks: int):
-        self.t0 = time.monotonic()
-        self.est_total = total_s_est
-        self.ntasks = ntasks
-        self.done = 0
-        self.spent_est = 0.0
-        self.tty = sys.stderr.isatty()
-        self.width = 0
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
-    def show(self, what: str) -> None:
-        el = self.elapsed()
-        # scale the remaining estimate by how fast the finished tasks went versus their estimate
-        speed = (el / self.spent_est) if self.spent_est > 5 else 1.0
-        eta = max(0.0, (self.est_total - self.spent_est) * speed)
-        line = (f"[{self.done:3d}/{self.ntasks}] {_mmss(el)} elapsed, ~{_mmss(eta)} left | {what}")
-        if self.tty:
-            pad = max(0, self.width - len(line))
-            sys.stderr.write("\r" + line + " " * pad)
-            self.width = len(line)
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-
-    def step(self, est: float) -> None:
-        self.done += 1
-        self.spent_est += est
-
-    def say(self, msg: str) -> None:
-        if self.tty and self.width:
-            sys.stderr.write("\r" + " " * self.width + "\r")
-            self.width = 0
-        sys.stderr.write(msg + "\n")
-        sys.stderr.flush()
-
-
-def _mmss(s: float) -> str:
-    s = int(s)
-    return f"{s // 60}:{s % 60:02d}"
 
 
 # --- the plan -------------------------------------------------------------------------------
@@ -198,7 +137,7 @@ def plan(a, rng: random.Random) -> list:
 
 # --- running --------------------------------------------------------------------------------
 
-def run_task(tb: Testbed, a, kind: str, config: str, rnd: int, phase: str, work: Path, raw: Path,
+def run_task(tb: SuiteBed, a, kind: str, config: str, rnd: int, phase: str, work: Path, raw: Path,
              rtts: dict) -> list:
     tb.prepare(config)
     tag = f"{phase}-r{rnd}-{config}"
@@ -214,9 +153,9 @@ def run_task(tb: Testbed, a, kind: str, config: str, rnd: int, phase: str, work:
         return measure.latency_size(tb, config, int(kind.split(":")[1]), a.lat_duration)
     if kind == "netpipe":
         upper, reps = (65536, 50) if a.quick else (1 << 20, 50)
-        return mpi.netpipe(tb, config, work / "mpi", upper, reps, raw, tag)
+        return measure.netpipe(tb, config, work / "mpi", upper, reps, raw, tag)
     if kind == "hpcc":
-        return mpi.hpcc(tb, config, work / "mpi", a.hpcc_n, raw, tag)
+        return measure.hpcc(tb, config, work / "mpi", a.hpcc_n, raw, tag)
     raise ValueError(kind)
 
 
@@ -229,34 +168,10 @@ def box_stats(vals: list) -> dict:
     return {"n": n, "p1": q(1), "p25": q(25), "p50": q(50), "p75": q(75), "p99": q(99), "p999": q(99.9)}
 
 
-def machine_info() -> str:
-    kern = os.uname().release
-    cpu = ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} CPUs ({cpu}), Linux {kern}"
-
-
-def vnet_version() -> str:
-    try:
-        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "crates"], capture_output=True,
-                               text=True).stdout.strip()
-        return f"commit {rev}" + (" + uncommitted changes in crates/" if dirty else "")
-    except OSError:
-        return "unknown"
-
-
 def preflight(a) -> list:
     """Problems that stop the run, and notes on what will be skipped."""
     fatal, notes = [], []
-    r = testbed.have_root()
+    r = have_root()
     if r:
         fatal.append(r)
     for t in ("ip", "bridge", "ss", "iperf3", "sockperf", "tc" if a.rate else "ip"):
@@ -270,51 +185,31 @@ def preflight(a) -> list:
         if miss:
             notes.append(f"MPI/HPCC skipped: missing {', '.join(miss)} (apt-get install openmpi-bin hpcc netpipe-openmpi)")
             a.no_mpi = True
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        notes.append("plots skipped: matplotlib is not importable (apt-get install python3-matplotlib)")
-    return fatal, notes
+    return fatal, notes + plots_note()
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    fatal, notes = preflight(a)
-    if fatal:
-        for f in fatal:
-            print(f"bench: {f}", file=sys.stderr)
-        return 2
-    started = datetime.now(timezone.utc)
-    out = a.out or (REPO / "results" / f"bench-{started.strftime('%Y%m%dT%H%M%SZ')}")
-    out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    raw = out / "raw"
-    raw.mkdir(exist_ok=True)
-    seed = a.seed if a.seed is not None else int(time.time())
-    rng = random.Random(seed)
+    notes = usable(preflight(a), "bench")
+    started, out, raw, seed, rng = begin("bench", a.out, "raw", a.seed)
     phases = plan(a, rng)
     est = sum(task_estimate(k, a) for _, _, ts in phases for _, k, _ in ts) + 8 * len(phases)
     ntasks = sum(len(ts) for _, _, ts in phases)
-    netlab.install_signal_cleanup()
-    netlab.sweep_stale()
-
-    doc = {"meta": {"started": started.strftime("%Y-%m-%d %H:%M:%S UTC"), "command": " ".join(sys.argv),
-                    "machine": machine_info(), "ncpu": os.cpu_count(), "vnet_version": vnet_version(),
+    doc = {"meta": {**run_meta(started),
                     "vnet_settings": a.vnet_set, "rounds": a.rounds, "duration": a.duration,
                     "lat_duration": a.lat_duration, "sizes": {str(k): v for k, v in a.sizes.items()}, "mtus": a.mtus, "rate": a.rate, "configs": a.configs,
                     "seed": seed, "quick": a.quick, "background_cpu": [], "notes": list(notes)},
            "samples": [], "latency_box": {}}
     prog = Progress(est, ntasks)
-    prog.say(f"vnet bench: {ntasks} tests in {len(phases)} phase(s), about {_mmss(est)}; output {out}")
+    prog.say(f"vnet bench: {ntasks} tests in {len(phases)} phase(s), about {mmss(est)}; output {out}")
     for n in notes:
         prog.say(f"note: {n}")
-    interrupted = False
-    try:
+    with guarded(doc["meta"]["notes"], prog) as state:
         for phase, mtu, tasks in phases:
             prog.show(f"{phase}: building the testbed")
-            doc["meta"]["background_cpu"].append(round(measure.background_cpu(1.0), 3))
+            doc["meta"]["background_cpu"].append(round(background_cpu(1.0), 3))
             rtts: dict = {}
-            with Testbed(mtu=mtu, rate=a.rate, vnet_settings=a.vnet_set) as tb:
+            with SuiteBed(mtu=mtu, rate=a.rate, vnet_settings=a.vnet_set) as tb:
                 work = tb.workdir
                 vnet_dead = False
                 for rnd, kind, config in tasks:
@@ -347,48 +242,23 @@ def main(argv=None) -> int:
                         prog.say("!! " + msg)
                     prog.step(task_estimate(kind, a))
                 # evidence kept with the results: daemon logs and final counters
+                tb.keep_logs(raw, phase)
                 for h in (tb.hA, tb.hB):
                     try:
                         (raw / f"vnet-stats-{phase}-{h.role}.json").write_text(json.dumps(h.stats(), indent=1))
                     except Exception:  # noqa: BLE001  (a dead daemon has no stats)
                         pass
-                    for d in h.all_vnetd:
-                        shutil.copy(d.log, raw / f"{phase}-{d.log.name}")
             doc["latency_box"][phase] = {c: box_stats(v) for c, v in rtts.items() if v}
-            _write(out, doc)
-    except KeyboardInterrupt:
-        interrupted = True
-        doc["meta"]["notes"].append("interrupted: the results are partial")
-        prog.say("interrupted: writing what was measured")
-    except Exception:  # noqa: BLE001
-        doc["meta"]["notes"].append("the run stopped on an error:\n" + traceback.format_exc()[-2000:])
-        prog.say(traceback.format_exc())
-        interrupted = True
-    finally:
-        netlab.close_all()
+            write_json(out / "samples.json", doc)
 
-    doc["meta"]["elapsed_s"] = round(prog.elapsed(), 1)
-    try:
-        doc["meta"]["plots"] = report.plot_all(doc, out)
-    except ImportError:
-        doc["meta"]["plots"] = []
-    except Exception:  # noqa: BLE001
-        doc["meta"]["plots"] = []
-        doc["meta"]["notes"].append("plotting failed:\n" + traceback.format_exc()[-1500:])
-    _write(out, doc)
-    report.write_summary(doc, out / "summary.md")
-    prog.say(f"done in {_mmss(prog.elapsed())}: {out / 'summary.md'}")
+    finish(doc, prog, out / "samples.json", lambda: suite_report.plot_all(doc, out), suite_report.write_summary,
+           out / "summary.md")
     n_err = len([s for s in doc["samples"] if s.get("error")])
-    if interrupted:
+    if state["interrupted"]:
         return 130
     return 1 if n_err and n_err == len(doc["samples"]) else 0
 
 
-def _write(out: Path, doc: dict) -> None:
-    tmp = out / ".samples.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    tmp.replace(out / "samples.json")
-
-
 if __name__ == "__main__":
+    ensure_matplotlib()
     sys.exit(main())

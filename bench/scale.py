@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The scale of vnet's etcd control plane (issue #13): runs ``vnet-scale`` (N real vnet agents,
 the code of ``vnetd --etcd``, with recording data planes) against a real etcd started here, for
 each N asked, and writes ``scale.json``, ``summary.md`` and plots under
@@ -22,22 +21,18 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import ensure_matplotlib  # noqa: E402
+from . import REPO
+from vnetlab.etcdlab import etcd_argv
 
-REPO = Path(__file__).resolve().parent.parent
+from .etcd import free_port, shm_dir
+from .machine import commit
+from .report import ensure_matplotlib, pyplot, save, sig
+
 STEPS = ("join", "move", "storm", "death")
 GOALS = {"move": 1.0, "join": 2.0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Etcd:
@@ -45,17 +40,12 @@ class Etcd:
 
     def __init__(self, logdir: Path):
         self.client_port, self.peer_port = free_port(), free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="vnet-scale-etcd-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        self.dir = shm_dir("vnet-scale-etcd-")
         self.endpoint = f"127.0.0.1:{self.client_port}"
-        url = f"http://{self.endpoint}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
         self.log = open(logdir / f"etcd-{self.client_port}.log", "w")
-        self.proc = subprocess.Popen(
-            ["/usr/bin/etcd", "--name", "s", "--data-dir", str(self.dir),
-             "--listen-client-urls", url, "--advertise-client-urls", url,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"s={peer}", "--quota-backend-bytes", str(4 << 30)],
-            stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(etcd_argv("s", self.dir, f"http://{self.endpoint}",
+                                               f"http://127.0.0.1:{self.peer_port}", quota=4 << 30),
+                                     stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 20
         while time.time() < deadline:
             try:
@@ -108,14 +98,6 @@ def step(run: dict, name: str) -> dict:
     return next((s for s in run.get("steps", []) if s["step"] == name), {})
 
 
-def fmt(v, unit="", digits=3) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}{unit}"
-    return f"{v}{unit}"
-
-
 def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
     lines = [f"# vnet etcd control plane at scale ({meta['time']})", "",
              f"Harness: `vnet-scale`, {meta['guests']} guests per host, {meta['vnis']} VNI(s), lease TTL "
@@ -138,14 +120,14 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
         nc = wrong = 0
         for s in STEPS:
             st = step(r, s)
-            cells.append(" / ".join(fmt(st.get(k)) for k in ("p50_s", "p99_s", "max_s")))
+            cells.append(" / ".join(sig(st.get(k)) for k in ("p50_s", "p99_s", "max_s")))
             if s == "storm":
-                cells.append(" / ".join(fmt(st.get(k)) for k in ("per_move_p50_s", "per_move_p99_s", "per_move_max_s")))
+                cells.append(" / ".join(sig(st.get(k)) for k in ("per_move_p50_s", "per_move_p99_s", "per_move_max_s")))
             nc += st.get("not_converged", 0)
             wrong += st.get("agents_wrong_after", 0)
         wrong += step(r, "bring-up").get("agents_wrong_after", 0)
         b = step(r, "bring-up")
-        up = fmt(b.get("wall_s"))
+        up = sig(b.get("wall_s"))
         if b.get("agents_complete", r["hosts"]) < r["hosts"]:
             up += f" (only {b['agents_complete']} of {r['hosts']} agents complete)"
         lines.append(f"| {r['hosts']} | {up} | " + " | ".join(cells) + f" | {nc} | {wrong} |")
@@ -158,15 +140,15 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
         for s in STEPS:
             st = step(r, s)
             if st:
-                lines.append(f"| {r['hosts']} | {s} | {fmt(st.get('agent_cpu_us_per_event'))} | {fmt(st.get('agents_cpu_s'))} | "
-                             f"{fmt(st.get('etcd_cpu_s'))} | {fmt(st.get('etcd_cores'))} | {fmt(st.get('etcd_sent_bytes_per_event'))} | "
-                             f"{fmt(st.get('etcd_rss_bytes', 0) / 1e6)} |")
+                lines.append(f"| {r['hosts']} | {s} | {sig(st.get('agent_cpu_us_per_event'))} | {sig(st.get('agents_cpu_s'))} | "
+                             f"{sig(st.get('etcd_cpu_s'))} | {sig(st.get('etcd_cores'))} | {sig(st.get('etcd_sent_bytes_per_event'))} | "
+                             f"{sig(st.get('etcd_rss_bytes', 0) / 1e6)} |")
     lines += ["", "| N | agents' threads | agents' RSS MB (after bring-up) | per agent MB | idle agents cores | idle etcd cores |",
               "| --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         if "error" not in r:
-            lines.append(f"| {r['hosts']} | {r['threads']} | {fmt(r['agents_rss_bytes'] / 1e6)} | {fmt(r['rss_bytes_per_agent'] / 1e6)} | "
-                         f"{fmt(r['idle_agents_cores'])} | {fmt(r['idle_etcd_cores'])} |")
+            lines.append(f"| {r['hosts']} | {r['threads']} | {sig(r['agents_rss_bytes'] / 1e6)} | {sig(r['rss_bytes_per_agent'] / 1e6)} | "
+                         f"{sig(r['idle_agents_cores'])} | {sig(r['idle_etcd_cores'])} |")
     lines += ["", "## Goals (p99)", ""]
     for r in runs:
         if "error" in r:
@@ -175,13 +157,13 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
             st = step(r, s)
             p99 = st.get("p99_s")
             ok = p99 is not None and p99 <= g and st.get("not_converged", 1) == 0
-            lines.append(f"- N={r['hosts']}: {s} p99 {fmt(p99)} s (goal <= {g} s): {'met' if ok else 'NOT met'}")
+            lines.append(f"- N={r['hosts']}: {s} p99 {sig(p99)} s (goal <= {g} s): {'met' if ok else 'NOT met'}")
         st = step(r, "storm")
         p99 = st.get("per_move_p99_s")
         ok = p99 is not None and p99 <= GOALS["move"] and st.get("per_move_not_applied", 1) == 0
-        lines.append(f"- N={r['hosts']}: storm, each move p99 {fmt(p99)} s (goal <= {GOALS['move']} s): {'met' if ok else 'NOT met'}")
+        lines.append(f"- N={r['hosts']}: storm, each move p99 {sig(p99)} s (goal <= {GOALS['move']} s): {'met' if ok else 'NOT met'}")
         cores = st.get("etcd_cores")
-        lines.append(f"- N={r['hosts']}: etcd during the storm {fmt(cores)} cores (goal <= 1): "
+        lines.append(f"- N={r['hosts']}: etcd during the storm {sig(cores)} cores (goal <= 1): "
                      f"{'met' if cores is not None and cores <= 1.0 else 'NOT met'}")
     if baseline:
         lines += ["", "## Against the baseline", "", "p99 convergence, seconds (baseline -> this run; '-' did not converge "
@@ -192,17 +174,15 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
             b = base.get(r["hosts"])
             if not b or "error" in r:
                 continue
-            cells = [f"{fmt(step(b, s).get('p99_s') if not step(b, s).get('not_converged') else None)} -> {fmt(step(r, s).get('p99_s'))}" for s in STEPS]
-            cells.append(f"{fmt(step(b, 'bring-up').get('wall_s'))} -> {fmt(step(r, 'bring-up').get('wall_s'))}")
+            cells = [f"{sig(step(b, s).get('p99_s') if not step(b, s).get('not_converged') else None)} -> {sig(step(r, s).get('p99_s'))}" for s in STEPS]
+            cells.append(f"{sig(step(b, 'bring-up').get('wall_s'))} -> {sig(step(r, 'bring-up').get('wall_s'))}")
             lines.append(f"| {r['hosts']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def plots(runs: list[dict], baseline: list[dict] | None, out: Path) -> list[str]:
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return ["plots skipped: matplotlib is not importable"]
     ok = [r for r in runs if "error" not in r]
@@ -227,9 +207,7 @@ def plots(runs: list[dict], baseline: list[dict] | None, out: Path) -> list[str]
                              alpha=0.5, label=f"{name}agent ms/event, {s}")
     axes[1].set(xscale="log", yscale="log", xlabel="hosts (N)", title="etcd cores; agent CPU per event (ms)")
     axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "scale.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "scale.png")
     return []
 
 
@@ -237,7 +215,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", default=None, help="comma-separated N (default 10,100,300,1000; none with --daemons)")
     ap.add_argument("--daemons", type=int, default=0,
-                    help="also run bench/daemons.py: this many real vnetd --etcd daemons in namespaces (e.g. 200)")
+                    help="also run bench.daemons: this many real vnetd --etcd daemons in namespaces (e.g. 200)")
     ap.add_argument("--guests", type=int, default=8)
     ap.add_argument("--vnis", type=int, default=1)
     ap.add_argument("--lease-ttl", type=int, default=10)
@@ -250,7 +228,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--binary", type=Path, default=REPO / "target" / "release" / "vnet-scale")
     args = ap.parse_args()
-    ensure_matplotlib(__file__)
+    ensure_matplotlib()
     if args.quick:
         # Small pages, so that reads of many pages (at one revision) are exercised too.
         args.hosts, args.timeout, args.storm, args.read_page = "10,50", 30, 50, 64
@@ -269,9 +247,8 @@ def main() -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or REPO / "results" / f"scale-{stamp}"
     (out / "raw").mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {"time": stamp, "guests": args.guests, "vnis": args.vnis, "lease_ttl": args.lease_ttl,
-            "storm": args.storm, "commit": commit or "?", "cores": os.cpu_count()}
+            "storm": args.storm, "commit": commit() or "?", "cores": os.cpu_count()}
     runs = [run_one(args.binary, n, args, out, k + 1, len(ns)) for k, n in enumerate(ns)]
     text = ""
     if ns:
@@ -281,8 +258,8 @@ def main() -> int:
         text = summary(runs, baseline, meta) + "".join(f"\n{n}\n" for n in notes)
     daemons_ok = True
     if args.daemons:
-        import daemons  # noqa: E402 (bench/daemons.py: namespaces, root only)
-        print(f"daemons: {args.daemons} real vnetd --etcd daemons (bench/daemons.py)", file=sys.stderr, flush=True)
+        from . import daemons  # namespaces, root only: imported only when asked for
+        print(f"daemons: {args.daemons} real vnetd --etcd daemons (bench.daemons)", file=sys.stderr, flush=True)
         doc = daemons.run(args.daemons, out, ttl=args.lease_ttl)
         text += "\n" + daemons.report(doc, out)
         daemons_ok = all(s["not_converged"] == 0 for s in doc["steps"])

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """vhost-user data-path benchmark (issue #4): frames from a frontend that plays the VMM go
 vhost-user -> vnetd A -> VXLAN/UDP -> vnetd B -> vhost-user into a second frontend, with no
 emulated CPU anywhere (QEMU under TCG would measure the emulator, not vnet).
 
-    python3 bench/vhost.py [--quick] [--out DIR] [--rounds N] [--duration S] [--sizes 64,1500,65536]
+    python3 -m bench.vhost [--quick] [--out DIR] [--rounds N] [--duration S] [--sizes 64,1500,65536]
 
 Two hosts (network namespaces) joined by one veth pair (the wire, MTU 9000 by default so a
 1500-byte frame is one datagram), one vnetd each serving one vhost-user interface. The frontend
@@ -26,23 +25,17 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(REPO / "tests" / "system"))
-from report import ensure_matplotlib  # noqa: E402
+from vnetlab import netlab
 
-if __name__ == "__main__":
-    ensure_matplotlib(__file__)
-
-import netlab  # noqa: E402
+from . import REPO
+from .report import ensure_matplotlib, med, pyplot, save
+from .testbed import Testbed
 
 FRONTEND = Path(os.environ.get("VHOST_FRONTEND", REPO / "target" / "release" / "vhost-frontend"))
 WIRE_NET = "10.97.0"
@@ -71,23 +64,15 @@ def parse_args(argv=None):
     return a
 
 
-class Bed:
+class Bed(Testbed):
     """Two hosts on a veth wire, a vnetd with one vhost-user interface on each."""
 
     def __init__(self, wire_mtu: int):
-        self.lab = netlab.Lab(tag="vhostbench")
-        self.wire_mtu = wire_mtu
+        super().__init__("vhostbench", wire_mtu)
 
-    def __enter__(self):
-        lab = self.lab.__enter__()
-        self.hA = netlab.Host(lab, "hA", f"{WIRE_NET}.1")
-        self.hB = netlab.Host(lab, "hB", f"{WIRE_NET}.2")
-        lab.hosts += [self.hA, self.hB]
-        lab.veth(self.hA, "eth0", self.hB, "eth0", up=False)
-        for h in (self.hA, self.hB):
-            h.ip_link("set", "eth0", "mtu", self.wire_mtu)
-            h.ip("addr", "add", f"{h.underlay_ip}/24", "dev", "eth0")
-            h.ip_link("set", "eth0", "up")
+    def setup(self):
+        lab = self.lab
+        self.wire_pair(WIRE_NET, pin_neighbours=False)
         self.sock = {"A": lab.workdir / "a.sock", "B": lab.workdir / "b.sock"}
         for h, o, me, peer, s in ((self.hA, self.hB, MAC_A, MAC_B, self.sock["A"]),
                                   (self.hB, self.hA, MAC_B, MAC_A, self.sock["B"])):
@@ -97,10 +82,6 @@ link add peer udp {o.underlay_ip}
 route add any {me} interface vm
 route add any {peer} link peer
 """)
-        return self
-
-    def __exit__(self, *exc):
-        return self.lab.__exit__(*exc)
 
     def configure(self, cfg):
         for h in (self.hA, self.hB):
@@ -165,11 +146,6 @@ def one_run(bed: Bed, cfg, size: int, duration: float) -> dict:
     }
 
 
-def med(v):
-    v = [x for x in v if x is not None]
-    return statistics.median(v) if v else None
-
-
 def summarize(samples: list, sizes: list) -> dict:
     out = {}
     for size in sizes:
@@ -217,9 +193,7 @@ def write_md(doc: dict, path: Path) -> None:
 
 def plot(doc: dict, path: Path) -> bool:
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return False
     sizes = list(doc["summary"].keys())
@@ -238,19 +212,18 @@ def plot(doc: dict, path: Path) -> bool:
         ax.set_title(t)
     axes[0].legend(fontsize=8)
     fig.suptitle("vnet vhost-user: vhost-user -> UDP -> vhost-user")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
     return True
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
     if os.geteuid() != 0:
-        print("bench/vhost.py: needs root (network namespaces)", file=sys.stderr)
+        print("bench.vhost: needs root (network namespaces)", file=sys.stderr)
         return 2
     for b in (FRONTEND, netlab.VNETD, netlab.VNETCTL):
         if not Path(b).exists():
-            print(f"bench/vhost.py: {b} not found (cargo build --release)", file=sys.stderr)
+            print(f"bench.vhost: {b} not found (cargo build --release)", file=sys.stderr)
             return 2
     started = datetime.now(timezone.utc)
     out = (a.out or REPO / "results" / f"vhost-{started.strftime('%Y%m%dT%H%M%SZ')}").resolve()
@@ -296,4 +269,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    ensure_matplotlib()
     sys.exit(main())

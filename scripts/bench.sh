@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # vnet's benchmark suite: installs what it needs (Debian 12, idempotent), builds vnet (release),
-# then runs bench/run.py with the arguments given here. Run as root.
+# then runs the suite (python3 -m bench.run) with the arguments given here. Run as root.
 #
 #   bash scripts/bench.sh                  # full run (< 10 min), results/bench-<UTC time>/
 #   bash scripts/bench.sh --quick          # CI smoke run (~1 min)
 #   bash scripts/bench.sh --install-only   # only the packages (for CI set-up)
-#   bash scripts/bench.sh --vhost-only [--quick]   # only the vhost-user data path (bench/vhost.py)
-#   bash scripts/bench.sh --hpc [--quick]  # only the MPI jobs over 4 guests (bench/hpc.py; its options)
-#   bash scripts/bench.sh --help           # every option of bench/run.py
+#   bash scripts/bench.sh --vhost-only [--quick]   # only the vhost-user data path (bench.vhost)
+#   bash scripts/bench.sh --hpc [--quick]  # only the MPI jobs over 4 guests (bench.hpc; its options)
+#   bash scripts/bench.sh --help           # every option of bench.run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,18 +48,19 @@ ensure_cargo
 say "building vnet (release)"
 cargo build --release --quiet
 
-# Debian's matplotlib belongs to /usr/bin/python3; bench/run.py re-executes itself there when
-# the python3 on PATH (pyenv, venv) lacks it.
+# The benchmarks are modules of the package bench/, run from the repository root (this script's
+# working directory). Debian's matplotlib belongs to /usr/bin/python3; each benchmark re-executes
+# itself there when the python3 on PATH (pyenv, venv) lacks it.
 if [ "$vhost_only" = 1 ]; then
     say "running the vhost-user data-path benchmark"
-    exec python3 bench/vhost.py "$@"
+    exec python3 -m bench.vhost "$@"
 fi
 if [ "$hpc_only" = 1 ]; then
     say "running the MPI jobs over many guests (HPCC, NetPIPE)"
-    exec python3 bench/hpc.py "$@"
+    exec python3 -m bench.hpc "$@"
 fi
 say "running the benchmark suite"
-python3 bench/run.py "$@"
+python3 -m bench.run "$@"
 # The vhost-user data path (issue #4), next to the other results when --out was given.
 out=""
 prev=""
@@ -71,14 +72,14 @@ quick=""
 for a in "$@"; do [ "$a" = "--quick" ] && quick="--quick"; done
 say "running the vhost-user data-path benchmark"
 if [ -n "$out" ]; then
-    python3 bench/vhost.py $quick --out "$out"
+    python3 -m bench.vhost $quick --out "$out"
 else
-    python3 bench/vhost.py $quick
+    python3 -m bench.vhost $quick
 fi
 # MPI jobs over 4 guests (issue #13): HPCC and NetPIPE, beside the others with --out.
 say "running the MPI jobs over many guests (HPCC, NetPIPE)"
 if [ -n "$out" ]; then
-    python3 bench/hpc.py $quick --out "$out"
+    python3 -m bench.hpc $quick --out "$out"
 else
-    python3 bench/hpc.py $quick
+    python3 -m bench.hpc $quick
 fi

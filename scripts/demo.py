@@ -17,18 +17,15 @@ Needs root, /dev/net/tun, iproute2, ping and iperf3, and the release build
 """
 
 import argparse
-import importlib.util
 import os
 import shutil
 import statistics
 import sys
 from pathlib import Path
 
-_here = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("netlab", _here.parent / "tests" / "system" / "netlab.py")
-netlab = importlib.util.module_from_spec(_spec)
-sys.modules["netlab"] = netlab
-_spec.loader.exec_module(netlab)
+# Run as a file (scripts/ is no package): the lab package lives at the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vnetlab import netlab  # noqa: E402
 
 
 def step(msg):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The scale of vnet's etcd control plane (issue #13): installs what it needs (Debian 12,
-# idempotent), builds the harness (release), then runs bench/scale.py with the arguments given
+# idempotent), builds the harness (release), then runs bench.scale with the arguments given
 # here. Run as root (for the file-descriptor limit); nothing is sent off loopback.
 #
 #   bash scripts/scale.sh                       # N = 10, 100, 300, 1000 hosts x 8 guests
@@ -20,4 +20,4 @@ ensure_cargo
 say "building the scale harness and the daemons (release)"
 cargo build --release --quiet -p vnet-scale -p vnetd -p vnetctl
 
-exec python3 bench/scale.py "$@"
+exec python3 -m bench.scale "$@"

@@ -17,7 +17,11 @@ cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 say "unit and property tests"
 # VNET_REQUIRE_BPF=1: the kernel fast path's BPF programs must load (the kernel's verifier
 # checks them) and run in its tests; without it they would skip where BPF is unavailable.
-VNET_REQUIRE_BPF=1 cargo test --release --workspace --quiet 2>&1 | tail -n 40
+# Every test binary runs (--no-fail-fast); all of cargo's output goes to target/cargo-test.log,
+# and the log here shows per crate the tests passed, failed and ignored, then the first failures
+# in full. pipefail (above) keeps cargo's exit status.
+VNET_REQUIRE_BPF=1 cargo test --release --workspace --no-fail-fast 2>&1 |
+    python3 scripts/cargo_test_summary.py --log target/cargo-test.log
 
 say "system tests (real namespaces, TAP devices, kernel VXLAN)"
 python3 -m pytest -q -p no:cacheprovider tests/system "$@"

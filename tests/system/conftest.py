@@ -4,14 +4,13 @@ vnetd logs attached to failure reports, and the results file."""
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import netlab  # noqa: E402
+from vnetlab import netlab
+from vnetlab.etcdlab import EtcdServer
 
 RESULTS = Path(os.environ.get("VNET_RESULTS", netlab.REPO / "results" / "system-tests.json"))
 _results: dict = {}
@@ -75,6 +74,16 @@ def pytest_runtest_makereport(item, call):
         lab = getattr(item, "_lab", None)
         if rep.failed and lab is not None:
             rep.sections.append(("vnetd logs", f"work dir: {lab.workdir}\n{lab.logs()}"))
+
+
+@pytest.fixture
+def etcd(lab):
+    """A real etcd member in its own namespace of the lab (``vnetlab.etcdlab``), stopped at the
+    end of the test."""
+    e = EtcdServer(lab)
+    e.start()
+    yield e
+    e.stop()
 
 
 @pytest.fixture(params=["tap", "veth"])

@@ -5,18 +5,8 @@ says so in its log, and refuses only when the route names no address other hosts
 import json
 import subprocess
 
-import pytest
-
-import netlab
-from test_etcd import EtcdServer, OVERLAY
-
-
-@pytest.fixture
-def etcd(lab):
-    e = EtcdServer(lab)
-    e.start()
-    yield e
-    e.stop()
+from vnetlab import netlab
+from test_etcd import OVERLAY
 
 
 def test_advertised_address_from_the_route_to_etcd(lab, etcd):

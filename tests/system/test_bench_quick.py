@@ -1,4 +1,4 @@
-"""The benchmark suite still runs: ``bench/run.py --quick`` builds its testbed, measures every
+"""The benchmark suite still runs: ``python3 -m bench.run --quick`` builds its testbed, measures every
 configuration once, and writes samples.json, summary.md and the plots.
 
 No speed is asserted: absolute figures are noise on a shared 2-core machine. What is asserted
@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-import netlab
+from bench import hpc, hpc_bed, hpc_report
+from vnetlab import netlab
 
 CONFIGS = {"native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive", "vnet-encrypted",
            "vnet-kernel"}
@@ -28,10 +29,21 @@ def _matplotlib_python():
     return None
 
 
-def test_bench_quick(tmp_path, tools):
-    for b in (netlab.VNETD, netlab.VNETCTL):
-        if not b.exists():
+def require(*binaries):
+    for b in binaries:
+        if not os.path.exists(b):
             pytest.fail(f"{b} not found: run `cargo build --release` first")
+
+
+def run_quick(module: str, out, timeout: float, py: str = sys.executable):
+    """``python3 -m bench.<module> --quick --out OUT`` from the repository root: it must succeed."""
+    r = subprocess.run([py, "-m", f"bench.{module}", "--quick", "--out", str(out)],
+                       capture_output=True, text=True, timeout=timeout, cwd=netlab.REPO)
+    assert r.returncode == 0, f"bench.{module} --quick failed (rc={r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-4000:]}"
+
+
+def test_bench_quick(tmp_path, tools):
+    require(netlab.VNETD, netlab.VNETCTL)
     missing = [t for t in ("sockperf", "mpirun", "hpcc", "NPopenmpi") if shutil.which(t) is None]
     if _matplotlib_python() is None:
         missing.append("matplotlib")
@@ -39,9 +51,7 @@ def test_bench_quick(tmp_path, tools):
         pytest.skip(f"benchmark tools missing ({', '.join(missing)}): bash scripts/bench.sh --install-only")
 
     out = tmp_path / "bench"
-    r = subprocess.run([sys.executable, str(netlab.REPO / "bench" / "run.py"), "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"bench/run.py --quick failed (rc={r.returncode}):\n{r.stderr[-4000:]}"
+    run_quick("run", out, 900)
 
     doc = json.loads((out / "samples.json").read_text())
     samples = doc["samples"]
@@ -79,17 +89,12 @@ def test_bench_quick(tmp_path, tools):
 
 
 def test_vhost_bench_quick(tmp_path, tools):
-    """``bench/vhost.py --quick``: every (size, data path, notification policy) produced a
+    """``python3 -m bench.vhost --quick``: every (size, data path, notification policy) produced a
     sample whose path vnetd's own counters confirm, and the report and plot were written."""
-    fe = os.environ.get("VHOST_FRONTEND", str(netlab.REPO / "target" / "release" / "vhost-frontend"))
-    for b in (netlab.VNETD, netlab.VNETCTL, fe):
-        if not os.path.exists(b):
-            pytest.fail(f"{b} not found: run `cargo build --release` first")
-    py = _matplotlib_python() or sys.executable
+    require(netlab.VNETD, netlab.VNETCTL,
+            os.environ.get("VHOST_FRONTEND", str(netlab.REPO / "target" / "release" / "vhost-frontend")))
     out = tmp_path / "vhost"
-    r = subprocess.run([py, str(netlab.REPO / "bench" / "vhost.py"), "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    run_quick("vhost", out, 600, _matplotlib_python() or sys.executable)
     doc = json.loads((out / "vhost.json").read_text())
     samples = doc["samples"]
     assert len(samples) == 2 * 4, samples
@@ -102,34 +107,18 @@ def test_vhost_bench_quick(tmp_path, tools):
         assert (out / "vhost.png").read_bytes()[:8] == PNG
 
 
-def _hpc_modules():
-    bench = str(netlab.REPO / "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    import hpc
-    import hpc_bed
-    import hpc_report
-    return hpc, hpc_bed, hpc_report
-
-
 def test_hpc_bench_quick(tmp_path, tools):
-    """``bench/hpc.py --quick``: HPCC with 4 ranks on 4 guests over 4 hosts and NetPIPE between
+    """``python3 -m bench.hpc --quick``: HPCC with 4 ranks on 4 guests over 4 hosts and NetPIPE between
     the most distant pair, on every configuration. Every configuration produced every HPCC
     kernel's figure and NetPIPE's, every run's counters show its bytes on the configuration's
     path (for vnet: vnet's own link counters, on every link between hosts), and the report
     says the machine is oversubscribed."""
-    hpc, hpc_bed, hpc_report = _hpc_modules()
-    for b in (netlab.VNETD, netlab.VNETCTL):
-        if not b.exists():
-            pytest.fail(f"{b} not found: run `cargo build --release` first")
+    require(netlab.VNETD, netlab.VNETCTL)
     missing = [t for t in hpc.TOOLS if shutil.which(t) is None]
     if missing:
         pytest.skip(f"MPI tools missing ({', '.join(missing)}): bash scripts/bench.sh --install-only")
-    py = _matplotlib_python() or sys.executable
     out = tmp_path / "hpc"
-    r = subprocess.run([py, str(netlab.REPO / "bench" / "hpc.py"), "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=2400)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    run_quick("hpc", out, 2400, _matplotlib_python() or sys.executable)
     doc = json.loads((out / "hpc.json").read_text())
     runs = doc["runs"]
     errors = [f"{x['config']} {x['job']}: {x['error']}" for x in runs if x.get("error")]
@@ -177,15 +166,12 @@ def ch_dev(check: dict) -> str:
 
 
 def test_hpc_counters_check_can_fail(tools):
-    """The counters check of bench/hpc.py is not vacuous: with no job run between its two
+    """The counters check of bench.hpc is not vacuous: with no job run between its two
     snapshots it fails (vnet's link counters, their kernel share, a kernel device); after a real
     NetPIPE job between rank 0 and rank 3 (two hosts) it passes; and for vnet-kernel the same
     job with the fast path off (`set fastpath off`: vnetd forwards it) fails, because the
     kernel's share of the links did not carry it."""
-    hpc, hpc_bed, _ = _hpc_modules()
-    for b in (netlab.VNETD, netlab.VNETCTL):
-        if not b.exists():
-            pytest.fail(f"{b} not found: run `cargo build --release` first")
+    require(netlab.VNETD, netlab.VNETCTL)
     if shutil.which("mpirun") is None or shutil.which("NPopenmpi") is None:
         pytest.skip("MPI tools missing: bash scripts/bench.sh --install-only")
     with hpc_bed.Bed(hosts=2) as bed:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import netlab
+from vnetlab import netlab
 from test_etcd import EtcdServer, OVERLAY, TTL
 
 CNITOOL = netlab.REPO / "target" / "tools" / "cnitool"

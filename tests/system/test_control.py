@@ -7,8 +7,8 @@ import socket
 import threading
 import time
 
-import netlab
-from netlab import ControlClient
+from vnetlab import netlab
+from vnetlab.netlab import ControlClient
 
 
 def _links_without_state(host):

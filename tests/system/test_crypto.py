@@ -11,8 +11,8 @@ import subprocess
 import threading
 import time
 
-import netlab
-from netlab import delta, new_drops, port_of
+from vnetlab import netlab
+from vnetlab.netlab import delta, new_drops, port_of
 
 VXLAN_PORT = 4789
 # The guests' ICMP payload pattern (ping -p), which must never appear on the wire.

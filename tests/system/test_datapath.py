@@ -7,8 +7,8 @@ check that each mechanism is really used, through vnet's own counters."""
 
 import time
 
-import netlab
-from netlab import delta
+from vnetlab import netlab
+from vnetlab.netlab import delta
 
 
 def dispatch(host) -> dict:

@@ -10,7 +10,6 @@ only sane bounds."""
 
 import json
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -18,64 +17,16 @@ from pathlib import Path
 
 import pytest
 
-import netlab
-from netlab import delta
+from vnetlab import netlab
+from vnetlab.etcdlab import ETCD, OVERLAY, TTL, EtcdServer, etcd_argv  # noqa: F401 (the etcd tests' names)
+from vnetlab.netlab import delta
 
-ETCD = shutil.which("etcd") or "/usr/bin/etcd"
-TTL = 3  # the daemons' lease TTL (seconds) in these tests
-OVERLAY = "lab"
 
 
 @pytest.fixture(autouse=True)
 def need_etcd():
     if not Path(ETCD).exists():
         pytest.fail("etcd is not installed: run scripts/setup.sh (installs etcd-server, etcd-client)")
-
-
-class EtcdServer:
-    """One etcd member in its own namespace of the lab, started and stopped by PID."""
-
-    def __init__(self, lab):
-        self.lab = lab
-        self.ns = lab.host("etcd")
-        self.endpoint = f"{self.ns.underlay_ip}:2379"
-        self.data = lab.workdir / "etcd-data"
-        self.proc = None
-
-    def start(self):
-        url = f"http://{self.endpoint}"
-        peer = "http://127.0.0.1:2380"
-        log = open(self.lab.workdir / "etcd.log", "ab")
-        self.proc = self.ns.popen(
-            ETCD, "--name", "vnet-test", "--data-dir", self.data,
-            "--listen-client-urls", url, "--advertise-client-urls", url,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"vnet-test={peer}",
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        netlab.wait_until(lambda: self.ctl("hosts", check=False).returncode == 0, 20,
-                          what="etcd to answer")
-
-    def stop(self):
-        if self.proc is not None:
-            netlab.stop_pid(self.proc)
-            self.proc = None
-
-    def ctl(self, *words, check=True):
-        """vnetctl --etcd ... (in the etcd namespace)."""
-        r = self.ns.exec(netlab.VNETCTL, "--etcd", self.endpoint, "--overlay", OVERLAY,
-                         "--timeout", "5", *map(str, words), check=False, timeout=30)
-        if check and r.returncode != 0:
-            raise netlab.CtlError(words, r.returncode, r.stdout, r.stderr)
-        return r if not check else r.stdout
-
-
-@pytest.fixture
-def etcd(lab):
-    e = EtcdServer(lab)
-    e.start()
-    yield e
-    e.stop()
 
 
 def agent_args(etcd, host):
@@ -605,10 +556,7 @@ def test_etcd_tls_and_credentials(lab, record):
     url, peer = f"https://{e.endpoint}", "http://127.0.0.1:2380"
     log = open(lab.workdir / "etcd.log", "ab")
     proc = e.ns.popen(
-        ETCD, "--name", "vnet-tls", "--data-dir", e.data,
-        "--listen-client-urls", url, "--advertise-client-urls", url,
-        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", f"vnet-tls={peer}",
+        *etcd_argv("vnet-tls", e.data, url, peer),
         "--cert-file", certs["server"], "--key-file", certs["server-key"],
         "--trusted-ca-file", certs["ca"], "--client-cert-auth",
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)

@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-import netlab
+from vnetlab import netlab
 from test_etcd import ETCD, OVERLAY, TTL
+from vnetlab.etcdlab import etcd_argv, etcd_ctl
 
 MEMBERS = ("m1", "m2", "m3")
 
@@ -37,12 +38,8 @@ class EtcdCluster:
         for m in MEMBERS:
             url = f"http://{self.client[m]}"
             log = open(self.lab.workdir / f"etcd-{m}.log", "ab")
-            self.procs[m] = self.ns.popen(
-                ETCD, "--name", m, "--data-dir", self.lab.workdir / f"etcd-{m}",
-                "--listen-client-urls", url, "--advertise-client-urls", url,
-                "--listen-peer-urls", self.peer[m], "--initial-advertise-peer-urls", self.peer[m],
-                "--initial-cluster", cluster, "--initial-cluster-state", "new",
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            self.procs[m] = self.ns.popen(*etcd_argv(m, self.lab.workdir / f"etcd-{m}", url, self.peer[m], cluster),
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
             log.close()
         netlab.wait_until(lambda: self.ctl("m1", "hosts", check=False).returncode == 0, 30,
                           what="the etcd cluster to answer")
@@ -69,11 +66,7 @@ class EtcdCluster:
 
     def ctl(self, via, *words, check=True):
         """vnetctl --etcd through member `via` only (in the etcd namespace)."""
-        r = self.ns.exec(netlab.VNETCTL, "--etcd", self.client[via], "--overlay", OVERLAY,
-                         "--timeout", "5", *map(str, words), check=False, timeout=30)
-        if check and r.returncode != 0:
-            raise netlab.CtlError(words, r.returncode, r.stdout, r.stderr)
-        return r if not check else r.stdout
+        return etcd_ctl(self.ns, self.client[via], OVERLAY, *words, check=check)
 
 
 @pytest.fixture

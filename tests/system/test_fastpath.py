@@ -9,16 +9,13 @@ Needs root and `cargo build --release -p vnet-fastpath --examples` (FPLAB overri
 import json
 import signal
 import socket
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import fastpath_bed  # noqa: E402
-from fastpath_bed import FP_MAC, FastpathBed, Fplab  # noqa: E402
-import netlab  # noqa: E402
+from bench import fastpath_bed
+from bench.fastpath_bed import FP_MAC, FastpathBed, Fplab
+from vnetlab import netlab
 
 pytestmark = pytest.mark.no_vnetd
 

@@ -14,10 +14,9 @@ import time
 
 import pytest
 
-import netlab
+from vnetlab import netlab
 
-sys.path.insert(0, str(netlab.REPO))
-from guest import qemu  # noqa: E402
+from guest import qemu
 
 pytestmark = pytest.mark.no_vnetd
 

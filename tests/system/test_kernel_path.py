@@ -13,18 +13,16 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-import netlab
-from netlab import delta, ether
+from vnetlab import netlab
+from vnetlab.netlab import delta, ether
 
-sys.path.insert(0, str(netlab.REPO))
-from guest import qemu  # noqa: E402
-from test_vhost import iperf_to_vm  # noqa: E402
+from guest import qemu
+from test_vhost import iperf_to_vm
 
 MTU = 1450
 OUR_PROGRAMS = ("port_ingress", "underlay_ingress", "punt_ingress", "tunnel_ingress")

@@ -10,21 +10,18 @@ from pathlib import Path
 
 import pytest
 
-import httplab
-import netlab
-from test_etcd import EtcdServer
+from vnetlab import httplab
+from vnetlab import netlab
 
 TOKEN = "view-token-7"
 
 
 @pytest.fixture
-def etcd(lab):
+def etcd(etcd):
+    """conftest's etcd, for tests that need Chromium too."""
     if not Path(httplab.CHROMIUM).exists():
         pytest.fail("chromium is not installed: run scripts/setup.sh")
-    e = EtcdServer(lab)
-    e.start()
-    yield e
-    e.stop()
+    return etcd
 
 
 def test_live_view_of_a_three_host_overlay(lab, etcd, record):

@@ -16,22 +16,19 @@ from pathlib import Path
 
 import pytest
 
-import httplab
-import netlab
-from test_etcd import EtcdServer
+from vnetlab import httplab
+from vnetlab import netlab
 
 TOKEN = "s3cret-metrics-token"
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$", re.I)
 
 
 @pytest.fixture
-def etcd(lab):
+def etcd(etcd):
+    """conftest's etcd, for tests that need Prometheus too."""
     if not Path(httplab.PROMETHEUS).exists():
         pytest.fail("prometheus is not installed: run scripts/setup.sh")
-    e = EtcdServer(lab)
-    e.start()
-    yield e
-    e.stop()
+    return etcd
 
 
 def spoof(guest, src_mac: str, n: int) -> None:

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-import netlab
+from vnetlab import netlab
 
 pytestmark = pytest.mark.no_vnetd
 

@@ -8,8 +8,8 @@ import signal
 import subprocess
 import time
 
-import netlab
-from netlab import delta, drops, new_drops, port_of
+from vnetlab import netlab
+from vnetlab.netlab import delta, drops, new_drops, port_of
 
 MIN_GBPS = 0.05  # a floor that only shows the path works; the figure goes to the results file
 
@@ -118,26 +118,7 @@ route add any {k1.mac} link to-k
 def test_tcp_link_and_peer_restart(lab, record):
     """A TCP link (listen + accept on A, dial from B): ping, iperf3, then each side's vnetd is
     restarted (SIGTERM, same config file) under a running ping and traffic must resume."""
-    A, B = lab.host("A"), lab.host("B")
-    a1 = lab.guest("a1", ip="192.168.50.11", mac=netlab.mac(1, 1, 1))
-    b1 = lab.guest("b1", ip="192.168.50.21", mac=netlab.mac(1, 2, 1))
-    A.start_vnetd(config=f"""
-interface add vm-a1 tap mac {a1.mac} netns {a1.name}
-listen tcp {A.underlay_ip}:7700
-link add to-b tcp accept {B.underlay_ip}
-route add any {a1.mac} interface vm-a1
-route add any {b1.mac} link to-b
-""")
-    B.start_vnetd(config=f"""
-interface add vm-b1 tap mac {b1.mac} netns {b1.name}
-link add to-a tcp {A.underlay_ip}:7700
-route add any {b1.mac} interface vm-b1
-route add any {a1.mac} link to-a
-""")
-    a1.configure(A.interface("vm-a1")["ifname"])
-    b1.configure(B.interface("vm-b1")["ifname"])
-    netlab.wait_until(lambda: A.link_state("to-b") == "up" and B.link_state("to-a") == "up", 10,
-                      what="tcp link up on both sides")
+    A, B, a1, b1 = netlab.tcp_pair(lab)
 
     s0a, s0b = A.stats(), B.stats()
     r = a1.ping(b1.ip_addr, count=2)

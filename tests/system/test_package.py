@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-import httplab
-import netlab
+from vnetlab import httplab
+from vnetlab import netlab
 
 REPO = netlab.REPO
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import pytest
 
-import netlab
+from vnetlab import netlab
 from test_cni import CniHost, CNI_DIR, NET, VNET_CNI
 from test_etcd import EtcdServer, TTL
 

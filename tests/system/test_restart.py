@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-import netlab
+from vnetlab import netlab
 from test_vhost import image  # noqa: F401  (the QEMU guest image fixture)
 
 MTU = 1450

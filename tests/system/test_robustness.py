@@ -12,8 +12,8 @@ import subprocess
 import threading
 import time
 
-import netlab
-from netlab import ControlClient, delta, drops, port_of, vxlan, ether, stream_hello, stream_record
+from vnetlab import netlab
+from vnetlab.netlab import ControlClient, delta, drops, port_of, vxlan, ether, stream_hello, stream_record
 
 
 def expect_drop(host, reason: str, n: int, send, timeout: float = 5.0) -> int:
@@ -233,26 +233,7 @@ def test_tcp_link_cannot_be_taken_over(lab):
     never greeted and get no frame, and are refused (the second at once, the first after the
     hold time) and counted. Then the real peer's vnetd is killed and started again: the link
     comes back."""
-    A, B = lab.host("A"), lab.host("B")
-    a1 = lab.guest("a1", ip="192.168.50.11", mac=netlab.mac(1, 1, 1))
-    b1 = lab.guest("b1", ip="192.168.50.21", mac=netlab.mac(1, 2, 1))
-    A.start_vnetd(config=f"""
-interface add vm-a1 tap mac {a1.mac} netns {a1.name}
-listen tcp {A.underlay_ip}:7700
-link add to-b tcp accept {B.underlay_ip}
-route add any {a1.mac} interface vm-a1
-route add any {b1.mac} link to-b
-""")
-    B.start_vnetd(config=f"""
-interface add vm-b1 tap mac {b1.mac} netns {b1.name}
-link add to-a tcp {A.underlay_ip}:7700
-route add any {b1.mac} interface vm-b1
-route add any {a1.mac} link to-a
-""")
-    a1.configure(A.interface("vm-a1")["ifname"])
-    b1.configure(B.interface("vm-b1")["ifname"])
-    netlab.wait_until(lambda: A.link_state("to-b") == "up" and B.link_state("to-a") == "up", 10,
-                      what="tcp link up on both sides")
+    A, B, a1, b1 = netlab.tcp_pair(lab)
     lab.wait_ping(a1, b1.ip_addr, timeout=10)
 
     def intruder():

@@ -1,4 +1,4 @@
-"""The scale harness still runs (issue #13): ``bench/scale.py --quick`` starts its own etcd,
+"""The scale harness still runs (issue #13): ``python3 -m bench.scale --quick`` starts its own etcd,
 runs N=10 and N=50 real vnet agents with recording data planes through bring-up, a join, a
 move, a storm of moves and a death, and writes scale.json, summary.md and the plot.
 
@@ -7,24 +7,17 @@ on every agent it concerns and that the harness's correctness check (every agent
 links and routes equal a fresh derivation from the store) found no agent wrong."""
 
 import json
-import subprocess
-import sys
 
-import pytest
-
-import netlab
+from test_bench_quick import require, run_quick
+from vnetlab import netlab
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_scale_quick(tmp_path):
-    binary = netlab.REPO / "target" / "release" / "vnet-scale"
-    if not binary.exists():
-        pytest.fail(f"{binary} not found: run `cargo build --release` first")
+    require(netlab.REPO / "target" / "release" / "vnet-scale")
     out = tmp_path / "scale"
-    r = subprocess.run([sys.executable, str(netlab.REPO / "bench" / "scale.py"), "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"bench/scale.py --quick failed (rc={r.returncode}):\n{r.stderr[-4000:]}"
+    run_quick("scale", out, 600)
     doc = json.loads((out / "scale.json").read_text())
     assert [run["hosts"] for run in doc["runs"]] == [10, 50]
     for run in doc["runs"]:

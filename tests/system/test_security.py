@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-import netlab
-from netlab import delta, drops, ether, vxlan
+from vnetlab import netlab
+from vnetlab.netlab import delta, drops, ether, vxlan
 
 ETH_P_EXP = 0x88B5  # IEEE local experimental ethertype: nothing else in the lab sends it
 

@@ -14,17 +14,15 @@ import re
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-import netlab
-from netlab import delta, new_drops
+from vnetlab import netlab
+from vnetlab.netlab import delta, new_drops
 
-sys.path.insert(0, str(netlab.REPO))
-from guest import qemu  # noqa: E402
+from guest import qemu
 
 SUBNET = "192.168.60"
 MTU = 1450  # guest MTU on a 1500-byte underlay: no IP fragmentation of VXLAN datagrams

@@ -25,7 +25,8 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-import netlab
+from . import netlab
+from .etcdlab import OVERLAY, TTL
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -235,7 +236,6 @@ def etcd_overlay(lab, etcd, n: int, token: Optional[str] = None, http_port: int 
     """``n`` hosts (h1..hn) with one guest each (192.168.70.i, MAC 52:54:00:01:0i:01) whose
     vnetd runs with ``--etcd`` and ``--http`` (on the host's underlay address, or loopback).
     Returns (hosts, guests); waits for the full mesh of derived links."""
-    from test_etcd import OVERLAY, TTL
     hosts, guests = [], []
     for i in range(1, n + 1):
         h = lab.host(f"h{i}")

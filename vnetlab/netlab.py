@@ -1,6 +1,7 @@
 """netlab: throw-away network topologies built from real Linux objects.
 
-Used by vnet's system tests (tests/system) and by scripts/demo.py.
+Used by vnet's system tests (tests/system), the benchmark suite (bench/) and
+scripts/demo.py, which import it as ``from vnetlab import netlab``.
 
 The model (everything lives in network namespaces this module creates; nothing
 is ever added to, or changed in, the root namespace):
@@ -24,24 +25,27 @@ finalizer, from ``with Lab(...)``, and from ``atexit``. A state file per lab
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
-REPO = Path(__file__).resolve().parents[2]
+# Part of netlab's interface (the tests call netlab.wait_until, netlab.delta, netlab.mac, ...),
+# each defined in the module for its job.
+from .frames import ether, mac, mac_bytes, stream_hello, stream_record, vxlan  # noqa: F401
+from .procs import LabError, in_netns, pid_alive, sh, stop_pid, wait_until  # noqa: F401
+from .results import IperfResult, PingResult, parse_iperf, parse_ping  # noqa: F401
+from .stats import delta, drops, new_drops, port_of  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _bin(env: str, default: str) -> Path:
@@ -54,13 +58,8 @@ VNETCTL = _bin("VNETCTL", "target/release/vnetctl")
 CONTROL = "127.0.0.1:7600"
 VXLAN_PORT = 4789
 STATE_DIR = Path(tempfile.gettempdir()) / "vnetlab-state"
-CLONE_NEWNET = 0x40000000
 
 _live_labs: list["Lab"] = []
-
-
-class LabError(RuntimeError):
-    pass
 
 
 class CtlError(RuntimeError):
@@ -69,129 +68,6 @@ class CtlError(RuntimeError):
     def __init__(self, words, rc, stdout, stderr):
         super().__init__(f"vnetctl {' '.join(map(str, words))!r} failed (rc={rc}): {stderr.strip()}")
         self.rc, self.stdout, self.stderr = rc, stdout, stderr
-
-
-def sh(*args, check=True, timeout=30, input=None) -> subprocess.CompletedProcess:
-    """Run a command (list of words), capture text output, raise on failure."""
-    args = [str(a) for a in args]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=input)
-    if check and r.returncode != 0:
-        raise LabError(f"command failed (rc={r.returncode}): {' '.join(args)}\n{r.stderr.strip()}")
-    return r
-
-
-def wait_until(pred: Callable[[], object], timeout: float, interval: float = 0.1, what: str = "condition"):
-    """Poll ``pred`` until it returns a true value (returned) or raise after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child is not alive
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def stop_pid(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 5.0) -> Optional[int]:
-    """Stop one process we started: ``sig``, wait, then SIGKILL. Returns its exit code."""
-    if proc.poll() is None:
-        try:
-            proc.send_signal(sig)
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-        except ProcessLookupError:
-            pass
-    return proc.returncode
-
-
-# --- entering a namespace from Python (for raw/UDP/TCP sockets in tests) -----------------
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-@contextlib.contextmanager
-def in_netns(name: str):
-    """Run the body with the *calling thread* inside network namespace ``name``.
-
-    Sockets created in the body stay in that namespace after the block ends."""
-    orig = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if _libc.setns(target, CLONE_NEWNET) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"setns({name}): {os.strerror(e)}")
-        try:
-            yield
-        finally:
-            if _libc.setns(orig, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns back to the original namespace failed")
-    finally:
-        os.close(orig)
-        os.close(target)
-
-
-# --- results --------------------------------------------------------------------------------
-
-@dataclass
-class PingResult:
-    sent: int
-    received: int
-    loss: float  # percent
-    avg_ms: Optional[float]
-    output: str
-
-    @property
-    def ok(self) -> bool:
-        return self.received > 0
-
-
-@dataclass
-class IperfResult:
-    gbps: float  # receiver-side goodput, Gbit/s
-    bytes: int  # bytes received by the server
-    retransmits: Optional[int]
-    raw: dict = field(repr=False, default_factory=dict)
-
-
-_PING_COUNTS = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
-_PING_LOSS = re.compile(r"([\d.]+)% packet loss")
-_PING_RTT = re.compile(r"= [\d.]+/([\d.]+)/[\d.]+")
-
-
-def parse_ping(out: str) -> PingResult:
-    m = _PING_COUNTS.search(out)
-    sent, recv = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-    m = _PING_LOSS.search(out)
-    loss = float(m.group(1)) if m else 100.0
-    m = _PING_RTT.search(out)
-    return PingResult(sent, recv, loss, float(m.group(1)) if m else None, out)
-
-
-def parse_iperf(out: str) -> IperfResult:
-    j = json.loads(out)
-    if "error" in j:
-        raise LabError(f"iperf3: {j['error']}")
-    end = j["end"]
-    recv = end.get("sum_received") or end["sum"]
-    sent = end.get("sum_sent", {})
-    return IperfResult(recv["bits_per_second"] / 1e9, int(recv["bytes"]), sent.get("retransmits"), j)
 
 
 # --- namespaces -----------------------------------------------------------------------------
@@ -753,68 +629,6 @@ def install_signal_cleanup() -> None:
             pass
 
 
-# --- stats and packet helpers ---------------------------------------------------------------
-
-def drops(stats: dict, reason: str) -> int:
-    """Total of one drop reason over the daemon and all its ports."""
-    n = stats.get("daemon", {}).get("drops", {}).get(reason, 0)
-    return n + sum(p.get("drops", {}).get(reason, 0) for p in stats.get("ports", []))
-
-
-def new_drops(before: dict, after: dict) -> dict:
-    """Drop counters that grew between two ``show stats json``: {"port:reason": n}."""
-    def flat(st):
-        d = {f"daemon:{r}": n for r, n in st.get("daemon", {}).get("drops", {}).items()}
-        for p in st.get("ports", []):
-            d.update({f"{p['name']}:{r}": n for r, n in p.get("drops", {}).items()})
-        return d
-    b, a = flat(before), flat(after)
-    return {k: n - b.get(k, 0) for k, n in a.items() if n > b.get(k, 0)}
-
-
-def port_of(stats: dict, name: str) -> dict:
-    for p in stats["ports"]:
-        if p["name"] == name:
-            return p
-    raise KeyError(name)
-
-
-def delta(before: dict, after: dict, name: str, key: str) -> int:
-    """Growth of counter ``key`` (rx_frames, tx_bytes, ...) of port ``name`` between two stats."""
-    return port_of(after, name)[key] - port_of(before, name)[key]
-
-
-def mac_bytes(mac: str) -> bytes:
-    return bytes(int(x, 16) for x in mac.split(":"))
-
-
-def ether(dst: str, src: str, ethertype: int = 0x88B5, payload: bytes = b"") -> bytes:
-    """An Ethernet frame (no FCS). 0x88B5 is the IEEE 'local experimental' ethertype."""
-    return mac_bytes(dst) + mac_bytes(src) + struct.pack("!H", ethertype) + payload
-
-
-def vxlan(vni: int, frame: bytes, flags: int = 0x08) -> bytes:
-    """A VXLAN header (RFC 7348: flags, 3 reserved, VNI << 8) followed by ``frame``."""
-    return struct.pack("!B3xI", flags, vni << 8) + frame
-
-
-def mac(vni: int, host: int, guest: int) -> str:
-    """Deterministic locally administered unicast MAC for a test guest."""
-    return f"52:54:00:{vni:02x}:{host:02x}:{guest:02x}"
-
-
-def stream_hello(vni: int) -> bytes:
-    """Greeting of a vnet TCP link stream: b"VNET", version 1, 24-bit VNI
-    (the framing is defined in crates/vnet-wire/src/stream.rs)."""
-    return b"VNET" + bytes([1]) + vni.to_bytes(3, "big")
-
-
-def stream_record(vni: int, frame: bytes) -> bytes:
-    """One record of a TCP link stream: 4-byte big-endian length, VXLAN header, frame."""
-    body = vxlan(vni, frame)
-    return struct.pack("!I", len(body)) + body
-
-
 # --- the control port, spoken directly (for malformed input) -------------------------------
 
 class ControlClient:
@@ -973,3 +787,30 @@ def udp_mesh(lab: Lab, roles=("A", "B", "C"), guests_per_host: int = 2, vni: int
         for g in guests[h.role]:
             g.configure(h.interface(m.vm_name(g))["ifname"], mtu)
     return m
+
+
+def tcp_pair(lab: Lab) -> tuple:
+    """Two hosts on a TCP link: A listens on its underlay address (port 7700) and accepts B,
+    B dials; one guest each (a1 192.168.50.11 on A's ``vm-a1``, b1 .21 on B's ``vm-b1``), on
+    links ``to-b`` and ``to-a``. Returns (A, B, a1, b1) once the link is up on both sides."""
+    A, B = lab.host("A"), lab.host("B")
+    a1 = lab.guest("a1", ip="192.168.50.11", mac=mac(1, 1, 1))
+    b1 = lab.guest("b1", ip="192.168.50.21", mac=mac(1, 2, 1))
+    A.start_vnetd(config=f"""
+interface add vm-a1 tap mac {a1.mac} netns {a1.name}
+listen tcp {A.underlay_ip}:7700
+link add to-b tcp accept {B.underlay_ip}
+route add any {a1.mac} interface vm-a1
+route add any {b1.mac} link to-b
+""")
+    B.start_vnetd(config=f"""
+interface add vm-b1 tap mac {b1.mac} netns {b1.name}
+link add to-a tcp {A.underlay_ip}:7700
+route add any {b1.mac} interface vm-b1
+route add any {a1.mac} link to-a
+""")
+    a1.configure(A.interface("vm-a1")["ifname"])
+    b1.configure(B.interface("vm-b1")["ifname"])
+    wait_until(lambda: A.link_state("to-b") == "up" and B.link_state("to-a") == "up", 10,
+               what="tcp link up on both sides")
+    return A, B, a1, b1
