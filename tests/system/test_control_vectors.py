@@ -6,8 +6,8 @@ it."""
 import socket
 import threading
 
-import netlab
-from netlab import ControlClient
+from vnetlab import netlab
+from vnetlab.netlab import ControlClient
 
 VECTORS = netlab.REPO / "tests" / "vectors" / "control-port.txt"
 

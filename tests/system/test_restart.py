@@ -312,8 +312,6 @@ route add any {vm_mac(1)} link to-a
 
 def qemu_guest(lab, image, host, sock, server: bool):
     """A VM whose vhost-user NIC listens on ``sock`` (QEMU as the server)."""
-    import sys
-    sys.path.insert(0, str(netlab.REPO))
     from guest import qemu
     from test_vhost import SUBNET, vm_mac
     g = qemu.Guest(image, qemu.VhostUser(str(sock), mac=vm_mac(1), server=server),
