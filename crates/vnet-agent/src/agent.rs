@@ -20,13 +20,12 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
-use serde_json::json;
+use anyhow::{bail, Result};
 use tracing::{debug, info, warn};
 use vnet_cluster::{
     announce_frame, encode, key_for_host, key_for_interface, key_for_matrix, matrix_prefix,
     overlay_prefix, parse_key, ClusterKey, ClusterState, Deriver, HostId, HostRecord,
-    InterfaceRecord, OverlayName,
+    InterfaceRecord, MatrixRecord, OverlayName,
 };
 use vnet_etcd::{prefix_end, Client, Compare, CompareTarget, EventKind, TxnOp, WatchMessage};
 use vnet_wire::MacAddr;
@@ -61,8 +60,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keys per page of the first read (about 300 KB of the gateway's JSON).
 pub const READ_PAGE: i64 = 1000;
-/// The most traffic-matrix pairs published (the heaviest ones).
-const MAX_MATRIX_PAIRS: usize = 512;
 
 type Placement = (u32, MacAddr);
 
@@ -780,12 +777,7 @@ impl Agent {
     }
 
     fn publish_matrix(&mut self, lease: i64) -> Result<()> {
-        let mut pairs = self.daemon.matrix();
-        pairs.sort_by_key(|p| std::cmp::Reverse(p.bytes));
-        pairs.truncate(MAX_MATRIX_PAIRS);
-        pairs.sort_by_key(|p| (p.vni, p.src.0, p.dst.0));
-        let value = serde_json::to_vec(&json!({"host_id": self.cfg.host.as_str(), "pairs": pairs}))
-            .map_err(|e| anyhow!("matrix: {e}"))?;
+        let value = MatrixRecord::heaviest(self.cfg.host.clone(), self.daemon.matrix()).encode();
         if value != self.last_matrix || self.published_under != Some(lease) {
             self.client.put(
                 key_for_matrix(&self.cfg.overlay, &self.cfg.host).as_bytes(),

@@ -9,9 +9,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vnet_cluster::{matrix_prefix, HostId, OverlayName};
+use vnet_cluster::{matrix_prefix, HostId, MatrixRecord, OverlayName};
 use vnet_control::status::MatrixReport;
-use vnet_http::overlay::{decode_matrix, PublishedMatrix};
 use vnet_http::{AgentSnapshot, HostSnapshot, OverlaySnapshot, Source};
 
 use crate::daemon::Daemon;
@@ -40,7 +39,7 @@ pub fn agent_snapshot(daemon: &Daemon) -> Option<AgentSnapshot> {
 }
 
 /// One read of the published matrices: when, and what it gave.
-type MatrixRead = (Instant, Result<Vec<PublishedMatrix>, String>);
+type MatrixRead = (Instant, Result<Vec<MatrixRecord>, String>);
 
 /// Where the overlay's published matrices are read from.
 pub struct MatrixReader {
@@ -60,7 +59,7 @@ impl MatrixReader {
         }
     }
 
-    fn read(&self) -> Result<Vec<PublishedMatrix>, String> {
+    fn read(&self) -> Result<Vec<MatrixRecord>, String> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((at, m)) = cache.as_ref() {
             if at.elapsed() < MATRIX_READ_EVERY {
@@ -75,7 +74,7 @@ impl MatrixReader {
             .map(|r| {
                 r.kvs
                     .iter()
-                    .filter_map(|kv| decode_matrix(&kv.value).ok())
+                    .filter_map(|kv| MatrixRecord::decode(&kv.value).ok())
                     .collect()
             });
         *cache = Some((Instant::now(), m.clone()));
