@@ -276,6 +276,19 @@ impl Daemon {
         }
     }
 
+    /// Reads the last synchronisation with the cluster (when it was, and the state the agent
+    /// last handed over), if there was one.
+    pub fn last_sync<T>(
+        &self,
+        f: impl FnOnce(std::time::Instant, &ClusterState) -> T,
+    ) -> Option<T> {
+        self.cluster_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(at, s)| f(*at, s))
+    }
+
     /// Brings the derived part of the running configuration to `derivation` (the etcd agent
     /// derives incrementally and hands the result over here).
     pub fn apply_derivation(&self, derivation: &vnet_cluster::Derivation) -> SyncReport {

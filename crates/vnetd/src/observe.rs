@@ -26,12 +26,7 @@ pub fn agent_snapshot(daemon: &Daemon) -> Option<AgentSnapshot> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone()?;
-    let last_sync_age = daemon
-        .cluster_seen
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .map(|(at, _)| at.elapsed());
+    let last_sync_age = daemon.last_sync(|at, _| at.elapsed());
     Some(AgentSnapshot {
         status,
         last_sync_age,
@@ -103,13 +98,7 @@ impl Source for DaemonSource {
 
     fn overlay(&self) -> Option<OverlaySnapshot> {
         let reader = self.matrices.as_ref()?;
-        let state = self
-            .daemon
-            .cluster_seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|(_, s)| s.clone());
+        let state = self.daemon.last_sync(|_, s| s.clone());
         Some(OverlaySnapshot {
             local_host: reader.host.clone(),
             state,

@@ -14,10 +14,11 @@ use crate::batch::TxBatch;
 use crate::forward::{process, Arrival, FwdCtx};
 use crate::gro::flush_coalescers;
 use crate::ingress::guest::{GuestFrame, Ingress, GUEST_HEAD};
+use crate::shared::Shared;
 use crate::testing::*;
 
 /// Interface 1 (the sender, a recorder) and interface 2 (the NIC under test) in VNI 1.
-fn lab(nic: Arc<FakeNic>, from_link: bool) -> (Arc<crate::shared::Shared>, Vec<u8>, VirtioNetHdr) {
+fn lab(nic: Arc<FakeNic>, from_link: bool) -> (Arc<Shared>, Vec<u8>, VirtioNetHdr) {
     let sh = shared();
     let (f, vh) = tso_frame(10_000, false);
     let src = MacAddr::from_bytes(&f[6..12]);
@@ -35,20 +36,25 @@ fn lab(nic: Arc<FakeNic>, from_link: bool) -> (Arc<crate::shared::Shared>, Vec<u
     (sh, f, vh)
 }
 
+/// Forwards `f` as interface 1's guest sent it.
+fn from_interface_1(sh: &Shared, vh: VirtioNetHdr, f: &[u8]) {
+    let snap = sh.snapshot.load_full();
+    let mut batch = TxBatch::default();
+    process(
+        sh,
+        &snap,
+        &mut FwdCtx::new(),
+        PortId(1),
+        Arrival::local(vh, f),
+        &mut batch,
+    );
+}
+
 #[test]
 fn a_tso_frame_stays_whole_for_a_nic_with_offloads() {
     let nic = Arc::new(FakeNic::new(true, 1500));
     let (sh, f, vh) = lab(nic.clone(), false);
-    let snap = sh.snapshot.load_full();
-    let mut batch = TxBatch::default();
-    process(
-        &sh,
-        &snap,
-        &mut FwdCtx::new(),
-        PortId(1),
-        Arrival::local(vh, &f),
-        &mut batch,
-    );
+    from_interface_1(&sh, vh, &f);
     let w = nic.take();
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].0, vh);
@@ -59,16 +65,7 @@ fn a_tso_frame_stays_whole_for_a_nic_with_offloads() {
 fn a_tso_frame_is_cut_for_a_nic_without_offloads() {
     let nic = Arc::new(FakeNic::new(false, 1500));
     let (sh, f, vh) = lab(nic.clone(), false);
-    let snap = sh.snapshot.load_full();
-    let mut batch = TxBatch::default();
-    process(
-        &sh,
-        &snap,
-        &mut FwdCtx::new(),
-        PortId(1),
-        Arrival::local(vh, &f),
-        &mut batch,
-    );
+    from_interface_1(&sh, vh, &f);
     let w = nic.take();
     assert_eq!(w.len(), 10_000usize.div_ceil(vh.gso_size as usize));
     for (h, frame) in &w {
