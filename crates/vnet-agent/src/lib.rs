@@ -5,10 +5,18 @@
 //! derives is applied through the [`DataPlane`] seam. vnetd's `Daemon` implements it by
 //! changing its running configuration and engine; the harness implements it with a recorder
 //! that applies nothing to the OS.
+//!
+//! Inside, the decisions are a state machine without I/O (`machine`: what to publish, claim,
+//! derive, announce, and what etcd's answers and events mean; `backoff`: the timing between
+//! sessions), driven by the I/O loop (`agent`: sessions, the watch thread) and the lease's
+//! keep-alive thread (`keepalive`).
 
 #![forbid(unsafe_code)]
 
 mod agent;
+mod backoff;
+mod keepalive;
+mod machine;
 
 pub use agent::{spawn, AgentConfig, READ_PAGE};
 

@@ -15,7 +15,7 @@
 //! | `/vnet/O/interfaces/<vni>/<mac>` | [`InterfaceRecord`]: `mac`, `vni`, `host_id`, `name`, `epoch` | the daemon of the host named, under that host's lease |
 //! | `/vnet/O/routes/<id>` | [`RouteRecord`]: `line` (a `route add` line of the control language), `host_id` (optional: only that host) | operators (`vnetctl --etcd`) |
 //! | `/vnet/O/policy` | [`Policy`]: `{"template":"mesh"}`, `{"template":"star","proxy":"<host-id>"}` or `{"template":"explicit"}`; absent means mesh | operators |
-//! | `/vnet/O/matrix/<host-id>` | the host's traffic matrix, `{"host_id":..,"pairs":[{"vni","src","dst","frames","bytes"},..]}` (the heaviest 512 pairs), read by `vnetctl suggest`; not a [`ClusterKey`] ([`key_for_matrix`]) | the host's daemon, under its lease |
+//! | `/vnet/O/matrix/<host-id>` | [`MatrixRecord`]: the host's traffic matrix, `{"host_id":..,"pairs":[{"vni","src","dst","frames","bytes"},..]}` (the heaviest 512 pairs), read by `vnetctl suggest`; not a [`ClusterKey`] ([`key_for_matrix`]) | the host's daemon, under its lease |
 //!
 //! Host ids, overlay names and route ids are short words of `A-Z a-z 0-9 _ - .` (host ids at
 //! most 20 characters, so that derived link names stay valid). Example:
@@ -101,6 +101,7 @@
 mod announce;
 mod derive;
 mod incremental;
+mod matrix;
 mod schema;
 mod state;
 mod suggest;
@@ -114,6 +115,7 @@ pub use derive::{
     DerivedConfig, Overrider, DERIVED_LINK_PREFIX,
 };
 pub use incremental::Deriver;
+pub use matrix::{MatrixRecord, MAX_MATRIX_PAIRS};
 pub use schema::{
     encode, key_for_host, key_for_interface, key_for_matrix, key_for_policy, key_for_route,
     matrix_prefix, overlay_prefix, parse_entry, parse_key, plan_move, ClusterEntry, ClusterKey,

@@ -338,7 +338,7 @@ fn is_base64(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == b'+' || c == b'/')
 }
 
-mod mac_text {
+pub(crate) mod mac_text {
     use serde::{Deserialize, Deserializer, Serializer};
     use vnet_wire::MacAddr;
 

@@ -1,17 +1,20 @@
-//! What the daemon reports about itself: the typed answers behind `show stats`, `show links`,
-//! `show routes`, `show matrix` and `show cluster` (text and JSON), and what metrics and the
-//! live view read. The data path fills these structs, the daemon renders them; a field renamed
-//! here is renamed everywhere at compile time, instead of printing `null` where a key was read
-//! back by name. The JSON form (serde) is what `show ... json` prints: keep its keys stable,
-//! scripts and tests read them.
+//! What the daemon reports about itself: the typed answers behind every `show` (text and
+//! JSON), and what metrics and the live view read. The data path fills these structs; their
+//! text form is their `Display` (the tables are in `status/render.rs`), their JSON form (serde)
+//! is what `show ... json` prints. A field renamed here is renamed everywhere at compile time,
+//! instead of printing `null` where a key was read back by name: keep the JSON keys and the
+//! text columns stable, scripts and tests read them.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use vnet_core::{MatrixEntry, PortCountersSnapshot};
 
 use crate::command::{LinkKind, RateLimit};
-use crate::model::DataPathSettings;
+use crate::model::{Config, DataPathSettings, Interface, Link, Route};
+
+mod render;
 
 /// Whether a port is one of this host's interfaces or a link to elsewhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -288,6 +291,26 @@ pub struct LinkStatus {
 }
 
 impl LinkStatus {
+    /// The row of link `l`, whose state, rate limit and session are as given.
+    pub fn new(
+        l: &Link,
+        state: LinkState,
+        rate: Option<RateLimit>,
+        encrypted: Option<CryptoStatus>,
+    ) -> LinkStatus {
+        let (remote, dev) = LinkStatus::endpoints(&l.kind);
+        LinkStatus {
+            name: l.name.clone(),
+            kind: l.kind.keyword(),
+            remote,
+            dev,
+            vni: l.vni,
+            state,
+            rate,
+            encrypted,
+        }
+    }
+
     /// The peer (remote address or device) as `show links` prints it.
     pub fn peer(&self) -> &str {
         self.remote
@@ -306,6 +329,45 @@ impl LinkStatus {
     }
 }
 
+/// `show links`: one row per link.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct LinkTable(pub Vec<LinkStatus>);
+
+/// One row of `show interfaces`: the interface's configuration and which data path serves it
+/// (None while it has no port).
+#[derive(Debug, Clone)]
+pub struct InterfaceStatus {
+    pub interface: Interface,
+    pub path: Option<DataPathKind>,
+}
+
+impl Serialize for InterfaceStatus {
+    /// The interface's configuration with a `path` key beside its own (keys in order).
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut v = serde_json::to_value(&self.interface).map_err(serde::ser::Error::custom)?;
+        if let Some(p) = self.path {
+            v["path"] = p.as_str().into();
+        }
+        v.serialize(s)
+    }
+}
+
+/// `show interfaces`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct InterfaceTable(pub Vec<InterfaceStatus>);
+
+/// `show listeners`: the TCP listeners, each as `tcp ADDR`.
+#[derive(Debug, Clone)]
+pub struct ListenerTable(pub Vec<SocketAddr>);
+
+impl Serialize for ListenerTable {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|a| format!("tcp {a}")))
+    }
+}
+
 /// One row of `show routes`.
 #[derive(Debug, Clone, Serialize)]
 pub struct RouteStatus {
@@ -316,6 +378,24 @@ pub struct RouteStatus {
     pub name: String,
     pub vni: u32,
 }
+
+impl RouteStatus {
+    /// The row of route `r` of configuration `cfg` (its VNI is its destination's).
+    pub fn new(r: &Route, cfg: &Config) -> RouteStatus {
+        RouteStatus {
+            src: r.src.to_string(),
+            dst: r.dst.to_string(),
+            to: r.to.kind.to_string(),
+            name: r.to.name.clone(),
+            vni: cfg.dest_vni(&r.to).unwrap_or(0),
+        }
+    }
+}
+
+/// `show routes`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct RouteTable(pub Vec<RouteStatus>);
 
 /// `show matrix json`.
 #[derive(Debug, Clone, Serialize)]

@@ -14,8 +14,8 @@ use vm_memory::VolatileSlice;
 use vnet_core::{DropReason, PortCounters};
 use vnet_wire::VXLAN_HEADER_LEN;
 
+use crate::counters::OffloadCounters;
 use crate::crypto::LinkCrypto;
-use crate::shared::OffloadCounters;
 use crate::sys::IoPart;
 use crate::udp::{VxlanSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 

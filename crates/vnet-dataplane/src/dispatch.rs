@@ -28,7 +28,7 @@ use vnet_control::status::DispatcherStatus;
 use vnet_control::{DataPathSettings, DispatchMode, YieldStrategy};
 
 use crate::forward::IDLE_TICK;
-use crate::ingress::{Reader, RxWork};
+use crate::ingress::{RxWork, Source};
 use crate::shared::Shared;
 use crate::sys::{self, Epoll, EpollEvent, EventFd};
 
@@ -36,23 +36,6 @@ const WAKE_TOKEN: u64 = u64::MAX;
 /// Pause after a caught panic, so a reader that panics on every read can neither spin a core
 /// nor starve the dispatcher's other sources for long.
 const PANIC_PAUSE: Duration = Duration::from_millis(10);
-
-static NEXT_SOURCE: AtomicU64 = AtomicU64::new(1);
-
-/// A descriptor a dispatcher reads (a [`Reader`]), with an identity for epoll and removal.
-pub struct Source {
-    id: u64,
-    reader: Box<dyn Reader>,
-}
-
-impl Source {
-    pub fn new(reader: Box<dyn Reader>) -> Source {
-        Source {
-            id: NEXT_SOURCE.fetch_add(1, Relaxed),
-            reader,
-        }
-    }
-}
 
 /// The adaptive mode's switch (VNET/P section 4.5): the frame rate over a window of ω, with
 /// hysteresis between α_l and α_u. Pure: the caller passes the time.
@@ -545,6 +528,7 @@ fn serve(st: &DState, shared: &Arc<Shared>, settings: &ArcSwap<DataPathSettings>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingress::Reader;
     use crate::shared::Snapshot;
     use std::os::fd::{AsRawFd, RawFd};
     use std::sync::atomic::AtomicU32;

@@ -23,11 +23,12 @@ use vnet_core::{
 use vnet_fastpath::FastPathConfig;
 use vnet_offload::VirtioNetHdr;
 
-use crate::dispatch::{DispatcherSet, Source};
+use crate::dispatch::DispatcherSet;
 use crate::forward::FwdCtx;
 use crate::guard::PortGuard;
 use crate::ingress::guest::Ingress;
 use crate::ingress::udp::VxlanReader;
+use crate::ingress::Source;
 use crate::kernel::KernelPath;
 use crate::made::{Made, MadeDevice};
 use crate::nic::GuestNic;

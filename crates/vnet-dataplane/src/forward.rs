@@ -3,7 +3,7 @@
 //! offload header, the ingress port's guard), learns, records it in the traffic matrix, asks the
 //! thread's route cache for the decision, and hands it to each egress port's
 //! [`Port::send`](crate::port::Port::send). What happens on the way out is the port kind's
-//! business ([`crate::ports`]); this module knows no port kind.
+//! business (`ports`, above); this module knows no port kind.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! What a port lets in, checked on the shared ingress path ([`crate::forward::process`]) so
+//! What a port lets in, checked on the shared ingress path (`forward::process`) so
 //! TAP and vhost-user guests, UDP and TCP links all get it: an interface's guest may send only
 //! with its own source MAC (unless `any-source`), and any port may have a token-bucket rate
 //! limit on what it receives. Both can change at run time without a new snapshot.

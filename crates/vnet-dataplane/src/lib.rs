@@ -2,13 +2,17 @@
 //!
 //! ```text
 //! engine      the control side: opens ports by kind, publishes snapshots   (engine.rs)
+//! ports       one module per port kind: how it opens (its devices, readers  (ports/)
+//!             and threads) and how frames leave through it
 //! dispatch    dispatcher threads: epoll, polling, modes, pinning            (dispatch.rs)
-//! ingress     how frames enter, one reader per source kind                  (ingress/)
-//! forward     a frame's decision, and its fan-out to ports                   (forward.rs)
-//! ports       how frames leave, one module per port kind                     (ports/)
-//! port        the interface between forward and ports; shared: the snapshot (port.rs, shared.rs)
-//! batch       UDP datagrams deferred to the end of a batch                   (batch.rs)
-//! devices     TAP, VXLAN socket, packet socket, guest-NIC trait, guards      (tap.rs, udp.rs, ...)
+//! ingress     how frames enter: a Reader per source kind, Source            (ingress/)
+//! gro         coalesced frames to guest NICs, flushed at a batch's end      (gro.rs)
+//! forward     a frame's decision, and its fan-out through Port::send        (forward.rs)
+//! shared      the snapshot of ports and routes, learning, the matrix        (shared.rs)
+//! port        the interface between forward and ports                       (port.rs)
+//! batch       UDP datagrams deferred to the end of a batch                  (batch.rs)
+//! devices     TAP, VXLAN socket, packet socket, guest-NIC trait, guards,    (tap.rs, udp.rs, ...)
+//!             an encrypted link's edge, the offload counters (counters.rs)
 //!             and what outlives vnetd (made.rs: devices vnetd made, adopted on restart)
 //! os          system calls, netlink, namespaces, threads                     (sys.rs, netns.rs, ...)
 //!             and the underlay's rtnetlink events                             (underlay_watch.rs)
@@ -20,10 +24,12 @@
 //! batch ([`batch::TxBatch`]) and go out together at its end.
 
 pub mod batch;
+pub mod counters;
 pub mod crypto;
 pub mod dispatch;
 pub mod engine;
 pub mod forward;
+pub mod gro;
 pub mod guard;
 pub mod ingress;
 pub mod kernel;

@@ -1,6 +1,6 @@
 //! The one interface between forwarding and the ports it sends through. Forwarding
-//! ([`crate::forward::process`]) decides where a frame goes; each port kind says, in its own
-//! module under [`crate::ports`], how a frame leaves through it: a guest NIC (TAP or
+//! (`forward::process`, above) decides where a frame goes; each port kind says, in its own
+//! module under `ports` (above too), how a frame leaves through it: a guest NIC (TAP or
 //! vhost-user), a UDP link (batched VXLAN datagrams), a TCP link, a direct link. Adding a kind
 //! is one new file there implementing [`Port`] and one registration line in the engine.
 //!
@@ -16,8 +16,8 @@ use vnet_core::{DropReason, FastMap, PortCounters, PortId};
 use vnet_offload::{Coalescer, PayloadRef, SegmentList, VirtioNetHdr};
 
 use crate::batch::{TxBatch, UdpLinkTx};
+use crate::counters::OffloadCounters;
 use crate::nic::GuestNic;
-use crate::shared::OffloadCounters;
 
 /// Where a frame came from, for the coalescer.
 #[derive(Clone, Copy)]

@@ -1,22 +1,22 @@
 //! What the forwarding threads share: the immutable [`Snapshot`] of ports and routes (swapped
 //! whole on every configuration change), the learning table, the traffic matrix, and counters
 //! that belong to no port. The control side ([`crate::Engine`]) writes these; the hot path
-//! ([`crate::forward`], [`crate::ingress`], [`crate::ports`]) only reads them, so this module
-//! sits below both and imports neither.
+//! (`forward`, `ingress`, `ports`) only reads them, so this module sits below both and imports
+//! neither.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use vnet_control::status::OffloadStatus;
 use vnet_core::{
     DropReason, FastMap, FastSet, ForwardingTable, LearnTable, PortCounters, PortId, PortInfo,
     TrafficMatrix,
 };
 use vnet_wire::MacAddr;
 
+use crate::counters::OffloadCounters;
 use crate::guard::PortGuard;
 use crate::port::Port;
 use crate::udp::VxlanSocket;
@@ -25,7 +25,7 @@ use crate::udp::VxlanSocket;
 #[derive(Clone)]
 pub struct PortEntry {
     pub info: PortInfo,
-    /// How frames leave through it (one implementation per port kind, [`crate::ports`]).
+    /// How frames leave through it (one implementation per port kind, in `ports`).
     pub port: Arc<dyn Port>,
     pub counters: Arc<PortCounters>,
     /// Source-MAC and rate policy on what enters through the port.
@@ -69,47 +69,6 @@ impl Snapshot {
         if let Some(p) = self.ports.get(&port) {
             p.counters.rx(len);
             p.counters.count_drop(reason);
-        }
-    }
-}
-
-/// Offload and batching counters, shared by all forwarding threads.
-#[derive(Debug, Default)]
-pub struct OffloadCounters {
-    /// Frames from guests that vnet cut into wire segments, and the segments.
-    pub gso_frames: AtomicU64,
-    pub gso_segments: AtomicU64,
-    /// `sendmsg` calls with `UDP_SEGMENT`, and `sendmmsg` calls.
-    pub udp_gso_sends: AtomicU64,
-    pub udp_batch_sends: AtomicU64,
-    /// Received segments merged into a larger frame for a guest, and frames so delivered.
-    pub gro_merged: AtomicU64,
-    pub gro_frames: AtomicU64,
-    /// Frames whose checksum a local sender left partial (veth), passed on as partial.
-    pub partial_csum: AtomicU64,
-    /// Partial checksums completed in user space.
-    pub csum_completed: AtomicU64,
-    /// Unsegmented large frames received from a kernel VXLAN peer (tunnel GSO over veth).
-    pub tunnel_gso: AtomicU64,
-}
-
-impl OffloadCounters {
-    pub fn gso(&self, segments: usize) {
-        self.gso_frames.fetch_add(1, Relaxed);
-        self.gso_segments.fetch_add(segments as u64, Relaxed);
-    }
-
-    pub fn snapshot(&self) -> OffloadStatus {
-        OffloadStatus {
-            gso_frames: self.gso_frames.load(Relaxed),
-            gso_segments: self.gso_segments.load(Relaxed),
-            udp_gso_sends: self.udp_gso_sends.load(Relaxed),
-            udp_batch_sends: self.udp_batch_sends.load(Relaxed),
-            gro_merged: self.gro_merged.load(Relaxed),
-            gro_frames: self.gro_frames.load(Relaxed),
-            partial_csum: self.partial_csum.load(Relaxed),
-            csum_completed: self.csum_completed.load(Relaxed),
-            tunnel_gso: self.tunnel_gso.load(Relaxed),
         }
     }
 }

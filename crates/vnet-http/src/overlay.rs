@@ -12,61 +12,15 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
 
-use serde::{Deserialize, Serialize};
-use vnet_cluster::{derive, ClusterState, HostId, Policy, CAP_NOISE};
+use serde::Serialize;
+use vnet_cluster::{derive, ClusterState, HostId, MatrixRecord, Policy, CAP_NOISE};
 use vnet_control::{parse_line, Config, LinkKind};
-use vnet_core::MatrixEntry;
 use vnet_wire::MacAddr;
 
 /// The most hosts whose links are derived for the picture (each is a derivation).
 pub const MAX_VIEW_HOSTS: usize = 64;
 /// The most guests in the heat map (the busiest).
 pub const MAX_VIEW_GUESTS: usize = 48;
-
-/// One host's published traffic matrix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublishedMatrix {
-    pub host: String,
-    pub pairs: Vec<MatrixEntry>,
-}
-
-#[derive(Deserialize)]
-struct WireMatrix {
-    host_id: String,
-    pairs: Vec<serde_json::Value>,
-}
-
-#[derive(Deserialize)]
-struct WirePair {
-    vni: u32,
-    src: String,
-    dst: String,
-    frames: u64,
-    bytes: u64,
-}
-
-/// Decodes the value of `/vnet/O/matrix/<host>`; pairs that do not decode are skipped.
-pub fn decode_matrix(value: &[u8]) -> Result<PublishedMatrix, String> {
-    let m: WireMatrix = serde_json::from_slice(value).map_err(|e| e.to_string())?;
-    let pairs = m
-        .pairs
-        .into_iter()
-        .filter_map(|v| serde_json::from_value::<WirePair>(v).ok())
-        .filter_map(|p| {
-            Some(MatrixEntry {
-                vni: p.vni,
-                src: p.src.parse().ok()?,
-                dst: p.dst.parse().ok()?,
-                frames: p.frames,
-                bytes: p.bytes,
-            })
-        })
-        .collect();
-    Ok(PublishedMatrix {
-        host: m.host_id,
-        pairs,
-    })
-}
 
 type PairKey = (u32, MacAddr, MacAddr);
 
@@ -105,8 +59,8 @@ pub struct PairRate {
 
 impl MatrixTracker {
     /// Records the matrices read at `now_ms` (a monotonic clock); hosts absent are forgotten.
-    pub fn observe(&mut self, now_ms: u64, matrices: &[PublishedMatrix]) {
-        let present: BTreeSet<&str> = matrices.iter().map(|m| m.host.as_str()).collect();
+    pub fn observe(&mut self, now_ms: u64, matrices: &[MatrixRecord]) {
+        let present: BTreeSet<&str> = matrices.iter().map(|m| m.host_id.as_str()).collect();
         self.hosts.retain(|h, _| present.contains(h.as_str()));
         for m in matrices {
             let bytes: BTreeMap<PairKey, u64> = m
@@ -118,7 +72,7 @@ impl MatrixTracker {
                 at_ms: now_ms,
                 bytes,
             };
-            match self.hosts.get_mut(&m.host) {
+            match self.hosts.get_mut(m.host_id.as_str()) {
                 Some(t) if t.seen.back().map(|b| &b.bytes) == Some(&seen.bytes) => {}
                 Some(t) => {
                     t.seen.push_back(seen);
@@ -128,7 +82,7 @@ impl MatrixTracker {
                 }
                 None => {
                     self.hosts.insert(
-                        m.host.clone(),
+                        m.host_id.to_string(),
                         Track {
                             seen: VecDeque::from([seen]),
                         },
@@ -430,6 +384,7 @@ fn ordered(x: &str, y: &str) -> (String, String) {
 mod tests {
     use super::*;
     use vnet_cluster::{encode, key_for_host, key_for_interface, HostRecord, InterfaceRecord};
+    use vnet_core::MatrixEntry;
 
     fn mac(n: u8) -> MacAddr {
         MacAddr([0x52, 0x54, 0, 0, 0, n])
@@ -445,20 +400,11 @@ mod tests {
         }
     }
 
-    fn pm(host: &str, pairs: Vec<MatrixEntry>) -> PublishedMatrix {
-        PublishedMatrix {
-            host: host.into(),
+    fn pm(host: &str, pairs: Vec<MatrixEntry>) -> MatrixRecord {
+        MatrixRecord {
+            host_id: host.parse().expect("host id"),
             pairs,
         }
-    }
-
-    #[test]
-    fn decodes_what_the_agent_publishes() {
-        let v = br#"{"host_id":"a","pairs":[{"vni":1,"src":"52:54:00:00:00:01","dst":"52:54:00:00:00:02","frames":3,"bytes":300},{"vni":"x"},{"vni":1,"src":"bad","dst":"52:54:00:00:00:02","frames":1,"bytes":1}]}"#;
-        let m = decode_matrix(v).unwrap();
-        assert_eq!(m, pm("a", vec![entry(1, 2, 300)]));
-        assert!(decode_matrix(b"[]").is_err());
-        assert!(decode_matrix(b"not json").is_err());
     }
 
     #[test]

@@ -5,11 +5,9 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use vnet_cluster::{ClusterState, HostId};
+use vnet_cluster::{ClusterState, HostId, MatrixRecord};
 use vnet_control::status::{ClusterStatus, LinkStatus, MatrixReport, StatsReport};
 use vnet_control::Interface;
-
-use crate::overlay::PublishedMatrix;
 
 /// The etcd agent's state, as the metrics and the view show it.
 #[derive(Debug, Clone, Serialize)]
@@ -53,7 +51,7 @@ pub struct OverlaySnapshot {
     /// None until the agent's first synchronisation.
     pub state: Option<ClusterState>,
     /// The published matrices, or why they could not be read.
-    pub matrices: Result<Vec<PublishedMatrix>, String>,
+    pub matrices: Result<Vec<MatrixRecord>, String>,
 }
 
 /// The daemon, seen from the listener.

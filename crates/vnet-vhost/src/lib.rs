@@ -19,6 +19,10 @@
 //!   whose checksum we must complete.
 //! - **notification policy** (`set notify batch|optimistic`), see [`notify`].
 //!
+//! The device (`device`: its state and lifecycle) is driven by the vhost-user requests
+//! (`protocol`), its transmit rings (`tx`) and its receive rings (`rx`, and `direct` for
+//! cut-through receive).
+//!
 //! Every descriptor and every request is hostile until checked: rings and memory tables are
 //! validated, chains are bounded, every guest access goes through `vm-memory`'s checked
 //! accessors (nothing outside the guest's regions is touched); a bad transmit chain is dropped
@@ -31,7 +35,12 @@ mod device;
 mod direct;
 pub mod msg;
 pub mod notify;
+mod protocol;
+mod rx;
 mod sigbus;
+#[cfg(test)]
+mod testing;
+mod tx;
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};

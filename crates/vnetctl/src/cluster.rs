@@ -7,10 +7,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use vnet_cluster::{
     encode, key_for_host, key_for_interface, key_for_policy, key_for_route, matrix_prefix,
-    overlay_prefix, plan_move, suggest, ClusterState, HostId, OperatorRoute, OverlayName, Policy,
-    RouteId, RouteRecord,
+    overlay_prefix, plan_move, suggest, ClusterState, HostId, MatrixRecord, OperatorRoute,
+    OverlayName, Policy, RouteId, RouteRecord,
 };
-use vnet_core::MatrixEntry;
 use vnet_etcd::{Client, Compare, CompareTarget, TxnOp};
 use vnet_wire::MacAddr;
 
@@ -273,35 +272,6 @@ fn move_interface(
     ))
 }
 
-/// Decodes one host's published matrix; bad pairs are skipped.
-fn matrix_entries(value: &[u8]) -> Vec<MatrixEntry> {
-    let Ok(v) = serde_json::from_slice::<Value>(value) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for p in v["pairs"].as_array().into_iter().flatten() {
-        let mac = |f: &str| p[f].as_str().and_then(|s| s.parse::<MacAddr>().ok());
-        let (Some(src), Some(dst)) = (mac("src"), mac("dst")) else {
-            continue;
-        };
-        let (Some(vni), Some(frames), Some(bytes)) = (
-            p["vni"].as_u64().and_then(|v| u32::try_from(v).ok()),
-            p["frames"].as_u64(),
-            p["bytes"].as_u64(),
-        ) else {
-            continue;
-        };
-        out.push(MatrixEntry {
-            vni,
-            src,
-            dst,
-            frames,
-            bytes,
-        });
-    }
-    out
-}
-
 fn run_suggest(
     client: &Client,
     overlay: &OverlayName,
@@ -314,7 +284,10 @@ fn run_suggest(
     let r = client.get_prefix(prefix.as_bytes())?;
     let mut entries = Vec::new();
     for kv in &r.kvs {
-        entries.extend(matrix_entries(&kv.value));
+        // A value that is not a matrix record adds nothing; bad pairs are skipped.
+        if let Ok(m) = MatrixRecord::decode(&kv.value) {
+            entries.extend(m.pairs);
+        }
     }
     let links = suggest(&entries, &state, threshold);
     let mut out = String::new();
@@ -341,19 +314,4 @@ fn run_suggest(
         }
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn matrix_values() {
-        let v = br#"{"host_id":"a","pairs":[{"vni":1,"src":"52:54:00:00:00:01","dst":"52:54:00:00:00:02","frames":3,"bytes":300},{"vni":"x"},{"vni":1,"src":"zz","dst":"52:54:00:00:00:02","frames":1,"bytes":1}]}"#;
-        let e = matrix_entries(v);
-        assert_eq!(e.len(), 1);
-        assert_eq!(e[0].bytes, 300);
-        assert!(matrix_entries(b"not json").is_empty());
-        assert!(matrix_entries(b"[]").is_empty());
-    }
 }

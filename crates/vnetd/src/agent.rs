@@ -22,12 +22,7 @@ impl DataPlane for Daemon {
     /// The daemon compares against its own record of what it applied (a refused command
     /// stays out of it and is retried), so the delta is not needed here.
     fn apply_derived(&self, derivation: &Derivation, _delta: Option<&[Command]>) -> SyncReport {
-        let r = Daemon::apply_derivation(self, derivation);
-        SyncReport {
-            applied: r.applied,
-            failed: r.failed,
-            conflicts: r.conflicts,
-        }
+        Daemon::apply_derivation(self, derivation)
     }
 
     fn matrix(&self) -> Vec<vnet_core::MatrixEntry> {

@@ -1,14 +1,14 @@
 //! The daemon's state: the configuration model and the engine that realizes it, and the
 //! answers to control-language commands.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
+use vnet_agent::SyncReport;
 use vnet_cluster::{ClusterState, DerivedConfig};
 use vnet_control::status::{
-    ClusterReport, ClusterStatus, DaemonCounters, LinkStatus, MatrixReport, RouteStatus,
-    StatsReport,
+    ClusterReport, ClusterStatus, DaemonCounters, InterfaceStatus, InterfaceTable, LinkStatus,
+    LinkTable, ListenerTable, MatrixReport, RouteStatus, RouteTable, StatsReport,
 };
 use vnet_control::Interface;
 use vnet_control::{parse_line, parse_script, Change, Command, Config, DestKind, ShowWhat};
@@ -34,17 +34,6 @@ impl State {
         local.routes.retain(|r| !self.derived.routes.contains(r));
         local
     }
-}
-
-/// What one synchronisation with the cluster's state did.
-#[derive(Debug, Default)]
-pub struct SyncReport {
-    /// Commands applied (links and routes added or removed).
-    pub applied: Vec<String>,
-    /// Commands the running configuration refused (retried by the next synchronisation).
-    pub failed: Vec<String>,
-    /// What the derivation skipped (vnet_cluster::Conflict), as text.
-    pub conflicts: Vec<String>,
 }
 
 pub struct Daemon {
@@ -273,6 +262,19 @@ impl Daemon {
         }
     }
 
+    /// Reads the last synchronisation with the cluster (when it was, and the state the agent
+    /// last handed over), if there was one.
+    pub fn last_sync<T>(
+        &self,
+        f: impl FnOnce(std::time::Instant, &ClusterState) -> T,
+    ) -> Option<T> {
+        self.cluster_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(at, s)| f(*at, s))
+    }
+
     /// Brings the derived part of the running configuration to `derivation` (the etcd agent
     /// derives incrementally and hands the result over here).
     pub fn apply_derivation(&self, derivation: &vnet_cluster::Derivation) -> SyncReport {
@@ -357,14 +359,15 @@ impl Daemon {
         self.lock().engine.inject_from_interface(name, frames)
     }
 
-    fn show_cluster(&self, json: bool) -> String {
+    /// `show cluster`: the agent's status and what it applied.
+    pub fn cluster_report(&self) -> ClusterReport {
         let agent = self
             .cluster_status
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let st = self.lock();
-        let report = ClusterReport {
+        ClusterReport {
             agent,
             derived: st
                 .derived
@@ -372,58 +375,40 @@ impl Daemon {
                 .iter()
                 .filter_map(vnet_cluster::render_command)
                 .collect(),
-        };
-        drop(st);
-        if json {
-            return to_json_line(&report);
         }
-        let mut out = String::new();
-        match &report.agent {
-            None => out.push_str("no etcd agent (vnetd runs without --etcd)\n"),
-            Some(s) => {
-                let policy = s
-                    .policy
-                    .get("template")
-                    .and_then(|t| t.as_str())
-                    .map(String::from)
-                    .unwrap_or_else(|| s.policy.to_string());
-                let lease = s.lease.as_deref().unwrap_or("-");
-                let _ = writeln!(out, "overlay: {}", s.overlay);
-                let _ = writeln!(out, "host_id: {}", s.host_id);
-                let _ = writeln!(out, "connected: {}", s.connected);
-                let _ = writeln!(out, "endpoints: {}", s.endpoints);
-                let _ = writeln!(out, "lease: {lease}");
-                let _ = writeln!(out, "revision: {}", s.revision);
-                let _ = writeln!(out, "policy: {policy}");
-                let _ = writeln!(
-                    out,
-                    "hosts: {}, interfaces: {}, operator routes: {}",
-                    s.hosts, s.interfaces, s.operator_routes
-                );
-                let _ = writeln!(
-                    out,
-                    "sessions: {}, syncs: {}, events: {}, bad entries: {}, announcements: {}",
-                    s.sessions, s.syncs, s.events, s.bad_entries, s.announcements
-                );
-                if s.host_id_in_use {
-                    out.push_str("host_id_in_use: true (another daemon holds this host id)\n");
-                }
-                if !s.last_error.is_empty() {
-                    let _ = writeln!(out, "last_error: {}", s.last_error);
-                }
-                for c in &s.conflicts {
-                    let _ = writeln!(out, "conflict: {c}");
-                }
-                for c in &s.failed {
-                    let _ = writeln!(out, "not applied: {c}");
-                }
-            }
-        }
-        let _ = writeln!(out, "derived ({} lines):", report.derived.len());
-        for l in &report.derived {
-            let _ = writeln!(out, "  {l}");
-        }
-        out
+    }
+
+    /// `show interfaces`: the configuration of each interface, and which data path serves it.
+    pub fn interface_table(&self) -> InterfaceTable {
+        let st = self.lock();
+        InterfaceTable(
+            st.cfg
+                .interfaces
+                .iter()
+                .map(|i| InterfaceStatus {
+                    interface: i.clone(),
+                    path: st
+                        .engine
+                        .port_status(DestKind::Interface, &i.name)
+                        .map(|p| p.path),
+                })
+                .collect(),
+        )
+    }
+
+    /// `show routes`.
+    pub fn routes(&self) -> Vec<RouteStatus> {
+        let st = self.lock();
+        st.cfg
+            .routes
+            .iter()
+            .map(|r| RouteStatus::new(r, &st.cfg))
+            .collect()
+    }
+
+    /// `show listeners`.
+    pub fn listeners(&self) -> ListenerTable {
+        ListenerTable(self.lock().cfg.listeners.clone())
     }
 }
 
@@ -460,17 +445,12 @@ fn link_rows(st: &State) -> Vec<LinkStatus> {
         .links
         .iter()
         .map(|l| {
-            let (remote, dev) = LinkStatus::endpoints(&l.kind);
-            LinkStatus {
-                name: l.name.clone(),
-                kind: l.kind.keyword(),
-                remote,
-                dev,
-                vni: l.vni,
-                state: st.engine.link_state(&l.name),
-                rate: st.cfg.link_rates.get(&l.name).copied(),
-                encrypted: st.engine.link_crypto(&l.name),
-            }
+            LinkStatus::new(
+                l,
+                st.engine.link_state(&l.name),
+                st.cfg.link_rates.get(&l.name).copied(),
+                st.engine.link_crypto(&l.name),
+            )
         })
         .collect()
 }
@@ -514,179 +494,31 @@ fn apply_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), String> {
 }
 
 impl Daemon {
+    /// Answers a `show`: the typed status, as text (its `Display`) or as one line of JSON.
     fn query(&self, cmd: &Command) -> String {
         let Command::Show(what, json) = cmd else {
             return String::new();
         };
-        if *what == ShowWhat::Cluster {
-            return self.show_cluster(*json);
+        fn shown<T: serde::Serialize + std::fmt::Display>(v: &T, json: bool) -> String {
+            if json {
+                to_json_line(v)
+            } else {
+                v.to_string()
+            }
         }
-        let st = self.lock();
-        let cfg = &st.cfg;
-        let mut out = String::new();
-        match what {
+        let json = *json;
+        let mut out = match what {
             // The local configuration only; derived objects are in `show cluster`.
-            ShowWhat::Config => out = st.local_config().to_script(),
-            ShowWhat::Interfaces => {
-                if *json {
-                    // The configuration of each interface, and which data path serves it.
-                    let rows: Vec<serde_json::Value> = cfg
-                        .interfaces
-                        .iter()
-                        .map(|i| {
-                            let mut v = serde_json::to_value(i).unwrap_or_default();
-                            if let Some(p) = st.engine.port_status(DestKind::Interface, &i.name) {
-                                v["path"] = p.path.as_str().into();
-                            }
-                            v
-                        })
-                        .collect();
-                    out = serde_json::to_string(&rows).unwrap_or_default();
-                } else {
-                    let _ = writeln!(
-                        out,
-                        "{:<16} {:<10} {:<15} {:<17} {:>5} {:<16} {:>8} {:<6} POLICY",
-                        "NAME", "TYPE", "IFNAME", "MAC", "MTU", "NETNS", "VNI", "PATH"
-                    );
-                    for i in &cfg.interfaces {
-                        let path = st
-                            .engine
-                            .port_status(DestKind::Interface, &i.name)
-                            .map(|p| p.path.as_str())
-                            .unwrap_or("-");
-                        let mtu = if i.mtu == 0 {
-                            "-".to_string()
-                        } else {
-                            i.mtu.to_string()
-                        };
-                        let _ = writeln!(
-                            out,
-                            "{:<16} {:<10} {:<15} {:<17} {:>5} {:<16} {:>8} {:<6} {}",
-                            i.name,
-                            i.kind,
-                            i.ifname,
-                            i.mac.to_string(),
-                            mtu,
-                            i.netns.as_deref().unwrap_or("-"),
-                            i.vni,
-                            path,
-                            policy_text(i.any_source, i.rate.as_ref())
-                        );
-                    }
-                }
-            }
-            ShowWhat::Links => {
-                let rows = link_rows(&st);
-                if *json {
-                    out = to_json_line(&rows);
-                } else {
-                    let _ = writeln!(
-                        out,
-                        "{:<16} {:<10} {:<28} {:>8} {:<10} POLICY",
-                        "NAME", "TYPE", "REMOTE/DEVICE", "VNI", "STATE"
-                    );
-                    for r in &rows {
-                        // An encrypted link says so beside its state ("up+enc").
-                        let state = format!(
-                            "{}{}",
-                            r.state.as_str(),
-                            if r.encrypted.is_some() { "+enc" } else { "" }
-                        );
-                        let _ = writeln!(
-                            out,
-                            "{:<16} {:<10} {:<28} {:>8} {:<10} {}",
-                            r.name,
-                            r.kind,
-                            r.peer(),
-                            r.vni,
-                            state,
-                            policy_text(false, r.rate.as_ref())
-                        );
-                    }
-                }
-            }
-            ShowWhat::Routes => {
-                if *json {
-                    let rows: Vec<RouteStatus> = cfg
-                        .routes
-                        .iter()
-                        .map(|r| RouteStatus {
-                            src: r.src.to_string(),
-                            dst: r.dst.to_string(),
-                            to: r.to.kind.to_string(),
-                            name: r.to.name.clone(),
-                            vni: cfg.dest_vni(&r.to).unwrap_or(0),
-                        })
-                        .collect();
-                    out = to_json_line(&rows);
-                } else {
-                    let _ = writeln!(
-                        out,
-                        "{:<24} {:<24} {:<28} {:>8}",
-                        "SOURCE", "DESTINATION", "TO", "VNI"
-                    );
-                    for r in &cfg.routes {
-                        let _ = writeln!(
-                            out,
-                            "{:<24} {:<24} {:<28} {:>8}",
-                            r.src.to_string(),
-                            r.dst.to_string(),
-                            format!("{} {}", r.to.kind, r.to.name),
-                            cfg.dest_vni(&r.to).unwrap_or(0)
-                        );
-                    }
-                }
-            }
-            ShowWhat::Listeners => {
-                if *json {
-                    let v: Vec<String> = cfg.listeners.iter().map(|a| format!("tcp {a}")).collect();
-                    out = serde_json::to_string(&v).unwrap_or_default();
-                } else {
-                    for a in &cfg.listeners {
-                        let _ = writeln!(out, "tcp {a}");
-                    }
-                }
-            }
-            ShowWhat::Stats => {
-                let report = stats_report(&st, self.control_errors.load(Relaxed));
-                if *json {
-                    out = to_json_line(&report);
-                } else {
-                    render_stats(&mut out, &report);
-                }
-            }
-            ShowWhat::Cluster => {}
-            ShowWhat::Matrix => {
-                let (pairs, overflow) = st.engine.matrix();
-                if *json {
-                    out = to_json_line(&MatrixReport { pairs, overflow });
-                } else {
-                    let _ = writeln!(
-                        out,
-                        "{:>8} {:<17} {:<17} {:>12} {:>14}",
-                        "VNI", "SOURCE", "DESTINATION", "FRAMES", "BYTES"
-                    );
-                    for p in &pairs {
-                        let _ = writeln!(
-                            out,
-                            "{:>8} {:<17} {:<17} {:>12} {:>14}",
-                            p.vni,
-                            p.src.to_string(),
-                            p.dst.to_string(),
-                            p.frames,
-                            p.bytes
-                        );
-                    }
-                    if overflow > 0 {
-                        let _ = writeln!(
-                            out,
-                            "({overflow} frames of pairs beyond the table's capacity)"
-                        );
-                    }
-                }
-            }
-        }
-        if *json && !out.ends_with('\n') {
+            ShowWhat::Config => self.local_config().to_script(),
+            ShowWhat::Interfaces => shown(&self.interface_table(), json),
+            ShowWhat::Links => shown(&LinkTable(self.links()), json),
+            ShowWhat::Routes => shown(&RouteTable(self.routes()), json),
+            ShowWhat::Listeners => shown(&self.listeners(), json),
+            ShowWhat::Stats => shown(&self.stats(), json),
+            ShowWhat::Cluster => shown(&self.cluster_report(), json),
+            ShowWhat::Matrix => shown(&self.matrix_report(), json),
+        };
+        if json && !out.ends_with('\n') {
             out.push('\n');
         }
         out
@@ -697,128 +529,6 @@ impl Daemon {
     pub fn shutdown(&self, leave: Leave) {
         self.lock().engine.shutdown(leave);
     }
-}
-
-/// A port's policy in the text tables: `any-source`, `rate M burst K`, or `-`.
-fn policy_text(any_source: bool, rate: Option<&vnet_control::RateLimit>) -> String {
-    let mut parts = Vec::new();
-    if any_source {
-        parts.push("any-source".to_string());
-    }
-    if let Some(r) = rate {
-        parts.push(r.to_string());
-    }
-    if parts.is_empty() {
-        "-".to_string()
-    } else {
-        parts.join(" ")
-    }
-}
-
-/// The text form of `show stats`.
-fn render_stats(out: &mut String, r: &StatsReport) {
-    let drops_text = |d: &std::collections::BTreeMap<String, u64>| {
-        if d.is_empty() {
-            "-".to_string()
-        } else {
-            d.iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        }
-    };
-    let _ = writeln!(
-        out,
-        "{:<9} {:<16} {:>8} {:>12} {:>14} {:>12} {:>14}  DROPS",
-        "KIND", "NAME", "VNI", "RX FRAMES", "RX BYTES", "TX FRAMES", "TX BYTES"
-    );
-    for p in &r.ports {
-        let _ = writeln!(
-            out,
-            "{:<9} {:<16} {:>8} {:>12} {:>14} {:>12} {:>14}  {}",
-            p.kind.as_str(),
-            p.name,
-            p.vni,
-            p.counters.rx_frames,
-            p.counters.rx_bytes,
-            p.counters.tx_frames,
-            p.counters.tx_bytes,
-            drops_text(&p.counters.drops)
-        );
-    }
-    if let Some(k) = &r.kernel {
-        let _ = writeln!(
-            out,
-            "kernel fast path: {}; forwarding map {}/{} entries{}; {} datagrams from unknown links passed to vnetd",
-            k.mode,
-            k.table_entries,
-            k.table_size,
-            if k.table_left_out > 0 {
-                format!(" ({} left out: map full)", k.table_left_out)
-            } else {
-                String::new()
-            },
-            k.unknown_link
-        );
-        for p in r.ports.iter().filter(|p| p.kernel.is_some()) {
-            if let Some(kp) = &p.kernel {
-                let _ = writeln!(
-                    out,
-                    "  {} {}: kernel forwarded {} frames in, {} out; {} handed to vnetd, {} from vnetd",
-                    p.kind.as_str(),
-                    p.name,
-                    kp.rx_frames,
-                    kp.tx_frames,
-                    kp.punted_frames,
-                    kp.from_vnetd_frames
-                );
-            }
-        }
-    }
-    let _ = writeln!(
-        out,
-        "daemon: {} datagrams received; drops: {}; control errors: {}",
-        r.daemon.rx_datagrams,
-        drops_text(&r.daemon.drops),
-        r.daemon.control_errors
-    );
-    let d = &r.dispatch;
-    let s = &d.settings;
-    let onoff = |v: bool| if v { "on" } else { "off" };
-    let _ = writeln!(
-        out,
-        "data path: mode {} ({} dispatchers, yield {}, T_sleep {} us, T_nowork {} us, adaptive {}..{} pkt/s over {} ms); UDP GSO {}, GRO {}",
-        s.mode,
-        s.dispatchers,
-        s.yield_strategy,
-        s.yield_sleep_us,
-        s.yield_nowork_us,
-        s.adaptive_low,
-        s.adaptive_high,
-        s.adaptive_window_ms,
-        onoff(d.udp_gso),
-        onoff(d.udp_gro),
-    );
-    for x in &d.dispatchers {
-        let _ = writeln!(
-            out,
-            "  dispatcher {}: now {}, {} switches, {} wake-ups, {} frames, {} frames per wake-up, {} descriptors, {} restarts",
-            x.index, x.mode, x.switches, x.wakeups, x.frames, x.frames_per_wakeup, x.sources, x.restarts
-        );
-    }
-    let o = &d.offload;
-    let _ = writeln!(
-        out,
-        "  offload: {} guest frames cut into {} segments ({} UDP_SEGMENT sends, {} sendmmsg calls); {} segments merged into {} frames for guests; {} checksums completed, {} partial ones passed on",
-        o.gso_frames,
-        o.gso_segments,
-        o.udp_gso_sends,
-        o.udp_batch_sends,
-        o.gro_merged,
-        o.gro_frames,
-        o.csum_completed,
-        o.partial_csum
-    );
 }
 
 #[cfg(test)]

@@ -9,9 +9,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vnet_cluster::{matrix_prefix, HostId, OverlayName};
+use vnet_cluster::{matrix_prefix, HostId, MatrixRecord, OverlayName};
 use vnet_control::status::MatrixReport;
-use vnet_http::overlay::{decode_matrix, PublishedMatrix};
 use vnet_http::{AgentSnapshot, HostSnapshot, OverlaySnapshot, Source};
 
 use crate::daemon::Daemon;
@@ -27,12 +26,7 @@ pub fn agent_snapshot(daemon: &Daemon) -> Option<AgentSnapshot> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone()?;
-    let last_sync_age = daemon
-        .cluster_seen
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .map(|(at, _)| at.elapsed());
+    let last_sync_age = daemon.last_sync(|at, _| at.elapsed());
     Some(AgentSnapshot {
         status,
         last_sync_age,
@@ -40,7 +34,7 @@ pub fn agent_snapshot(daemon: &Daemon) -> Option<AgentSnapshot> {
 }
 
 /// One read of the published matrices: when, and what it gave.
-type MatrixRead = (Instant, Result<Vec<PublishedMatrix>, String>);
+type MatrixRead = (Instant, Result<Vec<MatrixRecord>, String>);
 
 /// Where the overlay's published matrices are read from.
 pub struct MatrixReader {
@@ -60,7 +54,7 @@ impl MatrixReader {
         }
     }
 
-    fn read(&self) -> Result<Vec<PublishedMatrix>, String> {
+    fn read(&self) -> Result<Vec<MatrixRecord>, String> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((at, m)) = cache.as_ref() {
             if at.elapsed() < MATRIX_READ_EVERY {
@@ -75,7 +69,7 @@ impl MatrixReader {
             .map(|r| {
                 r.kvs
                     .iter()
-                    .filter_map(|kv| decode_matrix(&kv.value).ok())
+                    .filter_map(|kv| MatrixRecord::decode(&kv.value).ok())
                     .collect()
             });
         *cache = Some((Instant::now(), m.clone()));
@@ -104,13 +98,7 @@ impl Source for DaemonSource {
 
     fn overlay(&self) -> Option<OverlaySnapshot> {
         let reader = self.matrices.as_ref()?;
-        let state = self
-            .daemon
-            .cluster_seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|(_, s)| s.clone());
+        let state = self.daemon.last_sync(|_, s| s.clone());
         Some(OverlaySnapshot {
             local_host: reader.host.clone(),
             state,

@@ -1,6 +1,6 @@
 //! How frames enter: one module per source kind, each a [`Reader`] the dispatcher threads
-//! ([`crate::dispatch`]) call when its descriptor is ready, and which hands every frame to
-//! [`crate::forward::process`]:
+//! (`dispatch`) call when its descriptor is ready (a port hands it over as a [`Source`]), and
+//! which hands every frame to [`process`]:
 //!
 //! - [`tap`]: a TAP queue (virtio-net header, partial checksums completed once);
 //! - [`udp`]: the shared VXLAN socket (demultiplexing by peer and VNI, tunnel GSO from kernel
@@ -9,7 +9,7 @@
 //! - [`guest`]: NICs that have threads of their own (vhost-user) forward through
 //!   [`guest::Ingress`] instead of a dispatcher.
 //!
-//! TCP links read their streams on their own threads ([`crate::ports::tcp`]).
+//! TCP links read their streams on their own threads (`ports::tcp`).
 
 pub mod guest;
 pub mod packet;
@@ -18,6 +18,7 @@ pub mod udp;
 
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use vnet_core::{DropReason, PortId};
 use vnet_offload::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
@@ -40,6 +41,24 @@ pub trait Reader: Send + Sync {
     /// Reads one batch without blocking and forwards it; returns how many frames (or
     /// datagrams) it read. An error is the descriptor's, not a frame's.
     fn drain(&self, w: &mut RxWork, shared: &Shared, snap: &Snapshot) -> io::Result<usize>;
+}
+
+static NEXT_SOURCE: AtomicU64 = AtomicU64::new(1);
+
+/// A descriptor a dispatcher reads (a [`Reader`]), with an identity for epoll and removal.
+/// Ports make them when they open; the dispatcher threads read them.
+pub struct Source {
+    pub(crate) id: u64,
+    pub(crate) reader: Box<dyn Reader>,
+}
+
+impl Source {
+    pub fn new(reader: Box<dyn Reader>) -> Source {
+        Source {
+            id: NEXT_SOURCE.fetch_add(1, Relaxed),
+            reader,
+        }
+    }
 }
 
 /// One dispatcher thread's receive buffers and forwarding state.

@@ -11,9 +11,10 @@ use std::sync::Arc;
 use vnet_core::{DropReason, PortId};
 use vnet_offload::{complete_checksum, VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 
+use crate::counters::OffloadCounters;
 use crate::ingress::{forward_read, read_batch, Reader, RxWork, BATCH};
 use crate::nic::GuestNic;
-use crate::shared::{OffloadCounters, Shared, Snapshot};
+use crate::shared::{Shared, Snapshot};
 use crate::sys;
 use crate::tap::Tap;
 

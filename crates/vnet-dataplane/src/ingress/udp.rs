@@ -22,8 +22,8 @@ use vnet_wire::{VxlanPacket, VXLAN_HEADER_LEN};
 use crate::batch::TxBatch;
 use crate::crypto::{self, LinkCrypto};
 use crate::forward::{process, Arrival, FwdCtx};
+use crate::gro::flush_coalescers;
 use crate::ingress::{Reader, RxWork};
-use crate::ports::nic::flush_coalescers;
 use crate::shared::{Shared, Snapshot};
 use crate::udp::VxlanSocket;
 

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use vnet_core::{DropReason, PortId, PortKind};
 
-use crate::dispatch::Source;
 use crate::ingress::packet::PacketReader;
+use crate::ingress::Source;
 use crate::packet::PacketSocket;
 use crate::port::{Frame, Port, Tx};
 use crate::ports::{each_segment, Opened};

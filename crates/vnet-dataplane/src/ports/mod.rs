@@ -23,11 +23,11 @@ use std::sync::Arc;
 use vnet_core::{DropReason, PortCounters, PortKind};
 use vnet_offload::{segment, SegmentList, VirtioNetHdr};
 
-use crate::dispatch::Source;
+use crate::counters::OffloadCounters;
+use crate::ingress::Source;
 use crate::kernel::KernelAttach;
 use crate::made::Made;
 use crate::port::Port;
-use crate::shared::OffloadCounters;
 use crate::worker::Worker;
 
 /// Why a port could not be opened.

@@ -12,8 +12,8 @@ use vnet_control::Interface;
 use vnet_core::{PortId, PortKind};
 use vnet_fastpath::Delivery;
 
-use crate::dispatch::Source;
 use crate::ingress::packet::PacketReader;
+use crate::ingress::Source;
 use crate::kernel::KernelAttach;
 use crate::netlink::Rtnl;
 use crate::packet::PacketSocket;

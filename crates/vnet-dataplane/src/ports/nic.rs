@@ -3,25 +3,25 @@
 //! From a guest with offloads, a 64 KB TCP segment stays whole on its way to another local
 //! guest. Frames from the wire to a guest with offloads go through the thread's
 //! [`Coalescer`] for that NIC, which verifies each TCP segment's checksums and merges
-//! consecutive segments of a flow; at the end of the receive batch ([`flush_coalescers`]) each
-//! run goes to the guest as one frame with a GSO virtio-net header. A guest without offloads
-//! gets ordinary frames with complete checksums.
+//! consecutive segments of a flow; at the end of the receive batch (`gro::flush_coalescers`)
+//! each run goes to the guest as one frame with a GSO virtio-net header. A guest without
+//! offloads gets ordinary frames with complete checksums.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use vnet_control::status::NicStatus;
 use vnet_control::DataPathSettings;
-use vnet_core::{DropReason, PortCounters};
+use vnet_core::DropReason;
 use vnet_offload::{GroOutput, Offered, VirtioNetHdr};
 
-use crate::dispatch::Source;
+use crate::gro::emit;
 use crate::ingress::tap::TapReader;
+use crate::ingress::Source;
 use crate::made::{Made, MadeDevice};
 use crate::nic::GuestNic;
 use crate::port::{Frame, Origin, Port, Tx};
 use crate::ports::{each_segment, Opened};
-use crate::shared::{OffloadCounters, Shared, Snapshot};
 use crate::tap::Tap;
 
 /// A guest NIC as a port.
@@ -198,77 +198,6 @@ fn partial_for_nic(nic: &dyn GuestNic, frame: &[u8], partial: VirtioNetHdr) -> V
         .saturating_sub(18 + l.l3_len + l.l4_len)
         .max(536);
     vnet_offload::gso_header(frame, mss as u16).unwrap_or(partial)
-}
-
-/// Writes a coalesced (or single, verified) frame to a guest.
-fn emit(
-    offload: &OffloadCounters,
-    nic: &dyn GuestNic,
-    queue: usize,
-    counters: &Arc<PortCounters>,
-    g: GroOutput<'_>,
-    bufs: &[Vec<u8>],
-) {
-    let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + g.payloads.len());
-    parts.push(g.headers);
-    for p in g.payloads {
-        let b = &bufs[p.buf as usize];
-        parts.push(&b[p.start as usize..p.end as usize]);
-    }
-    let total: usize = parts.iter().map(|p| p.len()).sum();
-    let mut vhdr = g.vhdr;
-    let mut patched = [0u8; 128];
-    if total > nic.max_frame()
-        && vhdr.gso_kind() == VirtioNetHdr::GSO_NONE
-        && g.headers.len() <= patched.len()
-    {
-        // A single large segment (a kernel sender's unsegmented frame whose checksum it did
-        // complete): the guest takes it only as a GSO frame.
-        let h = &mut patched[..g.headers.len()];
-        h.copy_from_slice(g.headers);
-        let mss = (nic.max_frame() + 14)
-            .saturating_sub(18 + g.headers.len())
-            .max(536) as u16;
-        if let Some(v) = vnet_offload::as_partial_gso(h, total, mss) {
-            vhdr = v;
-            parts[0] = &patched[..g.headers.len()];
-        }
-    }
-    if g.payloads.len() > 1 {
-        offload.gro_frames.fetch_add(1, Relaxed);
-        offload
-            .gro_merged
-            .fetch_add(g.payloads.len() as u64, Relaxed);
-    }
-    if let Err(r) = nic.write(queue, &vhdr, &parts) {
-        counters.count_drop(r);
-    }
-}
-
-/// Hands every coalesced run this thread holds to its guest; call at the end of a receive
-/// batch, before the buffers are reused.
-pub fn flush_coalescers(
-    shared: &Shared,
-    snap: &Snapshot,
-    ctx: &mut crate::forward::FwdCtx,
-    bufs: &[Vec<u8>],
-) {
-    let queue = ctx.queue;
-    for (port, c) in ctx.coalescers.iter_mut() {
-        if c.is_empty() {
-            continue;
-        }
-        match snap
-            .ports
-            .get(port)
-            .and_then(|e| e.port.as_nic().map(|n| (n, &e.counters)))
-        {
-            Some((nic, counters)) => {
-                c.flush(&mut |g| emit(&shared.offload, nic, queue, counters, g, bufs));
-            }
-            None => c.flush(&mut |_| {}),
-        }
-    }
 }
 
 #[cfg(test)]

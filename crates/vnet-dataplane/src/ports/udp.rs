@@ -17,11 +17,11 @@ use vnet_wire::VxlanRepr;
 use vnet_wire::VXLAN_HEADER_LEN;
 
 use crate::batch::{Rest, UdpLinkTx};
+use crate::counters::OffloadCounters;
 use crate::crypto::LinkCrypto;
 use crate::kernel::KernelAttach;
 use crate::port::{Frame, Port, Tx};
 use crate::ports::{OpenError, Opened};
-use crate::shared::OffloadCounters;
 use crate::sys::IoPart;
 use crate::udp::VxlanSocket;
 use crate::udp::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};

@@ -1,19 +1,24 @@
-//! Frames to a guest's NIC: whole with offloads, cut without, coalesced from the wire.
+//! Frames to a guest's NIC: whole with offloads, cut without, coalesced from the wire, copied
+//! from another guest's shared memory.
 
 use std::sync::Arc;
 
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vnet_core::PortId;
 use vnet_offload::test_frames::{tso_frame, valid};
 use vnet_offload::{segment, PayloadRef, SegmentList, VirtioNetHdr};
 use vnet_wire::MacAddr;
 
-use super::{flush_coalescers, NicPort};
+use super::NicPort;
 use crate::batch::TxBatch;
 use crate::forward::{process, Arrival, FwdCtx};
+use crate::gro::flush_coalescers;
+use crate::ingress::guest::{GuestFrame, Ingress, GUEST_HEAD};
+use crate::shared::Shared;
 use crate::testing::*;
 
 /// Interface 1 (the sender, a recorder) and interface 2 (the NIC under test) in VNI 1.
-fn lab(nic: Arc<FakeNic>, from_link: bool) -> (Arc<crate::shared::Shared>, Vec<u8>, VirtioNetHdr) {
+fn lab(nic: Arc<FakeNic>, from_link: bool) -> (Arc<Shared>, Vec<u8>, VirtioNetHdr) {
     let sh = shared();
     let (f, vh) = tso_frame(10_000, false);
     let src = MacAddr::from_bytes(&f[6..12]);
@@ -31,20 +36,25 @@ fn lab(nic: Arc<FakeNic>, from_link: bool) -> (Arc<crate::shared::Shared>, Vec<u
     (sh, f, vh)
 }
 
+/// Forwards `f` as interface 1's guest sent it.
+fn from_interface_1(sh: &Shared, vh: VirtioNetHdr, f: &[u8]) {
+    let snap = sh.snapshot.load_full();
+    let mut batch = TxBatch::default();
+    process(
+        sh,
+        &snap,
+        &mut FwdCtx::new(),
+        PortId(1),
+        Arrival::local(vh, f),
+        &mut batch,
+    );
+}
+
 #[test]
 fn a_tso_frame_stays_whole_for_a_nic_with_offloads() {
     let nic = Arc::new(FakeNic::new(true, 1500));
     let (sh, f, vh) = lab(nic.clone(), false);
-    let snap = sh.snapshot.load_full();
-    let mut batch = TxBatch::default();
-    process(
-        &sh,
-        &snap,
-        &mut FwdCtx::new(),
-        PortId(1),
-        Arrival::local(vh, &f),
-        &mut batch,
-    );
+    from_interface_1(&sh, vh, &f);
     let w = nic.take();
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].0, vh);
@@ -55,16 +65,7 @@ fn a_tso_frame_stays_whole_for_a_nic_with_offloads() {
 fn a_tso_frame_is_cut_for_a_nic_without_offloads() {
     let nic = Arc::new(FakeNic::new(false, 1500));
     let (sh, f, vh) = lab(nic.clone(), false);
-    let snap = sh.snapshot.load_full();
-    let mut batch = TxBatch::default();
-    process(
-        &sh,
-        &snap,
-        &mut FwdCtx::new(),
-        PortId(1),
-        Arrival::local(vh, &f),
-        &mut batch,
-    );
+    from_interface_1(&sh, vh, &f);
     let w = nic.take();
     assert_eq!(w.len(), 10_000usize.div_ceil(vh.gso_size as usize));
     for (h, frame) in &w {
@@ -140,4 +141,83 @@ fn a_broadcast_from_the_wire_is_not_held() {
         &mut batch,
     );
     assert_eq!(nic.take().len(), 1);
+}
+
+// Frames a guest hands over in its shared memory (vhost-user cut-through), through the
+// guest's ingress to every kind of port: a NIC reads every byte, so it gets a copy.
+
+#[test]
+fn frames_in_guest_memory_are_forwarded_to_every_kind_of_port() {
+    let sh = shared();
+    let rec = Arc::new(Recorder::default());
+    let nic = Arc::new(FakeNic::new(false, 9000));
+    publish(
+        &sh,
+        vec![
+            TestPort::interface(1, mac(1), Arc::new(Recorder::default())),
+            TestPort::link(3, rec.clone()),
+            TestPort::interface(4, mac(4), Arc::new(NicPort(nic.clone()))),
+        ],
+        vec![route(mac(9), 3), route(mac(4), 4)],
+    );
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap();
+    // Short (all of it fits the copied head), long, and long to a NIC that reads every byte.
+    let frames = [
+        (0x1000u64, frame(mac(9), mac(1), 60)),
+        (0x2000, frame(mac(9), mac(1), 3000)),
+        (0x8000, frame(mac(4), mac(1), 5000)),
+    ];
+    for (a, f) in &frames {
+        mem.write_slice(f, GuestAddress(*a)).unwrap();
+    }
+    let slices: Vec<_> = frames
+        .iter()
+        .map(|(a, f)| mem.get_slice(GuestAddress(*a), f.len()).unwrap())
+        .collect();
+    let batch: Vec<(VirtioNetHdr, GuestFrame<'_>)> = slices
+        .iter()
+        .map(|s| (VirtioNetHdr::default(), GuestFrame::Shared(*s)))
+        .collect();
+    let ingress = Ingress {
+        shared: sh.clone(),
+        port: PortId(1),
+    };
+    ingress.forward_guest(&mut FwdCtx::new(), &batch);
+    let got = rec.take();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].bytes, frames[0].1);
+    assert_eq!(got[1].bytes, frames[1].1);
+    assert!(frames[1].1.len() > GUEST_HEAD);
+    let w = nic.take();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].1, frames[2].1);
+}
+
+#[test]
+fn a_frame_whose_offload_needs_its_bytes_is_copied_whole() {
+    // A TSO frame in guest memory to a guest without offloads: it must be cut, so read.
+    let sh = shared();
+    let nic = Arc::new(FakeNic::new(false, 1500));
+    let (f, vh) = tso_frame(8000, false);
+    let src = MacAddr::from_bytes(&f[6..12]);
+    let dst = MacAddr::from_bytes(&f[..6]);
+    publish(
+        &sh,
+        vec![
+            TestPort::interface(1, src, Arc::new(Recorder::default())),
+            TestPort::interface(2, dst, Arc::new(NicPort(nic.clone()))),
+        ],
+        vec![route(dst, 2)],
+    );
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+    mem.write_slice(&f, GuestAddress(0)).unwrap();
+    let s = mem.get_slice(GuestAddress(0), f.len()).unwrap();
+    let ingress = Ingress {
+        shared: sh.clone(),
+        port: PortId(1),
+    };
+    ingress.forward_guest(&mut FwdCtx::new(), &[(vh, GuestFrame::Shared(s))]);
+    let w = nic.take();
+    assert_eq!(w.len(), 8000usize.div_ceil(vh.gso_size as usize));
+    assert!(w.iter().all(|(_, s)| valid(s)));
 }

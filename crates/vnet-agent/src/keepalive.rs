@@ -1,0 +1,169 @@
+//! The lease keep-alive thread: renews the session's lease every TTL/3, on a thread of its own
+//! so that a slow etcd call of the agent cannot make it late. Each renewal goes to the member
+//! that serves the watch, with a deadline of the interval: a member that does not answer
+//! (frozen, partitioned) while another one does is reported so the agent watches through
+//! that one; the renewal is retried at once through any member that answers. What the
+//! answers mean is decided by pure functions below.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+use vnet_etcd::Client;
+
+/// What the agent and its keep-alive thread share.
+pub struct KeepAlive {
+    /// The lease to renew (0: none).
+    pub lease: AtomicI64,
+    /// Renewal interval, milliseconds.
+    pub every_ms: AtomicI64,
+    /// The endpoint serving the session's watch (usize::MAX: none); keep-alives go there.
+    pub watch_endpoint: AtomicUsize,
+    /// The store said the lease is gone.
+    pub expired: AtomicBool,
+    /// The watch's member did not answer a keep-alive in time.
+    pub member_silent: AtomicBool,
+}
+
+impl Default for KeepAlive {
+    fn default() -> KeepAlive {
+        KeepAlive {
+            lease: AtomicI64::new(0),
+            every_ms: AtomicI64::new(1000),
+            watch_endpoint: AtomicUsize::new(usize::MAX),
+            expired: AtomicBool::new(false),
+            member_silent: AtomicBool::new(false),
+        }
+    }
+}
+
+impl KeepAlive {
+    /// A session starts with `lease`, renewed every `every_ms`: nothing is known of it yet.
+    pub fn start(&self, lease: i64, every_ms: i64) {
+        self.every_ms.store(every_ms, Relaxed);
+        self.watch_endpoint.store(usize::MAX, Relaxed);
+        self.expired.store(false, Relaxed);
+        self.member_silent.store(false, Relaxed);
+        self.lease.store(lease, Relaxed);
+    }
+}
+
+/// The renewal interval (at least 100 ms) for `every_ms`, and how long a renewal may take
+/// before it is given up: half the TTL. An overloaded etcd answers late, and a renewal that
+/// waits in its queue is better than one that times out and is sent again (at 1,000 hosts on
+/// one etcd, 3 s call timeouts let leases expire, and each expiry's deletions and
+/// re-registration added to the load).
+pub fn timing(every_ms: i64) -> (Duration, Duration) {
+    let every = Duration::from_millis(every_ms.max(100) as u64);
+    (every, every * 3 / 2)
+}
+
+/// Whether the member serving the watch (`watch_member`) is silent: it did not answer, and
+/// the retry through any member was answered (`retry_answered`) by another one
+/// (`answered_by`). When none answers, the store is down or overloaded, and moving the watch
+/// would only add a full catch-up to its load (at 300 hosts on one loaded etcd, every late
+/// keep-alive restarted a session).
+pub fn member_silent(retry_answered: bool, answered_by: usize, watch_member: usize) -> bool {
+    retry_answered && answered_by != watch_member
+}
+
+/// What a renewal's answer says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease is gone (TTL 0 or less): the session must end and register again.
+    Expired,
+    Alive,
+    /// No member answered: the next attempt comes sooner than a full interval.
+    Failed,
+}
+
+impl Renewal {
+    pub fn of<E>(answer: &Result<i64, E>) -> Renewal {
+        match answer {
+            Ok(ttl) if *ttl <= 0 => Renewal::Expired,
+            Ok(_) => Renewal::Alive,
+            Err(_) => Renewal::Failed,
+        }
+    }
+}
+
+/// The thread's loop, until `stop`.
+pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
+    let mut next = Instant::now();
+    while !stop.load(Relaxed) {
+        // Short enough to notice a new lease or a stop soon, long enough that a thousand
+        // idle agents in one harness process cost little.
+        let wait = next.saturating_duration_since(Instant::now());
+        std::thread::sleep(wait.clamp(Duration::from_millis(10), Duration::from_millis(100)));
+        let lease = ka.lease.load(Relaxed);
+        let (every, patience) = timing(ka.every_ms.load(Relaxed));
+        if lease == 0 || Instant::now() < next {
+            continue;
+        }
+        next = Instant::now() + every;
+        let endpoint = ka.watch_endpoint.load(Relaxed);
+        let answer = if endpoint == usize::MAX || client.endpoints().len() == 1 {
+            client.lease_keepalive_within(lease, patience)
+        } else {
+            match client.lease_keepalive_via(lease, endpoint, every) {
+                Err(e) if e.is_unreachable() => {
+                    client.avoid_endpoint(endpoint);
+                    let r = client.lease_keepalive_within(lease, patience);
+                    if member_silent(r.is_ok(), client.current_endpoint(), endpoint) {
+                        warn!(
+                            endpoint = client.endpoints().get(endpoint).map(String::as_str),
+                            "etcd: the watch's member did not answer a keep-alive: {e}"
+                        );
+                        ka.member_silent.store(true, Relaxed);
+                    }
+                    r
+                }
+                r => r,
+            }
+        };
+        match Renewal::of(&answer) {
+            Renewal::Expired => ka.expired.store(true, Relaxed),
+            Renewal::Alive => {}
+            Renewal::Failed => {
+                if let Err(e) = &answer {
+                    debug!("etcd: lease keep-alive failed: {e}");
+                }
+                next = Instant::now() + every / 4;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_is_silent_only_if_another_answered_in_its_place() {
+        // The retry was answered by another member: move the watch there.
+        assert!(member_silent(true, 1, 0));
+        // Answered by the same member after all (it was only slow): stay.
+        assert!(!member_silent(true, 0, 0));
+        // Nobody answered: the store is down or overloaded; moving would only add load.
+        assert!(!member_silent(false, 1, 0));
+    }
+
+    #[test]
+    fn renewals_come_every_third_of_the_ttl_and_may_take_half_of_it() {
+        assert_eq!(
+            timing(1000),
+            (Duration::from_millis(1000), Duration::from_millis(1500))
+        );
+        // A bound below: a store cannot make the thread spin.
+        assert_eq!(timing(0).0, Duration::from_millis(100));
+        assert_eq!(timing(-5).0, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn what_a_renewal_answer_says() {
+        assert_eq!(Renewal::of::<()>(&Ok(0)), Renewal::Expired);
+        assert_eq!(Renewal::of::<()>(&Ok(-1)), Renewal::Expired);
+        assert_eq!(Renewal::of::<()>(&Ok(30)), Renewal::Alive);
+        assert_eq!(Renewal::of(&Err(())), Renewal::Failed);
+    }
+}
