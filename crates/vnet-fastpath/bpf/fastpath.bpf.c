@@ -8,7 +8,9 @@
  *   punt_ingress      tcx ingress of a port's punt TAP: what vnetd sends to the guest
  *   tunnel_ingress    tcx ingress of a collect-metadata VXLAN device (variant (a), measured)
  *
- * The layouts of the maps are in fastpath.h; the loader is src/loader.rs. GPL-compatible
+ * The layouts of the maps' keys and values, the settings, flags and counter indexes are in
+ * fastpath_layout.h, which build.rs writes from src/layout_def.rs (their one definition; the
+ * Rust side is src/layout.rs). The loader is src/load.rs and its neighbours. GPL-compatible
  * licence because bpf_probe_read_kernel (the GRO check) needs it. */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -22,7 +24,11 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_core_read.h>
 
-#include "fastpath.h"
+#include "fastpath_layout.h"
+
+/* An action word: ACT_* kind in the top byte, port or link slot below. */
+#define ACT_KIND(a) ((a) >> ACT_SHIFT)
+#define ACT_SLOT(a) ((a) & ACT_SLOT_MASK)
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -42,8 +48,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define SKB_GSO_UDP_TUNNEL (1u << 10)
 #define SKB_GSO_UDP_TUNNEL_CSUM (1u << 11)
 
-/* Set by the loader before load (FastPathConfig); the only variable in .rodata, so the loader
- * finds it at offset 0. */
+/* Set by the loader before load (FastPathConfig), through the skeleton's typed .rodata. */
 const volatile struct fp_config cfg = {
 	.outer_cache_ns = 1000000000ULL,
 	.max_ports = 256,

@@ -18,6 +18,8 @@ pub enum Unavailable {
     Verifier { program: String, log: String },
     #[error("the fast path could not be set up: {0}")]
     Other(String),
+    #[error("this build has no kernel fast path (built without the cargo feature kernel-fastpath of vnetd, or kernel of vnet-fastpath)")]
+    NotBuiltIn,
 }
 
 /// A failed fast-path operation.
@@ -40,6 +42,7 @@ pub enum Error {
         ifindex: u32,
         source: std::io::Error,
     },
+    #[cfg(feature = "kernel")]
     #[error("BPF map {map}: {source}")]
     Map {
         map: &'static str,

@@ -7,6 +7,18 @@
 //!   result equals `vnet_core::ForwardingTable::decide`; the rest is slow.
 //! - [`FastPath`] (I/O): loads and verifies the programs (`bpf/fastpath.bpf.c`, built by
 //!   clang in build.rs), attaches them with tcx, and keeps the maps in step.
+//! - [`layout`] (pure): the maps' keys and values, the settings, flags and counter indexes,
+//!   defined once in `src/layout_def.rs`, from which build.rs also writes the programs' C
+//!   header; a test checks the compiled object's BTF against them, without root.
+//!
+//! The kernel side (the programs, their libbpf skeleton, the loader) is the cargo feature
+//! `kernel` (on by default; vnetd's `kernel-fastpath`). Without it nothing needs clang or
+//! libbpf: [`compile()`], [`layout`] and the plain types build, and [`FastPath::open`] says
+//! the kernel fast path is not built in.
+//!
+//! Modules, bottom up: `spec`, `layout`, `sysctl`, `error`, `compile`, `pin` (pure); with the
+//! feature `maps` (skeleton and typed maps), `progs`, `takeover`, `fastpath` (the struct),
+//! then one job each on it: `load`, `attach`, `slots`, `table`, `readout`.
 //!
 //! The call sequence of an engine:
 //!
@@ -51,17 +63,42 @@
 pub mod compile;
 mod error;
 pub mod layout;
-mod loader;
 pub mod pin;
+mod spec;
+mod sysctl;
+
+#[cfg(feature = "kernel")]
+mod attach;
+#[cfg(feature = "kernel")]
+mod fastpath;
+#[cfg(feature = "kernel")]
+mod load;
+#[cfg(feature = "kernel")]
+mod maps;
+#[cfg(feature = "kernel")]
+mod progs;
+#[cfg(feature = "kernel")]
+mod readout;
+#[cfg(feature = "kernel")]
+mod slots;
+#[cfg(feature = "kernel")]
+mod table;
+#[cfg(feature = "kernel")]
 mod takeover;
+#[cfg(not(feature = "kernel"))]
+mod unbuilt;
 
 pub use compile::{
     compile, kernel_decision, plan_update, Action, CompilePort, CompiledTable, Egress, FwdEntry,
     FwdKey, KernelDecision, KeyKind, TablePlan,
 };
 pub use error::{Error, Unavailable};
-pub use loader::{
-    restore_forwarding, ApplyReport, Counters, Delivery, FastPath, FastPathConfig,
-    ForwardingOriginal, GlobalCounters, LinkSpec, OuterCacheInvalidator, PortPolicy, PortSpec,
-    Program, Rate, TestRun, TCX_DROP, TCX_NEXT, TCX_PASS, TCX_REDIRECT,
+#[cfg(feature = "kernel")]
+pub use fastpath::{FastPath, OuterCacheInvalidator};
+pub use spec::{
+    ApplyReport, Counters, Delivery, FastPathConfig, GlobalCounters, LinkSpec, PortPolicy,
+    PortSpec, Program, Rate, TestRun, TCX_DROP, TCX_NEXT, TCX_PASS, TCX_REDIRECT,
 };
+pub use sysctl::{restore_forwarding, ForwardingOriginal};
+#[cfg(not(feature = "kernel"))]
+pub use unbuilt::{FastPath, OuterCacheInvalidator};

@@ -5,10 +5,13 @@
 //! programs into the links (`BPF_LINK_UPDATE`, atomic per link) and goes on writing the same
 //! maps. The same design as Cilium's agent (maps and programs pinned, taken over on restart).
 //!
-//! The thin, unsafe layer over libbpf's object calls is here, each call with its reason.
+//! The thin, unsafe layer over libbpf's object calls is here, each call with its reason
+//! (with the `kernel` feature; the bpffs directory calls, which a teardown needs, are always
+//! here).
 
 use std::ffi::CString;
 use std::io;
+#[cfg(feature = "kernel")]
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -73,6 +76,7 @@ pub fn ensure_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "kernel")]
 /// Pins the object `fd` refers to at `path`, replacing what was pinned there.
 pub fn pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     unpin(path)?;
@@ -85,6 +89,7 @@ pub fn pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "kernel")]
 /// Opens what is pinned at `path`; `None` when nothing is.
 pub fn open(path: &Path) -> io::Result<Option<OwnedFd>> {
     let c = cpath(path)?;
@@ -110,6 +115,7 @@ pub fn unpin(path: &Path) -> io::Result<()> {
     }
 }
 
+#[cfg(feature = "kernel")]
 /// What a tcx link says of itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TcxLink {
@@ -119,6 +125,7 @@ pub struct TcxLink {
     pub prog_id: u32,
 }
 
+#[cfg(feature = "kernel")]
 /// Reads a tcx link's device and program.
 pub fn tcx_link(fd: BorrowedFd<'_>) -> io::Result<TcxLink> {
     // SAFETY: bpf_link_info is plain data; all-zero is a valid value to be overwritten.
@@ -140,6 +147,7 @@ pub fn tcx_link(fd: BorrowedFd<'_>) -> io::Result<TcxLink> {
     })
 }
 
+#[cfg(feature = "kernel")]
 /// Runs `prog` in the link from now on (atomic: every packet sees the old program or the new).
 pub fn update_link(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
     let opts = libbpf_sys::bpf_link_update_opts {
@@ -155,6 +163,7 @@ pub fn update_link(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()>
     Ok(())
 }
 
+#[cfg(feature = "kernel")]
 /// The id of the program behind `fd`.
 pub fn prog_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
     // SAFETY: bpf_prog_info is plain data; all-zero is a valid value to be overwritten.

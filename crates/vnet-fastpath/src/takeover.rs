@@ -8,11 +8,12 @@
 
 use std::collections::BTreeMap;
 
-use libbpf_rs::{MapCore, MapFlags, MapHandle};
 use vnet_core::PortId;
+use vnet_wire::MacAddr;
 
 use crate::compile::{Action, FwdEntry, FwdKey, KeyKind};
-use crate::layout::{self, LinkVal, PortVal};
+use crate::layout::{self, FwdMapKey, FwdVal, LinkVal, PortVal};
+use crate::maps::Map;
 
 /// A forwarding entry as the map holds it: the action word (kind and slot) and the flags.
 pub type RawEntry = (u32, u32);
@@ -30,43 +31,40 @@ pub struct Earlier {
 
 impl Earlier {
     /// Reads the maps (reused from an earlier vnetd's pins).
-    pub fn read(ports: &MapHandle, links: &MapHandle, fwd: &MapHandle, max_links: u32) -> Earlier {
+    pub fn read(
+        ports: &Map<u32, PortVal>,
+        links: &Map<u32, LinkVal>,
+        fwd: &Map<FwdMapKey, FwdVal>,
+        max_links: u32,
+    ) -> Earlier {
         let mut e = Earlier::default();
         for k in ports.keys() {
-            let Ok(Some(v)) = ports.lookup(&k, MapFlags::ANY) else {
-                continue;
-            };
-            if let (Some(p), Ok(b)) = (PortVal::from_bytes(&v), <[u8; 4]>::try_from(&k[..])) {
-                e.ports.insert(u32::from_ne_bytes(b), p);
+            if let Ok(Some(p)) = ports.lookup(&k) {
+                e.ports.insert(k, p);
             }
         }
         for slot in 0..max_links {
-            if let Ok(Some(v)) = links.lookup(&slot.to_ne_bytes(), MapFlags::ANY) {
-                if let Some(l) = LinkVal::from_bytes(&v) {
+            if let Ok(Some(l)) = links.lookup(&slot) {
+                if l.is_set() {
                     e.links.insert(slot, l);
                 }
             }
         }
         for k in fwd.keys() {
-            let Ok(Some(v)) = fwd.lookup(&k, MapFlags::ANY) else {
+            let Ok(Some(v)) = fwd.lookup(&k) else {
                 continue;
             };
-            let (Some((vni, kind, src, dst)), Some(val)) =
-                (layout::fwd_key_parse(&k), layout::fwd_val_parse(&v))
-            else {
-                continue;
-            };
-            let Some(kind) = KeyKind::from_wire(kind) else {
+            let Some(kind) = KeyKind::from_wire(k.kind) else {
                 continue;
             };
             e.fwd.insert(
                 FwdKey {
-                    vni,
+                    vni: k.vni,
                     kind,
-                    src,
-                    dst,
+                    src: MacAddr(k.src),
+                    dst: MacAddr(k.dst),
                 },
-                val,
+                (v.action, v.flags),
             );
         }
         e
@@ -88,8 +86,8 @@ pub fn known_entries(
     let mut known = BTreeMap::new();
     let mut stale = Vec::new();
     for (k, &(word, flags)) in fwd {
-        let slot = word & 0x00ff_ffff;
-        let action = match word >> 24 {
+        let (kind, slot) = layout::action_parts(word);
+        let action = match kind {
             layout::ACT_NONE => Some(Action::None),
             layout::ACT_SLOW => Some(Action::Slow),
             layout::ACT_PORT => port_slots.get(&slot).map(|p| Action::Port(*p)),
@@ -115,7 +113,6 @@ pub fn known_entries(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vnet_wire::MacAddr;
 
     fn key(n: u8) -> FwdKey {
         FwdKey {
