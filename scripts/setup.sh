@@ -42,6 +42,10 @@ if ! python3 -c 'import pytest' 2>/dev/null; then
     say "installing pytest"
     python3 -m pip install -q pytest 2>/dev/null || apt-get install -y -qq python3-pytest >/dev/null
 fi
+if ! python3 -c 'import pyflakes' 2>/dev/null; then
+    say "installing pyflakes"
+    python3 -m pip install -q pyflakes 2>/dev/null || apt-get install -y -qq python3-pyflakes >/dev/null
+fi
 
 [ -e /dev/net/tun ] || { mkdir -p /dev/net && mknod /dev/net/tun c 10 200; }
 modprobe tun 2>/dev/null || true
