@@ -3,6 +3,10 @@
 //! - Each side starts a handshake (an initiation) as soon as it has no usable session, and
 //!   retransmits it (a fresh one each time) with exponential backoff until a response arrives.
 //!   Both sides may initiate at once; both handshakes then complete and either session works.
+//! - Initiations alternate between v2 (which offers the ciphers this host runs fast) and v1
+//!   (which a host before v2 answers), starting with v2 at every handshake; a responder
+//!   answers each in its own version. A v2 session uses AES-256-GCM when both hosts run it
+//!   fast, any other ChaCha20-Poly1305 (see [`crate::wire`]).
 //! - The initiation carries the sender's wall-clock time, encrypted and authenticated; a
 //!   responder refuses an initiation whose time is not later than the last it accepted, so a
 //!   replayed initiation cannot make it start a session ([`CryptoError::Replay`]). A host that
@@ -13,17 +17,21 @@
 //!   the keys).
 //! - A session is replaced after [`Timers::rekey_after_ms`] or
 //!   [`Timers::rekey_after_messages`], and refused in both directions after the `reject_*`
-//!   bounds. The previous session keeps receiving until replaced again, so datagrams in flight
-//!   during a rekey are not lost.
+//!   bounds. The sessions it replaced keep receiving until they expire (the last
+//!   [`KEEP_PREVIOUS`] of them), so datagrams in flight during a rekey are not lost, even when
+//!   both hosts rekey at once and each installs two sessions in a row (the peer may still be
+//!   sending on the older one).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
-use snow::{HandshakeState, StatelessTransportState};
+use snow::HandshakeState;
 
+use crate::aead::{Cipher, Ciphers};
 use crate::keys::{PrivateKey, PublicKey};
-use crate::replay::ReplayWindow;
-use crate::wire::{self, Message, DATA_HEADER_LEN, MAX_CIPHERTEXT, TAG_LEN};
+pub use crate::session::Session;
+use crate::session::SessionInit;
+use crate::wire::{self, Message, Version};
 use crate::{CryptoError, NOISE_PARAMS};
 
 /// The caller's clock: a monotonic time for timers and the wall-clock time that initiations
@@ -70,6 +78,9 @@ pub struct PeerStats {
     pub bad_handshakes: u64,
     /// Initiations refused unread because the link's budget was spent (a flood).
     pub initiations_throttled: u64,
+    /// Handshakes completed with v1 messages: the peer predates cipher negotiation (or its v2
+    /// messages were lost), and the session uses ChaCha20-Poly1305.
+    pub handshakes_v1: u64,
 }
 
 /// Initiations a link reads (two X25519 operations each) in a burst, and then one per
@@ -79,132 +90,15 @@ pub struct PeerStats {
 pub const INITIATION_BURST: u64 = 8;
 pub const INITIATION_REFILL_MS: u64 = 250;
 
-/// One direction-pair of keys agreed by a handshake.
-pub struct Session {
-    transport: StatelessTransportState,
-    vni: u32,
-    pub local_index: u32,
-    pub remote_index: u32,
-    pub initiator: bool,
-    created_ms: u64,
-    send_counter: AtomicU64,
-    received: AtomicU64,
-    confirmed: AtomicBool,
-    replay: Mutex<ReplayWindow>,
-}
-
-impl std::fmt::Debug for Session {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session")
-            .field("local_index", &self.local_index)
-            .field("remote_index", &self.remote_index)
-            .field("initiator", &self.initiator)
-            .field("sent", &self.sent())
-            .finish()
-    }
-}
-
-impl Session {
-    /// Messages sealed so far.
-    pub fn sent(&self) -> u64 {
-        self.send_counter.load(Relaxed)
-    }
-
-    pub fn received(&self) -> u64 {
-        self.received.load(Relaxed)
-    }
-
-    pub fn age_ms(&self, now_ms: u64) -> u64 {
-        now_ms.saturating_sub(self.created_ms)
-    }
-
-    fn expired(&self, now_ms: u64, t: &Timers) -> bool {
-        self.age_ms(now_ms) >= t.reject_after_ms || self.sent() >= t.reject_after_messages
-    }
-
-    /// Appends a data message carrying `plaintext` (gathered from its parts) to `out`, using
-    /// `scratch` to gather. Fails only when the plaintext is too large for one message or the
-    /// counter ran out (the caller must rekey first; [`Peer::sending_session`] does).
-    pub fn seal(
-        &self,
-        parts: &[&[u8]],
-        scratch: &mut Vec<u8>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), CryptoError> {
-        scratch.clear();
-        for p in parts {
-            scratch.extend_from_slice(p);
-        }
-        if scratch.len() + TAG_LEN > MAX_CIPHERTEXT {
-            return Err(CryptoError::TooLarge);
-        }
-        let counter = self.send_counter.fetch_add(1, Relaxed);
-        if counter == u64::MAX {
-            return Err(CryptoError::NoSession);
-        }
-        out.extend_from_slice(&wire::data_header(self.vni, self.remote_index, counter));
-        let at = out.len();
-        out.resize(at + scratch.len() + TAG_LEN, 0);
-        match self
-            .transport
-            .write_message(counter, scratch, &mut out[at..])
-        {
-            Ok(n) => {
-                out.truncate(at + n);
-                Ok(())
-            }
-            Err(_) => {
-                out.truncate(at - DATA_HEADER_LEN);
-                Err(CryptoError::TooLarge)
-            }
-        }
-    }
-
-    /// Authenticates and decrypts a data message's ciphertext into `out` (at least as long as
-    /// the ciphertext), then checks its counter against the replay window; returns the
-    /// plaintext length.
-    pub fn open(
-        &self,
-        counter: u64,
-        ciphertext: &[u8],
-        out: &mut [u8],
-    ) -> Result<usize, CryptoError> {
-        if ciphertext.len() < TAG_LEN || out.len() < ciphertext.len() {
-            return Err(CryptoError::Truncated);
-        }
-        // Refuse a counter the window already rules out before spending a decryption on it.
-        if !self
-            .replay
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .check(counter)
-        {
-            return Err(CryptoError::Replay);
-        }
-        let n = self
-            .transport
-            .read_message(counter, ciphertext, out)
-            .map_err(|_| CryptoError::BadAuth)?;
-        if !self
-            .replay
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .accept(counter)
-        {
-            return Err(CryptoError::Replay);
-        }
-        self.received.fetch_add(1, Relaxed);
-        Ok(n)
-    }
-
-    pub fn is_confirmed(&self) -> bool {
-        self.confirmed.load(Relaxed)
-    }
-}
+/// Replaced sessions a link keeps for receiving. Two would do (when both hosts rekey at once,
+/// each installs two sessions in a row, and the peer may still be sending on the one before
+/// them); one more for a handshake that crossed a retransmission.
+pub const KEEP_PREVIOUS: usize = 3;
 
 struct Pending {
     handshake: HandshakeState,
     index: u32,
+    version: Version,
 }
 
 /// The handshake state machine of one link.
@@ -212,13 +106,14 @@ pub struct Peer {
     local: PrivateKey,
     remote: PublicKey,
     vni: u32,
-    prologue: [u8; 16],
+    /// The ciphers this host offers in v2 initiations and accepts in v2 responses.
+    ciphers: Ciphers,
     timers: Timers,
     pending: Option<Pending>,
     /// The session data is sent on.
     current: Option<Arc<Session>>,
-    /// The session before `current`, still accepted on receive.
-    previous: Option<Arc<Session>>,
+    /// The sessions `current` replaced, newest first, still accepted on receive.
+    previous: Vec<Arc<Session>>,
     /// A session this side answered, waiting for the initiator's first data message.
     next: Option<Arc<Session>>,
     /// The latest initiation time accepted from the peer.
@@ -226,6 +121,8 @@ pub struct Peer {
     /// When to (re)send an initiation if still needed, and the current backoff.
     retry_at_ms: u64,
     backoff_ms: u64,
+    /// Initiations sent for the handshake under way: even ones are v2, odd ones v1.
+    attempts: u32,
     next_index: u32,
     /// The initiation budget: tokens left, and when the last one was added.
     initiation_tokens: u64,
@@ -243,15 +140,31 @@ impl std::fmt::Debug for Peer {
     }
 }
 
-fn prologue(vni: u32) -> [u8; 16] {
-    let mut p = *b"vnet-kk-v1\0\0\0\0\0\0";
+/// The Noise prologue: the handshake's version and the link's VNI, so that neither a
+/// message of the other version nor one of another link completes a handshake.
+fn prologue(vni: u32, version: Version) -> [u8; 16] {
+    let mut p = match version {
+        Version::V1 => *b"vnet-kk-v1\0\0\0\0\0\0",
+        Version::V2 => *b"vnet-kk-v2\0\0\0\0\0\0",
+    };
     p[12..].copy_from_slice(&vni.to_be_bytes());
     p
 }
 
+/// The two keys of a finished handshake's split: initiator-to-responder, then the reverse.
+/// They are Noise's transport keys (snow's own transport would use them the same way), taken
+/// out so that data messages can be sealed in place by the chosen AEAD.
+fn split(hs: &mut HandshakeState) -> Result<([u8; 32], [u8; 32]), CryptoError> {
+    if !hs.is_handshake_finished() {
+        return Err(CryptoError::BadHandshake);
+    }
+    Ok(hs.dangerously_get_raw_split())
+}
+
 impl Peer {
     /// `index_seed` makes this process's session indexes differ from a previous run's (any
-    /// changing number will do: indexes need not be secret).
+    /// changing number will do: indexes need not be secret). The peer offers the ciphers this
+    /// CPU runs fast ([`Ciphers::detect`]); see [`Peer::with_ciphers`].
     pub fn new(
         local: PrivateKey,
         remote: PublicKey,
@@ -263,20 +176,32 @@ impl Peer {
             local,
             remote,
             vni,
-            prologue: prologue(vni),
+            ciphers: Ciphers::detect(),
             timers,
             pending: None,
             current: None,
-            previous: None,
+            previous: Vec::new(),
             next: None,
             last_initiation_ns: 0,
             retry_at_ms: 0,
             backoff_ms: timers.retry_initial_ms,
+            attempts: 0,
             next_index: index_seed,
             initiation_tokens: INITIATION_BURST,
             initiation_refill_ms: 0,
             stats: PeerStats::default(),
         }
+    }
+
+    /// Offers (and accepts) `ciphers` instead of what this CPU runs fast: for tests, and for
+    /// an administrator who wants ChaCha20-Poly1305 whatever the hardware.
+    pub fn with_ciphers(mut self, ciphers: Ciphers) -> Peer {
+        self.ciphers = ciphers;
+        self
+    }
+
+    pub fn ciphers(&self) -> Ciphers {
+        self.ciphers
     }
 
     pub fn remote(&self) -> PublicKey {
@@ -288,14 +213,25 @@ impl Peer {
         self.next_index
     }
 
-    fn builder(&self) -> Result<snow::Builder<'_>, CryptoError> {
+    fn handshake_state(
+        &self,
+        version: Version,
+        initiator: bool,
+    ) -> Result<HandshakeState, CryptoError> {
         let params = NOISE_PARAMS
             .parse()
             .map_err(|_| CryptoError::BadHandshake)?;
-        Ok(snow::Builder::new(params)
+        let prologue = prologue(self.vni, version);
+        let b = snow::Builder::new(params)
             .local_private_key(&self.local.0)
             .remote_public_key(&self.remote.0)
-            .prologue(&self.prologue))
+            .prologue(&prologue);
+        if initiator {
+            b.build_initiator()
+        } else {
+            b.build_responder()
+        }
+        .map_err(|_| CryptoError::BadHandshake)
     }
 
     /// `established` (a session to send on), `handshaking` or `none`.
@@ -314,12 +250,13 @@ impl Peer {
     }
 
     fn drop_expired(&mut self, now_ms: u64) {
-        let t = self.timers;
-        for s in [&mut self.current, &mut self.previous, &mut self.next] {
-            if s.as_ref().is_some_and(|s| s.expired(now_ms, &t)) {
+        let reject_ms = self.timers.reject_after_ms;
+        for s in [&mut self.current, &mut self.next] {
+            if s.as_ref().is_some_and(|s| s.expired(now_ms, reject_ms)) {
                 *s = None;
             }
         }
+        self.previous.retain(|s| !s.expired(now_ms, reject_ms));
     }
 
     fn needs_handshake(&self, now_ms: u64) -> bool {
@@ -340,38 +277,53 @@ impl Peer {
         self.drop_expired(now.mono_ms);
         if !self.needs_handshake(now.mono_ms) {
             self.pending = None;
+            self.attempts = 0;
             return None;
         }
         if now.mono_ms < self.retry_at_ms {
             return None;
         }
-        let msg = self.initiate(now).ok()?;
+        let version = if self.attempts.is_multiple_of(2) {
+            Version::V2
+        } else {
+            Version::V1
+        };
+        let msg = self.initiate(now, version).ok()?;
+        self.attempts = self.attempts.wrapping_add(1);
         self.retry_at_ms = now.mono_ms + self.backoff_ms;
         self.backoff_ms = (self.backoff_ms * 2).min(self.timers.retry_max_ms);
         Some(msg)
     }
 
-    /// A new initiation (replacing any unanswered one).
-    fn initiate(&mut self, now: Now) -> Result<Vec<u8>, CryptoError> {
+    /// A new initiation (replacing any unanswered one). Its payload is the wall-clock time,
+    /// then (v2) the ciphers this host offers.
+    fn initiate(&mut self, now: Now, version: Version) -> Result<Vec<u8>, CryptoError> {
         let index = self.alloc_index();
-        let mut hs = self
-            .builder()?
-            .build_initiator()
-            .map_err(|_| CryptoError::BadHandshake)?;
-        let mut msg = Vec::with_capacity(wire::INITIATION_LEN);
-        msg.extend_from_slice(&wire::header(wire::MSG_INITIATION, self.vni));
+        let mut hs = self.handshake_state(version, true)?;
+        let mut payload = [0u8; wire::INITIATION_V2_PAYLOAD_LEN];
+        payload[..8].copy_from_slice(&now.wall_ns.to_le_bytes());
+        payload[8] = self.ciphers.to_wire();
+        let payload = match version {
+            Version::V1 => &payload[..8],
+            Version::V2 => &payload[..],
+        };
+        let (kind, _) = version.types();
+        let (noise_len, _) = version.noise_lens();
+        let mut msg = Vec::with_capacity(8 + noise_len);
+        msg.extend_from_slice(&wire::header(kind, self.vni));
         msg.extend_from_slice(&index.to_le_bytes());
-        let mut noise = [0u8; wire::INITIATION_NOISE_LEN];
+        let mut noise = [0u8; wire::INITIATION_V2_NOISE_LEN];
         let n = hs
-            .write_message(&now.wall_ns.to_le_bytes(), &mut noise)
+            .write_message(payload, &mut noise)
             .map_err(|_| CryptoError::BadHandshake)?;
-        if n != noise.len() {
+        if n != noise_len {
             return Err(CryptoError::BadHandshake);
         }
-        msg.extend_from_slice(&noise);
+        msg.extend_from_slice(&noise[..n]);
         self.pending = Some(Pending {
             handshake: hs,
             index,
+            version,
         });
         self.stats.initiations_sent += 1;
         Ok(msg)
@@ -386,15 +338,19 @@ impl Peer {
         now: Now,
     ) -> Result<Vec<u8>, CryptoError> {
         let r = match *msg {
-            Message::Initiation { vni, sender, noise } if vni == self.vni => {
-                self.on_initiation(sender, noise, now)
-            }
+            Message::Initiation {
+                vni,
+                version,
+                sender,
+                noise,
+            } if vni == self.vni => self.on_initiation(version, sender, noise, now),
             Message::Response {
                 vni,
+                version,
                 sender,
                 receiver,
                 noise,
-            } if vni == self.vni => self.on_response(sender, receiver, noise, now),
+            } if vni == self.vni => self.on_response(version, sender, receiver, noise, now),
             _ => Err(CryptoError::BadHandshake),
         };
         match r {
@@ -425,8 +381,11 @@ impl Peer {
         true
     }
 
+    /// Answers an initiation in its own version: v1 gets a ChaCha20-Poly1305 session, v2 the
+    /// best cipher both hosts run fast, named in the response.
     fn on_initiation(
         &mut self,
+        version: Version,
         sender: u32,
         noise: &[u8],
         now: Now,
@@ -434,17 +393,18 @@ impl Peer {
         if !self.admit_initiation(now.mono_ms) {
             return Err(CryptoError::Throttled);
         }
-        let mut hs = self
-            .builder()?
-            .build_responder()
-            .map_err(|_| CryptoError::BadHandshake)?;
+        let mut hs = self.handshake_state(version, false)?;
         let mut payload = [0u8; 64];
         let n = hs
             .read_message(noise, &mut payload)
             .map_err(|_| CryptoError::BadHandshake)?;
-        if n != 8 {
-            return Err(CryptoError::BadHandshake);
-        }
+        let cipher = match (version, n) {
+            (Version::V1, 8) => Cipher::ChaCha20Poly1305,
+            (Version::V2, wire::INITIATION_V2_PAYLOAD_LEN) => {
+                self.ciphers.choose(Ciphers::from_wire(payload[8]))
+            }
+            _ => return Err(CryptoError::BadHandshake),
+        };
         let mut ts = [0u8; 8];
         ts.copy_from_slice(&payload[..8]);
         let ts = u64::from_le_bytes(ts);
@@ -452,36 +412,51 @@ impl Peer {
             return Err(CryptoError::Replay);
         }
         let index = self.alloc_index();
-        let mut out = Vec::with_capacity(wire::RESPONSE_LEN);
-        out.extend_from_slice(&wire::header(wire::MSG_RESPONSE, self.vni));
+        let (_, kind) = version.types();
+        let (_, noise_len) = version.noise_lens();
+        let mut out = Vec::with_capacity(12 + noise_len);
+        out.extend_from_slice(&wire::header(kind, self.vni));
         out.extend_from_slice(&index.to_le_bytes());
         out.extend_from_slice(&sender.to_le_bytes());
-        let mut reply = [0u8; wire::RESPONSE_NOISE_LEN];
+        let choice = [cipher.wire_id()];
+        let payload: &[u8] = match version {
+            Version::V1 => &[],
+            Version::V2 => &choice,
+        };
+        let mut reply = [0u8; wire::RESPONSE_V2_NOISE_LEN];
         let n = hs
-            .write_message(&[], &mut reply)
+            .write_message(payload, &mut reply)
             .map_err(|_| CryptoError::BadHandshake)?;
-        if n != reply.len() {
+        if n != noise_len {
             return Err(CryptoError::BadHandshake);
         }
-        out.extend_from_slice(&reply);
-        let transport = hs
-            .into_stateless_transport_mode()
-            .map_err(|_| CryptoError::BadHandshake)?;
+        out.extend_from_slice(&reply[..n]);
+        let (to_responder, to_initiator) = split(&mut hs)?;
+        let s = self.session(
+            version,
+            cipher,
+            (to_initiator, to_responder),
+            index,
+            sender,
+            false,
+            now,
+        )?;
         self.last_initiation_ns = ts;
-        self.next = Some(Arc::new(self.session(transport, index, sender, false, now)));
+        self.next = Some(Arc::new(s));
         self.stats.responses_sent += 1;
         Ok(out)
     }
 
     fn on_response(
         &mut self,
+        version: Version,
         sender: u32,
         receiver: u32,
         noise: &[u8],
         now: Now,
     ) -> Result<Vec<u8>, CryptoError> {
         let pending = match &mut self.pending {
-            Some(p) if p.index == receiver => p,
+            Some(p) if p.index == receiver && p.version == version => p,
             _ => return Err(CryptoError::BadHandshake),
         };
         // The sender index of our initiation travels in clear, so anyone can forge a response
@@ -492,50 +467,76 @@ impl Peer {
             .handshake
             .read_message(noise, &mut payload)
             .map_err(|_| CryptoError::BadHandshake)?;
-        if n != 0 {
-            return Err(CryptoError::BadHandshake);
-        }
-        let Some(Pending { handshake, .. }) = self.pending.take() else {
+        let Some(Pending { mut handshake, .. }) = self.pending.take() else {
             return Err(CryptoError::BadHandshake);
         };
-        let transport = handshake
-            .into_stateless_transport_mode()
-            .map_err(|_| CryptoError::BadHandshake)?;
-        let s = Arc::new(self.session(transport, receiver, sender, true, now));
+        // An authentic response names a cipher this host offered (v1: ChaCha20-Poly1305).
+        let cipher = match (version, n) {
+            (Version::V1, 0) => Cipher::ChaCha20Poly1305,
+            (Version::V2, wire::RESPONSE_V2_PAYLOAD_LEN) => {
+                match Cipher::from_wire_id(payload[0]) {
+                    Some(Cipher::Aes256Gcm) if !self.ciphers.aes_256_gcm => {
+                        return Err(CryptoError::BadHandshake)
+                    }
+                    Some(c) => c,
+                    None => return Err(CryptoError::BadHandshake),
+                }
+            }
+            _ => return Err(CryptoError::BadHandshake),
+        };
+        let (to_responder, to_initiator) = split(&mut handshake)?;
+        let s = Arc::new(self.session(
+            version,
+            cipher,
+            (to_responder, to_initiator),
+            receiver,
+            sender,
+            true,
+            now,
+        )?);
         s.confirmed.store(true, Relaxed);
         self.install(s.clone());
         self.backoff_ms = self.timers.retry_initial_ms;
         self.retry_at_ms = 0;
+        self.attempts = 0;
         let mut keepalive = Vec::with_capacity(wire::DATA_OVERHEAD);
         s.seal(&[], &mut Vec::new(), &mut keepalive)?;
         Ok(keepalive)
     }
 
+    /// A session with `keys` = (sending, receiving).
+    #[allow(clippy::too_many_arguments)]
     fn session(
         &self,
-        transport: StatelessTransportState,
+        version: Version,
+        cipher: Cipher,
+        keys: ([u8; 32], [u8; 32]),
         local_index: u32,
         remote_index: u32,
         initiator: bool,
         now: Now,
-    ) -> Session {
-        Session {
-            transport,
+    ) -> Result<Session, CryptoError> {
+        Session::new(SessionInit {
+            version,
+            cipher,
+            send_key: keys.0,
+            recv_key: keys.1,
             vni: self.vni,
             local_index,
             remote_index,
             initiator,
             created_ms: now.mono_ms,
-            send_counter: AtomicU64::new(0),
-            received: AtomicU64::new(0),
-            confirmed: AtomicBool::new(false),
-            replay: Mutex::new(ReplayWindow::default()),
-        }
+            counter_limit: self.timers.reject_after_messages,
+        })
     }
 
     fn install(&mut self, s: Arc<Session>) {
-        self.previous = self.current.replace(s);
-        if self.previous.is_some() {
+        if s.version() == Version::V1 {
+            self.stats.handshakes_v1 += 1;
+        }
+        if let Some(old) = self.current.replace(s) {
+            self.previous.insert(0, old);
+            self.previous.truncate(KEEP_PREVIOUS);
             self.stats.rekeys += 1;
         }
         self.stats.handshakes_completed += 1;
@@ -545,17 +546,18 @@ impl Peer {
     pub fn sending_session(&self, now_ms: u64) -> Option<Arc<Session>> {
         self.current
             .as_ref()
-            .filter(|s| !s.expired(now_ms, &self.timers))
+            .filter(|s| !s.expired(now_ms, self.timers.reject_after_ms))
             .cloned()
     }
 
     /// The session a data message addressed to `index` belongs to, if any is usable.
     pub fn receiving_session(&self, index: u32, now_ms: u64) -> Option<Arc<Session>> {
-        [&self.current, &self.next, &self.previous]
+        [&self.current, &self.next]
             .into_iter()
             .flatten()
+            .chain(&self.previous)
             .find(|s| s.local_index == index)
-            .filter(|s| !s.expired(now_ms, &self.timers))
+            .filter(|s| !s.expired(now_ms, self.timers.reject_after_ms))
             .cloned()
     }
 
@@ -570,6 +572,7 @@ impl Peer {
             self.install(s.clone());
             self.backoff_ms = self.timers.retry_initial_ms;
             self.retry_at_ms = 0;
+            self.attempts = 0;
         }
     }
 }

@@ -1,0 +1,215 @@
+//! The v2 handshake's cipher negotiation between two current hosts.
+
+use super::*;
+use crate::wire::{Version, MSG_INITIATION, MSG_INITIATION_V2, MSG_RESPONSE, MSG_RESPONSE_V2};
+use crate::{Cipher, PublicKey};
+
+fn established_cipher(a: &Peer, b: &Peer) -> (Cipher, Cipher) {
+    (
+        a.current().expect("a's session").cipher(),
+        b.current().expect("b's session").cipher(),
+    )
+}
+
+#[test]
+fn both_offering_aes_gcm_get_it() {
+    let (mut a, mut b) = pair_with(Ciphers::ALL, Ciphers::ALL, Timers::default());
+    handshake(&mut a, &mut b, 0);
+    assert_eq!(
+        established_cipher(&a, &b),
+        (Cipher::Aes256Gcm, Cipher::Aes256Gcm)
+    );
+    assert_eq!(a.current().unwrap().version(), Version::V2);
+    assert_eq!((a.stats.handshakes_v1, b.stats.handshakes_v1), (0, 0));
+    let d = seal(&a, b"over aes", 1);
+    assert_eq!(
+        receive(&mut b, d, 1).unwrap(),
+        Got::Plain(b"over aes".to_vec())
+    );
+    let d = seal(&b, b"and back", 1);
+    assert_eq!(
+        receive(&mut a, d, 1).unwrap(),
+        Got::Plain(b"and back".to_vec())
+    );
+}
+
+#[test]
+fn one_side_without_aes_gets_chacha() {
+    for (ca, cb) in [
+        (Ciphers::ALL, Ciphers::CHACHA_ONLY),
+        (Ciphers::CHACHA_ONLY, Ciphers::ALL),
+        (Ciphers::CHACHA_ONLY, Ciphers::CHACHA_ONLY),
+    ] {
+        let (mut a, mut b) = pair_with(ca, cb, Timers::default());
+        handshake(&mut a, &mut b, 0);
+        assert_eq!(
+            established_cipher(&a, &b),
+            (Cipher::ChaCha20Poly1305, Cipher::ChaCha20Poly1305),
+            "{ca:?} initiating to {cb:?}"
+        );
+        assert_eq!(a.current().unwrap().version(), Version::V2);
+        let d = seal(&b, b"chacha", 1);
+        assert_eq!(
+            receive(&mut a, d, 1).unwrap(),
+            Got::Plain(b"chacha".to_vec())
+        );
+    }
+}
+
+#[test]
+fn initiations_alternate_and_restart_with_v2() {
+    let (mut a, mut b) = pair_with(Ciphers::ALL, Ciphers::ALL, Timers::default());
+    let mut kinds = vec![];
+    let mut last_v1 = None;
+    for ms in (0..4_000).step_by(100) {
+        if let Some(m) = a.tick(at(ms)) {
+            kinds.push(m[0]);
+            if m[0] == MSG_INITIATION {
+                last_v1 = Some((m, ms));
+            }
+        }
+    }
+    assert_eq!(
+        kinds,
+        [
+            MSG_INITIATION_V2,
+            MSG_INITIATION,
+            MSG_INITIATION_V2,
+            MSG_INITIATION
+        ]
+    );
+    // The v1 one gets through (say the v2 ones were lost): a ChaCha20-Poly1305 session.
+    let (init, ms) = last_v1.unwrap();
+    let Got::Reply(resp) = receive(&mut b, init, ms).unwrap() else {
+        panic!()
+    };
+    assert_eq!(resp[0], MSG_RESPONSE);
+    let Got::Reply(k) = receive(&mut a, resp, ms).unwrap() else {
+        panic!()
+    };
+    receive(&mut b, k, ms).unwrap();
+    assert_eq!(
+        established_cipher(&a, &b),
+        (Cipher::ChaCha20Poly1305, Cipher::ChaCha20Poly1305)
+    );
+    assert_eq!((a.stats.handshakes_v1, b.stats.handshakes_v1), (1, 1));
+    // The rekey starts again with v2, and two current hosts get AES-256-GCM.
+    assert!(a.tick(at(ms + 119_900)).is_none());
+    handshake(&mut a, &mut b, ms + 120_000);
+    assert_eq!(
+        established_cipher(&a, &b),
+        (Cipher::Aes256Gcm, Cipher::Aes256Gcm)
+    );
+    assert_eq!(a.stats.rekeys, 1);
+    assert_eq!(a.stats.handshakes_v1, 1);
+}
+
+#[test]
+fn a_response_of_the_other_version_is_refused() {
+    let (mut a, mut b) = pair_with(Ciphers::ALL, Ciphers::ALL, Timers::default());
+    let init = a.tick(at(0)).unwrap();
+    let Got::Reply(resp) = receive(&mut b, init, 0).unwrap() else {
+        panic!()
+    };
+    assert_eq!(resp[0], MSG_RESPONSE_V2);
+    // Relabelled as v1 (and cut to v1's length): the receiver index matches the pending
+    // initiation, the version does not.
+    let mut v1 = resp.clone();
+    v1[0] = MSG_RESPONSE;
+    v1.pop();
+    assert_eq!(receive(&mut a, v1, 1), Err(CryptoError::BadHandshake));
+    assert_eq!(a.state(), "handshaking");
+    // The genuine response still completes the handshake.
+    let Got::Reply(k) = receive(&mut a, resp, 2).unwrap() else {
+        panic!()
+    };
+    assert_eq!(receive(&mut b, k, 2).unwrap(), Got::Plain(vec![]));
+}
+
+/// A responder that holds `key` and answers a v2 initiation with its own payload (what a
+/// buggy or malicious peer could send), on the v2 prologue.
+fn answer_v2(key: &PrivateKey, initiator: PublicKey, init: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut prologue = *b"vnet-kk-v2\0\0\0\0\0\0";
+    prologue[12..].copy_from_slice(&5u32.to_be_bytes());
+    let mut hs = snow::Builder::new(crate::NOISE_PARAMS.parse().unwrap())
+        .local_private_key(&key.0)
+        .remote_public_key(&initiator.0)
+        .prologue(&prologue)
+        .build_responder()
+        .unwrap();
+    let mut buf = [0u8; 200];
+    hs.read_message(&init[8..], &mut buf).unwrap();
+    let mut m = vec![MSG_RESPONSE_V2, 0, 0, 5, 1, 0, 0, 0];
+    m.extend_from_slice(&init[4..8]);
+    let n = hs.write_message(payload, &mut buf).unwrap();
+    m.extend_from_slice(&buf[..n]);
+    m
+}
+
+#[test]
+fn a_responder_cannot_impose_a_cipher_not_offered() {
+    let (ka, kb) = (
+        PrivateKey::generate().unwrap(),
+        PrivateKey::generate().unwrap(),
+    );
+    let mut a = Peer::new(ka.clone(), kb.public(), 5, Timers::default(), 1)
+        .with_ciphers(Ciphers::CHACHA_ONLY);
+    // Authentic responses naming AES-256-GCM (not offered) or an unknown cipher: refused.
+    for (i, choice) in [2u8, 0, 3, 0xff].into_iter().enumerate() {
+        let now = 10_000 * i as u64;
+        let init = a.tick(at(now)).unwrap();
+        assert_eq!(init[0], MSG_INITIATION_V2);
+        let resp = answer_v2(&kb, ka.public(), &init, &[choice]);
+        assert_eq!(
+            receive(&mut a, resp, now),
+            Err(CryptoError::BadHandshake),
+            "choice {choice}"
+        );
+        assert!(a.current().is_none());
+        // Let the next attempt be v2 again (v1 is in between).
+        a.tick(at(now + 5_000)).unwrap();
+    }
+    // Naming ChaCha20-Poly1305 works.
+    let init = a.tick(at(50_000)).unwrap();
+    let resp = answer_v2(&kb, ka.public(), &init, &[1]);
+    assert!(matches!(receive(&mut a, resp, 50_000), Ok(Got::Reply(_))));
+    assert_eq!(a.current().unwrap().cipher(), Cipher::ChaCha20Poly1305);
+}
+
+#[test]
+fn a_v2_initiation_on_the_v1_prologue_is_refused() {
+    let (ka, kb) = (
+        PrivateKey::generate().unwrap(),
+        PrivateKey::generate().unwrap(),
+    );
+    let mut b = Peer::new(kb.clone(), ka.public(), 5, Timers::default(), 1);
+    for (kind, prologue) in [
+        (MSG_INITIATION_V2, *b"vnet-kk-v1\0\0\0\0\0\0"),
+        (MSG_INITIATION, *b"vnet-kk-v2\0\0\0\0\0\0"),
+    ] {
+        let mut prologue = prologue;
+        prologue[12..].copy_from_slice(&5u32.to_be_bytes());
+        let mut hs = snow::Builder::new(crate::NOISE_PARAMS.parse().unwrap())
+            .local_private_key(&ka.0)
+            .remote_public_key(&kb.public().0)
+            .prologue(&prologue)
+            .build_initiator()
+            .unwrap();
+        let payload = [1u8, 2, 3, 4, 5, 6, 7, 8, 3];
+        let payload = if kind == MSG_INITIATION {
+            &payload[..8]
+        } else {
+            &payload[..]
+        };
+        let mut m = vec![kind, 0, 0, 5, 9, 0, 0, 0];
+        let mut buf = [0u8; 200];
+        let n = hs.write_message(payload, &mut buf).unwrap();
+        m.extend_from_slice(&buf[..n]);
+        assert_eq!(
+            receive(&mut b, m, 0),
+            Err(CryptoError::BadHandshake),
+            "type {kind}"
+        );
+    }
+    assert_eq!(b.stats.bad_handshakes, 2);
+}
