@@ -108,17 +108,7 @@ fn lab_with(cfg: FastPathConfig) -> Option<Lab> {
     ] {
         sh(&["link", "set", d, "up"]);
     }
-    sh(&[
-        "neigh",
-        "replace",
-        "10.9.0.2",
-        "lladdr",
-        "02:00:00:00:00:02",
-        "dev",
-        "u0",
-        "nud",
-        "permanent",
-    ]);
+    set_neighbour("02:00:00:00:00:02");
     let mut fp = match FastPath::open(&cfg) {
         Ok(fp) => fp,
         Err(Unavailable::Verifier { program, log }) => {
@@ -126,81 +116,116 @@ fn lab_with(cfg: FastPathConfig) -> Option<Lab> {
         }
         Err(e) => return skip(&e.to_string()),
     };
-    let (pa, pb, punt_a, punt_b, u0) = (
-        ifindex("pa"),
-        ifindex("pb"),
-        ifindex("punta"),
-        ifindex("puntb"),
-        ifindex("u0"),
-    );
-    fp.attach_underlay(u0).expect("underlay attaches");
-    let port = |id, ifindex, punt_ifindex, mac| PortSpec {
+    let r = attach_lab(&mut fp, [PORT_A, PORT_B, LINK_C, LINK_D], true);
+    assert_eq!(r.written, 4);
+    Some(Lab {
+        fp,
+        pa: ifindex("pa"),
+        pb: ifindex("pb"),
+        punt_a: ifindex("punta"),
+        underlay: ifindex("u0"),
+    })
+}
+
+/// Attaches the namespace's devices made by `lab_with`: the underlay, port A and (`with_b`)
+/// port B, links C and D, and the table routing A, B, C, D to them, under the ids `[a, b, c,
+/// d]` (a new process numbers its ports anew). What the table apply reported.
+fn attach_lab(fp: &mut FastPath, [a, b, c, d]: [PortId; 4], with_b: bool) -> ApplyReport {
+    fp.attach_underlay(ifindex("u0"))
+        .expect("underlay attaches");
+    fp.attach_port(&port_spec(a, ifindex("pa"), ifindex("punta"), A, 1))
+        .expect("port A");
+    let mut ports = vec![(a, Egress::FastPort)];
+    let mut dests = vec![(A, a)];
+    if with_b {
+        fp.attach_port(&port_spec(b, ifindex("pb"), ifindex("puntb"), B, 1))
+            .expect("port B");
+        ports.push((b, Egress::FastPort));
+        dests.push((B, b));
+    }
+    fp.set_link(&link_spec(c, 1, REMOTE, None)).expect("link C");
+    fp.set_link(&link_spec(d, 1, UNRESOLVED, None))
+        .expect("link D");
+    ports.extend([(c, Egress::UdpLink), (d, Egress::UdpLink)]);
+    dests.extend([(C, c), (D, d)]);
+    fp.apply_table(&compile(
+        &compile_ports(&ports),
+        &exact_routes(&dests),
+        false,
+    ))
+    .expect("table")
+}
+
+/// A port of the test's MTU (1450), delivered by egress, with the default policy.
+fn port_spec(id: PortId, ifindex: u32, punt_ifindex: u32, mac: MacAddr, vni: u32) -> PortSpec {
+    PortSpec {
         id,
         ifindex,
         punt_ifindex,
         mac,
-        vni: 1,
+        vni,
         mtu: 1450,
         delivery: Delivery::Egress,
         policy: PortPolicy::default(),
-    };
-    fp.attach_port(&port(PORT_A, pa, punt_a, A))
-        .expect("port A");
-    fp.attach_port(&port(PORT_B, pb, punt_b, B))
-        .expect("port B");
-    let link = |id, remote| LinkSpec {
+    }
+}
+
+/// A VXLAN link from LOCAL to `remote`'s port 4789.
+fn link_spec(id: PortId, vni: u32, remote: Ipv4Addr, rate: Option<Rate>) -> LinkSpec {
+    LinkSpec {
         id,
-        vni: 1,
+        vni,
         remote,
         local: LOCAL,
         udp_port: 4789,
-        rate: None,
+        rate,
         via_device: None,
-    };
-    fp.set_link(&link(LINK_C, REMOTE)).expect("link C");
-    fp.set_link(&link(LINK_D, UNRESOLVED)).expect("link D");
-    let ports = [
-        CompilePort {
-            id: PORT_A,
-            vni: 1,
-            egress: Egress::FastPort,
-        },
-        CompilePort {
-            id: PORT_B,
-            vni: 1,
-            egress: Egress::FastPort,
-        },
-        CompilePort {
-            id: LINK_C,
-            vni: 1,
-            egress: Egress::UdpLink,
-        },
-        CompilePort {
-            id: LINK_D,
-            vni: 1,
-            egress: Egress::UdpLink,
-        },
-    ];
-    let rules: Vec<RouteRule> = [(A, PORT_A), (B, PORT_B), (C, LINK_C), (D, LINK_D)]
+    }
+}
+
+/// Ports and links of VNI 1 for `compile`.
+fn compile_ports(ports: &[(PortId, Egress)]) -> Vec<CompilePort> {
+    ports
         .iter()
-        .map(|(m, p)| RouteRule {
+        .map(|&(id, egress)| CompilePort { id, vni: 1, egress })
+        .collect()
+}
+
+/// Routes of VNI 1 sending each destination MAC (from any source) to its port.
+fn exact_routes(dests: &[(MacAddr, PortId)]) -> Vec<RouteRule> {
+    dests
+        .iter()
+        .map(|&(m, dest)| RouteRule {
             vni: 1,
             src: MacMatch::Any,
-            dst: MacMatch::Exact(*m),
-            dest: *p,
+            dst: MacMatch::Exact(m),
+            dest,
         })
-        .collect();
-    let r = fp
-        .apply_table(&compile(&ports, &rules, false))
-        .expect("table");
-    assert_eq!(r.written, 4);
-    Some(Lab {
-        fp,
-        pa,
-        pb,
-        punt_a,
-        underlay: u0,
-    })
+        .collect()
+}
+
+/// Points the underlay's neighbour 10.9.0.2 at `lladdr`.
+fn set_neighbour(lladdr: &str) {
+    sh(&[
+        "neigh",
+        "replace",
+        "10.9.0.2",
+        "lladdr",
+        lladdr,
+        "dev",
+        "u0",
+        "nud",
+        "permanent",
+    ]);
+}
+
+/// Waits up to two seconds for `done` (the kernel may finish releasing links a moment after
+/// their descriptors close).
+fn wait_until(mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while !done() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 fn lab() -> Option<Lab> {
@@ -581,32 +606,12 @@ fn table_updates_are_minimal_and_a_full_table_stays_slow() {
     }) else {
         return;
     };
-    let ports = [
-        CompilePort {
-            id: PORT_A,
-            vni: 1,
-            egress: Egress::FastPort,
-        },
-        CompilePort {
-            id: PORT_B,
-            vni: 1,
-            egress: Egress::FastPort,
-        },
-        CompilePort {
-            id: LINK_C,
-            vni: 1,
-            egress: Egress::UdpLink,
-        },
-    ];
-    let mut rules: Vec<RouteRule> = [(A, PORT_A), (B, PORT_B), (C, LINK_C)]
-        .iter()
-        .map(|(m, p)| RouteRule {
-            vni: 1,
-            src: MacMatch::Any,
-            dst: MacMatch::Exact(*m),
-            dest: *p,
-        })
-        .collect();
+    let ports = compile_ports(&[
+        (PORT_A, Egress::FastPort),
+        (PORT_B, Egress::FastPort),
+        (LINK_C, Egress::UdpLink),
+    ]);
+    let mut rules = exact_routes(&[(A, PORT_A), (B, PORT_B), (C, LINK_C)]);
     // Same three destinations (D's entry goes): one delete, nothing rewritten.
     let r = l.fp.apply_table(&compile(&ports, &rules, false)).unwrap();
     assert_eq!((r.written, r.deleted, r.left_out), (0, 1, 0));
@@ -618,14 +623,10 @@ fn table_updates_are_minimal_and_a_full_table_stays_slow() {
     let out = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
     assert_eq!(out.data.len(), f.len() + 50, "B now goes out encapsulated");
     // Five more destinations into a table of five: two fit, three stay slow (counted).
-    for i in 0..5u8 {
-        rules.push(RouteRule {
-            vni: 1,
-            src: MacMatch::Any,
-            dst: MacMatch::Exact(MacAddr([0x52, 0x54, 0, 0, 1, i])),
-            dest: PORT_B,
-        });
-    }
+    let more: Vec<_> = (0..5u8)
+        .map(|i| (MacAddr([0x52, 0x54, 0, 0, 1, i]), PORT_B))
+        .collect();
+    rules.extend(exact_routes(&more));
     let r = l.fp.apply_table(&compile(&ports, &rules, false)).unwrap();
     assert_eq!((r.written, r.left_out), (2, 3));
     assert_eq!(l.fp.table_len(), 5);
@@ -678,12 +679,7 @@ fn dropping_the_fast_path_leaves_nothing_attached() {
     drop(l);
     // The links go with their descriptors; the kernel may finish releasing them a moment after
     // the close returns.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while (tcx_count(pa), tcx_count(pb), tcx_count(u0)) != (0, 0, 0)
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until(|| (tcx_count(pa), tcx_count(pb), tcx_count(u0)) == (0, 0, 0));
     assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (0, 0, 0));
     // and a new one attaches again
     let Some(l2) = lab_reuse() else { return };
@@ -694,17 +690,8 @@ fn dropping_the_fast_path_leaves_nothing_attached() {
 fn lab_reuse() -> Option<Lab> {
     let mut fp = FastPath::open(&FastPathConfig::default()).ok()?;
     let pa = ifindex("pa");
-    fp.attach_port(&PortSpec {
-        id: PORT_A,
-        ifindex: pa,
-        punt_ifindex: ifindex("punta"),
-        mac: A,
-        vni: 1,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    })
-    .unwrap();
+    fp.attach_port(&port_spec(PORT_A, pa, ifindex("punta"), A, 1))
+        .unwrap();
     Some(Lab {
         fp,
         pa,
@@ -717,27 +704,11 @@ fn lab_reuse() -> Option<Lab> {
 #[test]
 fn bad_settings_are_refused_in_words() {
     let Some(mut l) = lab() else { return };
-    let e = l.fp.attach_port(&PortSpec {
-        id: PortId(9),
-        ifindex: l.pa,
-        punt_ifindex: l.punt_a,
-        mac: A,
-        vni: 1,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    });
+    let e =
+        l.fp.attach_port(&port_spec(PortId(9), l.pa, l.punt_a, A, 1));
     assert!(matches!(e, Err(Error::AlreadyAttached(_))), "{e:?}");
-    let e = l.fp.attach_port(&PortSpec {
-        id: PortId(9),
-        ifindex: 999_999,
-        punt_ifindex: 999_998,
-        mac: A,
-        vni: 1,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    });
+    let e =
+        l.fp.attach_port(&port_spec(PortId(9), 999_999, 999_998, A, 1));
     assert!(matches!(e, Err(Error::Attach { .. })), "{e:?}");
     // the failed attach left no port behind
     assert!(matches!(
@@ -830,19 +801,12 @@ fn vxlan_sent_to_another_hosts_mac_is_not_taken() {
 fn a_links_rate_is_charged_for_what_goes_on_to_vnetd_too() {
     let Some(mut l) = lab() else { return };
     // 8 Mbit/s with a 3000-byte bucket on what arrives from link C.
-    l.fp.set_link(&LinkSpec {
-        id: LINK_C,
-        vni: 1,
-        remote: REMOTE,
-        local: LOCAL,
-        udp_port: 4789,
-        rate: Some(Rate {
-            bits_per_sec: 8_000_000,
-            burst_bytes: 3000,
-        }),
-        via_device: None,
-    })
-    .unwrap();
+    let rate = Rate {
+        bits_per_sec: 8_000_000,
+        burst_bytes: 3000,
+    };
+    l.fp.set_link(&link_spec(LINK_C, 1, REMOTE, Some(rate)))
+        .unwrap();
     // Inner broadcasts (and a datagram with reserved bits set, which vnetd also takes) are
     // vnetd's to forward: the kernel passes them on, but charges them first, so that the
     // link's one bucket holds for both paths (vnetd does not charge links the kernel serves).
@@ -885,55 +849,17 @@ fn a_decision_into_another_vni_is_not_followed() {
     // would write. Isolation must not rest on it.
     let pb = l.pb;
     l.fp.detach_port(PORT_B).unwrap();
-    l.fp.attach_port(&PortSpec {
-        id: PORT_B,
-        ifindex: pb,
-        punt_ifindex: ifindex("puntb"),
-        mac: B,
-        vni: 2,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    })
-    .unwrap();
-    l.fp.set_link(&LinkSpec {
-        id: LINK_C,
-        vni: 2,
-        remote: REMOTE,
-        local: LOCAL,
-        udp_port: 4789,
-        rate: None,
-        via_device: None,
-    })
-    .unwrap();
+    l.fp.attach_port(&port_spec(PORT_B, pb, ifindex("puntb"), B, 2))
+        .unwrap();
+    l.fp.set_link(&link_spec(LINK_C, 2, REMOTE, None)).unwrap();
     // And an entry of VNI 2 that sends frames from link C to port A (VNI 1).
     let mut t = compile(
-        &[
-            CompilePort {
-                id: PORT_A,
-                vni: 1,
-                egress: Egress::FastPort,
-            },
-            CompilePort {
-                id: PORT_B,
-                vni: 1,
-                egress: Egress::FastPort,
-            },
-            CompilePort {
-                id: LINK_C,
-                vni: 1,
-                egress: Egress::UdpLink,
-            },
-        ],
-        &[(B, PORT_B), (C, LINK_C)]
-            .iter()
-            .map(|(m, p)| RouteRule {
-                vni: 1,
-                src: MacMatch::Any,
-                dst: MacMatch::Exact(*m),
-                dest: *p,
-            })
-            .collect::<Vec<_>>(),
+        &compile_ports(&[
+            (PORT_A, Egress::FastPort),
+            (PORT_B, Egress::FastPort),
+            (LINK_C, Egress::UdpLink),
+        ]),
+        &exact_routes(&[(B, PORT_B), (C, LINK_C)]),
         false,
     );
     t.entries.insert(
@@ -1006,17 +932,8 @@ fn a_ports_device_gets_its_forwarding_back() {
         enabled: true,
     });
     std::fs::write("/proc/sys/net/ipv4/conf/pb/forwarding", "0").unwrap();
-    fp.attach_port(&PortSpec {
-        id: PORT_A,
-        ifindex: pa,
-        punt_ifindex: ifindex("punta"),
-        mac: A,
-        vni: 1,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    })
-    .unwrap();
+    fp.attach_port(&port_spec(PORT_A, pa, ifindex("punta"), A, 1))
+        .unwrap();
     assert_eq!(forwarding("pa"), "1");
     fp.restore_forwarding_all();
     assert_eq!(forwarding("pa"), "1", "the known original");
@@ -1050,17 +967,7 @@ fn invalidating_the_outer_cache_takes_a_changed_next_hop_at_once() {
     };
     assert_eq!(dmac(&l), NEIGH_MAC);
     let moved = [0x02, 0, 0, 0, 0, 0x22];
-    sh(&[
-        "neigh",
-        "replace",
-        "10.9.0.2",
-        "lladdr",
-        "02:00:00:00:00:22",
-        "dev",
-        "u0",
-        "nud",
-        "permanent",
-    ]);
+    set_neighbour("02:00:00:00:00:22");
     // Cached for a second...
     assert_eq!(dmac(&l), NEIGH_MAC);
     // ...unless told: from another thread, as vnetd's netlink watcher does.
@@ -1164,94 +1071,30 @@ fn rate_updates_take_the_buckets_lock() {
     );
 }
 
-/// A pin directory of this test's own on the machine's bpffs.
-fn test_pin_dir(what: &str) -> std::path::PathBuf {
+/// A pin directory of this test's own on the machine's bpffs, and a configuration pinning
+/// there.
+fn pinned_config(what: &str) -> (std::path::PathBuf, FastPathConfig) {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    std::path::PathBuf::from(format!(
+    let dir = std::path::PathBuf::from(format!(
         "{}/vnet-test-{what}-{}-{nanos}",
         pin::BPFFS,
         std::process::id()
-    ))
+    ));
+    let cfg = FastPathConfig {
+        pin_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    (dir, cfg)
 }
 
-/// The ports and links of `lab_with` under other ids (a new process numbers its ports anew),
-/// attached by a FastPath that takes over; `with_b`: port B and its route too.
+/// The ports and links of `lab_with` under other ids, attached by a FastPath that takes over;
+/// `with_b`: port B and its route too.
 fn take_over(fp: &mut FastPath, with_b: bool) -> ApplyReport {
-    let (pa, pb, punt_a, punt_b, u0) = (
-        ifindex("pa"),
-        ifindex("pb"),
-        ifindex("punta"),
-        ifindex("puntb"),
-        ifindex("u0"),
-    );
-    let (a, b, c, d) = (PortId(11), PortId(12), PortId(13), PortId(14));
-    fp.attach_underlay(u0).expect("underlay");
-    let port = |id, ifindex, punt_ifindex, mac| PortSpec {
-        id,
-        ifindex,
-        punt_ifindex,
-        mac,
-        vni: 1,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    };
-    fp.attach_port(&port(a, pa, punt_a, A)).expect("port A");
-    if with_b {
-        fp.attach_port(&port(b, pb, punt_b, B)).expect("port B");
-    }
-    let link = |id, remote| LinkSpec {
-        id,
-        vni: 1,
-        remote,
-        local: LOCAL,
-        udp_port: 4789,
-        rate: None,
-        via_device: None,
-    };
-    fp.set_link(&link(c, REMOTE)).expect("link C");
-    fp.set_link(&link(d, UNRESOLVED)).expect("link D");
-    let mut ports = vec![
-        CompilePort {
-            id: a,
-            vni: 1,
-            egress: Egress::FastPort,
-        },
-        CompilePort {
-            id: c,
-            vni: 1,
-            egress: Egress::UdpLink,
-        },
-        CompilePort {
-            id: d,
-            vni: 1,
-            egress: Egress::UdpLink,
-        },
-    ];
-    let mut dests = vec![(A, a), (C, c), (D, d)];
-    if with_b {
-        ports.push(CompilePort {
-            id: b,
-            vni: 1,
-            egress: Egress::FastPort,
-        });
-        dests.push((B, b));
-    }
-    let rules: Vec<RouteRule> = dests
-        .iter()
-        .map(|(m, p)| RouteRule {
-            vni: 1,
-            src: MacMatch::Any,
-            dst: MacMatch::Exact(*m),
-            dest: *p,
-        })
-        .collect();
-    let held = fp
-        .apply_table(&compile(&ports, &rules, false))
-        .expect("table");
+    let ids = [PortId(11), PortId(12), PortId(13), PortId(14)];
+    let held = attach_lab(fp, ids, with_b);
     assert_eq!(
         (held.written, held.deleted),
         (0, 0),
@@ -1262,11 +1105,7 @@ fn take_over(fp: &mut FastPath, with_b: bool) -> ApplyReport {
 
 #[test]
 fn a_pinned_fast_path_outlives_its_process_and_is_taken_over() {
-    let dir = test_pin_dir("takeover");
-    let cfg = FastPathConfig {
-        pin_dir: Some(dir.clone()),
-        ..Default::default()
-    };
+    let (dir, cfg) = pinned_config("takeover");
     let Some(l) = lab_with(cfg.clone()) else {
         return;
     };
@@ -1314,30 +1153,20 @@ fn a_pinned_fast_path_outlives_its_process_and_is_taken_over() {
     let report = take_over(&mut fp, false);
     assert_eq!(report.deleted, 1, "B's entry");
     assert_eq!(fp.table_len(), 3);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while tcx_count(pb) != 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until(|| tcx_count(pb) == 0);
     assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (1, 0, 1));
     assert!(!dir.join("links").join(format!("port-{pb}")).exists());
 
     // A teardown leaves nothing: no attachment, no pin.
     fp.teardown();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while (tcx_count(pa), tcx_count(u0)) != (0, 0) && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until(|| (tcx_count(pa), tcx_count(u0)) == (0, 0));
     assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (0, 0, 0));
     assert!(!dir.exists(), "{} stayed", dir.display());
 }
 
 #[test]
 fn pinned_maps_of_another_size_are_replaced_not_reused() {
-    let dir = test_pin_dir("resize");
-    let cfg = FastPathConfig {
-        pin_dir: Some(dir.clone()),
-        ..Default::default()
-    };
+    let (dir, cfg) = pinned_config("resize");
     let Some(l) = lab_with(cfg.clone()) else {
         return;
     };
