@@ -287,6 +287,21 @@ static __always_inline __u16 ip_csum(const void *ip)
 	return (__u16)~sum;
 }
 
+/* The fast-path port in `slot` if a frame of VNI `vni` may go to it: never into another VNI
+ * (counted), as isolation does not rest on compile() alone. NULL otherwise. */
+static __always_inline struct port_val *port_of_vni(__u32 slot, __u32 vni)
+{
+	struct port_val *to = bpf_map_lookup_elem(&port_slots, &slot);
+
+	if (!to || !to->ifindex)
+		return 0;
+	if (to->vni != vni) {
+		count_global(G_VNI_MISMATCH);
+		return 0;
+	}
+	return to;
+}
+
 /* Deliver a frame to a fast-path port's guest. */
 static __always_inline int deliver(const struct port_val *to, int ip_frame)
 {
@@ -482,14 +497,9 @@ int port_ingress(struct __sk_buff *skb)
 
 		if (slot == p->slot)
 			goto punt; /* decide() drops this; vnetd will too */
-		to = bpf_map_lookup_elem(&port_slots, &slot);
-		if (!to || !to->ifindex)
+		to = port_of_vni(slot, p->vni);
+		if (!to)
 			goto punt;
-		if (to->vni != p->vni) {
-			/* Isolation does not rest on compile() alone: never into another VNI. */
-			count_global(G_VNI_MISMATCH);
-			goto punt;
-		}
 		count_forwarded(pc, counters_of(slot), p->vni, &eth, len);
 		return deliver(to, 1);
 	}
@@ -543,13 +553,9 @@ static __always_inline int from_link(struct __sk_buff *skb, __u32 lslot, const s
 	if (ACT_KIND(act) != ACT_PORT)
 		return TCX_NEXT;
 	slot = ACT_SLOT(act);
-	to = bpf_map_lookup_elem(&port_slots, &slot);
-	if (!to || !to->ifindex)
+	to = port_of_vni(slot, l->vni);
+	if (!to)
 		return TCX_NEXT;
-	if (to->vni != l->vni) {
-		count_global(G_VNI_MISMATCH);
-		return TCX_NEXT;
-	}
 	if (!skb->gso_size && ilen > to->mtu + ETH_HLEN)
 		return TCX_NEXT; /* vnetd drops it as oversize */
 	lc = counters_of(cfg_max_ports + lslot);

@@ -69,6 +69,22 @@ struct Lab {
     underlay: u32,
 }
 
+impl Lab {
+    /// `f` as port A's guest sends it (no GSO).
+    fn run_from_a(&self, f: &[u8]) -> TestRun {
+        self.fp
+            .test_run(Program::PortIngress, f, self.pa, 0)
+            .expect("test run")
+    }
+
+    /// `f` as it arrives on the underlay (no GSO).
+    fn run_from_underlay(&self, f: &[u8]) -> TestRun {
+        self.fp
+            .test_run(Program::UnderlayIngress, f, self.underlay, 0)
+            .expect("test run")
+    }
+}
+
 /// A private network namespace for this thread with: port A (veth pa/pa-g) and its punt
 /// device, port B (veth pb/pb-g) and its punt device, an underlay `u0` (veth, 10.9.0.1/24)
 /// with a permanent neighbour 10.9.0.2; and a FastPath with ports A and B attached, links C
@@ -293,7 +309,7 @@ fn vxlan(src_ip: Ipv4Addr, vni: u32, flags: u8, inner: &[u8]) -> Vec<u8> {
 fn known_unicast_between_ports_is_redirected_and_counted() {
     let Some(l) = lab() else { return };
     let f = frame(B, A, 100);
-    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let r = l.run_from_a(&f);
     assert_eq!(r.verdict, TCX_REDIRECT);
     assert_eq!(r.data, f, "forwarded unchanged");
     let a = l.fp.port_counters(PORT_A).unwrap();
@@ -312,7 +328,7 @@ fn known_unicast_between_ports_is_redirected_and_counted() {
 fn frames_for_a_link_are_encapsulated_in_vxlan() {
     let Some(l) = lab() else { return };
     let f = frame(C, A, 200);
-    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let r = l.run_from_a(&f);
     assert_eq!(r.verdict, TCX_REDIRECT);
     let d = &r.data;
     eprintln!(
@@ -349,7 +365,7 @@ fn frames_for_a_link_are_encapsulated_in_vxlan() {
     let c = l.fp.link_counters(LINK_C).unwrap();
     assert_eq!((c.tx_frames, c.tx_bytes), (1, f.len() as u64));
     // The same flow keeps its source port (flow hash), as the kernel's VXLAN.
-    let again = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let again = l.run_from_a(&f);
     assert_eq!(&again.data[34..36], &udp[0..2]);
 }
 
@@ -360,9 +376,7 @@ fn unresolved_next_hop_and_unknown_destinations_are_punted() {
         (D, "unresolved neighbour"),
         (MacAddr([0x52, 0x54, 0, 0, 0, 0x99]), "no rule"),
     ] {
-        let r =
-            l.fp.test_run(Program::PortIngress, &frame(dst, A, 64), l.pa, 0)
-                .unwrap();
+        let r = l.run_from_a(&frame(dst, A, 64));
         assert_eq!(r.verdict, TCX_REDIRECT, "{what}: to the punt TAP");
     }
     let a = l.fp.port_counters(PORT_A).unwrap();
@@ -382,7 +396,7 @@ fn broadcast_multicast_and_vlan_go_to_the_slow_path() {
         frame(MacAddr([0x01, 0x00, 0x5e, 0, 0, 1]), A, 64),
         vlan,
     ] {
-        let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+        let r = l.run_from_a(&f);
         assert_eq!(r.verdict, TCX_REDIRECT);
         assert_eq!(r.data, f);
     }
@@ -395,7 +409,7 @@ fn broadcast_multicast_and_vlan_go_to_the_slow_path() {
 fn spoofed_sources_are_dropped_unless_any_source() {
     let Some(mut l) = lab() else { return };
     let f = frame(B, C, 64);
-    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let r = l.run_from_a(&f);
     assert_eq!(r.verdict, TCX_DROP);
     assert_eq!(
         l.fp.port_counters(PORT_A).unwrap().drops.get("spoofed_src"),
@@ -409,7 +423,7 @@ fn spoofed_sources_are_dropped_unless_any_source() {
         },
     )
     .unwrap();
-    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let r = l.run_from_a(&f);
     assert_eq!(r.verdict, TCX_REDIRECT);
     assert_eq!(l.fp.port_counters(PORT_B).unwrap().tx_frames, 1);
 }
@@ -420,19 +434,9 @@ fn oversize_frames_and_gso_segments_are_dropped() {
     // MTU 1450: a 1464-byte frame is the largest that passes.
     let ok = frame(B, A, 1450 - 28);
     assert_eq!(ok.len(), 1464);
-    assert_eq!(
-        l.fp.test_run(Program::PortIngress, &ok, l.pa, 0)
-            .unwrap()
-            .verdict,
-        TCX_REDIRECT
-    );
+    assert_eq!(l.run_from_a(&ok).verdict, TCX_REDIRECT);
     let big = frame(B, A, 1450 - 28 + 1);
-    assert_eq!(
-        l.fp.test_run(Program::PortIngress, &big, l.pa, 0)
-            .unwrap()
-            .verdict,
-        TCX_DROP
-    );
+    assert_eq!(l.run_from_a(&big).verdict, TCX_DROP);
     // A GSO frame whose segments (gso_size + IPv4 + UDP headers) would exceed the MTU.
     let gso = frame(B, A, 3000); // test_run takes at most about a page
     assert_eq!(
@@ -473,12 +477,7 @@ fn the_rate_limit_drops_beyond_the_bucket() {
     let f = frame(B, A, 1000 - 42);
     assert_eq!(f.len(), 1000);
     let passed = (0..10)
-        .filter(|_| {
-            l.fp.test_run(Program::PortIngress, &f, l.pa, 0)
-                .unwrap()
-                .verdict
-                == TCX_REDIRECT
-        })
+        .filter(|_| l.run_from_a(&f).verdict == TCX_REDIRECT)
         .count();
     assert!((3..=4).contains(&passed), "{passed} passed");
     let a = l.fp.port_counters(PORT_A).unwrap();
@@ -489,21 +488,11 @@ fn the_rate_limit_drops_beyond_the_bucket() {
     assert!(l.fp.rate_available(PORT_A).unwrap().unwrap() <= 0);
     // After 5 ms, about 5000 bytes more: the bucket is full (3000) again.
     std::thread::sleep(std::time::Duration::from_millis(5));
-    assert_eq!(
-        l.fp.test_run(Program::PortIngress, &f, l.pa, 0)
-            .unwrap()
-            .verdict,
-        TCX_REDIRECT
-    );
+    assert_eq!(l.run_from_a(&f).verdict, TCX_REDIRECT);
     // Removing the limit lets everything through.
     l.fp.update_port(PORT_A, &PortPolicy::default()).unwrap();
     for _ in 0..10 {
-        assert_eq!(
-            l.fp.test_run(Program::PortIngress, &f, l.pa, 0)
-                .unwrap()
-                .verdict,
-            TCX_REDIRECT
-        );
+        assert_eq!(l.run_from_a(&f).verdict, TCX_REDIRECT);
     }
 }
 
@@ -511,14 +500,7 @@ fn the_rate_limit_drops_beyond_the_bucket() {
 fn valid_vxlan_for_a_local_port_is_decapsulated() {
     let Some(l) = lab() else { return };
     let inner = frame(A, C, 300);
-    let r =
-        l.fp.test_run(
-            Program::UnderlayIngress,
-            &vxlan(REMOTE, 1, 0x08, &inner),
-            l.underlay,
-            0,
-        )
-        .unwrap();
+    let r = l.run_from_underlay(&vxlan(REMOTE, 1, 0x08, &inner));
     assert_eq!(r.verdict, TCX_REDIRECT);
     assert_eq!(r.data, inner, "exactly the inner frame");
     let c = l.fp.link_counters(LINK_C).unwrap();
@@ -555,9 +537,7 @@ fn hostile_or_foreign_vxlan_goes_on_to_the_stack_untouched() {
         ("inner oversize", vxlan(REMOTE, 1, 0x08, &frame(A, C, 1500))),
     ];
     for (what, f) in cases {
-        let r =
-            l.fp.test_run(Program::UnderlayIngress, &f, l.underlay, 0)
-                .unwrap();
+        let r = l.run_from_underlay(&f);
         assert_eq!(r.verdict, TCX_NEXT, "{what}");
         assert_eq!(r.data, f, "{what}: untouched");
     }
@@ -620,7 +600,7 @@ fn table_updates_are_minimal_and_a_full_table_stays_slow() {
     let r = l.fp.apply_table(&compile(&ports, &rules, false)).unwrap();
     assert_eq!((r.written, r.deleted), (1, 0));
     let f = frame(B, A, 64);
-    let out = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let out = l.run_from_a(&f);
     assert_eq!(out.data.len(), f.len() + 50, "B now goes out encapsulated");
     // Five more destinations into a table of five: two fit, three stay slow (counted).
     let more: Vec<_> = (0..5u8)
@@ -633,21 +613,14 @@ fn table_updates_are_minimal_and_a_full_table_stays_slow() {
     assert_eq!(l.fp.global_counters().unwrap().table_full, 3);
     let slow = frame(MacAddr([0x52, 0x54, 0, 0, 1, 4]), A, 64);
     let punted_before = l.fp.port_counters(PORT_A).unwrap().punted_frames;
-    l.fp.test_run(Program::PortIngress, &slow, l.pa, 0).unwrap();
+    l.run_from_a(&slow);
     assert_eq!(
         l.fp.port_counters(PORT_A).unwrap().punted_frames,
         punted_before + 1
     );
     // Detaching port B turns its entries slow before its slot goes.
     l.fp.detach_port(PORT_B).unwrap();
-    let r =
-        l.fp.test_run(
-            Program::PortIngress,
-            &frame(MacAddr([0x52, 0x54, 0, 0, 1, 0]), A, 64),
-            l.pa,
-            0,
-        )
-        .unwrap();
+    let r = l.run_from_a(&frame(MacAddr([0x52, 0x54, 0, 0, 1, 0]), A, 64));
     assert_eq!(r.verdict, TCX_REDIRECT);
     assert_eq!(
         l.fp.port_counters(PORT_A).unwrap().punted_frames,
@@ -765,9 +738,7 @@ fn vxlan_whose_lengths_disagree_with_the_datagram_is_not_decapsulated() {
         ("truncated datagram", long_ip),
     ];
     for (what, f) in &cases {
-        let r =
-            l.fp.test_run(Program::UnderlayIngress, f, l.underlay, 0)
-                .unwrap();
+        let r = l.run_from_underlay(f);
         assert_eq!(
             (r.verdict, r.data == *f),
             (TCX_NEXT, true),
@@ -778,9 +749,7 @@ fn vxlan_whose_lengths_disagree_with_the_datagram_is_not_decapsulated() {
     assert_eq!((c.rx_frames, c.bad_length), (0, cases.len() as u64));
     assert_eq!(l.fp.port_counters(PORT_A).unwrap().tx_frames, 0);
     // The well-formed datagram still is decapsulated.
-    let r =
-        l.fp.test_run(Program::UnderlayIngress, &good, l.underlay, 0)
-            .unwrap();
+    let r = l.run_from_underlay(&good);
     assert_eq!((r.verdict, r.data), (TCX_REDIRECT, inner));
 }
 
@@ -790,9 +759,7 @@ fn vxlan_sent_to_another_hosts_mac_is_not_taken() {
     // As a promiscuous underlay device sees it: the stack drops it, so must the fast path.
     let mut f = vxlan(REMOTE, 1, 0x08, &frame(A, C, 100));
     f[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x77]);
-    let r =
-        l.fp.test_run(Program::UnderlayIngress, &f, l.underlay, 0)
-            .unwrap();
+    let r = l.run_from_underlay(&f);
     assert_eq!((r.verdict, r.data == f), (TCX_NEXT, true));
     assert_eq!(l.fp.link_counters(LINK_C).unwrap().rx_frames, 0);
 }
@@ -815,11 +782,7 @@ fn a_links_rate_is_charged_for_what_goes_on_to_vnetd_too() {
     reserved[49] = 1;
     let verdicts: Vec<i32> = [&bcast, &reserved, &bcast, &reserved, &bcast, &bcast]
         .iter()
-        .map(|f| {
-            l.fp.test_run(Program::UnderlayIngress, f, l.underlay, 0)
-                .unwrap()
-                .verdict
-        })
+        .map(|f| l.run_from_underlay(f).verdict)
         .collect();
     let passed = verdicts.iter().filter(|v| **v == TCX_NEXT).count();
     assert!((3..=4).contains(&passed), "{verdicts:?}");
@@ -830,14 +793,7 @@ fn a_links_rate_is_charged_for_what_goes_on_to_vnetd_too() {
         Some(6 - passed as u64)
     );
     // and the bucket is empty for what the kernel itself would deliver
-    let r =
-        l.fp.test_run(
-            Program::UnderlayIngress,
-            &vxlan(REMOTE, 1, 0x08, &frame(A, C, 100)),
-            l.underlay,
-            0,
-        )
-        .unwrap();
+    let r = l.run_from_underlay(&vxlan(REMOTE, 1, 0x08, &frame(A, C, 100)));
     assert_eq!(r.verdict, TCX_DROP);
 }
 
@@ -877,7 +833,7 @@ fn a_decision_into_another_vni_is_not_followed() {
     l.fp.apply_table(&t).unwrap();
     for (dst, what) in [(B, "a port of VNI 2"), (C, "a link of VNI 2")] {
         let f = frame(dst, A, 100);
-        let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+        let r = l.run_from_a(&f);
         assert_eq!(
             (r.verdict, r.data == f),
             (TCX_REDIRECT, true),
@@ -890,9 +846,7 @@ fn a_decision_into_another_vni_is_not_followed() {
     assert_eq!((a.rx_frames, a.punted_frames), (0, 2));
     // From link C (VNI 2) to port A (VNI 1): passed to vnetd, not delivered.
     let f = vxlan(REMOTE, 2, 0x08, &frame(A, C, 100));
-    let r =
-        l.fp.test_run(Program::UnderlayIngress, &f, l.underlay, 0)
-            .unwrap();
+    let r = l.run_from_underlay(&f);
     assert_eq!(r.verdict, TCX_NEXT);
     assert_eq!(l.fp.port_counters(PORT_A).unwrap().tx_frames, 0);
     assert_eq!(l.fp.global_counters().unwrap().vni_mismatch, 3);
@@ -961,7 +915,7 @@ fn invalidating_the_outer_cache_takes_a_changed_next_hop_at_once() {
     pin_to_one_cpu();
     let f = frame(C, A, 100);
     let dmac = |l: &Lab| {
-        let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+        let r = l.run_from_a(&f);
         assert_eq!(r.verdict, TCX_REDIRECT);
         r.data[0..6].to_vec()
     };

@@ -53,8 +53,11 @@ fn listing(client: &Client, overlay: &OverlayName, rest: &[&str]) -> Result<(Clu
 }
 
 /// A listing in JSON: one array, one line.
-fn json_array(items: impl Iterator<Item = Value>) -> String {
-    Value::Array(items.collect()).to_string() + "\n"
+fn json_array<T: serde::Serialize>(items: impl Iterator<Item = T>) -> String {
+    let v: Vec<Value> = items
+        .map(|x| serde_json::to_value(x).unwrap_or_default())
+        .collect();
+    Value::Array(v).to_string() + "\n"
 }
 
 pub fn run(client: &Client, overlay: &OverlayName, words: &[String]) -> Result<String> {
@@ -64,12 +67,7 @@ pub fn run(client: &Client, overlay: &OverlayName, words: &[String]) -> Result<S
         ["hosts", rest @ ..] => {
             let (state, json) = listing(client, overlay, rest)?;
             if json {
-                out = json_array(
-                    state
-                        .hosts()
-                        .values()
-                        .map(|h| serde_json::to_value(h).unwrap_or_default()),
-                );
+                out = json_array(state.hosts().values());
             } else {
                 let _ = writeln!(
                     out,
@@ -92,12 +90,7 @@ pub fn run(client: &Client, overlay: &OverlayName, words: &[String]) -> Result<S
         ["interfaces", rest @ ..] => {
             let (state, json) = listing(client, overlay, rest)?;
             if json {
-                out = json_array(
-                    state
-                        .interfaces()
-                        .values()
-                        .map(|i| serde_json::to_value(i).unwrap_or_default()),
-                );
+                out = json_array(state.interfaces().values());
             } else {
                 let _ = writeln!(
                     out,
