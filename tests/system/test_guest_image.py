@@ -17,6 +17,7 @@ import pytest
 from vnetlab import netlab
 
 from guest import qemu
+from test_vhost import iperf_to_vm
 
 pytestmark = pytest.mark.no_vnetd
 
@@ -36,23 +37,6 @@ def image():
 
 def _guest_failed(g: qemu.Guest):
     return f"QEMU pid {g.pid}, accel {g.accel.name}; console:\n{g.console()[-3000:]}"
-
-
-def _iperf(ns, seconds=2, reverse=False, extra=()):
-    """iperf3 client in ``ns`` against the guest's ``iperf3 -s -D``. The guest's server
-    re-opens its listening socket after each test, slowly under TCG: retry a refused or
-    busy connection for a few seconds."""
-    args = ["iperf3", "-c", GUEST_IP, "-t", seconds, "-J", *extra] + (["-R"] if reverse else [])
-    deadline = time.monotonic() + 10
-    while True:
-        r = ns.exec(*args, check=False, timeout=seconds + 30)
-        try:
-            return netlab.parse_iperf(r.stdout)
-        except (ValueError, KeyError, netlab.LabError) as e:
-            if ("unable to connect" in str(e) or "busy" in str(e)) and time.monotonic() < deadline:
-                time.sleep(0.5)
-                continue
-            raise AssertionError(f"iperf3 {'-R ' if reverse else ''}failed ({e}): {r.stdout[-1500:]} {r.stderr[-500:]}")
 
 
 def test_guest_boots_over_tap(lab, image, record):
@@ -76,8 +60,8 @@ def test_guest_boots_over_tap(lab, image, record):
         assert ping.ok, f"no ping reply from the guest: {ping}\n{_guest_failed(g)}"
 
         t0 = time.monotonic()
-        up = _iperf(ns, seconds=2)
-        down = _iperf(ns, seconds=2, reverse=True)
+        up = iperf_to_vm(ns, GUEST_IP, seconds=2)
+        down = iperf_to_vm(ns, GUEST_IP, seconds=2, reverse=True)
         iperf_s = time.monotonic() - t0
         assert up.bytes > 0 and down.bytes > 0
         record("accel", g.accel.name)
@@ -127,7 +111,7 @@ def test_guest_boots_over_vhost_user(lab, image, record):
             assert ping.ok, f"no ping reply over vhost-user: {ping}\n{_guest_failed(g)}\n{stub_log.read_text()[-2000:]}"
             # Rate-limited: at full speed (~0.8 Gbit/s through the stub) about 1 run in 4 ends
             # with the guest reporting "input.0:id N is not a head!" (see guest/README.md).
-            up = _iperf(ns, seconds=1, extra=["-b", "20M"])
+            up = iperf_to_vm(ns, GUEST_IP, seconds=1, extra=["-b", "20M"])
             assert up.bytes > 0
             assert "is not a head" not in g.console(), _guest_failed(g)
             record("boot_to_ready_s", round(boot, 2))

@@ -21,6 +21,7 @@ import re
 import signal
 import subprocess
 import time
+from typing import Optional
 
 import pytest
 
@@ -47,14 +48,24 @@ class Pinger:
         self.proc = src.popen("ping", "-D", "-i", interval, "-W", "1", dst,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def stop(self) -> dict:
-        time.sleep(1.5)  # replies to the last requests arrive
+    def _end(self) -> tuple[str, list[float]]:
+        """Stops ping now: its output and the times of its replies."""
         netlab.stop_pid(self.proc, signal.SIGINT)
         out = self.proc.stdout.read()
+        return out, [float(t) for t in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", out, re.M)]
+
+    def first_reply_after(self, ready: float) -> tuple[str, Optional[float]]:
+        """Stops ping now: its output, and the time of its first reply at or after ``ready``
+        (None when there is none)."""
+        out, times = self._end()
+        return out, min((t for t in times if t >= ready), default=None)
+
+    def stop(self) -> dict:
+        time.sleep(1.5)  # replies to the last requests arrive
+        out, times = self._end()
         m = re.search(r"(\d+) packets transmitted, (\d+) received", out)
         assert m, out[-800:]
         sent, received = int(m.group(1)), int(m.group(2))
-        times = [float(t) for t in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", out, re.M)]
         gap = max((b - a for a, b in zip(times, times[1:])), default=0.0)
         return {"sent": sent, "received": received, "lost": sent - received, "max_gap_s": round(gap, 3),
                 "tail": out[-400:]}
@@ -164,8 +175,7 @@ def test_tap_guests_keep_their_device_and_are_back_within_a_second(lab, record):
     dev = A.interface("vm-a1")["ifname"]
     before = (ifindex(a1, dev), addresses(a1, dev))
     for sig, name in ((signal.SIGTERM, "sigterm"), (signal.SIGKILL, "sigkill")):
-        p = a1.popen("ping", "-D", "-i", "0.01", "-W", "1", b1.ip_addr,
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = Pinger(a1, b1.ip_addr)
         time.sleep(1)
         A.stop_vnetd(sig=sig)
         time.sleep(0.3)
@@ -174,10 +184,7 @@ def test_tap_guests_keep_their_device_and_are_back_within_a_second(lab, record):
         A.start_vnetd(args=netlab.own_args(A.vnetd))
         ready = time.time()
         time.sleep(2)
-        netlab.stop_pid(p, signal.SIGINT)
-        out = p.stdout.read()
-        replies = [float(t) for t in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", out, re.M)]
-        first = min((t for t in replies if t >= ready), default=None)
+        out, first = p.first_reply_after(ready)
         assert first is not None, f"no reply after the restart: {out[-800:]}"
         back = first - ready
         record(f"{name}_back_after_ready_s", round(back, 3))
@@ -265,43 +272,26 @@ def test_a_vhost_user_vm_is_served_again_after_a_restart(lab, image, record, vne
     granularity is a second); vnetd as the client (`interface add ... client`, QEMU listens):
     the new vnetd connects at once. The gap is from the new vnetd being ready to the first
     reply of a ping (10 ms apart) that ran all along."""
-    from test_vhost import SUBNET, boot, failed, vm_mac
+    from test_vhost import SUBNET, boot, failed, two_hosts
     sock = lab.workdir / "vm1.sock"
-    A, B = lab.host("A"), lab.host("B")
-    b1 = lab.guest("b1", ip=f"{SUBNET}.20", mac="52:54:00:60:01:20")
-    client = " client" if vnetd_side == "client" else ""
-    g = None
+    vms = []
     if vnetd_side == "client":
         # QEMU listens first; vnetd connects to it.
-        g = qemu_guest(lab, image, A, sock, server=True)
-    A.start_vnetd(config=f"""
-interface add vm1 vhost-user {sock} mac {vm_mac(1)} mtu {MTU}{client}
-link add to-b udp {B.underlay_ip}
-route add any {vm_mac(1)} interface vm1
-route add any {b1.mac} link to-b
-""")
-    B.start_vnetd(config=f"""
-interface add b1 tap mac {b1.mac} netns {b1.name} mtu {MTU}
-link add to-a udp {A.underlay_ip}
-route add any {b1.mac} interface b1
-route add any {vm_mac(1)} link to-a
-""")
-    b1.configure(B.interface("b1")["ifname"], MTU)
-    if g is None:
+        A, B, b1 = two_hosts(lab, sock, vm_options=" client",
+                             before_vnetd=lambda A: vms.append(qemu_guest(lab, image, A, sock, server=True)))
+        g = vms[0]
+    else:
+        A, B, b1 = two_hosts(lab, sock)
         g = boot(lab, image, A, sock, 1, reconnect=1)
     with g:
         g.wait_ready(timeout=120)
         lab.wait_ping(b1, f"{SUBNET}.1", timeout=30)
-        p = b1.popen("ping", "-D", "-i", "0.01", "-W", "1", f"{SUBNET}.1",
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = Pinger(b1, f"{SUBNET}.1")
         time.sleep(1)
         restart(A, signal.SIGKILL)
         ready = time.time()
         time.sleep(4)
-        netlab.stop_pid(p, signal.SIGINT)
-        out = p.stdout.read()
-        replies = [float(t) for t in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", out, re.M)]
-        first = min((t for t in replies if t >= ready), default=None)
+        out, first = p.first_reply_after(ready)
         assert first is not None, f"no reply after the restart: {out[-600:]}\n{failed(g, A)}"
         back = first - ready
         record(f"{vnetd_side}_back_after_ready_s", round(back, 3))

@@ -62,9 +62,11 @@ def failed(g, host=None):
     return s
 
 
-def iperf_to_vm(client, ip, seconds=2, reverse=False):
-    """iperf3 from a namespace to a VM's ``iperf3 -s -D`` (slow to re-listen under TCG)."""
-    args = ["iperf3", "-c", ip, "-t", seconds, "-J"] + (["-R"] if reverse else [])
+def iperf_to_vm(client, ip, seconds=2, reverse=False, extra=()):
+    """iperf3 from a namespace to a VM's ``iperf3 -s -D``. The guest's server re-opens its
+    listening socket after each test, slowly under TCG: a refused or busy connection is
+    retried for a few seconds."""
+    args = ["iperf3", "-c", ip, "-t", seconds, "-J", *extra] + (["-R"] if reverse else [])
     deadline = time.monotonic() + 15
     while True:
         r = client.exec(*args, check=False, timeout=seconds + 40)
@@ -74,16 +76,19 @@ def iperf_to_vm(client, ip, seconds=2, reverse=False):
             if ("unable to connect" in str(e) or "busy" in str(e)) and time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue
-            raise AssertionError(f"iperf3 failed ({e}): {r.stdout[-1500:]} {r.stderr[-500:]}")
+            raise AssertionError(f"iperf3 {'-R ' if reverse else ''}failed ({e}): {r.stdout[-1500:]} {r.stderr[-500:]}")
 
 
-def two_hosts(lab, vm_sock, extra_a=""):
-    """Host A serves a vhost-user interface ``vm1`` (MAC vm_mac(1)); host B a namespace guest
-    ``b1`` (.20) on a TAP; UDP links both ways."""
+def two_hosts(lab, vm_sock, extra_a="", vm_options="", before_vnetd=None):
+    """Host A serves a vhost-user interface ``vm1`` (MAC vm_mac(1); ``vm_options`` appended to
+    its line); host B a namespace guest ``b1`` (.20) on a TAP; UDP links both ways.
+    ``before_vnetd(A)`` runs before A's vnetd starts (a VM that must listen first)."""
     A, B = lab.host("A"), lab.host("B")
     b1 = lab.guest("b1", ip=f"{SUBNET}.20", mac="52:54:00:60:01:20")
+    if before_vnetd is not None:
+        before_vnetd(A)
     A.start_vnetd(config=f"""
-interface add vm1 vhost-user {vm_sock} mac {vm_mac(1)} mtu {MTU}
+interface add vm1 vhost-user {vm_sock} mac {vm_mac(1)} mtu {MTU}{vm_options}
 link add to-b udp {B.underlay_ip}
 route add any {vm_mac(1)} interface vm1
 route add any {b1.mac} link to-b
@@ -258,6 +263,36 @@ def test_multiqueue_vm(lab, image, record):
 FRONTEND = os.environ.get("VHOST_FRONTEND", str(netlab.REPO / "target" / "release" / "vhost-frontend"))
 
 
+def run_hostile_frontend(lab, net: int, sock_name: str, args, timeout: int):
+    """Runs crates/vnet-frontend's hostile mode (``args``) against a vhost-user interface ``hv``
+    of host A's vnetd, whose namespace guests g1 and g2 (192.168.NET.1 and .2) share it with a
+    flood ping from g1 to their broadcast address (which also reaches ``hv``). Returns host A,
+    the two guests, the socket and the frontend's run."""
+    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
+    A = lab.host("A")
+    g1 = lab.guest("g1", ip=f"192.168.{net}.1", mac=f"52:54:00:{net}:00:01")
+    g2 = lab.guest("g2", ip=f"192.168.{net}.2", mac=f"52:54:00:{net}:00:02")
+    sock = lab.workdir / sock_name
+    A.start_vnetd(config=f"""
+interface add hv vhost-user {sock} mac 52:54:00:{net}:00:09
+interface add g1 tap mac {g1.mac} netns {g1.name}
+interface add g2 tap mac {g2.mac} netns {g2.name}
+route add any {g1.mac} interface g1
+route add any {g2.mac} interface g2
+route add any 52:54:00:{net}:00:09 interface hv
+""")
+    g1.configure(A.interface("g1")["ifname"])
+    g2.configure(A.interface("g2")["ifname"])
+    flood = g1.popen("ping", "-f", "-b", "-W", "1", f"192.168.{net}.255",
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = subprocess.run([FRONTEND, "-s", str(sock), "hostile", *args],
+                           capture_output=True, text=True, timeout=timeout)
+    finally:
+        netlab.stop_pid(flood)
+    return A, g1, g2, sock, r
+
+
 def test_hostile_frontend(lab, record):
     """Every misbehaviour of crates/vnet-frontend's hostile mode (descriptors outside guest
     memory, looping chains, absurd lengths, bad ring sizes and addresses, bad memory tables,
@@ -266,28 +301,7 @@ def test_hostile_frontend(lab, record):
     vhost-user interface): the daemon survives, the other interfaces keep forwarding, the
     memory outside the declared regions is never touched, and each misbehaviour is refused
     (connection dropped and device reset, or the chain dropped and counted)."""
-    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
-    A = lab.host("A")
-    g1 = lab.guest("g1", ip="192.168.61.1", mac="52:54:00:61:00:01")
-    g2 = lab.guest("g2", ip="192.168.61.2", mac="52:54:00:61:00:02")
-    sock = lab.workdir / "hostile.sock"
-    A.start_vnetd(config=f"""
-interface add hv vhost-user {sock} mac 52:54:00:61:00:09
-interface add g1 tap mac {g1.mac} netns {g1.name}
-interface add g2 tap mac {g2.mac} netns {g2.name}
-route add any {g1.mac} interface g1
-route add any {g2.mac} interface g2
-route add any 52:54:00:61:00:09 interface hv
-""")
-    g1.configure(A.interface("g1")["ifname"])
-    g2.configure(A.interface("g2")["ifname"])
-    flood = g1.popen("ping", "-f", "-b", "-W", "1", "192.168.61.255",
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        r = subprocess.run([FRONTEND, "-s", str(sock), "hostile", "--case", "all"],
-                           capture_output=True, text=True, timeout=900)
-    finally:
-        netlab.stop_pid(flood)
+    A, g1, g2, sock, r = run_hostile_frontend(lab, 61, "hostile.sock", ["--case", "all"], timeout=900)
     assert r.stdout.strip(), r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert A.vnetd.alive(), A.vnetd.log_text()[-3000:]
@@ -485,28 +499,8 @@ def test_hostile_frontend_cuts_guest_memory_short(lab, record):
     touching it is SIGBUS, which vnetd survives. It drops that frontend and counts it
     (`memory_faults`), the other interfaces keep forwarding, and a new frontend connects and
     moves frames. A memfd that can be sealed is sealed by vnetd, so cutting it is refused."""
-    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
-    A = lab.host("A")
-    g1 = lab.guest("g1", ip="192.168.63.1", mac="52:54:00:63:00:01")
-    g2 = lab.guest("g2", ip="192.168.63.2", mac="52:54:00:63:00:02")
-    sock = lab.workdir / "cut.sock"
-    A.start_vnetd(config=f"""
-interface add hv vhost-user {sock} mac 52:54:00:63:00:09
-interface add g1 tap mac {g1.mac} netns {g1.name}
-interface add g2 tap mac {g2.mac} netns {g2.name}
-route add any {g1.mac} interface g1
-route add any {g2.mac} interface g2
-route add any 52:54:00:63:00:09 interface hv
-""")
-    g1.configure(A.interface("g1")["ifname"])
-    g2.configure(A.interface("g2")["ifname"])
-    flood = g1.popen("ping", "-f", "-b", "-W", "1", "192.168.63.255",
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        r = subprocess.run([FRONTEND, "-s", str(sock), "hostile", "--case", "mem_truncate", "--rx-wait", "1"],
-                           capture_output=True, text=True, timeout=120)
-    finally:
-        netlab.stop_pid(flood)
+    A, g1, g2, sock, r = run_hostile_frontend(lab, 63, "cut.sock",
+                                              ["--case", "mem_truncate", "--rx-wait", "1"], timeout=120)
     assert A.vnetd.alive(), f"vnetd died: {A.vnetd.log_text()[-3000:]}\n{r.stderr[-1000:]}"
     out = json.loads(r.stdout)
     res = {x["variant"]: x for x in out["results"]}

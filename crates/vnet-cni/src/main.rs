@@ -223,6 +223,10 @@ fn add(cfg: &Config, env: &Env) -> Result<String, CniError> {
         return Err(ctl_error(e));
     }
 
+    let ipam_net = |s: &str, what: &str| {
+        s.parse::<IpNet>()
+            .map_err(|e| CniError::new(code::IPAM, what, e))
+    };
     let setup = || -> Result<AddResult, CniError> {
         if ns_name.is_none() {
             link::move_to_netns(&dev, &netns)
@@ -230,18 +234,12 @@ fn add(cfg: &Config, env: &Env) -> Result<String, CniError> {
         }
         let mut addresses = Vec::new();
         for ip in &ipam.ips {
-            let n: IpNet = ip
-                .address
-                .parse()
-                .map_err(|e| CniError::new(code::IPAM, "IPAM address", e))?;
+            let n = ipam_net(&ip.address, "IPAM address")?;
             addresses.push((n.addr, n.prefix));
         }
         let mut routes = Vec::new();
         for r in &ipam.routes {
-            let n: IpNet = r
-                .dst
-                .parse()
-                .map_err(|e| CniError::new(code::IPAM, "IPAM route", e))?;
+            let n = ipam_net(&r.dst, "IPAM route")?;
             let gw = match &r.gw {
                 Some(g) => Some(
                     g.parse::<IpAddr>()

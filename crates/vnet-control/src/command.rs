@@ -838,6 +838,15 @@ fn set_once<T>(slot: &mut Option<T>, v: T, opt: &str) -> Result<(), ParseError> 
     Ok(())
 }
 
+/// `s` itself when `ok`, else the error `invalid WHAT 's'RULE`.
+fn checked(s: &str, ok: bool, what: &str, rule: &str) -> Result<String, ParseError> {
+    if ok {
+        Ok(s.to_string())
+    } else {
+        err(format!("invalid {what} {}{rule}", quote(s)))
+    }
+}
+
 fn name(s: &str) -> Result<String, ParseError> {
     let ok = !s.is_empty()
         && s.len() <= 32
@@ -847,14 +856,12 @@ fn name(s: &str) -> Result<String, ParseError> {
             s,
             "add" | "del" | "any" | "not" | "broadcast" | "interface" | "link"
         );
-    if ok {
-        Ok(s.to_string())
-    } else {
-        err(format!(
-            "invalid name {} (1 to 32 of A-Z a-z 0-9 _ - ., not a keyword)",
-            quote(s)
-        ))
-    }
+    checked(
+        s,
+        ok,
+        "name",
+        " (1 to 32 of A-Z a-z 0-9 _ - ., not a keyword)",
+    )
 }
 
 fn ifname(s: &str) -> Result<String, ParseError> {
@@ -864,14 +871,12 @@ fn ifname(s: &str) -> Result<String, ParseError> {
         && s != ".."
         && s.bytes()
             .all(|c| c.is_ascii_graphic() && c != b'/' && c != b':');
-    if ok {
-        Ok(s.to_string())
-    } else {
-        err(format!(
-            "invalid device name {} (1 to 15 printable characters, no / or :)",
-            quote(s)
-        ))
-    }
+    checked(
+        s,
+        ok,
+        "device name",
+        " (1 to 15 printable characters, no / or :)",
+    )
 }
 
 fn socket_path(s: &str) -> Result<String, ParseError> {
@@ -879,14 +884,12 @@ fn socket_path(s: &str) -> Result<String, ParseError> {
         && s.len() <= 107
         && !s.split('/').any(|c| c == "..")
         && s.bytes().all(|c| c.is_ascii_graphic());
-    if ok {
-        Ok(s.to_string())
-    } else {
-        err(format!(
-            "invalid socket path {} (absolute, at most 107 bytes, no ..)",
-            quote(s)
-        ))
-    }
+    checked(
+        s,
+        ok,
+        "socket path",
+        " (absolute, at most 107 bytes, no ..)",
+    )
 }
 
 fn netns(s: &str) -> Result<String, ParseError> {
@@ -895,11 +898,7 @@ fn netns(s: &str) -> Result<String, ParseError> {
         && s != "."
         && s != ".."
         && s.bytes().all(|c| c.is_ascii_graphic() && c != b'/');
-    if ok {
-        Ok(s.to_string())
-    } else {
-        err(format!("invalid namespace name {}", quote(s)))
-    }
+    checked(s, ok, "namespace name", "")
 }
 
 fn mac(s: &str) -> Result<MacAddr, ParseError> {

@@ -791,6 +791,13 @@ mod tests {
         cfg.apply(&cmd, &mut mac_gen())
     }
 
+    /// Asserts that `line` parses but the configuration refuses it, saying `why`.
+    #[track_caller]
+    fn refused(cfg: &mut Config, line: &str, why: &str) {
+        let e = run(cfg, line).unwrap_err().0;
+        assert!(e.contains(why), "{line}: {e}");
+    }
+
     #[test]
     fn veth_and_netdev_interfaces() {
         let mut c = Config::default();
@@ -849,24 +856,20 @@ mod tests {
         };
         assert_eq!((i.ifname.as_str(), i.mtu, i.vni), ("vn-vm1", 1500, 1));
         assert!(i.mac.is_unicast());
-        assert!(run(&mut c, "interface add vm1 tap")
-            .unwrap_err()
-            .0
-            .contains("exists"));
-        assert!(run(&mut c, "interface add vm2 tap ifname vn-vm1")
-            .unwrap_err()
-            .0
-            .contains("already used"));
-        assert!(run(&mut c, "interface add vm2 tap mac 02:00:00:00:00:01")
-            .unwrap_err()
-            .0
-            .contains("MAC"));
+        refused(&mut c, "interface add vm1 tap", "exists");
+        refused(
+            &mut c,
+            "interface add vm2 tap ifname vn-vm1",
+            "already used",
+        );
+        refused(&mut c, "interface add vm2 tap mac 02:00:00:00:00:01", "MAC");
         // same MAC in another VNI is fine
         run(&mut c, "interface add vm2 tap mac 02:00:00:00:00:01 vni 2").unwrap();
-        assert!(run(&mut c, "interface add vm3 tap mac 01:00:5e:00:00:01")
-            .unwrap_err()
-            .0
-            .contains("unicast"));
+        refused(
+            &mut c,
+            "interface add vm3 tap mac 01:00:5e:00:00:01",
+            "unicast",
+        );
         let long = run(
             &mut c,
             "interface add averyveryverylongname tap mac 02:00:00:00:00:0f",
@@ -882,10 +885,7 @@ mod tests {
     fn link_clashes() {
         let mut c = Config::default();
         run(&mut c, "link add b udp 10.0.0.2").unwrap();
-        assert!(run(&mut c, "link add b2 udp 10.0.0.2:5000")
-            .unwrap_err()
-            .0
-            .contains("already covers"));
+        refused(&mut c, "link add b2 udp 10.0.0.2:5000", "already covers");
         run(&mut c, "link add b2 udp 10.0.0.2 vni 2").unwrap();
         run(&mut c, "link add l direct eth0").unwrap();
         assert!(run(&mut c, "link add l2 direct eth0 vni 2").is_err());
@@ -897,15 +897,13 @@ mod tests {
         let mut c = Config::default();
         run(&mut c, "interface add vm1 tap mac 02:00:00:00:00:01").unwrap();
         run(&mut c, "link add b udp 10.0.0.2").unwrap();
-        assert!(run(&mut c, "route add any any link nope")
-            .unwrap_err()
-            .0
-            .contains("no link"));
+        refused(&mut c, "route add any any link nope", "no link");
         run(&mut c, "route add any 02:00:00:00:00:01 interface vm1").unwrap();
-        assert!(run(&mut c, "route add any 02:00:00:00:00:01 interface vm1")
-            .unwrap_err()
-            .0
-            .contains("exists"));
+        refused(
+            &mut c,
+            "route add any 02:00:00:00:00:01 interface vm1",
+            "exists",
+        );
         run(&mut c, "route add any 02:00:00:00:00:09 link b").unwrap();
         // replace moves the MAC to the link in one step
         run(&mut c, "route replace any 02:00:00:00:00:01 link b").unwrap();
@@ -1005,20 +1003,14 @@ mod tests {
                 rate: None
             }
         );
-        assert!(run(&mut c, "interface set nope any-source on")
-            .unwrap_err()
-            .0
-            .contains("no interface"));
+        refused(&mut c, "interface set nope any-source on", "no interface");
         // links: added with a rate, changed, deleted with the rate cleared first
         let ch = run(&mut c, "link add b udp 10.0.0.2 rate 100").unwrap();
         assert_eq!(ch.len(), 2);
         assert!(
             matches!(&ch[1], Change::Policy { kind: DestKind::Link, new, .. } if new.rate.is_some())
         );
-        assert!(run(&mut c, "link set nope rate 5")
-            .unwrap_err()
-            .0
-            .contains("no link"));
+        refused(&mut c, "link set nope rate 5", "no link");
         run(&mut c, "link set b rate 5 burst 64").unwrap();
         assert_eq!(c.link_policy("b").rate.map(|r| r.mbit), Some(5));
         let ch = run(&mut c, "link del b").unwrap();
@@ -1054,10 +1046,7 @@ mod tests {
             c4.apply(&cmd, &mut mac_gen()).unwrap();
         }
         assert_eq!(c3, c4);
-        assert!(run(&mut c4, "set adaptive-high 10")
-            .unwrap_err()
-            .0
-            .contains("must not exceed"));
+        refused(&mut c4, "set adaptive-high 10", "must not exceed");
         let ch = Change::AddListener("10.0.0.1:1".parse().unwrap());
         assert_eq!(ch.inverse().inverse(), ch);
     }

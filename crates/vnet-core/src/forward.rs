@@ -208,11 +208,8 @@ impl RouteCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::mac;
     use crate::MacMatch;
-
-    fn mac(last: u8) -> MacAddr {
-        MacAddr([0x52, 0x54, 0, 0, 0, last])
-    }
 
     const IF_A: PortId = PortId(1);
     const IF_B: PortId = PortId(2);

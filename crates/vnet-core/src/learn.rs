@@ -115,10 +115,7 @@ impl LearnTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn mac(last: u8) -> MacAddr {
-        MacAddr([0x52, 0x54, 0, 0, 0, last])
-    }
+    use crate::testing::mac;
 
     #[test]
     fn learns_moves_and_ages() {

@@ -13,6 +13,8 @@ mod matrix;
 mod ratelimit;
 mod route;
 mod stats;
+#[cfg(test)]
+mod testing;
 
 pub use forward::{Decision, ForwardingTable, PortInfo, PortKind, RouteCache, Targets};
 pub use learn::{LearnTable, LEARN_AGE_MS, LEARN_CAPACITY};

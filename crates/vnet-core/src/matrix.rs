@@ -111,10 +111,7 @@ impl TrafficMatrix {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn mac(last: u8) -> MacAddr {
-        MacAddr([2, 0, 0, 0, 0, last])
-    }
+    use crate::testing::mac;
 
     #[test]
     fn records_merges_and_bounds() {

@@ -110,10 +110,7 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn mac(last: u8) -> MacAddr {
-        MacAddr([0x52, 0x54, 0, 0, 0, last])
-    }
+    use crate::testing::mac;
 
     fn rule(src: MacMatch, dst: MacMatch, dest: u32) -> RouteRule {
         RouteRule {

@@ -533,13 +533,25 @@ mod tests {
     use std::os::fd::{AsRawFd, RawFd};
     use std::sync::atomic::AtomicU32;
 
-    /// A reader with a bug: its first `panics` reads panic (its descriptor stays readable).
-    struct Buggy {
+    /// A test reader: its first `panics` reads panic (a bug; its descriptor stays readable),
+    /// the others count the events signalled on its descriptor.
+    struct TestReader {
         fd: EventFd,
         panics: AtomicU32,
+        seen: AtomicU64,
     }
 
-    impl Reader for Buggy {
+    impl TestReader {
+        fn new(panics: u32) -> Arc<Self> {
+            Arc::new(TestReader {
+                fd: sys::eventfd().expect("eventfd"),
+                panics: AtomicU32::new(panics),
+                seen: AtomicU64::new(0),
+            })
+        }
+    }
+
+    impl Reader for TestReader {
         fn fd(&self) -> RawFd {
             self.fd.as_raw_fd()
         }
@@ -548,22 +560,6 @@ mod tests {
                 self.panics.fetch_sub(1, SeqCst);
                 panic!("a reader bug (test)");
             }
-            let _ = self.fd.read();
-            Ok(0)
-        }
-    }
-
-    /// A healthy reader: counts the events signalled on its descriptor.
-    struct Counting {
-        fd: EventFd,
-        seen: AtomicU64,
-    }
-
-    impl Reader for Counting {
-        fn fd(&self) -> RawFd {
-            self.fd.as_raw_fd()
-        }
-        fn drain(&self, _: &mut RxWork, _: &Shared, _: &Snapshot) -> io::Result<usize> {
             match self.fd.read() {
                 Ok(n) => {
                     self.seen.fetch_add(n, SeqCst);
@@ -602,14 +598,8 @@ mod tests {
             (DispatchMode::GuestDriven, 3),
         ] {
             let mut d = one_dispatcher(mode);
-            let buggy = Arc::new(Buggy {
-                fd: sys::eventfd().expect("eventfd"),
-                panics: AtomicU32::new(panics),
-            });
-            let good = Arc::new(Counting {
-                fd: sys::eventfd().expect("eventfd"),
-                seen: AtomicU64::new(0),
-            });
+            let buggy = TestReader::new(panics);
+            let good = TestReader::new(0);
             struct Shim<R>(Arc<R>);
             impl<R: Reader> Reader for Shim<R> {
                 fn fd(&self) -> RawFd {

@@ -360,25 +360,11 @@ pub fn remove_pinned(dir: &std::path::Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ip(args: &str) {
-        let st = std::process::Command::new("ip")
-            .args(args.split(' '))
-            .status()
-            .expect("ip (iproute2) runs");
-        assert!(st.success(), "ip {args}");
-    }
+    use crate::testing::{ip, private_netns};
 
     #[test]
     fn the_kernel_takes_a_link_only_where_its_datagrams_cross_the_program() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root (a network namespace of its own)");
-            return;
-        }
-        // SAFETY: unshare changes only this thread's namespace; the test's thread is its own.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!("skipped: unshare: {}", std::io::Error::last_os_error());
+        if !private_netns() {
             return;
         }
         ip("link set lo up");

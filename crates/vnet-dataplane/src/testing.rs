@@ -1,6 +1,7 @@
 //! Test support for the hot path without root: a `Shared` whose VXLAN socket is on loopback,
 //! snapshots built from test ports, a port that records what it was given, and a guest NIC
-//! that records what it was written.
+//! that records what it was written. For the few tests that need root: a network namespace
+//! of the test's own and `ip` to fill it.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::AtomicUsize;
@@ -20,6 +21,32 @@ use crate::nic::GuestNic;
 use crate::port::{Frame, Port, Tx};
 use crate::shared::{PortEntry, Shared, Snapshot};
 use crate::udp::VxlanSocket;
+
+/// Moves the calling test's thread into a network namespace of its own; false (with a line
+/// saying why the test skips) without root or when unshare fails.
+pub fn private_netns() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root (a network namespace of its own)");
+        return false;
+    }
+    // SAFETY: unshare changes only this thread's namespace (threads it starts later inherit
+    // it); each test's thread is its own.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        eprintln!("skipped: unshare: {}", std::io::Error::last_os_error());
+        return false;
+    }
+    true
+}
+
+/// Runs `ip` with the words of `args`; panics if it fails.
+pub fn ip(args: &str) {
+    let st = std::process::Command::new("ip")
+        .args(args.split(' '))
+        .status()
+        .expect("ip (iproute2) runs");
+    assert!(st.success(), "ip {args}");
+}
 
 pub fn mac(last: u8) -> MacAddr {
     MacAddr([0x52, 0x54, 0, 0, 0, last])

@@ -104,25 +104,12 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
     use std::sync::Arc;
 
-    fn ip(args: &str) {
-        let st = std::process::Command::new("ip")
-            .args(args.split(' '))
-            .status()
-            .expect("ip (iproute2) runs");
-        assert!(st.success(), "ip {args}");
-    }
+    use crate::testing::{ip, private_netns};
 
     #[test]
     fn changes_are_reported_and_coalesced() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root (a network namespace of its own)");
-            return;
-        }
-        // SAFETY: unshare changes only this thread's namespace (the watcher thread started
-        // below inherits it); the test's thread is its own.
-        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!("skipped: unshare: {}", io::Error::last_os_error());
+        // (the watcher thread started below inherits the namespace)
+        if !private_netns() {
             return;
         }
         let calls = Arc::new(AtomicUsize::new(0));

@@ -58,92 +58,34 @@ const volatile struct fp_config cfg = {
 #define cfg_max_ports cfg.max_ports
 #define cfg_vxlan_port_be cfg.vxlan_port_be
 
-/* Sizes are placeholders: the loader sets every max_entries from FastPathConfig. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
-	__type(key, __u32); /* ifindex */
-	__type(value, struct port_val);
-} ports SEC(".maps");
+/* A map definition, as libbpf reads it from BTF. Sizes are placeholders: the loader sets every
+ * max_entries from FastPathConfig. */
+#define FP_MAP(kind, entries, key_type, value_type)                                            \
+	struct {                                                                               \
+		__uint(type, kind);                                                            \
+		__uint(max_entries, entries);                                                  \
+		__type(key, key_type);                                                         \
+		__type(value, value_type);                                                     \
+	}
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 256);
-	__type(key, __u32); /* port slot */
-	__type(value, struct port_val);
-} port_slots SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
-	__type(key, __u32); /* punt TAP ifindex */
-	__type(value, __u32); /* port slot */
-} punts SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
-	__type(key, struct link_key);
-	__type(value, __u32); /* link slot */
-} links_rx SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 256);
-	__type(key, __u32); /* link slot */
-	__type(value, struct link_val);
-} links SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 256);
-	__type(key, __u32); /* link slot */
-	__type(value, struct link_cache);
-} link_cache SEC(".maps");
-
+FP_MAP(BPF_MAP_TYPE_HASH, 256, __u32, struct port_val) ports SEC(".maps"); /* by ifindex */
+FP_MAP(BPF_MAP_TYPE_ARRAY, 256, __u32, struct port_val) port_slots SEC(".maps"); /* by slot */
+/* punt TAP ifindex -> port slot */
+FP_MAP(BPF_MAP_TYPE_HASH, 256, __u32, __u32) punts SEC(".maps");
+FP_MAP(BPF_MAP_TYPE_HASH, 256, struct link_key, __u32) links_rx SEC(".maps"); /* -> link slot */
+FP_MAP(BPF_MAP_TYPE_ARRAY, 256, __u32, struct link_val) links SEC(".maps"); /* by link slot */
+/* by link slot */
+FP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 256, __u32, struct link_cache) link_cache SEC(".maps");
 /* Bumped by vnetd when the underlay's routes, neighbours, links or addresses change: a cached
  * outer next hop filled under an older value is not used again. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} outer_epoch SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, struct fwd_key);
-	__type(value, struct fwd_val);
-} fwd SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 512);
-	__type(key, __u32); /* port slot, or max_ports + link slot */
-	__type(value, struct rate_val);
-} rates SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 512);
-	__type(key, __u32); /* port slot, or max_ports + link slot */
-	__type(value, __u64[C_COUNT]);
-} counters SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64[G_COUNT]);
-} global SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_PERCPU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct matrix_key);
-	__type(value, struct matrix_val);
-} matrix SEC(".maps");
+FP_MAP(BPF_MAP_TYPE_ARRAY, 1, __u32, __u32) outer_epoch SEC(".maps");
+FP_MAP(BPF_MAP_TYPE_HASH, 4096, struct fwd_key, struct fwd_val) fwd SEC(".maps");
+/* by port slot, or max_ports + link slot */
+FP_MAP(BPF_MAP_TYPE_ARRAY, 512, __u32, struct rate_val) rates SEC(".maps");
+/* by port slot, or max_ports + link slot */
+FP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 512, __u32, __u64[C_COUNT]) counters SEC(".maps");
+FP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 1, __u32, __u64[G_COUNT]) global SEC(".maps");
+FP_MAP(BPF_MAP_TYPE_LRU_PERCPU_HASH, 65536, struct matrix_key, struct matrix_val) matrix SEC(".maps");
 
 /* CO-RE views of the kernel's skb, for the GSO type (not in __sk_buff). */
 struct sk_buff___fp {
@@ -248,25 +190,43 @@ static __always_inline void matrix_count(__u32 vni, const __u8 *src, const __u8 
 	}
 }
 
+/* Counts a frame of `len` bytes forwarded from counters `from` to counters `to`, and in the
+ * traffic matrix. */
+static __always_inline void count_forwarded(__u64 *from, __u64 *to, __u32 vni,
+					    const struct ethhdr *eth, __u64 len)
+{
+	count(from, C_RX_FRAMES, 1);
+	count(from, C_RX_BYTES, len);
+	count(to, C_TX_FRAMES, 1);
+	count(to, C_TX_BYTES, len);
+	matrix_count(vni, eth->h_source, eth->h_dest, len);
+}
+
+/* The entry of key `k` narrowed to source `src` (as `kind`), when `v` says such entries exist
+ * for it; NULL otherwise. */
+static __always_inline struct fwd_val *fwd_by_src(const struct fwd_val *v, struct fwd_key *k,
+						  __u16 kind, const __u8 *src)
+{
+	if (!(v->flags & FWDF_CHECK_SRC))
+		return 0;
+	k->kind = kind;
+	mac_copy(k->src, src);
+	return bpf_map_lookup_elem(&fwd, k);
+}
+
 /* The compiled forwarding decision for (vni, src, dst): ACT_* << 24 | slot; ACT_NONE when no
  * rule matches. Ranks, as vnet_core::RouteTable: (src,dst) > (any,dst) > (src,any) > (any,any). */
 static __always_inline __u32 fwd_decide(__u32 vni, const __u8 *src, const __u8 *dst)
 {
 	struct fwd_key k = { .vni = vni, .kind = FWD_DST };
-	struct fwd_val *v;
+	struct fwd_val *v, *s;
 
 	mac_copy(k.dst, dst);
 	v = bpf_map_lookup_elem(&fwd, &k);
 	if (v) {
-		if (v->flags & FWDF_CHECK_SRC) {
-			struct fwd_val *s;
-
-			k.kind = FWD_SRC_DST;
-			mac_copy(k.src, src);
-			s = bpf_map_lookup_elem(&fwd, &k);
-			if (s)
-				return s->action;
-		}
+		s = fwd_by_src(v, &k, FWD_SRC_DST, src);
+		if (s)
+			return s->action;
 		if (ACT_KIND(v->action) != ACT_NONE)
 			return v->action;
 	}
@@ -276,16 +236,8 @@ static __always_inline __u32 fwd_decide(__u32 vni, const __u8 *src, const __u8 *
 	v = bpf_map_lookup_elem(&fwd, &k);
 	if (!v)
 		return ACT_NONE << 24;
-	if (v->flags & FWDF_CHECK_SRC) {
-		struct fwd_val *s;
-
-		k.kind = FWD_SRC;
-		mac_copy(k.src, src);
-		s = bpf_map_lookup_elem(&fwd, &k);
-		if (s)
-			return s->action;
-	}
-	return v->action;
+	s = fwd_by_src(v, &k, FWD_SRC, src);
+	return s ? s->action : v->action;
 }
 
 /* Header lengths of a GSO frame's L3 + L4 (for the gso_size check), or 0 if unknown. */
@@ -333,6 +285,21 @@ static __always_inline __u16 ip_csum(const void *ip)
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
 	return (__u16)~sum;
+}
+
+/* The fast-path port in `slot` if a frame of VNI `vni` may go to it: never into another VNI
+ * (counted), as isolation does not rest on compile() alone. NULL otherwise. */
+static __always_inline struct port_val *port_of_vni(__u32 slot, __u32 vni)
+{
+	struct port_val *to = bpf_map_lookup_elem(&port_slots, &slot);
+
+	if (!to || !to->ifindex)
+		return 0;
+	if (to->vni != vni) {
+		count_global(G_VNI_MISMATCH);
+		return 0;
+	}
+	return to;
 }
 
 /* Deliver a frame to a fast-path port's guest. */
@@ -484,7 +451,7 @@ int port_ingress(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 	struct port_val *p = bpf_map_lookup_elem(&ports, &ifindex);
 	struct ethhdr eth;
-	__u64 *pc, *tc;
+	__u64 *pc;
 	__u32 len = skb->len, act, slot;
 	__u32 limit;
 	int vlan, rc;
@@ -530,20 +497,10 @@ int port_ingress(struct __sk_buff *skb)
 
 		if (slot == p->slot)
 			goto punt; /* decide() drops this; vnetd will too */
-		to = bpf_map_lookup_elem(&port_slots, &slot);
-		if (!to || !to->ifindex)
+		to = port_of_vni(slot, p->vni);
+		if (!to)
 			goto punt;
-		if (to->vni != p->vni) {
-			/* Isolation does not rest on compile() alone: never into another VNI. */
-			count_global(G_VNI_MISMATCH);
-			goto punt;
-		}
-		count(pc, C_RX_FRAMES, 1);
-		count(pc, C_RX_BYTES, len);
-		tc = counters_of(slot);
-		count(tc, C_TX_FRAMES, 1);
-		count(tc, C_TX_BYTES, len);
-		matrix_count(p->vni, eth.h_source, eth.h_dest, len);
+		count_forwarded(pc, counters_of(slot), p->vni, &eth, len);
 		return deliver(to, 1);
 	}
 	case ACT_LINK: {
@@ -560,12 +517,7 @@ int port_ingress(struct __sk_buff *skb)
 			count(pc, -rc, 1);
 			goto punt;
 		}
-		count(pc, C_RX_FRAMES, 1);
-		count(pc, C_RX_BYTES, len);
-		tc = counters_of(cfg_max_ports + slot);
-		count(tc, C_TX_FRAMES, 1);
-		count(tc, C_TX_BYTES, len);
-		matrix_count(p->vni, eth.h_source, eth.h_dest, len);
+		count_forwarded(pc, counters_of(cfg_max_ports + slot), p->vni, &eth, len);
 		return rc;
 	}
 	default:
@@ -588,7 +540,7 @@ static __always_inline int from_link(struct __sk_buff *skb, __u32 lslot, const s
 {
 	struct ethhdr in;
 	struct port_val *to;
-	__u64 *lc, *tc;
+	__u64 *lc;
 	__u32 act, slot, ilen = skb->len - off;
 	int ip;
 
@@ -601,13 +553,9 @@ static __always_inline int from_link(struct __sk_buff *skb, __u32 lslot, const s
 	if (ACT_KIND(act) != ACT_PORT)
 		return TCX_NEXT;
 	slot = ACT_SLOT(act);
-	to = bpf_map_lookup_elem(&port_slots, &slot);
-	if (!to || !to->ifindex)
+	to = port_of_vni(slot, l->vni);
+	if (!to)
 		return TCX_NEXT;
-	if (to->vni != l->vni) {
-		count_global(G_VNI_MISMATCH);
-		return TCX_NEXT;
-	}
 	if (!skb->gso_size && ilen > to->mtu + ETH_HLEN)
 		return TCX_NEXT; /* vnetd drops it as oversize */
 	lc = counters_of(cfg_max_ports + lslot);
@@ -624,12 +572,7 @@ static __always_inline int from_link(struct __sk_buff *skb, __u32 lslot, const s
 		if (bpf_skb_store_bytes(skb, 0, &in, sizeof(in), 0))
 			return TCX_DROP;
 	}
-	count(lc, C_RX_FRAMES, 1);
-	count(lc, C_RX_BYTES, ilen);
-	tc = counters_of(slot);
-	count(tc, C_TX_FRAMES, 1);
-	count(tc, C_TX_BYTES, ilen);
-	matrix_count(l->vni, in.h_source, in.h_dest, ilen);
+	count_forwarded(lc, counters_of(slot), l->vni, &in, ilen);
 	return deliver(to, ip);
 }
 

@@ -155,6 +155,54 @@ fn has_not(r: &RouteRule) -> bool {
     matches!(r.src, MacMatch::Not(_)) || matches!(r.dst, MacMatch::Not(_))
 }
 
+/// Writes the entries of one destination key: the `base` entry (slow when a rule that matches
+/// there has a `not`; else the action of the `group`'s any-source rules, flagged to check the
+/// source when a rule names one) and a `narrow(source)` entry for each source a rule names.
+fn write_rank(
+    out: &mut CompiledTable,
+    slow: bool,
+    group: &[&RouteRule],
+    base: FwdKey,
+    narrow: impl Fn(MacAddr) -> FwdKey,
+    act: &impl Fn(&BTreeSet<PortId>) -> Action,
+) {
+    if slow {
+        let e = FwdEntry {
+            action: Action::Slow,
+            check_src: false,
+        };
+        out.entries.insert(base, e);
+        return;
+    }
+    let mut any_src = BTreeSet::new();
+    let mut by_src: BTreeMap<MacAddr, BTreeSet<PortId>> = BTreeMap::new();
+    for r in group {
+        match r.src {
+            MacMatch::Any => {
+                any_src.insert(r.dest);
+            }
+            MacMatch::Exact(s) => {
+                by_src.entry(s).or_default().insert(r.dest);
+            }
+            MacMatch::Not(_) => unreachable!("a group with a `not` is slow"),
+        }
+    }
+    for (s, t) in &by_src {
+        let e = FwdEntry {
+            action: act(t),
+            check_src: false,
+        };
+        out.entries.insert(narrow(*s), e);
+    }
+    let e = FwdEntry {
+        action: act(&any_src),
+        check_src: !by_src.is_empty(),
+    };
+    if e.action != Action::None || e.check_src {
+        out.entries.insert(base, e);
+    }
+}
+
 /// Compiles the rules of every VNI. Rules whose destination is not a port of their VNI are
 /// ignored, as `ForwardingTable::new` ignores them.
 pub fn compile(ports: &[CompilePort], rules: &[RouteRule], learning: bool) -> CompiledTable {
@@ -199,91 +247,33 @@ pub fn compile(ports: &[CompilePort], rules: &[RouteRule], learning: bool) -> Co
             .collect();
         for d in dsts {
             let matching: Vec<&RouteRule> = rules.iter().filter(|r| r.dst.matches(d)).collect();
-            if matching.iter().any(|r| has_not(r)) {
-                out.entries.insert(
-                    key(KeyKind::Dst, MacAddr::ZERO, d),
-                    FwdEntry {
-                        action: Action::Slow,
-                        check_src: false,
-                    },
-                );
-                continue;
-            }
-            let mut any_src = BTreeSet::new();
-            let mut by_src: BTreeMap<MacAddr, BTreeSet<PortId>> = BTreeMap::new();
-            for r in matching.iter().filter(|r| r.dst == MacMatch::Exact(d)) {
-                match r.src {
-                    MacMatch::Any => {
-                        any_src.insert(r.dest);
-                    }
-                    MacMatch::Exact(s) => {
-                        by_src.entry(s).or_default().insert(r.dest);
-                    }
-                    MacMatch::Not(_) => unreachable!("filtered above"),
-                }
-            }
-            for (s, t) in &by_src {
-                out.entries.insert(
-                    key(KeyKind::SrcDst, *s, d),
-                    FwdEntry {
-                        action: act(t),
-                        check_src: false,
-                    },
-                );
-            }
-            let e = FwdEntry {
-                action: act(&any_src),
-                check_src: !by_src.is_empty(),
-            };
-            if e.action != Action::None || e.check_src {
-                out.entries.insert(key(KeyKind::Dst, MacAddr::ZERO, d), e);
-            }
+            let slow = matching.iter().any(|r| has_not(r));
+            let exact: Vec<&RouteRule> = matching
+                .into_iter()
+                .filter(|r| r.dst == MacMatch::Exact(d))
+                .collect();
+            write_rank(
+                &mut out,
+                slow,
+                &exact,
+                key(KeyKind::Dst, MacAddr::ZERO, d),
+                |s| key(KeyKind::SrcDst, s, d),
+                &act,
+            );
         }
         // The fallback: rules whose destination is `any` or `not X`.
         let wild: Vec<&RouteRule> = rules
             .iter()
             .filter(|r| !matches!(r.dst, MacMatch::Exact(_)))
             .collect();
-        if wild.iter().any(|r| has_not(r)) {
-            out.entries.insert(
-                key(KeyKind::Any, MacAddr::ZERO, MacAddr::ZERO),
-                FwdEntry {
-                    action: Action::Slow,
-                    check_src: false,
-                },
-            );
-            continue;
-        }
-        let mut any_src = BTreeSet::new();
-        let mut by_src: BTreeMap<MacAddr, BTreeSet<PortId>> = BTreeMap::new();
-        for r in &wild {
-            match r.src {
-                MacMatch::Any => {
-                    any_src.insert(r.dest);
-                }
-                MacMatch::Exact(s) => {
-                    by_src.entry(s).or_default().insert(r.dest);
-                }
-                MacMatch::Not(_) => unreachable!("handled above"),
-            }
-        }
-        for (s, t) in &by_src {
-            out.entries.insert(
-                key(KeyKind::Src, *s, MacAddr::ZERO),
-                FwdEntry {
-                    action: act(t),
-                    check_src: false,
-                },
-            );
-        }
-        let e = FwdEntry {
-            action: act(&any_src),
-            check_src: !by_src.is_empty(),
-        };
-        if e.action != Action::None || e.check_src {
-            out.entries
-                .insert(key(KeyKind::Any, MacAddr::ZERO, MacAddr::ZERO), e);
-        }
+        write_rank(
+            &mut out,
+            wild.iter().any(|r| has_not(r)),
+            &wild,
+            key(KeyKind::Any, MacAddr::ZERO, MacAddr::ZERO),
+            |s| key(KeyKind::Src, s, MacAddr::ZERO),
+            &act,
+        );
     }
     out
 }

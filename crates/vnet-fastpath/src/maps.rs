@@ -81,21 +81,21 @@ impl<K: BpfType, V: BpfType> Map<K, V> {
         V::read_from_prefix(b).ok().map(|(v, _)| v)
     }
 
-    pub fn lookup(&self, k: &K) -> Result<Option<V>, Error> {
+    fn lookup_with(&self, k: &K, flags: MapFlags) -> Result<Option<V>, Error> {
         let v = self
             .handle
-            .lookup(k.as_bytes(), MapFlags::ANY)
+            .lookup(k.as_bytes(), flags)
             .map_err(self.err())?;
         Ok(v.as_deref().and_then(Self::read))
     }
 
+    pub fn lookup(&self, k: &K) -> Result<Option<V>, Error> {
+        self.lookup_with(k, MapFlags::ANY)
+    }
+
     /// Under the value's spin lock (a consistent copy of a value the programs change).
     pub fn lookup_locked(&self, k: &K) -> Result<Option<V>, Error> {
-        let v = self
-            .handle
-            .lookup(k.as_bytes(), MapFlags::LOCK)
-            .map_err(self.err())?;
-        Ok(v.as_deref().and_then(Self::read))
+        self.lookup_with(k, MapFlags::LOCK)
     }
 
     /// Removes `k`; a key that is not there is no error.

@@ -126,16 +126,33 @@ pub struct TcxLink {
 }
 
 #[cfg(feature = "kernel")]
-/// Reads a tcx link's device and program.
-pub fn tcx_link(fd: BorrowedFd<'_>) -> io::Result<TcxLink> {
-    // SAFETY: bpf_link_info is plain data; all-zero is a valid value to be overwritten.
-    let mut info: libbpf_sys::bpf_link_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libbpf_sys::bpf_link_info>() as u32;
-    // SAFETY: `info` has `len` bytes; the kernel writes at most that many.
-    let r = unsafe { libbpf_sys::bpf_link_get_info_by_fd(fd.as_raw_fd(), &mut info, &mut len) };
+/// The `bpf_*_info` of the object behind `fd`, as `get` (libbpf's `bpf_*_get_info_by_fd`)
+/// reads it.
+///
+/// # Safety
+/// `T` is plain data for which all-zero bytes are a valid value (libbpf's info structs are),
+/// and `get` writes at most the length it is given into the `T` it is given.
+unsafe fn info_by_fd<T>(
+    fd: BorrowedFd<'_>,
+    get: unsafe extern "C" fn(std::ffi::c_int, *mut T, *mut u32) -> std::ffi::c_int,
+) -> io::Result<T> {
+    // SAFETY: all-zero is a valid `T` (the caller's promise), to be overwritten.
+    let mut info: T = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<T>() as u32;
+    // SAFETY: `info` has `len` bytes; `get` writes at most that many (the caller's promise).
+    let r = unsafe { get(fd.as_raw_fd(), &mut info, &mut len) };
     if r < 0 {
         return Err(io::Error::from_raw_os_error(-r));
     }
+    Ok(info)
+}
+
+#[cfg(feature = "kernel")]
+/// Reads a tcx link's device and program.
+pub fn tcx_link(fd: BorrowedFd<'_>) -> io::Result<TcxLink> {
+    // SAFETY: bpf_link_info is plain data, valid all zero, and the kernel writes at most the
+    // length it is given.
+    let info = unsafe { info_by_fd(fd, libbpf_sys::bpf_link_get_info_by_fd)? };
     if info.type_ != libbpf_sys::BPF_LINK_TYPE_TCX {
         return Err(io::Error::new(io::ErrorKind::InvalidData, "not a tcx link"));
     }
@@ -166,14 +183,9 @@ pub fn update_link(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()>
 #[cfg(feature = "kernel")]
 /// The id of the program behind `fd`.
 pub fn prog_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
-    // SAFETY: bpf_prog_info is plain data; all-zero is a valid value to be overwritten.
-    let mut info: libbpf_sys::bpf_prog_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
-    // SAFETY: `info` has `len` bytes; the kernel writes at most that many.
-    let r = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd.as_raw_fd(), &mut info, &mut len) };
-    if r < 0 {
-        return Err(io::Error::from_raw_os_error(-r));
-    }
+    // SAFETY: bpf_prog_info is plain data, valid all zero, and the kernel writes at most the
+    // length it is given.
+    let info = unsafe { info_by_fd(fd, libbpf_sys::bpf_prog_get_info_by_fd)? };
     Ok(info.id)
 }
 

@@ -69,6 +69,22 @@ struct Lab {
     underlay: u32,
 }
 
+impl Lab {
+    /// `f` as port A's guest sends it (no GSO).
+    fn run_from_a(&self, f: &[u8]) -> TestRun {
+        self.fp
+            .test_run(Program::PortIngress, f, self.pa, 0)
+            .expect("test run")
+    }
+
+    /// `f` as it arrives on the underlay (no GSO).
+    fn run_from_underlay(&self, f: &[u8]) -> TestRun {
+        self.fp
+            .test_run(Program::UnderlayIngress, f, self.underlay, 0)
+            .expect("test run")
+    }
+}
+
 /// A private network namespace for this thread with: port A (veth pa/pa-g) and its punt
 /// device, port B (veth pb/pb-g) and its punt device, an underlay `u0` (veth, 10.9.0.1/24)
 /// with a permanent neighbour 10.9.0.2; and a FastPath with ports A and B attached, links C
@@ -108,17 +124,7 @@ fn lab_with(cfg: FastPathConfig) -> Option<Lab> {
     ] {
         sh(&["link", "set", d, "up"]);
     }
-    sh(&[
-        "neigh",
-        "replace",
-        "10.9.0.2",
-        "lladdr",
-        "02:00:00:00:00:02",
-        "dev",
-        "u0",
-        "nud",
-        "permanent",
-    ]);
+    set_neighbour("02:00:00:00:00:02");
     let mut fp = match FastPath::open(&cfg) {
         Ok(fp) => fp,
         Err(Unavailable::Verifier { program, log }) => {
@@ -126,81 +132,116 @@ fn lab_with(cfg: FastPathConfig) -> Option<Lab> {
         }
         Err(e) => return skip(&e.to_string()),
     };
-    let (pa, pb, punt_a, punt_b, u0) = (
-        ifindex("pa"),
-        ifindex("pb"),
-        ifindex("punta"),
-        ifindex("puntb"),
-        ifindex("u0"),
-    );
-    fp.attach_underlay(u0).expect("underlay attaches");
-    let port = |id, ifindex, punt_ifindex, mac| PortSpec {
+    let r = attach_lab(&mut fp, [PORT_A, PORT_B, LINK_C, LINK_D], true);
+    assert_eq!(r.written, 4);
+    Some(Lab {
+        fp,
+        pa: ifindex("pa"),
+        pb: ifindex("pb"),
+        punt_a: ifindex("punta"),
+        underlay: ifindex("u0"),
+    })
+}
+
+/// Attaches the namespace's devices made by `lab_with`: the underlay, port A and (`with_b`)
+/// port B, links C and D, and the table routing A, B, C, D to them, under the ids `[a, b, c,
+/// d]` (a new process numbers its ports anew). What the table apply reported.
+fn attach_lab(fp: &mut FastPath, [a, b, c, d]: [PortId; 4], with_b: bool) -> ApplyReport {
+    fp.attach_underlay(ifindex("u0"))
+        .expect("underlay attaches");
+    fp.attach_port(&port_spec(a, ifindex("pa"), ifindex("punta"), A, 1))
+        .expect("port A");
+    let mut ports = vec![(a, Egress::FastPort)];
+    let mut dests = vec![(A, a)];
+    if with_b {
+        fp.attach_port(&port_spec(b, ifindex("pb"), ifindex("puntb"), B, 1))
+            .expect("port B");
+        ports.push((b, Egress::FastPort));
+        dests.push((B, b));
+    }
+    fp.set_link(&link_spec(c, 1, REMOTE, None)).expect("link C");
+    fp.set_link(&link_spec(d, 1, UNRESOLVED, None))
+        .expect("link D");
+    ports.extend([(c, Egress::UdpLink), (d, Egress::UdpLink)]);
+    dests.extend([(C, c), (D, d)]);
+    fp.apply_table(&compile(
+        &compile_ports(&ports),
+        &exact_routes(&dests),
+        false,
+    ))
+    .expect("table")
+}
+
+/// A port of the test's MTU (1450), delivered by egress, with the default policy.
+fn port_spec(id: PortId, ifindex: u32, punt_ifindex: u32, mac: MacAddr, vni: u32) -> PortSpec {
+    PortSpec {
         id,
         ifindex,
         punt_ifindex,
         mac,
-        vni: 1,
+        vni,
         mtu: 1450,
         delivery: Delivery::Egress,
         policy: PortPolicy::default(),
-    };
-    fp.attach_port(&port(PORT_A, pa, punt_a, A))
-        .expect("port A");
-    fp.attach_port(&port(PORT_B, pb, punt_b, B))
-        .expect("port B");
-    let link = |id, remote| LinkSpec {
+    }
+}
+
+/// A VXLAN link from LOCAL to `remote`'s port 4789.
+fn link_spec(id: PortId, vni: u32, remote: Ipv4Addr, rate: Option<Rate>) -> LinkSpec {
+    LinkSpec {
         id,
-        vni: 1,
+        vni,
         remote,
         local: LOCAL,
         udp_port: 4789,
-        rate: None,
+        rate,
         via_device: None,
-    };
-    fp.set_link(&link(LINK_C, REMOTE)).expect("link C");
-    fp.set_link(&link(LINK_D, UNRESOLVED)).expect("link D");
-    let ports = [
-        CompilePort {
-            id: PORT_A,
-            vni: 1,
-            egress: Egress::FastPort,
-        },
-        CompilePort {
-            id: PORT_B,
-            vni: 1,
-            egress: Egress::FastPort,
-        },
-        CompilePort {
-            id: LINK_C,
-            vni: 1,
-            egress: Egress::UdpLink,
-        },
-        CompilePort {
-            id: LINK_D,
-            vni: 1,
-            egress: Egress::UdpLink,
-        },
-    ];
-    let rules: Vec<RouteRule> = [(A, PORT_A), (B, PORT_B), (C, LINK_C), (D, LINK_D)]
+    }
+}
+
+/// Ports and links of VNI 1 for `compile`.
+fn compile_ports(ports: &[(PortId, Egress)]) -> Vec<CompilePort> {
+    ports
         .iter()
-        .map(|(m, p)| RouteRule {
+        .map(|&(id, egress)| CompilePort { id, vni: 1, egress })
+        .collect()
+}
+
+/// Routes of VNI 1 sending each destination MAC (from any source) to its port.
+fn exact_routes(dests: &[(MacAddr, PortId)]) -> Vec<RouteRule> {
+    dests
+        .iter()
+        .map(|&(m, dest)| RouteRule {
             vni: 1,
             src: MacMatch::Any,
-            dst: MacMatch::Exact(*m),
-            dest: *p,
+            dst: MacMatch::Exact(m),
+            dest,
         })
-        .collect();
-    let r = fp
-        .apply_table(&compile(&ports, &rules, false))
-        .expect("table");
-    assert_eq!(r.written, 4);
-    Some(Lab {
-        fp,
-        pa,
-        pb,
-        punt_a,
-        underlay: u0,
-    })
+        .collect()
+}
+
+/// Points the underlay's neighbour 10.9.0.2 at `lladdr`.
+fn set_neighbour(lladdr: &str) {
+    sh(&[
+        "neigh",
+        "replace",
+        "10.9.0.2",
+        "lladdr",
+        lladdr,
+        "dev",
+        "u0",
+        "nud",
+        "permanent",
+    ]);
+}
+
+/// Waits up to two seconds for `done` (the kernel may finish releasing links a moment after
+/// their descriptors close).
+fn wait_until(mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while !done() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 fn lab() -> Option<Lab> {
@@ -268,7 +309,7 @@ fn vxlan(src_ip: Ipv4Addr, vni: u32, flags: u8, inner: &[u8]) -> Vec<u8> {
 fn known_unicast_between_ports_is_redirected_and_counted() {
     let Some(l) = lab() else { return };
     let f = frame(B, A, 100);
-    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let r = l.run_from_a(&f);
     assert_eq!(r.verdict, TCX_REDIRECT);
     assert_eq!(r.data, f, "forwarded unchanged");
     let a = l.fp.port_counters(PORT_A).unwrap();
@@ -287,7 +328,7 @@ fn known_unicast_between_ports_is_redirected_and_counted() {
 fn frames_for_a_link_are_encapsulated_in_vxlan() {
     let Some(l) = lab() else { return };
     let f = frame(C, A, 200);
-    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let r = l.run_from_a(&f);
     assert_eq!(r.verdict, TCX_REDIRECT);
     let d = &r.data;
     eprintln!(
@@ -324,7 +365,7 @@ fn frames_for_a_link_are_encapsulated_in_vxlan() {
     let c = l.fp.link_counters(LINK_C).unwrap();
     assert_eq!((c.tx_frames, c.tx_bytes), (1, f.len() as u64));
     // The same flow keeps its source port (flow hash), as the kernel's VXLAN.
-    let again = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let again = l.run_from_a(&f);
     assert_eq!(&again.data[34..36], &udp[0..2]);
 }
 
@@ -335,9 +376,7 @@ fn unresolved_next_hop_and_unknown_destinations_are_punted() {
         (D, "unresolved neighbour"),
         (MacAddr([0x52, 0x54, 0, 0, 0, 0x99]), "no rule"),
     ] {
-        let r =
-            l.fp.test_run(Program::PortIngress, &frame(dst, A, 64), l.pa, 0)
-                .unwrap();
+        let r = l.run_from_a(&frame(dst, A, 64));
         assert_eq!(r.verdict, TCX_REDIRECT, "{what}: to the punt TAP");
     }
     let a = l.fp.port_counters(PORT_A).unwrap();
@@ -357,7 +396,7 @@ fn broadcast_multicast_and_vlan_go_to_the_slow_path() {
         frame(MacAddr([0x01, 0x00, 0x5e, 0, 0, 1]), A, 64),
         vlan,
     ] {
-        let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+        let r = l.run_from_a(&f);
         assert_eq!(r.verdict, TCX_REDIRECT);
         assert_eq!(r.data, f);
     }
@@ -370,7 +409,7 @@ fn broadcast_multicast_and_vlan_go_to_the_slow_path() {
 fn spoofed_sources_are_dropped_unless_any_source() {
     let Some(mut l) = lab() else { return };
     let f = frame(B, C, 64);
-    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let r = l.run_from_a(&f);
     assert_eq!(r.verdict, TCX_DROP);
     assert_eq!(
         l.fp.port_counters(PORT_A).unwrap().drops.get("spoofed_src"),
@@ -384,7 +423,7 @@ fn spoofed_sources_are_dropped_unless_any_source() {
         },
     )
     .unwrap();
-    let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let r = l.run_from_a(&f);
     assert_eq!(r.verdict, TCX_REDIRECT);
     assert_eq!(l.fp.port_counters(PORT_B).unwrap().tx_frames, 1);
 }
@@ -395,19 +434,9 @@ fn oversize_frames_and_gso_segments_are_dropped() {
     // MTU 1450: a 1464-byte frame is the largest that passes.
     let ok = frame(B, A, 1450 - 28);
     assert_eq!(ok.len(), 1464);
-    assert_eq!(
-        l.fp.test_run(Program::PortIngress, &ok, l.pa, 0)
-            .unwrap()
-            .verdict,
-        TCX_REDIRECT
-    );
+    assert_eq!(l.run_from_a(&ok).verdict, TCX_REDIRECT);
     let big = frame(B, A, 1450 - 28 + 1);
-    assert_eq!(
-        l.fp.test_run(Program::PortIngress, &big, l.pa, 0)
-            .unwrap()
-            .verdict,
-        TCX_DROP
-    );
+    assert_eq!(l.run_from_a(&big).verdict, TCX_DROP);
     // A GSO frame whose segments (gso_size + IPv4 + UDP headers) would exceed the MTU.
     let gso = frame(B, A, 3000); // test_run takes at most about a page
     assert_eq!(
@@ -448,12 +477,7 @@ fn the_rate_limit_drops_beyond_the_bucket() {
     let f = frame(B, A, 1000 - 42);
     assert_eq!(f.len(), 1000);
     let passed = (0..10)
-        .filter(|_| {
-            l.fp.test_run(Program::PortIngress, &f, l.pa, 0)
-                .unwrap()
-                .verdict
-                == TCX_REDIRECT
-        })
+        .filter(|_| l.run_from_a(&f).verdict == TCX_REDIRECT)
         .count();
     assert!((3..=4).contains(&passed), "{passed} passed");
     let a = l.fp.port_counters(PORT_A).unwrap();
@@ -464,21 +488,11 @@ fn the_rate_limit_drops_beyond_the_bucket() {
     assert!(l.fp.rate_available(PORT_A).unwrap().unwrap() <= 0);
     // After 5 ms, about 5000 bytes more: the bucket is full (3000) again.
     std::thread::sleep(std::time::Duration::from_millis(5));
-    assert_eq!(
-        l.fp.test_run(Program::PortIngress, &f, l.pa, 0)
-            .unwrap()
-            .verdict,
-        TCX_REDIRECT
-    );
+    assert_eq!(l.run_from_a(&f).verdict, TCX_REDIRECT);
     // Removing the limit lets everything through.
     l.fp.update_port(PORT_A, &PortPolicy::default()).unwrap();
     for _ in 0..10 {
-        assert_eq!(
-            l.fp.test_run(Program::PortIngress, &f, l.pa, 0)
-                .unwrap()
-                .verdict,
-            TCX_REDIRECT
-        );
+        assert_eq!(l.run_from_a(&f).verdict, TCX_REDIRECT);
     }
 }
 
@@ -486,14 +500,7 @@ fn the_rate_limit_drops_beyond_the_bucket() {
 fn valid_vxlan_for_a_local_port_is_decapsulated() {
     let Some(l) = lab() else { return };
     let inner = frame(A, C, 300);
-    let r =
-        l.fp.test_run(
-            Program::UnderlayIngress,
-            &vxlan(REMOTE, 1, 0x08, &inner),
-            l.underlay,
-            0,
-        )
-        .unwrap();
+    let r = l.run_from_underlay(&vxlan(REMOTE, 1, 0x08, &inner));
     assert_eq!(r.verdict, TCX_REDIRECT);
     assert_eq!(r.data, inner, "exactly the inner frame");
     let c = l.fp.link_counters(LINK_C).unwrap();
@@ -530,9 +537,7 @@ fn hostile_or_foreign_vxlan_goes_on_to_the_stack_untouched() {
         ("inner oversize", vxlan(REMOTE, 1, 0x08, &frame(A, C, 1500))),
     ];
     for (what, f) in cases {
-        let r =
-            l.fp.test_run(Program::UnderlayIngress, &f, l.underlay, 0)
-                .unwrap();
+        let r = l.run_from_underlay(&f);
         assert_eq!(r.verdict, TCX_NEXT, "{what}");
         assert_eq!(r.data, f, "{what}: untouched");
     }
@@ -581,32 +586,12 @@ fn table_updates_are_minimal_and_a_full_table_stays_slow() {
     }) else {
         return;
     };
-    let ports = [
-        CompilePort {
-            id: PORT_A,
-            vni: 1,
-            egress: Egress::FastPort,
-        },
-        CompilePort {
-            id: PORT_B,
-            vni: 1,
-            egress: Egress::FastPort,
-        },
-        CompilePort {
-            id: LINK_C,
-            vni: 1,
-            egress: Egress::UdpLink,
-        },
-    ];
-    let mut rules: Vec<RouteRule> = [(A, PORT_A), (B, PORT_B), (C, LINK_C)]
-        .iter()
-        .map(|(m, p)| RouteRule {
-            vni: 1,
-            src: MacMatch::Any,
-            dst: MacMatch::Exact(*m),
-            dest: *p,
-        })
-        .collect();
+    let ports = compile_ports(&[
+        (PORT_A, Egress::FastPort),
+        (PORT_B, Egress::FastPort),
+        (LINK_C, Egress::UdpLink),
+    ]);
+    let mut rules = exact_routes(&[(A, PORT_A), (B, PORT_B), (C, LINK_C)]);
     // Same three destinations (D's entry goes): one delete, nothing rewritten.
     let r = l.fp.apply_table(&compile(&ports, &rules, false)).unwrap();
     assert_eq!((r.written, r.deleted, r.left_out), (0, 1, 0));
@@ -615,38 +600,27 @@ fn table_updates_are_minimal_and_a_full_table_stays_slow() {
     let r = l.fp.apply_table(&compile(&ports, &rules, false)).unwrap();
     assert_eq!((r.written, r.deleted), (1, 0));
     let f = frame(B, A, 64);
-    let out = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+    let out = l.run_from_a(&f);
     assert_eq!(out.data.len(), f.len() + 50, "B now goes out encapsulated");
     // Five more destinations into a table of five: two fit, three stay slow (counted).
-    for i in 0..5u8 {
-        rules.push(RouteRule {
-            vni: 1,
-            src: MacMatch::Any,
-            dst: MacMatch::Exact(MacAddr([0x52, 0x54, 0, 0, 1, i])),
-            dest: PORT_B,
-        });
-    }
+    let more: Vec<_> = (0..5u8)
+        .map(|i| (MacAddr([0x52, 0x54, 0, 0, 1, i]), PORT_B))
+        .collect();
+    rules.extend(exact_routes(&more));
     let r = l.fp.apply_table(&compile(&ports, &rules, false)).unwrap();
     assert_eq!((r.written, r.left_out), (2, 3));
     assert_eq!(l.fp.table_len(), 5);
     assert_eq!(l.fp.global_counters().unwrap().table_full, 3);
     let slow = frame(MacAddr([0x52, 0x54, 0, 0, 1, 4]), A, 64);
     let punted_before = l.fp.port_counters(PORT_A).unwrap().punted_frames;
-    l.fp.test_run(Program::PortIngress, &slow, l.pa, 0).unwrap();
+    l.run_from_a(&slow);
     assert_eq!(
         l.fp.port_counters(PORT_A).unwrap().punted_frames,
         punted_before + 1
     );
     // Detaching port B turns its entries slow before its slot goes.
     l.fp.detach_port(PORT_B).unwrap();
-    let r =
-        l.fp.test_run(
-            Program::PortIngress,
-            &frame(MacAddr([0x52, 0x54, 0, 0, 1, 0]), A, 64),
-            l.pa,
-            0,
-        )
-        .unwrap();
+    let r = l.run_from_a(&frame(MacAddr([0x52, 0x54, 0, 0, 1, 0]), A, 64));
     assert_eq!(r.verdict, TCX_REDIRECT);
     assert_eq!(
         l.fp.port_counters(PORT_A).unwrap().punted_frames,
@@ -678,12 +652,7 @@ fn dropping_the_fast_path_leaves_nothing_attached() {
     drop(l);
     // The links go with their descriptors; the kernel may finish releasing them a moment after
     // the close returns.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while (tcx_count(pa), tcx_count(pb), tcx_count(u0)) != (0, 0, 0)
-        && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until(|| (tcx_count(pa), tcx_count(pb), tcx_count(u0)) == (0, 0, 0));
     assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (0, 0, 0));
     // and a new one attaches again
     let Some(l2) = lab_reuse() else { return };
@@ -694,17 +663,8 @@ fn dropping_the_fast_path_leaves_nothing_attached() {
 fn lab_reuse() -> Option<Lab> {
     let mut fp = FastPath::open(&FastPathConfig::default()).ok()?;
     let pa = ifindex("pa");
-    fp.attach_port(&PortSpec {
-        id: PORT_A,
-        ifindex: pa,
-        punt_ifindex: ifindex("punta"),
-        mac: A,
-        vni: 1,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    })
-    .unwrap();
+    fp.attach_port(&port_spec(PORT_A, pa, ifindex("punta"), A, 1))
+        .unwrap();
     Some(Lab {
         fp,
         pa,
@@ -717,27 +677,11 @@ fn lab_reuse() -> Option<Lab> {
 #[test]
 fn bad_settings_are_refused_in_words() {
     let Some(mut l) = lab() else { return };
-    let e = l.fp.attach_port(&PortSpec {
-        id: PortId(9),
-        ifindex: l.pa,
-        punt_ifindex: l.punt_a,
-        mac: A,
-        vni: 1,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    });
+    let e =
+        l.fp.attach_port(&port_spec(PortId(9), l.pa, l.punt_a, A, 1));
     assert!(matches!(e, Err(Error::AlreadyAttached(_))), "{e:?}");
-    let e = l.fp.attach_port(&PortSpec {
-        id: PortId(9),
-        ifindex: 999_999,
-        punt_ifindex: 999_998,
-        mac: A,
-        vni: 1,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    });
+    let e =
+        l.fp.attach_port(&port_spec(PortId(9), 999_999, 999_998, A, 1));
     assert!(matches!(e, Err(Error::Attach { .. })), "{e:?}");
     // the failed attach left no port behind
     assert!(matches!(
@@ -794,9 +738,7 @@ fn vxlan_whose_lengths_disagree_with_the_datagram_is_not_decapsulated() {
         ("truncated datagram", long_ip),
     ];
     for (what, f) in &cases {
-        let r =
-            l.fp.test_run(Program::UnderlayIngress, f, l.underlay, 0)
-                .unwrap();
+        let r = l.run_from_underlay(f);
         assert_eq!(
             (r.verdict, r.data == *f),
             (TCX_NEXT, true),
@@ -807,9 +749,7 @@ fn vxlan_whose_lengths_disagree_with_the_datagram_is_not_decapsulated() {
     assert_eq!((c.rx_frames, c.bad_length), (0, cases.len() as u64));
     assert_eq!(l.fp.port_counters(PORT_A).unwrap().tx_frames, 0);
     // The well-formed datagram still is decapsulated.
-    let r =
-        l.fp.test_run(Program::UnderlayIngress, &good, l.underlay, 0)
-            .unwrap();
+    let r = l.run_from_underlay(&good);
     assert_eq!((r.verdict, r.data), (TCX_REDIRECT, inner));
 }
 
@@ -819,9 +759,7 @@ fn vxlan_sent_to_another_hosts_mac_is_not_taken() {
     // As a promiscuous underlay device sees it: the stack drops it, so must the fast path.
     let mut f = vxlan(REMOTE, 1, 0x08, &frame(A, C, 100));
     f[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x77]);
-    let r =
-        l.fp.test_run(Program::UnderlayIngress, &f, l.underlay, 0)
-            .unwrap();
+    let r = l.run_from_underlay(&f);
     assert_eq!((r.verdict, r.data == f), (TCX_NEXT, true));
     assert_eq!(l.fp.link_counters(LINK_C).unwrap().rx_frames, 0);
 }
@@ -830,19 +768,12 @@ fn vxlan_sent_to_another_hosts_mac_is_not_taken() {
 fn a_links_rate_is_charged_for_what_goes_on_to_vnetd_too() {
     let Some(mut l) = lab() else { return };
     // 8 Mbit/s with a 3000-byte bucket on what arrives from link C.
-    l.fp.set_link(&LinkSpec {
-        id: LINK_C,
-        vni: 1,
-        remote: REMOTE,
-        local: LOCAL,
-        udp_port: 4789,
-        rate: Some(Rate {
-            bits_per_sec: 8_000_000,
-            burst_bytes: 3000,
-        }),
-        via_device: None,
-    })
-    .unwrap();
+    let rate = Rate {
+        bits_per_sec: 8_000_000,
+        burst_bytes: 3000,
+    };
+    l.fp.set_link(&link_spec(LINK_C, 1, REMOTE, Some(rate)))
+        .unwrap();
     // Inner broadcasts (and a datagram with reserved bits set, which vnetd also takes) are
     // vnetd's to forward: the kernel passes them on, but charges them first, so that the
     // link's one bucket holds for both paths (vnetd does not charge links the kernel serves).
@@ -851,11 +782,7 @@ fn a_links_rate_is_charged_for_what_goes_on_to_vnetd_too() {
     reserved[49] = 1;
     let verdicts: Vec<i32> = [&bcast, &reserved, &bcast, &reserved, &bcast, &bcast]
         .iter()
-        .map(|f| {
-            l.fp.test_run(Program::UnderlayIngress, f, l.underlay, 0)
-                .unwrap()
-                .verdict
-        })
+        .map(|f| l.run_from_underlay(f).verdict)
         .collect();
     let passed = verdicts.iter().filter(|v| **v == TCX_NEXT).count();
     assert!((3..=4).contains(&passed), "{verdicts:?}");
@@ -866,14 +793,7 @@ fn a_links_rate_is_charged_for_what_goes_on_to_vnetd_too() {
         Some(6 - passed as u64)
     );
     // and the bucket is empty for what the kernel itself would deliver
-    let r =
-        l.fp.test_run(
-            Program::UnderlayIngress,
-            &vxlan(REMOTE, 1, 0x08, &frame(A, C, 100)),
-            l.underlay,
-            0,
-        )
-        .unwrap();
+    let r = l.run_from_underlay(&vxlan(REMOTE, 1, 0x08, &frame(A, C, 100)));
     assert_eq!(r.verdict, TCX_DROP);
 }
 
@@ -885,55 +805,17 @@ fn a_decision_into_another_vni_is_not_followed() {
     // would write. Isolation must not rest on it.
     let pb = l.pb;
     l.fp.detach_port(PORT_B).unwrap();
-    l.fp.attach_port(&PortSpec {
-        id: PORT_B,
-        ifindex: pb,
-        punt_ifindex: ifindex("puntb"),
-        mac: B,
-        vni: 2,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    })
-    .unwrap();
-    l.fp.set_link(&LinkSpec {
-        id: LINK_C,
-        vni: 2,
-        remote: REMOTE,
-        local: LOCAL,
-        udp_port: 4789,
-        rate: None,
-        via_device: None,
-    })
-    .unwrap();
+    l.fp.attach_port(&port_spec(PORT_B, pb, ifindex("puntb"), B, 2))
+        .unwrap();
+    l.fp.set_link(&link_spec(LINK_C, 2, REMOTE, None)).unwrap();
     // And an entry of VNI 2 that sends frames from link C to port A (VNI 1).
     let mut t = compile(
-        &[
-            CompilePort {
-                id: PORT_A,
-                vni: 1,
-                egress: Egress::FastPort,
-            },
-            CompilePort {
-                id: PORT_B,
-                vni: 1,
-                egress: Egress::FastPort,
-            },
-            CompilePort {
-                id: LINK_C,
-                vni: 1,
-                egress: Egress::UdpLink,
-            },
-        ],
-        &[(B, PORT_B), (C, LINK_C)]
-            .iter()
-            .map(|(m, p)| RouteRule {
-                vni: 1,
-                src: MacMatch::Any,
-                dst: MacMatch::Exact(*m),
-                dest: *p,
-            })
-            .collect::<Vec<_>>(),
+        &compile_ports(&[
+            (PORT_A, Egress::FastPort),
+            (PORT_B, Egress::FastPort),
+            (LINK_C, Egress::UdpLink),
+        ]),
+        &exact_routes(&[(B, PORT_B), (C, LINK_C)]),
         false,
     );
     t.entries.insert(
@@ -951,7 +833,7 @@ fn a_decision_into_another_vni_is_not_followed() {
     l.fp.apply_table(&t).unwrap();
     for (dst, what) in [(B, "a port of VNI 2"), (C, "a link of VNI 2")] {
         let f = frame(dst, A, 100);
-        let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+        let r = l.run_from_a(&f);
         assert_eq!(
             (r.verdict, r.data == f),
             (TCX_REDIRECT, true),
@@ -964,9 +846,7 @@ fn a_decision_into_another_vni_is_not_followed() {
     assert_eq!((a.rx_frames, a.punted_frames), (0, 2));
     // From link C (VNI 2) to port A (VNI 1): passed to vnetd, not delivered.
     let f = vxlan(REMOTE, 2, 0x08, &frame(A, C, 100));
-    let r =
-        l.fp.test_run(Program::UnderlayIngress, &f, l.underlay, 0)
-            .unwrap();
+    let r = l.run_from_underlay(&f);
     assert_eq!(r.verdict, TCX_NEXT);
     assert_eq!(l.fp.port_counters(PORT_A).unwrap().tx_frames, 0);
     assert_eq!(l.fp.global_counters().unwrap().vni_mismatch, 3);
@@ -1006,17 +886,8 @@ fn a_ports_device_gets_its_forwarding_back() {
         enabled: true,
     });
     std::fs::write("/proc/sys/net/ipv4/conf/pb/forwarding", "0").unwrap();
-    fp.attach_port(&PortSpec {
-        id: PORT_A,
-        ifindex: pa,
-        punt_ifindex: ifindex("punta"),
-        mac: A,
-        vni: 1,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    })
-    .unwrap();
+    fp.attach_port(&port_spec(PORT_A, pa, ifindex("punta"), A, 1))
+        .unwrap();
     assert_eq!(forwarding("pa"), "1");
     fp.restore_forwarding_all();
     assert_eq!(forwarding("pa"), "1", "the known original");
@@ -1044,23 +915,13 @@ fn invalidating_the_outer_cache_takes_a_changed_next_hop_at_once() {
     pin_to_one_cpu();
     let f = frame(C, A, 100);
     let dmac = |l: &Lab| {
-        let r = l.fp.test_run(Program::PortIngress, &f, l.pa, 0).unwrap();
+        let r = l.run_from_a(&f);
         assert_eq!(r.verdict, TCX_REDIRECT);
         r.data[0..6].to_vec()
     };
     assert_eq!(dmac(&l), NEIGH_MAC);
     let moved = [0x02, 0, 0, 0, 0, 0x22];
-    sh(&[
-        "neigh",
-        "replace",
-        "10.9.0.2",
-        "lladdr",
-        "02:00:00:00:00:22",
-        "dev",
-        "u0",
-        "nud",
-        "permanent",
-    ]);
+    set_neighbour("02:00:00:00:00:22");
     // Cached for a second...
     assert_eq!(dmac(&l), NEIGH_MAC);
     // ...unless told: from another thread, as vnetd's netlink watcher does.
@@ -1164,94 +1025,30 @@ fn rate_updates_take_the_buckets_lock() {
     );
 }
 
-/// A pin directory of this test's own on the machine's bpffs.
-fn test_pin_dir(what: &str) -> std::path::PathBuf {
+/// A pin directory of this test's own on the machine's bpffs, and a configuration pinning
+/// there.
+fn pinned_config(what: &str) -> (std::path::PathBuf, FastPathConfig) {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    std::path::PathBuf::from(format!(
+    let dir = std::path::PathBuf::from(format!(
         "{}/vnet-test-{what}-{}-{nanos}",
         pin::BPFFS,
         std::process::id()
-    ))
+    ));
+    let cfg = FastPathConfig {
+        pin_dir: Some(dir.clone()),
+        ..Default::default()
+    };
+    (dir, cfg)
 }
 
-/// The ports and links of `lab_with` under other ids (a new process numbers its ports anew),
-/// attached by a FastPath that takes over; `with_b`: port B and its route too.
+/// The ports and links of `lab_with` under other ids, attached by a FastPath that takes over;
+/// `with_b`: port B and its route too.
 fn take_over(fp: &mut FastPath, with_b: bool) -> ApplyReport {
-    let (pa, pb, punt_a, punt_b, u0) = (
-        ifindex("pa"),
-        ifindex("pb"),
-        ifindex("punta"),
-        ifindex("puntb"),
-        ifindex("u0"),
-    );
-    let (a, b, c, d) = (PortId(11), PortId(12), PortId(13), PortId(14));
-    fp.attach_underlay(u0).expect("underlay");
-    let port = |id, ifindex, punt_ifindex, mac| PortSpec {
-        id,
-        ifindex,
-        punt_ifindex,
-        mac,
-        vni: 1,
-        mtu: 1450,
-        delivery: Delivery::Egress,
-        policy: PortPolicy::default(),
-    };
-    fp.attach_port(&port(a, pa, punt_a, A)).expect("port A");
-    if with_b {
-        fp.attach_port(&port(b, pb, punt_b, B)).expect("port B");
-    }
-    let link = |id, remote| LinkSpec {
-        id,
-        vni: 1,
-        remote,
-        local: LOCAL,
-        udp_port: 4789,
-        rate: None,
-        via_device: None,
-    };
-    fp.set_link(&link(c, REMOTE)).expect("link C");
-    fp.set_link(&link(d, UNRESOLVED)).expect("link D");
-    let mut ports = vec![
-        CompilePort {
-            id: a,
-            vni: 1,
-            egress: Egress::FastPort,
-        },
-        CompilePort {
-            id: c,
-            vni: 1,
-            egress: Egress::UdpLink,
-        },
-        CompilePort {
-            id: d,
-            vni: 1,
-            egress: Egress::UdpLink,
-        },
-    ];
-    let mut dests = vec![(A, a), (C, c), (D, d)];
-    if with_b {
-        ports.push(CompilePort {
-            id: b,
-            vni: 1,
-            egress: Egress::FastPort,
-        });
-        dests.push((B, b));
-    }
-    let rules: Vec<RouteRule> = dests
-        .iter()
-        .map(|(m, p)| RouteRule {
-            vni: 1,
-            src: MacMatch::Any,
-            dst: MacMatch::Exact(*m),
-            dest: *p,
-        })
-        .collect();
-    let held = fp
-        .apply_table(&compile(&ports, &rules, false))
-        .expect("table");
+    let ids = [PortId(11), PortId(12), PortId(13), PortId(14)];
+    let held = attach_lab(fp, ids, with_b);
     assert_eq!(
         (held.written, held.deleted),
         (0, 0),
@@ -1262,11 +1059,7 @@ fn take_over(fp: &mut FastPath, with_b: bool) -> ApplyReport {
 
 #[test]
 fn a_pinned_fast_path_outlives_its_process_and_is_taken_over() {
-    let dir = test_pin_dir("takeover");
-    let cfg = FastPathConfig {
-        pin_dir: Some(dir.clone()),
-        ..Default::default()
-    };
+    let (dir, cfg) = pinned_config("takeover");
     let Some(l) = lab_with(cfg.clone()) else {
         return;
     };
@@ -1314,30 +1107,20 @@ fn a_pinned_fast_path_outlives_its_process_and_is_taken_over() {
     let report = take_over(&mut fp, false);
     assert_eq!(report.deleted, 1, "B's entry");
     assert_eq!(fp.table_len(), 3);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while tcx_count(pb) != 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until(|| tcx_count(pb) == 0);
     assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (1, 0, 1));
     assert!(!dir.join("links").join(format!("port-{pb}")).exists());
 
     // A teardown leaves nothing: no attachment, no pin.
     fp.teardown();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    while (tcx_count(pa), tcx_count(u0)) != (0, 0) && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    wait_until(|| (tcx_count(pa), tcx_count(u0)) == (0, 0));
     assert_eq!((tcx_count(pa), tcx_count(pb), tcx_count(u0)), (0, 0, 0));
     assert!(!dir.exists(), "{} stayed", dir.display());
 }
 
 #[test]
 fn pinned_maps_of_another_size_are_replaced_not_reused() {
-    let dir = test_pin_dir("resize");
-    let cfg = FastPathConfig {
-        pin_dir: Some(dir.clone()),
-        ..Default::default()
-    };
+    let (dir, cfg) = pinned_config("resize");
     let Some(l) = lab_with(cfg.clone()) else {
         return;
     };

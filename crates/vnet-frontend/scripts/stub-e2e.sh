@@ -41,11 +41,14 @@ ip -n "$NS" tuntap add "$TAP" mode tap || exit 1
 ip -n "$NS" link set "$TAP" mtu 9000 up
 
 # Starts one stub instance (it exits when the frontend disconnects) and brings the TAP up.
-start_stub() { # [ext]: the extension with EVENT_IDX, MRG_RXBUF, REPLY_ACK
+start_stub() { # [ext] [stub options...]; ext: the extension with EVENT_IDX, MRG_RXBUF, REPLY_ACK
     rm -f "$D/stub.out"
     local cmd=("$STUB")
-    [ "${1:-}" = ext ] && cmd=("$HERE/stub_ext.py" "$STUB")
-    ip netns exec "$NS" python3 "${cmd[@]}" --socket "$SOCK" --tap "$TAP" >"$D/stub.out" 2>>"$D/stub.err" &
+    if [ "${1:-}" = ext ]; then
+        cmd=("$HERE/stub_ext.py" "$STUB")
+        shift
+    fi
+    ip netns exec "$NS" python3 "${cmd[@]}" --socket "$SOCK" --tap "$TAP" "$@" >"$D/stub.out" 2>>"$D/stub.err" &
     STUB_PID=$!
     PIDS+=("$STUB_PID")
     for _ in $(seq 100); do grep -q LISTENING "$D/stub.out" 2>/dev/null && break; sleep 0.05; done
@@ -57,6 +60,15 @@ stop_stub() {
     for _ in $(seq 50); do kill -0 "$STUB_PID" 2>/dev/null || break; sleep 0.1; done
     kill "$STUB_PID" 2>/dev/null
     wait "$STUB_PID" 2>/dev/null
+}
+
+# Starts a bench in the background, its JSON report in $D/NAME.json; BENCH_PID is its PID.
+bench_bg() { # NAME bench-options...
+    local name=$1
+    shift
+    timeout 60 "$F" --socket "$SOCK" bench "$@" --json >"$D/$name.json" &
+    BENCH_PID=$!
+    PIDS+=("$BENCH_PID")
 }
 
 # Frames written to the TAP from the namespace reach the stub, which hands them to our rx ring.
@@ -108,10 +120,7 @@ for size in 64 1514; do
 done
 
 echo "== bench tx with guest memory at 4 GiB, 2 queue pairs"
-ip netns exec "$NS" python3 "$STUB" --socket "$SOCK" --tap "$TAP" --queues 2 >"$D/stub.out" 2>>"$D/stub.err" &
-STUB_PID=$!
-PIDS+=("$STUB_PID")
-for _ in $(seq 100); do grep -q LISTENING "$D/stub.out" 2>/dev/null && break; sleep 0.05; done
+start_stub --queues 2
 out=$(timeout 60 "$F" --socket "$SOCK" --gpa-base 0x100000000 --queue-pairs 2 bench --role tx --size 300 --count 4000 --json)
 rc=$?
 if [ "$rc" = 0 ] && echo "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["frames"]==4000 and j["queues"]==2, j'; then
@@ -123,12 +132,10 @@ stop_stub
 
 echo "== bench rx (frames injected into the TAP)"
 start_stub
-timeout 60 "$F" --socket "$SOCK" bench --role rx --size 200 --count 500 --json >"$D/rx.json" &
-RP=$!
-PIDS+=("$RP")
+bench_bg rx --role rx --size 200 --count 500
 sleep 1
 inject 500 200
-wait "$RP"
+wait "$BENCH_PID"
 rc=$?
 frames=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["frames"])' "$D/rx.json" 2>/dev/null)
 if [ "$rc" = 0 ] && [ "$frames" = 500 ]; then
@@ -141,12 +148,10 @@ stop_stub
 
 echo "== bench both"
 start_stub
-timeout 60 "$F" --socket "$SOCK" bench --role both --size 128 --duration 2 --idle 1 --json >"$D/both.json" &
-BP=$!
-PIDS+=("$BP")
+bench_bg both --role both --size 128 --duration 2 --idle 1
 sleep 0.5
 inject 200 128
-wait "$BP"
+wait "$BENCH_PID"
 rc=$?
 if [ "$rc" = 0 ] && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["tx"]["frames"]>0 and j["rx"]["frames"]>=200, j' "$D/both.json"; then
     ok "both: tx and rx on one connection"
@@ -158,12 +163,10 @@ stop_stub
 
 echo "== disconnect mid-run"
 start_stub
-timeout 60 "$F" --socket "$SOCK" bench --role tx --size 64 --duration 30 --rate 1000 --json >"$D/disc.json" &
-DP=$!
-PIDS+=("$DP")
+bench_bg disc --role tx --size 64 --duration 30 --rate 1000
 sleep 1
 kill "$STUB_PID"
-wait "$DP"
+wait "$BENCH_PID"
 rc=$?
 if [ "$rc" = 2 ] && grep -q closed "$D/disc.json"; then
     ok "disconnect reported, exit 2"
@@ -191,12 +194,10 @@ else
 fi
 stop_stub
 start_stub ext
-timeout 60 "$F" --socket "$SOCK" bench --role rx --size 6000 --count 300 --json >"$D/rxm.json" &
-RP=$!
-PIDS+=("$RP")
+bench_bg rxm --role rx --size 6000 --count 300
 sleep 1
 inject 300 6000
-wait "$RP"
+wait "$BENCH_PID"
 rc=$?
 if [ "$rc" = 0 ] && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["mrg_rxbuf"] and j["event_idx"] and j["frames"]==300 and j["bytes"]==300*6000 and j["size_mismatch"]==0 and j["bad_used"]==0, j; print("   calls", j["calls"], "kicks", j["kicks"])' "$D/rxm.json"; then
     ok "ext rx: 6000-byte frames over mergeable 4 KiB buffers"

@@ -296,49 +296,44 @@ fn tx_loop(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What one rx queue's worker is given besides the queue.
+struct RxCtx<'a> {
+    ring: DriverRing,
+    /// Mergeable receive buffers were negotiated.
+    mrg: bool,
+    /// Stop once all queues together received this many.
+    count: Option<u64>,
+    /// Receiving nothing within the timeout is an error.
+    must_receive: bool,
+    /// Frames received by all queues.
+    total: &'a AtomicU64,
+}
+
 fn rx_worker(
     q: &Queue,
-    mut ring: DriverRing,
+    mut cx: RxCtx<'_>,
     opts: &BenchOpts,
     stop: &AtomicBool,
-    mrg: bool,
-    count: Option<u64>,
-    must_receive: bool,
-    total: &AtomicU64,
 ) -> (Stats, Result<()>) {
     let mut st = Stats {
         role: "rx",
         queues: 1,
         ..Default::default()
     };
-    let r = rx_loop(
-        q,
-        &mut ring,
-        opts,
-        stop,
-        mrg,
-        count,
-        must_receive,
-        total,
-        &mut st,
-    );
+    let r = rx_loop(q, &mut cx, opts, stop, &mut st);
     drain_call(&q.call, &mut st);
     (st, r)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn rx_loop(
     q: &Queue,
-    ring: &mut DriverRing,
+    cx: &mut RxCtx<'_>,
     opts: &BenchOpts,
     stop: &AtomicBool,
-    mrg: bool,
-    count: Option<u64>,
-    must_receive: bool,
-    total: &AtomicU64,
     st: &mut Stats,
 ) -> Result<()> {
+    let (mrg, count, must_receive, total) = (cx.mrg, cx.count, cx.must_receive, cx.total);
+    let ring = &mut cx.ring;
     let mem = ring.mem.clone();
     let num = ring.num();
     // With mergeable buffers, page-sized buffers; else big enough for any frame.
@@ -468,18 +463,19 @@ pub fn run(dev: &Device, opts: &BenchOpts) -> Result<Report> {
         for k in 0..pairs {
             if rx_on {
                 let q = &dev.queues[2 * k];
-                let ring = dev.driver_ring(2 * k);
-                let stop = &stop;
-                let mrg = neg.mrg_rxbuf;
-                let count = if opts.role == Role::Rx {
-                    opts.count
-                } else {
-                    None
+                let cx = RxCtx {
+                    ring: dev.driver_ring(2 * k),
+                    mrg: neg.mrg_rxbuf,
+                    count: if opts.role == Role::Rx {
+                        opts.count
+                    } else {
+                        None
+                    },
+                    must_receive: opts.role == Role::Rx,
+                    total: &rx_total,
                 };
-                let must = opts.role == Role::Rx;
-                let total = &rx_total;
-                rx_handles
-                    .push(s.spawn(move || rx_worker(q, ring, opts, stop, mrg, count, must, total)));
+                let stop = &stop;
+                rx_handles.push(s.spawn(move || rx_worker(q, cx, opts, stop)));
             }
             if tx_on {
                 let q = &dev.queues[2 * k + 1];

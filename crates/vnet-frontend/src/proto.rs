@@ -85,6 +85,15 @@ pub const PF_MQ: u64 = 1 << 0;
 pub const PF_REPLY_ACK: u64 = 1 << 3;
 pub const PF_CONFIGURE_MEM_SLOTS: u64 = 1 << 15;
 
+/// The names of the bits of `f` that `known` names.
+fn names_of(f: u64, known: &[(u64, &'static str)]) -> Vec<&'static str> {
+    known
+        .iter()
+        .filter(|(bit, _)| f & bit != 0)
+        .map(|(_, n)| *n)
+        .collect()
+}
+
 /// Names of the device feature bits this program knows about, for reports.
 pub fn feature_names(f: u64) -> Vec<&'static str> {
     let known: [(u64, &str); 9] = [
@@ -98,11 +107,7 @@ pub fn feature_names(f: u64) -> Vec<&'static str> {
         (F_PROTOCOL_FEATURES, "PROTOCOL_FEATURES"),
         (F_VERSION_1, "VERSION_1"),
     ];
-    known
-        .iter()
-        .filter(|(bit, _)| f & bit != 0)
-        .map(|(_, n)| *n)
-        .collect()
+    names_of(f, &known)
 }
 
 /// Names of the protocol feature bits this program knows about.
@@ -112,11 +117,7 @@ pub fn protocol_feature_names(f: u64) -> Vec<&'static str> {
         (PF_REPLY_ACK, "REPLY_ACK"),
         (PF_CONFIGURE_MEM_SLOTS, "CONFIGURE_MEM_SLOTS"),
     ];
-    known
-        .iter()
-        .filter(|(bit, _)| f & bit != 0)
-        .map(|(_, n)| *n)
-        .collect()
+    names_of(f, &known)
 }
 
 /// A message header.

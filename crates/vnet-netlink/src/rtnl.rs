@@ -93,19 +93,28 @@ impl Rtnl {
         }
     }
 
+    /// The answers to dump request `req` that `pick` takes.
+    fn dump<T>(
+        &mut self,
+        req: RouteNetlinkMessage,
+        pick: impl FnMut(RouteNetlinkMessage) -> Option<T>,
+    ) -> io::Result<Vec<T>> {
+        Ok(self
+            .request(req, NLM_F_DUMP)?
+            .into_iter()
+            .filter_map(pick)
+            .collect())
+    }
+
     /// Every link of the namespace.
     pub fn links(&mut self) -> io::Result<Vec<LinkDesc>> {
-        let answers = self.request(
+        self.dump(
             RouteNetlinkMessage::GetLink(LinkMessage::default()),
-            NLM_F_DUMP,
-        )?;
-        Ok(answers
-            .into_iter()
-            .filter_map(|m| match m {
+            |m| match m {
                 RouteNetlinkMessage::NewLink(l) => Some(describe(&l)),
                 _ => None,
-            })
-            .collect())
+            },
+        )
     }
 
     /// The link called `name`, if there is one.
@@ -161,17 +170,13 @@ impl Rtnl {
     }
 
     fn address_messages(&mut self) -> io::Result<Vec<AddressMessage>> {
-        let answers = self.request(
+        self.dump(
             RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-            NLM_F_DUMP,
-        )?;
-        Ok(answers
-            .into_iter()
-            .filter_map(|m| match m {
+            |m| match m {
                 RouteNetlinkMessage::NewAddress(a) => Some(a),
                 _ => None,
-            })
-            .collect())
+            },
+        )
     }
 
     /// Adds `addr/prefix` to link `index`.

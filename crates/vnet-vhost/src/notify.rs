@@ -262,6 +262,19 @@ mod tests {
         }
     }
 
+    /// A notifier with `policy`, `alpha` and `beta`, whose ring's next used entry is
+    /// `next_used`, and the time it starts at.
+    fn notifier(
+        policy: NotifyPolicy,
+        alpha: f64,
+        beta: f64,
+        next_used: u16,
+    ) -> (Notifier, Instant) {
+        let mut n = Notifier::new(policy, alpha, beta);
+        n.reset(Wrapping(next_used));
+        (n, Instant::now())
+    }
+
     #[test]
     fn need_event_matches_virtio() {
         assert!(need_event(Wrapping(5), Wrapping(6), Wrapping(5)));
@@ -271,9 +284,7 @@ mod tests {
 
     #[test]
     fn batch_notifies_once_when_asked() {
-        let t = Instant::now();
-        let mut n = Notifier::new(NotifyPolicy::Batch, 1e6, 1e9);
-        n.reset(Wrapping(0));
+        let (mut n, t) = notifier(NotifyPolicy::Batch, 1e6, 1e9, 0);
         assert_eq!(n.before_frame(&view(0, 0), t), Action::Skip);
         n.after_frame(100);
         n.after_frame(100);
@@ -286,9 +297,7 @@ mod tests {
 
     #[test]
     fn optimistic_notifies_early_when_the_guest_waits() {
-        let t = Instant::now();
-        let mut n = Notifier::new(NotifyPolicy::Optimistic, 1e6, 1e9);
-        n.reset(Wrapping(0));
+        let (mut n, t) = notifier(NotifyPolicy::Optimistic, 1e6, 1e9, 0);
         assert_eq!(n.before_frame(&view(0, 0), t), Action::Notify);
         n.after_frame(1500);
         // Guest still at 0 (handling it): density decides; 1500 B in 1 ms = 1.5 MB/s, just right.
@@ -299,9 +308,7 @@ mod tests {
 
     #[test]
     fn masked_early_is_followed_by_end_of_burst_when_asked() {
-        let t = Instant::now();
-        let mut n = Notifier::new(NotifyPolicy::Optimistic, 1e6, 1e9);
-        n.reset(Wrapping(10));
+        let (mut n, t) = notifier(NotifyPolicy::Optimistic, 1e6, 1e9, 10);
         // Guest busy: its used_event lags behind.
         assert_eq!(n.before_frame(&view(10, 7), t), Action::Skip);
         assert_eq!(n.counters.early_masked, 1);
@@ -312,9 +319,7 @@ mod tests {
 
     #[test]
     fn cold_skip_is_caught_by_the_backstop() {
-        let t = Instant::now();
-        let mut n = Notifier::new(NotifyPolicy::Optimistic, 1e9, 1e12);
-        n.reset(Wrapping(0));
+        let (mut n, t) = notifier(NotifyPolicy::Optimistic, 1e9, 1e12, 0);
         assert_eq!(n.before_frame(&view(0, 0), t), Action::Notify);
         n.after_frame(64);
         assert_eq!(n.end_of_burst(&view(1, 0), t), Action::Skip);
@@ -328,9 +333,7 @@ mod tests {
 
     #[test]
     fn hot_skip_with_a_guest_that_consumed_needs_nothing() {
-        let t = Instant::now();
-        let mut n = Notifier::new(NotifyPolicy::Optimistic, 1.0, 10.0);
-        n.reset(Wrapping(0));
+        let (mut n, t) = notifier(NotifyPolicy::Optimistic, 1.0, 10.0, 0);
         n.before_frame(&view(0, 0), t);
         n.after_frame(1_000_000);
         assert_eq!(

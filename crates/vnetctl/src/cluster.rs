@@ -43,21 +43,31 @@ fn warn_bad(bad: &[String]) {
     }
 }
 
+/// The overlay's state for a listing (its bad entries warned of), and whether `rest` asks for
+/// JSON.
+fn listing(client: &Client, overlay: &OverlayName, rest: &[&str]) -> Result<(ClusterState, bool)> {
+    let json = json_flag(rest)?;
+    let (state, bad) = read_state(client, overlay)?;
+    warn_bad(&bad);
+    Ok((state, json))
+}
+
+/// A listing in JSON: one array, one line.
+fn json_array<T: serde::Serialize>(items: impl Iterator<Item = T>) -> String {
+    let v: Vec<Value> = items
+        .map(|x| serde_json::to_value(x).unwrap_or_default())
+        .collect();
+    Value::Array(v).to_string() + "\n"
+}
+
 pub fn run(client: &Client, overlay: &OverlayName, words: &[String]) -> Result<String> {
     let w: Vec<&str> = words.iter().map(String::as_str).collect();
     let mut out = String::new();
     match w.as_slice() {
         ["hosts", rest @ ..] => {
-            let json = json_flag(rest)?;
-            let (state, bad) = read_state(client, overlay)?;
-            warn_bad(&bad);
+            let (state, json) = listing(client, overlay, rest)?;
             if json {
-                let v: Vec<Value> = state
-                    .hosts()
-                    .values()
-                    .map(|h| serde_json::to_value(h).unwrap_or_default())
-                    .collect();
-                out = Value::Array(v).to_string() + "\n";
+                out = json_array(state.hosts().values());
             } else {
                 let _ = writeln!(
                     out,
@@ -78,16 +88,9 @@ pub fn run(client: &Client, overlay: &OverlayName, words: &[String]) -> Result<S
             }
         }
         ["interfaces", rest @ ..] => {
-            let json = json_flag(rest)?;
-            let (state, bad) = read_state(client, overlay)?;
-            warn_bad(&bad);
+            let (state, json) = listing(client, overlay, rest)?;
             if json {
-                let v: Vec<Value> = state
-                    .interfaces()
-                    .values()
-                    .map(|i| serde_json::to_value(i).unwrap_or_default())
-                    .collect();
-                out = Value::Array(v).to_string() + "\n";
+                out = json_array(state.interfaces().values());
             } else {
                 let _ = writeln!(
                     out,
@@ -108,19 +111,12 @@ pub fn run(client: &Client, overlay: &OverlayName, words: &[String]) -> Result<S
             }
         }
         ["routes", rest @ ..] => {
-            let json = json_flag(rest)?;
-            let (state, bad) = read_state(client, overlay)?;
-            warn_bad(&bad);
+            let (state, json) = listing(client, overlay, rest)?;
             if json {
-                let v: Vec<Value> = state
-                    .routes()
-                    .values()
-                    .map(|r| {
-                        let rec = r.to_record();
-                        json!({"id": r.id.as_str(), "line": rec.line, "host_id": rec.host_id.as_ref().map(|h| h.as_str())})
-                    })
-                    .collect();
-                out = Value::Array(v).to_string() + "\n";
+                out = json_array(state.routes().values().map(|r| {
+                    let rec = r.to_record();
+                    json!({"id": r.id.as_str(), "line": rec.line, "host_id": rec.host_id.as_ref().map(|h| h.as_str())})
+                }));
             } else {
                 let _ = writeln!(out, "{:<24} {:<20} LINE", "ID", "HOST");
                 for r in state.routes().values() {

@@ -81,6 +81,11 @@ fn file_config(
     Ok(cfg)
 }
 
+/// The `items` that `keep` keeps.
+fn kept<T: Clone>(items: &[T], keep: impl Fn(&T) -> bool) -> Vec<T> {
+    items.iter().filter(|x| keep(x)).cloned().collect()
+}
+
 /// What of the config file's configuration the local one still has (an object deleted at run
 /// time is not the file's to bring up any more); settings are the local ones.
 fn common(file: &Config, local: &Config) -> Config {
@@ -89,35 +94,17 @@ fn common(file: &Config, local: &Config) -> Config {
         settings: local.settings.clone(),
         ..Config::default()
     };
-    c.interfaces = file
-        .interfaces
-        .iter()
-        .filter(|i| local.interface(&i.name) == Some(*i))
-        .cloned()
-        .collect();
-    c.links = file
-        .links
-        .iter()
-        .filter(|l| local.link(&l.name) == Some(*l))
-        .cloned()
-        .collect();
+    c.interfaces = kept(&file.interfaces, |i| local.interface(&i.name) == Some(i));
+    c.links = kept(&file.links, |l| local.link(&l.name) == Some(l));
     for l in &c.links {
         if let Some(r) = local.link_rates.get(&l.name) {
             c.link_rates.insert(l.name.clone(), *r);
         }
     }
-    c.listeners = file
-        .listeners
-        .iter()
-        .filter(|a| local.listeners.contains(a))
-        .copied()
-        .collect();
-    c.routes = file
-        .routes
-        .iter()
-        .filter(|r| local.routes.contains(r) && c.dest_vni(&r.to).is_some())
-        .cloned()
-        .collect();
+    c.listeners = kept(&file.listeners, |a| local.listeners.contains(a));
+    c.routes = kept(&file.routes, |r| {
+        local.routes.contains(r) && c.dest_vni(&r.to).is_some()
+    });
     c
 }
 

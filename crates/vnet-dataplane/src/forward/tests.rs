@@ -32,6 +32,11 @@ fn lab(rules: Vec<vnet_core::RouteRule>) -> (Arc<Shared>, [Arc<Recorder>; 5]) {
     (sh, r)
 }
 
+/// `send` without offloads.
+fn send_plain(sh: &Shared, ctx: &mut FwdCtx, from: u32, f: &[u8]) {
+    send(sh, ctx, from, VirtioNetHdr::default(), f);
+}
+
 fn send(sh: &Shared, ctx: &mut FwdCtx, from: u32, vh: VirtioNetHdr, f: &[u8]) {
     let snap = sh.snapshot.load_full();
     let mut batch = TxBatch::default();
@@ -51,7 +56,7 @@ fn unicast_goes_to_the_routed_port_alone_and_is_counted() {
     let (sh, r) = lab(vec![route(mac(9), 3), route(mac(2), 2)]);
     let mut ctx = FwdCtx::new();
     let f = frame(mac(9), mac(1), 100);
-    send(&sh, &mut ctx, 1, VirtioNetHdr::default(), &f);
+    send_plain(&sh, &mut ctx, 1, &f);
     let got = r[2].take();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].bytes, f);
@@ -72,7 +77,7 @@ fn unicast_goes_to_the_routed_port_alone_and_is_counted() {
     assert_eq!(m.len(), 1);
     assert_eq!((m[0].src, m[0].dst, m[0].frames), (mac(1), mac(9), 1));
     // The second frame of the pair is a route-cache hit.
-    send(&sh, &mut ctx, 1, VirtioNetHdr::default(), &f);
+    send_plain(&sh, &mut ctx, 1, &f);
     assert_eq!(ctx.cache_stats(), (1, 1));
 }
 
@@ -81,18 +86,12 @@ fn hostile_frames_are_counted_not_forwarded() {
     let (sh, r) = lab(vec![route(mac(2), 2)]);
     let mut ctx = FwdCtx::new();
     // A runt.
-    send(
-        &sh,
-        &mut ctx,
-        1,
-        VirtioNetHdr::default(),
-        &frame(mac(2), mac(1), 13),
-    );
+    send_plain(&sh, &mut ctx, 1, &frame(mac(2), mac(1), 13));
     // Empty.
-    send(&sh, &mut ctx, 1, VirtioNetHdr::default(), &[]);
+    send_plain(&sh, &mut ctx, 1, &[]);
     // Larger than any frame vnet carries.
     let big = frame(mac(2), mac(1), vnet_wire::MAX_FRAME_LEN + 1);
-    send(&sh, &mut ctx, 1, VirtioNetHdr::default(), &big);
+    send_plain(&sh, &mut ctx, 1, &big);
     // An offload kind vnet does not honour.
     let vh = VirtioNetHdr {
         gso_type: 0x77,
@@ -111,32 +110,14 @@ fn hostile_frames_are_counted_not_forwarded() {
 fn a_spoofed_source_teaches_nothing_and_goes_nowhere() {
     let (sh, r) = lab(vec![route(mac(2), 2)]);
     let mut ctx = FwdCtx::new();
-    send(
-        &sh,
-        &mut ctx,
-        1,
-        VirtioNetHdr::default(),
-        &frame(mac(2), mac(7), 80),
-    );
-    send(
-        &sh,
-        &mut ctx,
-        1,
-        VirtioNetHdr::default(),
-        &frame(MacAddr::BROADCAST, mac(7), 80),
-    );
+    send_plain(&sh, &mut ctx, 1, &frame(mac(2), mac(7), 80));
+    send_plain(&sh, &mut ctx, 1, &frame(MacAddr::BROADCAST, mac(7), 80));
     assert_eq!(counters(&sh, 1).drops.get("spoofed_src"), Some(&2));
     assert!(r.iter().all(|x| x.take().is_empty()));
     ctx.flush(&sh);
     assert!(sh.matrix.lock().unwrap().entries().is_empty());
     // A link has no source check.
-    send(
-        &sh,
-        &mut ctx,
-        3,
-        VirtioNetHdr::default(),
-        &frame(mac(2), mac(7), 80),
-    );
+    send_plain(&sh, &mut ctx, 3, &frame(mac(2), mac(7), 80));
     assert_eq!(r[1].take().len(), 1);
 }
 
@@ -144,23 +125,11 @@ fn a_spoofed_source_teaches_nothing_and_goes_nowhere() {
 fn broadcast_floods_the_vni_with_split_horizon() {
     let (sh, r) = lab(vec![]);
     let mut ctx = FwdCtx::new();
-    send(
-        &sh,
-        &mut ctx,
-        1,
-        VirtioNetHdr::default(),
-        &frame(MacAddr::BROADCAST, mac(1), 60),
-    );
+    send_plain(&sh, &mut ctx, 1, &frame(MacAddr::BROADCAST, mac(1), 60));
     let n: Vec<usize> = r.iter().map(|x| x.take().len()).collect();
     assert_eq!(n, vec![0, 1, 1, 1, 0]);
     // From a link: the other link gets nothing (split horizon).
-    send(
-        &sh,
-        &mut ctx,
-        3,
-        VirtioNetHdr::default(),
-        &frame(MacAddr::BROADCAST, mac(8), 60),
-    );
+    send_plain(&sh, &mut ctx, 3, &frame(MacAddr::BROADCAST, mac(8), 60));
     let n: Vec<usize> = r.iter().map(|x| x.take().len()).collect();
     assert_eq!(n, vec![1, 1, 0, 0, 0]);
 }
@@ -181,21 +150,9 @@ fn no_route_and_a_failing_port_are_counted_where_they_happen() {
         vec![route(mac(9), 3)],
     );
     let mut ctx = FwdCtx::new();
-    send(
-        &sh,
-        &mut ctx,
-        1,
-        VirtioNetHdr::default(),
-        &frame(mac(8), mac(1), 60),
-    );
+    send_plain(&sh, &mut ctx, 1, &frame(mac(8), mac(1), 60));
     assert_eq!(counters(&sh, 1).drops.get("no_route"), Some(&1));
-    send(
-        &sh,
-        &mut ctx,
-        1,
-        VirtioNetHdr::default(),
-        &frame(mac(9), mac(1), 60),
-    );
+    send_plain(&sh, &mut ctx, 1, &frame(mac(9), mac(1), 60));
     let c = counters(&sh, 3);
     assert_eq!((c.tx_frames, c.drops.get("queue_full")), (0, Some(&1)));
 }
@@ -219,13 +176,7 @@ fn a_rate_limit_holds() {
     );
     let mut ctx = FwdCtx::new();
     for _ in 0..100 {
-        send(
-            &sh,
-            &mut ctx,
-            1,
-            VirtioNetHdr::default(),
-            &frame(mac(9), mac(1), 1000),
-        );
+        send_plain(&sh, &mut ctx, 1, &frame(mac(9), mac(1), 1000));
     }
     // A 10 KB bucket lets about ten 1000-byte frames through at once, not a hundred.
     let passed = r.take().len();

@@ -8,7 +8,7 @@ use crate::ingress::packet::PacketReader;
 use crate::ingress::Source;
 use crate::packet::PacketSocket;
 use crate::port::{Frame, Port, Tx};
-use crate::ports::{each_segment, Opened};
+use crate::ports::{send_segments, Opened};
 
 /// A direct link (`link add ... direct DEV`): raw Ethernet on a host NIC.
 pub fn open(dev: &str, id: PortId) -> std::io::Result<Opened> {
@@ -23,12 +23,6 @@ pub fn open(dev: &str, id: PortId) -> std::io::Result<Opened> {
 
 impl Port for PacketSocket {
     fn send<'a>(&'a self, tx: &mut Tx<'_, 'a>, f: &Frame<'a>) -> Result<(), DropReason> {
-        let frame = match f.whole() {
-            Some(b) => b,
-            None => f.copy_into(tx.scratch),
-        };
-        each_segment(tx.offload, frame, &f.vh, tx.seg, &f.macs, |parts| {
-            PacketSocket::send(self, parts)
-        })
+        send_segments(tx, f, |parts| PacketSocket::send(self, parts))
     }
 }

@@ -27,7 +27,7 @@ use crate::counters::OffloadCounters;
 use crate::ingress::Source;
 use crate::kernel::KernelAttach;
 use crate::made::Made;
-use crate::port::Port;
+use crate::port::{Frame, Port, Tx};
 use crate::worker::Worker;
 
 /// Why a port could not be opened.
@@ -79,6 +79,21 @@ impl Opened {
             owned: vec![],
         }
     }
+}
+
+/// [`each_segment`] for a frame as a port is handed it (copied into the thread's scratch
+/// buffer first when it is not in one piece): the whole `Port::send` of a port that carries
+/// only ordinary Ethernet frames.
+pub(crate) fn send_segments<'a>(
+    tx: &mut Tx<'_, 'a>,
+    f: &Frame<'a>,
+    send: impl FnMut(&[&[u8]]) -> Result<(), DropReason>,
+) -> Result<(), DropReason> {
+    let frame = match f.whole() {
+        Some(b) => b,
+        None => f.copy_into(tx.scratch),
+    };
+    each_segment(tx.offload, frame, &f.vh, tx.seg, &f.macs, send)
 }
 
 /// Calls `send` with the parts of each wire frame of `frame` (the frame itself when it needs

@@ -14,13 +14,10 @@ use vnet_fastpath::Delivery;
 
 use crate::ingress::packet::PacketReader;
 use crate::ingress::Source;
-use crate::kernel::KernelAttach;
 use crate::netlink::Rtnl;
 use crate::packet::PacketSocket;
-use crate::ports::nic::tap_port;
-use crate::ports::punt::{punt_tap, Names};
+use crate::ports::punt::{kernel_port, Names};
 use crate::ports::Opened;
-use crate::sys;
 
 pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
     let mut nl = Rtnl::open()?;
@@ -41,20 +38,10 @@ pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
     }
     let mtu = dev.mtu.unwrap_or(1500);
     let names = Names::of(&i.name);
-    let punt = Arc::new(punt_tap(&names, &i.name, mtu)?);
-    let punt_ifindex = sys::if_index(&names.punt)?;
-    let mut o = tap_port(punt, id);
-    o.kernel = Some(KernelAttach::Port {
-        ifindex: dev.index,
-        punt_ifindex,
-        mac: i.mac,
-        mtu,
-        delivery: if dev.kind.as_deref() == Some("veth") && dev.peer_netns.is_some() {
-            Delivery::Peer
-        } else {
-            Delivery::Egress
-        },
-    });
-    o.kernel_required = true;
-    Ok(o)
+    let delivery = if dev.kind.as_deref() == Some("veth") && dev.peer_netns.is_some() {
+        Delivery::Peer
+    } else {
+        Delivery::Egress
+    };
+    kernel_port(i, &names, id, dev.index, mtu, delivery)
 }

@@ -2,13 +2,20 @@
 //! carries a fast-path port's slow-path frames between the kernel and vnetd, the names vnetd
 //! gives the devices it makes for such a port (derived from the interface's name, so the next
 //! vnetd finds and adopts them after a restart or a crash), and quieting the host stack on
-//! those devices.
+//! those devices; and the port such an interface becomes.
 
 use std::io;
+use std::sync::Arc;
 
 use vnet_control::{Interface, InterfaceKind};
+use vnet_core::PortId;
+use vnet_fastpath::Delivery;
 use vnet_wire::MacAddr;
 
+use crate::kernel::KernelAttach;
+use crate::ports::nic::tap_port;
+use crate::ports::Opened;
+use crate::sys;
 use crate::tap::Tap;
 
 /// The names of the devices vnetd makes for interface `name`: the veth's host end (`vh-` +
@@ -69,6 +76,30 @@ pub fn punt_tap(names: &Names, name: &str, mtu: u32) -> io::Result<Tap> {
     let tap = Tap::open(&spec)?;
     quiet(&names.punt);
     Ok(tap)
+}
+
+/// The port of interface `i` forwarded by the kernel on device `ifindex`: its punt TAP (opened
+/// here) is what vnetd reads and writes, and the engine attaches the device to the fast path.
+pub fn kernel_port(
+    i: &Interface,
+    names: &Names,
+    id: PortId,
+    ifindex: u32,
+    mtu: u32,
+    delivery: Delivery,
+) -> io::Result<Opened> {
+    let punt = Arc::new(punt_tap(names, &i.name, mtu)?);
+    let punt_ifindex = sys::if_index(&names.punt)?;
+    let mut o = tap_port(punt, id);
+    o.kernel = Some(KernelAttach::Port {
+        ifindex,
+        punt_ifindex,
+        mac: i.mac,
+        mtu,
+        delivery,
+    });
+    o.kernel_required = true;
+    Ok(o)
 }
 
 /// Keeps the host's own stack off a device vnetd uses only as a pipe (no IPv6 autoconfiguration

@@ -32,7 +32,7 @@ use vnet_wire::{
 use crate::batch::TxBatch;
 use crate::forward::{process, Arrival, FwdCtx as RxCtx};
 use crate::port::{Frame, Port, Tx};
-use crate::ports::{each_segment, Opened};
+use crate::ports::{send_segments, Opened};
 use crate::shared::Shared;
 use crate::sys::{wait_readable, EventFd, Wake};
 use crate::worker::Worker;
@@ -174,6 +174,13 @@ impl TcpLink {
         self.install(&mut c, stream);
     }
 
+    /// Refuses an offered connection (counted `bad_stream`); false, `offer`'s answer.
+    fn refuse(&self, peer: Option<std::net::SocketAddr>, why: &str) -> bool {
+        warn!(port = self.port.0, ?peer, "tcp link: {why}");
+        self.count(DropReason::BadStream);
+        false
+    }
+
     /// Takes a connection a listener accepted for this link (its greeting read, ours not yet
     /// sent): greets it and makes it the link's if the link has no live connection, or once the
     /// live one ends within [`HOLD_TIMEOUT`]; otherwise refuses it (counted `bad_stream`).
@@ -184,13 +191,10 @@ impl TcpLink {
         if c.is_some() {
             if self.held.swap(true, SeqCst) {
                 drop(c);
-                warn!(
-                    port = self.port.0,
-                    ?peer,
-                    "tcp link: another connection already waits for the live one to end; refusing"
+                return self.refuse(
+                    peer,
+                    "another connection already waits for the live one to end; refusing",
                 );
-                self.count(DropReason::BadStream);
-                return false;
             }
             info!(
                 port = self.port.0,
@@ -211,13 +215,10 @@ impl TcpLink {
             self.held.store(false, SeqCst);
             if c.is_some() || self.stop.load(SeqCst) {
                 drop(c);
-                warn!(
-                    port = self.port.0,
-                    ?peer,
-                    "tcp link: the current connection is alive; refusing the new one"
+                return self.refuse(
+                    peer,
+                    "the current connection is alive; refusing the new one",
                 );
-                self.count(DropReason::BadStream);
-                return false;
             }
         }
         // Greeted under the lock, so no other connection can become the link's in between.
@@ -581,13 +582,7 @@ fn handshake(shared: &Shared, mut s: TcpStream, peer: SocketAddr) {
 
 impl Port for TcpLink {
     fn send<'a>(&'a self, tx: &mut Tx<'_, 'a>, f: &Frame<'a>) -> Result<(), DropReason> {
-        let frame = match f.whole() {
-            Some(b) => b,
-            None => f.copy_into(tx.scratch),
-        };
-        each_segment(tx.offload, frame, &f.vh, tx.seg, &f.macs, |parts| {
-            TcpLink::send(self, parts)
-        })
+        send_segments(tx, f, |parts| TcpLink::send(self, parts))
     }
 
     fn state(&self) -> LinkState {

@@ -16,14 +16,12 @@ use vnet_control::{Interface, InterfaceKind};
 use vnet_core::PortId;
 use vnet_fastpath::Delivery;
 
-use crate::kernel::KernelAttach;
 use crate::made::{self, Made, MadeDevice};
 use crate::netlink::{LinkDesc, Rtnl};
 use crate::netns;
-use crate::ports::nic::{open_tap, tap_port};
-use crate::ports::punt::{punt_tap, quiet, Names};
+use crate::ports::nic::open_tap;
+use crate::ports::punt::{kernel_port, quiet, Names};
 use crate::ports::Opened;
-use crate::sys;
 
 /// The veth vnetd made (named by its host end): deleted, both ends, when the port goes.
 struct VethPair {
@@ -227,21 +225,11 @@ fn finish(
         }
         Some(None) => {}
     }
-    let punt = std::sync::Arc::new(punt_tap(names, &i.name, i.mtu)?);
-    let punt_ifindex = sys::if_index(&names.punt)?;
-    let mut o = tap_port(punt, id);
-    o.kernel = Some(KernelAttach::Port {
-        ifindex: host.index,
-        punt_ifindex,
-        mac: i.mac,
-        mtu: i.mtu,
-        // Straight into the guest's namespace when its end is in another one.
-        delivery: if ns.is_some() || host.peer_netns.is_some() {
-            Delivery::Peer
-        } else {
-            Delivery::Egress
-        },
-    });
-    o.kernel_required = true;
-    Ok(o)
+    // Straight into the guest's namespace when its end is in another one.
+    let delivery = if ns.is_some() || host.peer_netns.is_some() {
+        Delivery::Peer
+    } else {
+        Delivery::Egress
+    };
+    kernel_port(i, names, id, host.index, i.mtu, delivery)
 }

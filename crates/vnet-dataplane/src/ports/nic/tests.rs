@@ -50,12 +50,21 @@ fn from_interface_1(sh: &Shared, vh: VirtioNetHdr, f: &[u8]) {
     );
 }
 
-#[test]
-fn a_tso_frame_stays_whole_for_a_nic_with_offloads() {
-    let nic = Arc::new(FakeNic::new(true, 1500));
+/// What a `FakeNic` was written: each frame with its header.
+type Written = Vec<(VirtioNetHdr, Vec<u8>)>;
+
+/// A guest's TSO frame (and its header) from interface 1 to a NIC with or without offloads,
+/// and what the NIC was written.
+fn tso_frame_to_nic(offloads: bool) -> (Vec<u8>, VirtioNetHdr, Written) {
+    let nic = Arc::new(FakeNic::new(offloads, 1500));
     let (sh, f, vh) = lab(nic.clone(), false);
     from_interface_1(&sh, vh, &f);
-    let w = nic.take();
+    (f, vh, nic.take())
+}
+
+#[test]
+fn a_tso_frame_stays_whole_for_a_nic_with_offloads() {
+    let (f, vh, w) = tso_frame_to_nic(true);
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].0, vh);
     assert_eq!(w[0].1, f);
@@ -63,10 +72,7 @@ fn a_tso_frame_stays_whole_for_a_nic_with_offloads() {
 
 #[test]
 fn a_tso_frame_is_cut_for_a_nic_without_offloads() {
-    let nic = Arc::new(FakeNic::new(false, 1500));
-    let (sh, f, vh) = lab(nic.clone(), false);
-    from_interface_1(&sh, vh, &f);
-    let w = nic.take();
+    let (_, vh, w) = tso_frame_to_nic(false);
     assert_eq!(w.len(), 10_000usize.div_ceil(vh.gso_size as usize));
     for (h, frame) in &w {
         assert_eq!(*h, VirtioNetHdr::default());
