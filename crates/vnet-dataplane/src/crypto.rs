@@ -61,13 +61,26 @@ impl LinkCrypto {
         sock: Arc<VxlanSocket>,
         to: SockAddr,
     ) -> LinkCrypto {
+        Self::with_timers(name, local, remote, vni, sock, to, Timers::default())
+    }
+
+    /// As [`LinkCrypto::new`], with other rekey and retransmission times (tests rekey fast).
+    pub(crate) fn with_timers(
+        name: &str,
+        local: PrivateKey,
+        remote: PublicKey,
+        vni: u32,
+        sock: Arc<VxlanSocket>,
+        to: SockAddr,
+        timers: Timers,
+    ) -> LinkCrypto {
         // Session indexes need only differ from a previous run's: the clock will do.
         let seed = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(16))
             .unwrap_or(0);
         LinkCrypto {
-            peer: Mutex::new(Peer::new(local, remote, vni, Timers::default(), seed)),
+            peer: Mutex::new(Peer::new(local, remote, vni, timers, seed)),
             epoch: Instant::now(),
             sock,
             to,
