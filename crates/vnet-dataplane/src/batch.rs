@@ -326,7 +326,7 @@ mod tests {
     use vnet_wire::VxlanRepr;
 
     /// A batch mixing an encrypted link's datagrams (a cut frame: equal sizes, a shorter last
-    /// one; then another run) with a plaintext link's: each encrypted datagram arrives sealed
+    /// one; then another run; one frame in guest memory) with a plaintext link's: each encrypted datagram arrives sealed
     /// under the next counter of one session and opens on the peer to exactly the VXLAN
     /// datagram it carries; the plaintext one arrives as it was; a replay is refused.
     #[test]
@@ -343,9 +343,17 @@ mod tests {
             .map(|&n| testing::frame(testing::mac(2), testing::mac(1), n))
             .collect();
         let other = testing::frame(testing::mac(3), testing::mac(1), 300);
+        // The third frame's rest lives in "guest memory" (read only through a volatile copy).
+        let mut guest_mem = frames[2][12..].to_vec();
+        let guest = VolatileSlice::from(&mut guest_mem[..]);
         let mut batch = TxBatch::default();
         for (k, f) in frames.iter().enumerate() {
-            batch.push(&enc, &[&f[..12]], Rest::Local(&f[12..]));
+            let rest = if k == 2 {
+                Rest::Guest(guest)
+            } else {
+                Rest::Local(&f[12..])
+            };
+            batch.push(&enc, &[&f[..12]], rest);
             if k == 4 {
                 batch.push(&plain, &[&other[..12]], Rest::Local(&other[12..]));
             }
