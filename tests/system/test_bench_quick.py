@@ -97,8 +97,8 @@ def test_vhost_bench_quick(tmp_path, tools):
     run_quick("vhost", out, 600, _matplotlib_python() or sys.executable)
     doc = json.loads((out / "vhost.json").read_text())
     samples = doc["samples"]
-    assert len(samples) == 2 * 6, samples  # 4 plaintext configurations, 2 on the encrypted link
-    assert sum(1 for s in samples if s.get("link") == "encrypted") == 2 * 2, samples
+    assert len(samples) == 2 * 7, samples  # 4 plaintext configurations, 3 on the encrypted link
+    assert sum(1 for s in samples if s.get("link") == "encrypted") == 2 * 3, samples
     errors = [s for s in samples if "error" in s]
     assert not errors, errors
     assert all(s["path_ok"] for s in samples), [s["vnet"] for s in samples if not s["path_ok"]]
