@@ -17,7 +17,7 @@ from bench import hpc, hpc_bed, hpc_report
 from vnetlab import netlab
 
 CONFIGS = {"native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive", "vnet-encrypted",
-           "vnet-kernel"}
+           "vnet-encrypted-veth", "vnet-kernel"}
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
