@@ -3,8 +3,7 @@
 //! goes as one `sendmsg` with `UDP_SEGMENT` (the kernel's stack handles the run once); the rest
 //! go in `sendmmsg` batches, in order. Datagrams of encrypted links are first gathered into one
 //! send buffer and sealed there in place (equal plaintext sizes give equal ciphertext sizes, so
-//! runs survive). Where runs split is a pure
-//! function ([`plan_runs`]) tested on its own.
+//! runs survive). Where runs split is a pure function ([`plan_runs`]) tested on its own.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -326,9 +325,10 @@ mod tests {
     use vnet_wire::VxlanRepr;
 
     /// A batch mixing an encrypted link's datagrams (a cut frame: equal sizes, a shorter last
-    /// one; then another run; one frame in guest memory) with a plaintext link's: each encrypted datagram arrives sealed
-    /// under the next counter of one session and opens on the peer to exactly the VXLAN
-    /// datagram it carries; the plaintext one arrives as it was; a replay is refused.
+    /// one; then another run; one frame in guest memory) with a plaintext link's: each
+    /// encrypted datagram arrives sealed under the next counter of one session and opens on
+    /// the peer to exactly the VXLAN datagram it carries; the plaintext one arrives as it was;
+    /// a replay is refused.
     #[test]
     fn an_encrypted_links_datagrams_are_sealed_in_place_and_open_on_the_peer() {
         let sh = testing::shared();

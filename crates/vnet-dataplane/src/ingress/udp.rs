@@ -6,8 +6,8 @@
 //! size; a kernel VXLAN peer on a veth underlay hands over unsegmented 64 KB inner frames
 //! (tunnel GSO), forwarded as a guest's TSO frame would go. Encrypted links' messages are
 //! answered (handshakes) or opened in place first (no copy; the session looked up once per
-//! batch and link), so the second pass forwards every frame from
-//! the receive buffers and the coalescer still merges them for guests.
+//! batch and link), so the second pass forwards every frame from the receive buffers and the
+//! coalescer still merges them for guests.
 
 use std::io;
 use std::os::fd::RawFd;
