@@ -16,7 +16,7 @@ from typing import Optional
 # One colour per configuration, the same in every plot.
 COLORS = {"native": "#4d4d4d", "kernel-vxlan": "#1f77b4", "vnet-guest-driven": "#2ca02c",
           "vnet-polling": "#d62728", "vnet-adaptive": "#ff7f0e", "vnet-encrypted": "#9467bd",
-          "vnet-kernel": "#17becf"}
+          "vnet-encrypted-veth": "#8c564b", "vnet-kernel": "#17becf"}
 NONE = "–"  # what a table shows where there is no figure
 
 

@@ -15,6 +15,9 @@ each. A ``testbed.Testbed`` (the lab, the wire, the kernel VXLAN, the daemons):
 * ``vnet-encrypted``: the same daemons (adaptive mode), a second guest pair 192.168.73.1/.2 in
   VNI 2 on an encrypted link ``peer-enc`` (``encrypt PEER_KEY``, Noise; host keys made with
   ``vnetd --gen-key``), beside the plaintext link ``peer`` of VNI 1 to the same peer.
+* ``vnet-encrypted-veth``: the same, with veth guests 192.168.75.1/.2 (VNI 4, link ``peer-ev``):
+  what the CNI plugin gives a container; the kernel fast path passes their frames for the
+  encrypted link to vnetd through the punt TAP.
 
 Overlay guests get MTU = wire MTU - 50 (the VXLAN overhead; - 82 on the encrypted link, whose
 datagrams carry 32 bytes more), so nothing is fragmented on the wire except where a test sends
@@ -35,10 +38,10 @@ CRYPTO_OVERHEAD = 32
 VNI = 1
 
 CONFIGS = ["native", "kernel-vxlan", "vnet-kernel", "vnet-guest-driven", "vnet-polling", "vnet-adaptive",
-           "vnet-encrypted"]
+           "vnet-encrypted", "vnet-encrypted-veth"]
 # The kernel fast path needs no polling dispatcher (vnetd sees only its ARP): parked mode.
 VNET_MODE = {"vnet-guest-driven": "guest-driven", "vnet-polling": "polling", "vnet-adaptive": "adaptive",
-             "vnet-encrypted": "adaptive", "vnet-kernel": "guest-driven"}
+             "vnet-encrypted": "adaptive", "vnet-encrypted-veth": "adaptive", "vnet-kernel": "guest-driven"}
 
 WIRE_NET = "10.77.0"
 VNET_NET = "192.168.71"
@@ -48,6 +51,9 @@ ENC_VNI = 2
 FP_NET = "192.168.74"
 FP_VNI = 3
 FP_MAC = ("52:54:00:b3:00:01", "52:54:00:b3:00:02")
+EV_NET = "192.168.75"
+EV_VNI = 4
+EV_MAC = ("52:54:00:b4:00:01", "52:54:00:b4:00:02")
 ENC_MAC = ("52:54:00:b2:00:01", "52:54:00:b2:00:02")
 VNET_MAC = ("52:54:00:b0:00:01", "52:54:00:b0:00:02")
 KX_MAC = ("52:54:00:b1:00:01", "52:54:00:b1:00:02")
@@ -59,7 +65,7 @@ def is_vnet(config: str) -> bool:
 
 def vnet_link(config: str) -> str:
     """The vnet link a configuration's traffic crosses."""
-    return {"vnet-encrypted": "peer-enc", "vnet-kernel": "peer-k"}.get(config, "peer")
+    return {"vnet-encrypted": "peer-enc", "vnet-encrypted-veth": "peer-ev", "vnet-kernel": "peer-k"}.get(config, "peer")
 
 
 @dataclass
@@ -95,6 +101,7 @@ class SuiteBed(Testbed):
         self.vnet_guests = self.guest_pair("v", VNET_NET, VNET_MAC)
         self.enc_guests = self.guest_pair("e", ENC_NET, ENC_MAC)
         self.fp_guests = self.guest_pair("f", FP_NET, FP_MAC)
+        self.ev_guests = self.guest_pair("ev", EV_NET, EV_MAC)
         self.enc_mtu = self.overlay_mtu - CRYPTO_OVERHEAD
         keys = {}
         for h in (self.hA, self.hB):
@@ -106,6 +113,7 @@ class SuiteBed(Testbed):
             g, og = self.vnet_guests[i], self.vnet_guests[1 - i]
             e, oe = self.enc_guests[i], self.enc_guests[1 - i]
             f, of = self.fp_guests[i], self.fp_guests[1 - i]
+            ev, oev = self.ev_guests[i], self.ev_guests[1 - i]
             lines = [f"interface add vm tap mac {g.mac} mtu {self.overlay_mtu} netns {g.name}",
                      f"link add peer udp {o.underlay_ip}:{VNET_PORT} vni {VNI}",
                      f"route add any {g.mac} interface vm",
@@ -118,19 +126,26 @@ class SuiteBed(Testbed):
                      f"interface add vm-k veth mac {f.mac} mtu {self.overlay_mtu} netns {f.name} vni {FP_VNI}",
                      f"link add peer-k udp {o.underlay_ip}:{VNET_PORT} vni {FP_VNI}",
                      f"route add any {f.mac} interface vm-k",
-                     f"route add any {of.mac} link peer-k"]
+                     f"route add any {of.mac} link peer-k",
+                     # a veth guest on an encrypted link: punted to vnetd
+                     f"interface add vm-ev veth mac {ev.mac} mtu {self.enc_mtu} netns {ev.name} vni {EV_VNI}",
+                     f"link add peer-ev udp {o.underlay_ip}:{VNET_PORT} vni {EV_VNI} encrypt {keys[o][1]}",
+                     f"route add any {ev.mac} interface vm-ev",
+                     f"route add any {oev.mac} link peer-ev"]
             self.start_vnetd(h, f"vnet benchmark host {h.role}, wire MTU {self.wire_mtu}", lines,
                              args=["--key-file", keys[h][0]])
             g.configure(h.interface("vm")["ifname"], self.overlay_mtu)
             e.configure(h.interface("vm-enc")["ifname"], self.enc_mtu)
             f.configure(h.interface("vm-k")["ifname"], self.overlay_mtu)
+            ev.configure(h.interface("vm-ev")["ifname"], self.enc_mtu)
             if h.interface("vm-k").get("path") != "kernel":
                 raise RuntimeError(f"vnet-kernel: the kernel fast path does not serve vm-k on {h.role}: "
                                    f"{h.vnetd.log_text()[-1500:]}")
-        self.pin_guest_neighbours(self.kx_guests, self.vnet_guests, self.enc_guests, self.fp_guests)
+        self.pin_guest_neighbours(self.kx_guests, self.vnet_guests, self.enc_guests, self.fp_guests,
+                                  self.ev_guests)
 
         # every path answers before anything is measured
-        for cfg in ("native", "kernel-vxlan", "vnet-adaptive", "vnet-encrypted", "vnet-kernel"):
+        for cfg in ("native", "kernel-vxlan", "vnet-adaptive", "vnet-encrypted", "vnet-encrypted-veth", "vnet-kernel"):
             ep = self.endpoint(cfg)
             lab.wait_ping(ep.client, ep.server_ip, timeout=15)
 
@@ -155,6 +170,8 @@ class SuiteBed(Testbed):
             guests, net, mtu = self.enc_guests, ENC_NET, self.enc_mtu
         elif config == "vnet-kernel":
             guests, net, mtu = self.fp_guests, FP_NET, self.overlay_mtu
+        elif config == "vnet-encrypted-veth":
+            guests, net, mtu = self.ev_guests, EV_NET, self.enc_mtu
         elif is_vnet(config):
             guests, net, mtu = self.vnet_guests, VNET_NET, self.overlay_mtu
         else:

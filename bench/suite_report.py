@@ -10,7 +10,7 @@ from pathlib import Path
 from .report import COLORS, ensure_matplotlib, fmt, md_row, med, phases, pyplot, ratio, save, spread
 
 CONFIG_ORDER = ["native", "kernel-vxlan", "vnet-kernel", "vnet-guest-driven", "vnet-polling", "vnet-adaptive",
-                "vnet-encrypted"]
+                "vnet-encrypted", "vnet-encrypted-veth"]
 VNET_CONFIGS = ["vnet-guest-driven", "vnet-polling", "vnet-adaptive"]
 
 

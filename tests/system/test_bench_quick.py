@@ -17,7 +17,7 @@ from bench import hpc, hpc_bed, hpc_report
 from vnetlab import netlab
 
 CONFIGS = {"native", "kernel-vxlan", "vnet-guest-driven", "vnet-polling", "vnet-adaptive", "vnet-encrypted",
-           "vnet-kernel"}
+           "vnet-encrypted-veth", "vnet-kernel"}
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -89,15 +89,16 @@ def test_bench_quick(tmp_path, tools):
 
 
 def test_vhost_bench_quick(tmp_path, tools):
-    """``python3 -m bench.vhost --quick``: every (size, data path, notification policy) produced a
-    sample whose path vnetd's own counters confirm, and the report and plot were written."""
+    """``python3 -m bench.vhost --quick``: every (size, link, data path, notification policy) produced
+    a sample whose path vnetd's own counters confirm, and the report and plot were written."""
     require(netlab.VNETD, netlab.VNETCTL,
             os.environ.get("VHOST_FRONTEND", str(netlab.REPO / "target" / "release" / "vhost-frontend")))
     out = tmp_path / "vhost"
     run_quick("vhost", out, 600, _matplotlib_python() or sys.executable)
     doc = json.loads((out / "vhost.json").read_text())
     samples = doc["samples"]
-    assert len(samples) == 2 * 4, samples
+    assert len(samples) == 2 * 7, samples  # 4 plaintext configurations, 3 on the encrypted link
+    assert sum(1 for s in samples if s.get("link") == "encrypted") == 2 * 3, samples
     errors = [s for s in samples if "error" in s]
     assert not errors, errors
     assert all(s["path_ok"] for s in samples), [s["vnet"] for s in samples if not s["path_ok"]]

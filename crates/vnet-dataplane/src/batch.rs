@@ -1,9 +1,9 @@
 //! UDP datagrams waiting for the end of a forwarding batch, and how they are sent: a run of
 //! consecutive datagrams to one link, all of one size but the last (which may be shorter),
 //! goes as one `sendmsg` with `UDP_SEGMENT` (the kernel's stack handles the run once); the rest
-//! go in `sendmmsg` batches, in order. Datagrams of encrypted links are sealed first (equal
-//! plaintext sizes give equal ciphertext sizes, so runs survive). Where runs split is a pure
-//! function ([`plan_runs`]) tested on its own.
+//! go in `sendmmsg` batches, in order. Datagrams of encrypted links are first gathered into one
+//! send buffer and sealed there in place (equal plaintext sizes give equal ciphertext sizes, so
+//! runs survive). Where runs split is a pure function ([`plan_runs`]) tested on its own.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -12,6 +12,7 @@ use std::sync::Arc;
 use socket2::SockAddr;
 use vm_memory::VolatileSlice;
 use vnet_core::{DropReason, PortCounters};
+use vnet_crypto::{DATA_HEADER_LEN, DATA_OVERHEAD, TAG_LEN};
 use vnet_wire::VXLAN_HEADER_LEN;
 
 use crate::counters::OffloadCounters;
@@ -153,55 +154,70 @@ impl<'a> TxBatch<'a> {
     /// Seals the datagrams of encrypted links (into `sealed`) and lists every datagram with
     /// the parts it is sent from; a datagram of an encrypted link without a session is
     /// dropped and counted (`no_session`).
+    ///
+    /// `sealed` is sized once for the whole batch and every datagram is laid out in it as
+    /// `[data header][VXLAN header, frame][tag]`, gathered there (the one copy: a guest's bytes
+    /// are read straight from its memory) and sealed in place. Each run of consecutive
+    /// datagrams to one link takes its session once and its counters in one
+    /// [`vnet_crypto::Session::reserve`]; nothing is allocated per datagram.
     fn ready<'b>(&'b self, sealed: &'b mut Vec<u8>) -> Vec<Ready<'b>> {
-        let mut scratch = Vec::new();
-        let mut plain = Vec::new();
+        let need: usize = self
+            .udp
+            .iter()
+            .filter(|(l, _, _)| l.crypto.is_some())
+            .map(|(_, h, rest)| DATA_OVERHEAD + VXLAN_HEADER_LEN + h.len() + rest.len())
+            .sum();
+        sealed.clear();
+        sealed.reserve_exact(need);
         let mut ranges: Vec<Option<Range<usize>>> = Vec::with_capacity(self.udp.len());
-        // The session of the previous entry's link: batches mostly go to one link.
-        let mut last: Option<(*const UdpLinkTx, Option<Arc<vnet_crypto::Session>>)> = None;
-        for (l, h, rest) in &self.udp {
-            let Some(c) = &l.crypto else {
+        let mut i = 0;
+        while i < self.udp.len() {
+            let link = self.udp[i].0;
+            let Some(c) = &link.crypto else {
                 ranges.push(None);
+                i += 1;
                 continue;
             };
-            let session = match &last {
-                Some((p, s)) if std::ptr::eq(*p, *l) => s.clone(),
-                _ => {
-                    let s = c.sending_session();
-                    last = Some((*l as *const UdpLinkTx, s.clone()));
-                    s
-                }
-            };
-            // What is sealed must be read: a guest's bytes are copied (volatile) first.
-            let body: &[u8] = match rest {
-                Rest::Local(b) => b,
-                Rest::Guest(_) => {
-                    plain.clear();
-                    rest.copy_into(&mut plain);
-                    &plain
-                }
-            };
-            let at = sealed.len();
-            let r = match session {
-                Some(s) => s
-                    .seal(
-                        &[&l.header[..], &self.heads[h.clone()], body],
-                        &mut scratch,
-                        sealed,
-                    )
-                    .map_err(crate::crypto::drop_reason),
-                None => Err(DropReason::NoSession),
-            };
-            match r {
-                Ok(()) => {
-                    c.sealed.fetch_add(1, Relaxed);
-                    ranges.push(Some(at..sealed.len()));
-                }
-                Err(reason) => {
-                    l.counters.count_drop(reason);
-                    ranges.push(Some(at..at));
+            let run = &self.udp[i..];
+            let n = run
+                .iter()
+                .take_while(|(l, _, _)| std::ptr::eq(*l, link))
+                .count();
+            let first = c
+                .sending_session()
+                .ok_or(DropReason::NoSession)
+                .and_then(|s| {
+                    s.reserve(n as u64)
+                        .map(|k| (s, k))
+                        .map_err(crate::crypto::drop_reason)
+                });
+            for (k, (_, h, rest)) in run[..n].iter().enumerate() {
+                let at = sealed.len();
+                let r = match &first {
+                    Ok((s, counter)) => {
+                        sealed.resize(at + DATA_HEADER_LEN, 0);
+                        sealed.extend_from_slice(&link.header);
+                        sealed.extend_from_slice(&self.heads[h.clone()]);
+                        rest.copy_into(sealed);
+                        sealed.resize(sealed.len() + TAG_LEN, 0);
+                        s.seal_in_place(counter + k as u64, &mut sealed[at..])
+                            .map_err(crate::crypto::drop_reason)
+                    }
+                    Err(reason) => Err(*reason),
+                };
+                match r {
+                    Ok(()) => {
+                        c.sealed.fetch_add(1, Relaxed);
+                        ranges.push(Some(at..sealed.len()));
+                    }
+                    Err(reason) => {
+                        sealed.truncate(at);
+                        link.counters.count_drop(reason);
+                        ranges.push(Some(at..at));
+                    }
                 }
             }
+            i += n;
         }
         let sealed: &'b Vec<u8> = sealed;
         self.udp
@@ -303,6 +319,87 @@ impl<'a> TxBatch<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crypto::{established_pair, OpenCache};
+    use crate::testing;
+    use vnet_crypto::Message;
+    use vnet_wire::VxlanRepr;
+
+    /// A batch mixing an encrypted link's datagrams (a cut frame: equal sizes, a shorter last
+    /// one; then another run; one frame in guest memory) with a plaintext link's: each
+    /// encrypted datagram arrives sealed under the next counter of one session and opens on
+    /// the peer to exactly the VXLAN datagram it carries; the plaintext one arrives as it was;
+    /// a replay is refused.
+    #[test]
+    fn an_encrypted_links_datagrams_are_sealed_in_place_and_open_on_the_peer() {
+        let sh = testing::shared();
+        let sock = sh.snapshot.load().udp.clone();
+        let (a, b) = established_pair(sock.clone());
+        let (plain, plain_rx) = testing::udp_link(&sh, 7);
+        let (mut enc, enc_rx) = testing::udp_link(&sh, 7);
+        Arc::get_mut(&mut enc).expect("sole owner").crypto = Some(a.clone());
+        let sizes = [1000, 1000, 1000, 1000, 700, 1200, 1200, 64];
+        let frames: Vec<Vec<u8>> = sizes
+            .iter()
+            .map(|&n| testing::frame(testing::mac(2), testing::mac(1), n))
+            .collect();
+        let other = testing::frame(testing::mac(3), testing::mac(1), 300);
+        // The third frame's rest lives in "guest memory" (read only through a volatile copy).
+        let mut guest_mem = frames[2][12..].to_vec();
+        let guest = VolatileSlice::from(&mut guest_mem[..]);
+        let mut batch = TxBatch::default();
+        for (k, f) in frames.iter().enumerate() {
+            let rest = if k == 2 {
+                Rest::Guest(guest)
+            } else {
+                Rest::Local(&f[12..])
+            };
+            batch.push(&enc, &[&f[..12]], rest);
+            if k == 4 {
+                batch.push(&plain, &[&other[..12]], Rest::Local(&other[12..]));
+            }
+        }
+        batch.flush(&sh.offload, &sh.daemon, &sock);
+        assert!(batch.is_empty());
+
+        let vxlan = |f: &[u8]| {
+            let mut d = VxlanRepr { vni: 7 }.header().to_vec();
+            d.extend_from_slice(f);
+            d
+        };
+        let mut buf = vec![0u8; 4096];
+        let n = plain_rx.recv(&mut buf).expect("plaintext datagram");
+        assert_eq!(buf[..n], vxlan(&other)[..]);
+        let mut cache = OpenCache::default();
+        let mut counters = Vec::new();
+        let mut first = None;
+        for f in &frames {
+            let n = enc_rx.recv(&mut buf).expect("sealed datagram");
+            assert_eq!(n, VXLAN_HEADER_LEN + f.len() + DATA_OVERHEAD);
+            let Ok(Message::Data {
+                receiver, counter, ..
+            }) = Message::parse(&buf[..n])
+            else {
+                panic!("a data message");
+            };
+            counters.push(counter);
+            first.get_or_insert_with(|| buf[..n].to_vec());
+            let r = b
+                .open_in_place(receiver, &mut buf[..n], &mut cache)
+                .expect("opens");
+            assert_eq!(buf[r], vxlan(f)[..]);
+        }
+        let c0 = counters[0];
+        assert_eq!(counters, (c0..c0 + frames.len() as u64).collect::<Vec<_>>());
+        assert_eq!(a.sealed.load(Relaxed), frames.len() as u64);
+        let mut again = first.expect("one datagram");
+        let Ok(Message::Data { receiver, .. }) = Message::parse(&again) else {
+            panic!("a data message");
+        };
+        assert_eq!(
+            b.open_in_place(receiver, &mut again, &mut cache),
+            Err(vnet_crypto::CryptoError::Replay)
+        );
+    }
 
     fn runs(items: &[(usize, usize)]) -> Vec<Run> {
         plan_runs(items, |_, _| true)

@@ -2,6 +2,7 @@
 //! handshake messages in and out of the VXLAN socket, and the link's counters. The protocol
 //! itself is `vnet-crypto`.
 
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -33,6 +34,11 @@ pub fn drop_reason(e: CryptoError) -> DropReason {
     }
 }
 
+/// The receiving session last used in one receive batch, with its link (by address: the
+/// batch's snapshot keeps every link alive while the cache lives).
+#[derive(Default)]
+pub struct OpenCache(Option<(usize, Arc<Session>)>);
+
 /// The crypto state of one encrypted udp link.
 pub struct LinkCrypto {
     peer: Mutex<Peer>,
@@ -55,13 +61,26 @@ impl LinkCrypto {
         sock: Arc<VxlanSocket>,
         to: SockAddr,
     ) -> LinkCrypto {
+        Self::with_timers(name, local, remote, vni, sock, to, Timers::default())
+    }
+
+    /// As [`LinkCrypto::new`], with other rekey and retransmission times (tests rekey fast).
+    pub(crate) fn with_timers(
+        name: &str,
+        local: PrivateKey,
+        remote: PublicKey,
+        vni: u32,
+        sock: Arc<VxlanSocket>,
+        to: SockAddr,
+        timers: Timers,
+    ) -> LinkCrypto {
         // Session indexes need only differ from a previous run's: the clock will do.
         let seed = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(16))
             .unwrap_or(0);
         LinkCrypto {
-            peer: Mutex::new(Peer::new(local, remote, vni, Timers::default(), seed)),
+            peer: Mutex::new(Peer::new(local, remote, vni, timers, seed)),
             epoch: Instant::now(),
             sock,
             to,
@@ -137,20 +156,31 @@ impl LinkCrypto {
         }
     }
 
-    /// Decrypts a data message into `out`; returns the plaintext length (0 for a keepalive).
-    pub fn open(
+    /// Authenticates and decrypts data message `datagram` (header, ciphertext, tag) for this
+    /// host's session `receiver` in place; returns where its plaintext now is (empty for a
+    /// keepalive, which only confirms the session). `cache` keeps the session between the
+    /// datagrams of one receive batch, so a batch takes the link's lock and reads the clock
+    /// once (a session that expires during the batch's microseconds is still used for it).
+    pub fn open_in_place(
         &self,
         receiver: u32,
-        counter: u64,
-        ciphertext: &[u8],
-        out: &mut [u8],
-    ) -> Result<usize, CryptoError> {
-        let now = self.now().mono_ms;
-        let s = self
-            .peer()
-            .receiving_session(receiver, now)
-            .ok_or(CryptoError::NoSession)?;
-        let n = s.open(counter, ciphertext, out)?;
+        datagram: &mut [u8],
+        cache: &mut OpenCache,
+    ) -> Result<Range<usize>, CryptoError> {
+        let me = self as *const LinkCrypto as usize;
+        let s = match &cache.0 {
+            Some((link, s)) if *link == me && s.local_index == receiver => s.clone(),
+            _ => {
+                let now = self.now().mono_ms;
+                let s = self
+                    .peer()
+                    .receiving_session(receiver, now)
+                    .ok_or(CryptoError::NoSession)?;
+                cache.0 = Some((me, s.clone()));
+                s
+            }
+        };
+        let plain = s.open_in_place(datagram)?;
         if !s.is_confirmed() {
             let completed = {
                 let mut p = self.peer();
@@ -160,7 +190,7 @@ impl LinkCrypto {
             self.note_established(completed);
         }
         self.opened.fetch_add(1, Relaxed);
-        Ok(n)
+        Ok(plain)
     }
 
     /// For `show links`.
@@ -202,4 +232,35 @@ impl LinkCrypto {
             }
         })
     }
+}
+
+/// Two ends of an encrypted link (VNI 7; A initiated, both established), their handshake run
+/// in memory; handshake messages they send later go to `sock` itself.
+#[cfg(test)]
+pub(crate) fn established_pair(sock: Arc<VxlanSocket>) -> (Arc<LinkCrypto>, Arc<LinkCrypto>) {
+    let (ka, kb) = (
+        PrivateKey::generate().expect("key"),
+        PrivateKey::generate().expect("key"),
+    );
+    let to = SockAddr::from(sock.local_addr());
+    let a = LinkCrypto::new("a", ka.clone(), kb.public(), 7, sock.clone(), to.clone());
+    let b = LinkCrypto::new("b", kb, ka.public(), 7, sock, to);
+    let init = a.peer().tick(a.now()).expect("initiation");
+    let resp = b
+        .peer()
+        .handle_handshake(&Message::parse(&init).expect("parse"), b.now())
+        .expect("response");
+    let mut keepalive = a
+        .peer()
+        .handle_handshake(&Message::parse(&resp).expect("parse"), a.now())
+        .expect("keepalive");
+    let Ok(Message::Data { receiver, .. }) = Message::parse(&keepalive) else {
+        panic!("the initiator answers with a keepalive");
+    };
+    let r = b
+        .open_in_place(receiver, &mut keepalive, &mut OpenCache::default())
+        .expect("keepalive opens");
+    assert!(r.is_empty());
+    assert!(a.established() && b.established());
+    (Arc::new(a), Arc::new(b))
 }

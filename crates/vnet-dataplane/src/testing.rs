@@ -66,7 +66,12 @@ pub fn frame(dst: MacAddr, src: MacAddr, len: usize) -> Vec<u8> {
 }
 
 pub fn shared() -> Arc<Shared> {
-    let sock = VxlanSocket::bind("127.0.0.1:0".parse().expect("addr")).expect("loopback socket");
+    shared_on("127.0.0.1:0")
+}
+
+/// A `Shared` whose VXLAN socket is bound to `addr` (IPv6 loopback for an IPv6 underlay).
+pub fn shared_on(addr: &str) -> Arc<Shared> {
+    let sock = VxlanSocket::bind(addr.parse().expect("addr")).expect("loopback socket");
     Arc::new(Shared::new(Arc::new(sock)))
 }
 

@@ -70,8 +70,6 @@ pub struct RxWork {
     pub(crate) recvd: Vec<Received>,
     /// Datagrams of the current receive batch, after decryption (see [`udp`]).
     pub(crate) plan: Vec<udp::RxItem>,
-    /// Decryption output before it is copied back over the ciphertext.
-    pub(crate) scratch: Vec<u8>,
 }
 
 impl RxWork {
@@ -84,7 +82,6 @@ impl RxWork {
             msgs: Vec::with_capacity(BATCH),
             recvd: Vec::with_capacity(BATCH),
             plan: Vec::with_capacity(BATCH),
-            scratch: Vec::new(),
         }
     }
 

@@ -5,8 +5,9 @@
 //! (`unknown_vni`). `UDP_GRO` hands over many datagrams per message, split here by segment
 //! size; a kernel VXLAN peer on a veth underlay hands over unsegmented 64 KB inner frames
 //! (tunnel GSO), forwarded as a guest's TSO frame would go. Encrypted links' messages are
-//! answered (handshakes) or opened in place first, so the second pass forwards every frame from
-//! the receive buffers and the coalescer still merges them for guests.
+//! answered (handshakes) or opened in place first (no copy; the session looked up once per
+//! batch and link), so the second pass forwards every frame from the receive buffers and the
+//! coalescer still merges them for guests.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -15,12 +16,12 @@ use std::sync::Arc;
 
 use vnet_core::{DropReason, PortId};
 use vnet_crypto::wire::is_crypto;
-use vnet_crypto::{Message, DATA_HEADER_LEN};
+use vnet_crypto::Message;
 use vnet_offload::{claimed_frame_len, gso_header, PayloadRef};
 use vnet_wire::{VxlanPacket, VXLAN_HEADER_LEN};
 
 use crate::batch::TxBatch;
-use crate::crypto::{self, LinkCrypto};
+use crate::crypto::{self, LinkCrypto, OpenCache};
 use crate::forward::{process, Arrival, FwdCtx};
 use crate::gro::flush_coalescers;
 use crate::ingress::{Reader, RxWork};
@@ -45,6 +46,7 @@ impl Reader for VxlanReader {
         // every frame from the receive buffers, coalescing as for plaintext VXLAN.
         w.plan.clear();
         let mut frames = 0;
+        let mut cache = OpenCache::default();
         for m in w.recvd.iter() {
             let i = m.buf;
             let buf = &mut w.bufs[i][..m.len];
@@ -67,7 +69,7 @@ impl Reader for VxlanReader {
                 frames += 1;
                 if is_crypto(&buf[off..end]) {
                     if let Some((start, stop, port)) =
-                        open_datagram(shared, snap, &mut w.scratch, buf, (off, end), m.from)
+                        open_datagram(shared, snap, &mut cache, buf, (off, end), m.from)
                     {
                         w.plan.push(RxItem::Decrypted {
                             i,
@@ -223,7 +225,7 @@ fn link_crypto(snap: &Snapshot, port: PortId) -> Option<&Arc<LinkCrypto>> {
 fn open_datagram(
     shared: &Shared,
     snap: &Snapshot,
-    scratch: &mut Vec<u8>,
+    cache: &mut OpenCache,
     buf: &mut [u8],
     (off, end): (usize, usize),
     from: std::net::SocketAddr,
@@ -256,25 +258,13 @@ fn open_datagram(
         snap.count_rx_drop(port, len, r);
         return None;
     };
-    let Message::Data {
-        receiver,
-        counter,
-        ciphertext,
-        ..
-    } = msg
-    else {
+    let Message::Data { receiver, .. } = msg else {
         c.handshake(&msg, counters);
         return None;
     };
-    scratch.clear();
-    scratch.resize(ciphertext.len(), 0);
-    match c.open(receiver, counter, ciphertext, scratch) {
-        Ok(0) => None, // a keepalive: it only confirmed the session
-        Ok(n) => {
-            let start = off + DATA_HEADER_LEN;
-            buf[start..start + n].copy_from_slice(&scratch[..n]);
-            Some((start, start + n, port))
-        }
+    match c.open_in_place(receiver, &mut buf[off..end], cache) {
+        Ok(plain) if plain.is_empty() => None, // a keepalive: it only confirmed the session
+        Ok(plain) => Some((off + plain.start, off + plain.end, port)),
         Err(e) => {
             snap.count_rx_drop(port, len, crypto::drop_reason(e));
             None
