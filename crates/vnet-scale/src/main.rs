@@ -77,6 +77,14 @@ struct Args {
     /// Agents started at once during bring-up (then the next wave).
     #[arg(long, default_value_t = 100)]
     wave: usize,
+    /// etcd gRPC proxies (`etcd grpc-proxy start`; comma-separated endpoints) the agents
+    /// reach etcd through instead of --etcd: agent i uses proxy i % P. The harness's own
+    /// client and the measurements of etcd stay on --etcd.
+    #[arg(long, value_delimiter = ',')]
+    proxies: Vec<String>,
+    /// The proxies' PIDs, for their CPU (from /proc).
+    #[arg(long, value_delimiter = ',')]
+    proxy_pids: Vec<u32>,
 }
 
 /// One simulated host: its agent's thread and its recorder.
@@ -155,6 +163,8 @@ struct Sample {
     etcd_cpu: f64,
     etcd_rss: u64,
     etcd_sent: f64,
+    /// The proxies' CPU seconds, all together.
+    proxies_cpu: f64,
 }
 
 impl Harness {
@@ -180,6 +190,13 @@ impl Harness {
             etcd_cpu: etcd.0,
             etcd_rss: etcd.1,
             etcd_sent: stats::metric_sum(&page, "etcd_network_client_grpc_sent_bytes_total"),
+            proxies_cpu: self
+                .args
+                .proxy_pids
+                .iter()
+                .filter_map(|&p| stats::proc_usage(p))
+                .map(|u| u.0)
+                .sum(),
         }
     }
 
@@ -219,7 +236,11 @@ impl Harness {
             lease: None,
             crash: crash.clone(),
         };
-        let client = Client::new(&ClientConfig::new(&self.args.etcd))?;
+        let endpoint = match self.args.proxies.len() {
+            0 => &self.args.etcd,
+            p => &self.args.proxies[i % p],
+        };
+        let client = Client::new(&ClientConfig::new(endpoint))?;
         let thread = vnet_agent::spawn(recorder.clone(), cfg, client, stop.clone())?;
         self.hosts.push(Host {
             id,
@@ -375,6 +396,7 @@ impl Harness {
             "etcd_rss_bytes": after.etcd_rss,
             "etcd_sent_bytes": after.etcd_sent - before.etcd_sent,
             "etcd_sent_bytes_per_event": (after.etcd_sent - before.etcd_sent) / events.max(1) as f64,
+            "proxies_cpu_s": after.proxies_cpu - before.proxies_cpu,
             "agents_wrong_after": wrong,
         });
         self.progress(&format!(
@@ -567,6 +589,7 @@ impl Harness {
             "etcd_cpu_s": after.etcd_cpu - before.etcd_cpu,
             "etcd_sent_bytes": after.etcd_sent - before.etcd_sent,
             "etcd_rss_bytes": after.etcd_rss,
+            "proxies_cpu_s": after.proxies_cpu - before.proxies_cpu,
             "agents_wrong_after": wrong,
         }));
 
@@ -725,6 +748,7 @@ impl Harness {
             "guests": g,
             "vnis": self.args.vnis,
             "lease_ttl": self.args.lease_ttl,
+            "proxies": self.args.proxies.len(),
             "threads": threads,
             "agents_rss_bytes": rss,
             "agents_rss_bytes_end": rss_end,
