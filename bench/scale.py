@@ -118,11 +118,11 @@ def label(r: dict) -> str:
     return f"{r['hosts']}" + (f", {p} proxies" if p else "")
 
 
-def run_one(binary: Path, n: int, p: int, args, out: Path, k: int, total: int) -> dict:
+def run_one(binary: Path, n: int, n_proxies: int, args, out: Path, k: int, total: int) -> dict:
     etcd = Etcd(out / "raw")
     proxies = []
     try:
-        proxies = [Proxy(etcd, out / "raw") for _ in range(p)]
+        proxies = [Proxy(etcd, out / "raw") for _ in range(n_proxies)]
         cmd = [str(binary), "--etcd", etcd.endpoint, "--etcd-pid", str(etcd.proc.pid),
                "--hosts", str(n), "--guests", str(args.guests), "--vnis", str(args.vnis),
                "--lease-ttl", str(args.lease_ttl), "--storm", str(args.storm),
@@ -131,8 +131,8 @@ def run_one(binary: Path, n: int, p: int, args, out: Path, k: int, total: int) -
         if proxies:
             cmd += ["--proxies", ",".join(x.endpoint for x in proxies),
                     "--proxy-pids", ",".join(str(x.proc.pid) for x in proxies)]
-        name = f"{n}" + (f"-p{p}" if p else "")
-        print(f"[{k}/{total}] N={n} P={p}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+        name = f"{n}" + (f"-p{n_proxies}" if n_proxies else "")
+        print(f"[{k}/{total}] N={n} P={n_proxies}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         with open(out / "raw" / f"scale-{name}.log", "w") as log:
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             assert p.stderr is not None and p.stdout is not None
@@ -142,7 +142,7 @@ def run_one(binary: Path, n: int, p: int, args, out: Path, k: int, total: int) -
             stdout = p.stdout.read()
             rc = p.wait()
         if rc != 0:
-            return {"hosts": n, "proxies": p, "error": f"vnet-scale exited {rc} (see raw/scale-{name}.log)"}
+            return {"hosts": n, "proxies": n_proxies, "error": f"vnet-scale exited {rc} (see raw/scale-{name}.log)"}
         return json.loads(stdout)
     finally:
         for x in proxies:

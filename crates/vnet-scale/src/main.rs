@@ -1,6 +1,7 @@
 //! `vnet-scale`: N of vnet's real etcd agents (the code `vnetd --etcd` runs, `vnet-agent`) in
-//! one process against one real etcd, each with a recording data plane, and the time it takes
-//! a change to reach all of them.
+//! one process against one real etcd (directly, or spread over etcd's gRPC proxies with
+//! `--proxies`), each with a recording data plane, and the time it takes a change to reach
+//! all of them.
 //!
 //! Steps, in order: bring-up (every host registers), a host joining, a guest moving, a storm
 //! of moves, a host dying. For each: the time until every affected agent has applied the
