@@ -128,6 +128,10 @@ def run_one(binary: Path, n: int, n_proxies: int, args, out: Path, k: int, total
                "--lease-ttl", str(args.lease_ttl), "--storm", str(args.storm),
                "--timeout", str(args.timeout), "--ramp", str(args.ramp),
                "--read-page", str(args.read_page)]
+        if args.cold_start:
+            cmd += ["--cold-start"]
+        if args.bringup_timeout:
+            cmd += ["--bringup-timeout", str(args.bringup_timeout)]
         if proxies:
             cmd += ["--proxies", ",".join(x.endpoint for x in proxies),
                     "--proxy-pids", ",".join(str(x.proc.pid) for x in proxies)]
@@ -186,6 +190,10 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
         up = sig(b.get("wall_s"))
         if b.get("agents_complete", r["hosts"]) < r["hosts"]:
             up += f" (only {b['agents_complete']} of {r['hosts']} agents complete)"
+        if b.get("cold_start"):
+            up += ", all at once"
+        if "leases_lost" in b:
+            up += f", {b['leases_lost']} leases lost"
         lines.append(f"| {label(r)} | {up} | " + " | ".join(cells) + f" | {nc} | {wrong} |")
     lines += ["", "Load per step: agent CPU per event (µs of this process's CPU above its idle rate, per agent "
               "receiving, per store event), etcd's CPU (cores = CPU-seconds / wall-seconds of the step; ms per "
@@ -287,6 +295,11 @@ def main() -> int:
     ap.add_argument("--proxies", default="0",
                     help="comma-separated P: run each N with the agents spread over P of etcd's gRPC proxies "
                          "(0: straight to etcd; e.g. 0,4 for both)")
+    ap.add_argument("--cold-start", action="store_true",
+                    help="start every agent at once (a simultaneous cold start); the bring-up reports its time "
+                         "and the leases lost")
+    ap.add_argument("--bringup-timeout", type=int, default=0,
+                    help="longest wait for bring-up, seconds (default: 1.5 s per host, at least 180)")
     ap.add_argument("--quick", action="store_true", help="N=10 and 50, for CI (a minute or two)")
     ap.add_argument("--baseline", type=Path, help="an earlier scale.json to compare with")
     ap.add_argument("--out", type=Path)
@@ -311,7 +324,7 @@ def main() -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or REPO / "results" / f"scale-{stamp}"
     (out / "raw").mkdir(parents=True, exist_ok=True)
-    meta = {"time": stamp, "proxies": args.proxies, "guests": args.guests, "vnis": args.vnis, "lease_ttl": args.lease_ttl,
+    meta = {"time": stamp, "proxies": args.proxies, "cold_start": args.cold_start, "guests": args.guests, "vnis": args.vnis, "lease_ttl": args.lease_ttl,
             "storm": args.storm, "commit": commit() or "?", "cores": os.cpu_count()}
     ps = [int(x) for x in args.proxies.split(",") if x] or [0]
     todo = [(n, p) for n in ns for p in ps]

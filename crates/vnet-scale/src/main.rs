@@ -78,6 +78,10 @@ struct Args {
     /// Agents started at once during bring-up (then the next wave).
     #[arg(long, default_value_t = 100)]
     wave: usize,
+    /// A simultaneous cold start: every agent started at once (no waves; --ramp ignored), as
+    /// after a power cut or an etcd restore; the bring-up reports its time and the leases lost.
+    #[arg(long)]
+    cold_start: bool,
     /// etcd gRPC proxies (`etcd grpc-proxy start`; comma-separated endpoints) the agents
     /// reach etcd through instead of --etcd: agent i uses proxy i % P. The harness's own
     /// client and the measurements of etcd stay on --etcd.
@@ -199,6 +203,11 @@ impl Harness {
                 .map(|u| u.0)
                 .sum(),
         }
+    }
+
+    /// The leases the agents lost so far, all together.
+    fn leases_lost(&self) -> u64 {
+        self.hosts.iter().map(|h| h.recorder.leases_lost()).sum()
     }
 
     fn start_host(&mut self, i: usize) -> Result<()> {
@@ -525,6 +534,9 @@ impl Harness {
         let before = self.sample();
         for i in 0..n {
             self.start_host(i)?;
+            if self.args.cold_start {
+                continue;
+            }
             if self.args.ramp > 0.0 {
                 let due = t0 + Duration::from_secs_f64(self.args.ramp * (i + 1) as f64 / n as f64);
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
@@ -564,12 +576,13 @@ impl Harness {
                 let known: usize = self.hosts.iter().map(|h| h.recorder.counts().1).sum();
                 let frac = known as f64 / (n * expect_routes) as f64;
                 let etcd = self.sample();
+                let lost = self.leases_lost();
                 self.progress(&format!(
-                    "bring-up: {ready} of {n} agents complete, {:.1} % of the routes known, etcd {:.0} CPU-s",
+                    "bring-up: {ready} of {n} agents complete, {:.1} % of the routes known, etcd {:.0} CPU-s, {lost} leases lost",
                     frac * 100.0,
                     etcd.etcd_cpu - before.etcd_cpu
                 ));
-                timeline.push(json!([t0.elapsed().as_secs_f64(), ready, frac]));
+                timeline.push(json!([t0.elapsed().as_secs_f64(), ready, frac, lost]));
                 last_report = Instant::now();
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -585,6 +598,8 @@ impl Harness {
             "step": "bring-up",
             "wall_s": bringup,
             "agents_complete": complete,
+            "cold_start": self.args.cold_start,
+            "leases_lost": self.leases_lost(),
             "timeline": timeline,
             "agents_cpu_s": after.own_cpu - before.own_cpu,
             "etcd_cpu_s": after.etcd_cpu - before.etcd_cpu,
