@@ -703,6 +703,7 @@ impl Client {
                         rt: self.rt.clone(),
                         stream,
                         endpoint: i,
+                        base: self.endpoints[i].clone(),
                     })
                 }
                 Err(Error::Unreachable(e)) => last = e,
@@ -738,6 +739,8 @@ pub struct Watch {
     rt: Arc<tokio::runtime::Runtime>,
     stream: tonic::Streaming<pb::WatchResponse>,
     endpoint: usize,
+    /// The endpoint's URL, for errors.
+    base: String,
 }
 
 impl Watch {
@@ -752,7 +755,7 @@ impl Watch {
         match self.rt.block_on(self.stream.message()) {
             Ok(Some(m)) => Ok(codec::watch_message(m)?),
             Ok(None) => Err(Error::WatchEnded("closed by the server".into())),
-            Err(s) => Err(match status_error("watch", &s) {
+            Err(s) => Err(match status_error(&self.base, &s) {
                 Error::Unreachable(e) => Error::WatchEnded(e),
                 e => e,
             }),
