@@ -5,7 +5,10 @@ each N asked, and writes ``scale.json``, ``summary.md`` and plots under
 
 Each N gets a fresh etcd (Debian's ``/usr/bin/etcd``, free loopback ports, its data directory
 in ``/dev/shm`` so that the disk's fsync latency is not what is measured), stopped by PID at
-the end. ``--baseline FILE`` puts an earlier run's figures (``scale.json``) beside these in the
+the end. ``--proxies P`` runs each N again with the agents spread over P of etcd's gRPC
+proxies (``etcd grpc-proxy start`` on loopback, agent i on proxy i % P; the harness's own
+client and the figures of etcd stay on etcd), for etcd's cost per event with and without
+them. ``--baseline FILE`` puts an earlier run's figures (``scale.json``) beside these in the
 summary and the plots, for a before/after comparison.
 """
 
@@ -25,7 +28,7 @@ import time
 from pathlib import Path
 
 from . import REPO
-from vnetlab.etcdlab import etcd_argv
+from vnetlab.etcdlab import etcd_argv, grpc_proxy_argv
 
 from .etcd import free_port, shm_dir
 from .machine import commit
@@ -70,16 +73,75 @@ class Etcd:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def run_one(binary: Path, n: int, args, out: Path, k: int, total: int) -> dict:
+def wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.time() + 20
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not start")
+
+
+class Proxy:
+    """One of etcd's gRPC proxies on loopback in front of ``etcd``, stopped by PID."""
+
+    def __init__(self, etcd: Etcd, logdir: Path):
+        self.port = free_port()
+        self.dir = shm_dir("vnet-scale-proxy-")
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.log = open(logdir / f"grpc-proxy-{self.port}.log", "w")
+        self.proc = subprocess.Popen(grpc_proxy_argv(etcd.endpoint, self.endpoint, self.dir),
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            wait_port(self.port, self.proc, "etcd's gRPC proxy")
+        except RuntimeError:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def label(r: dict) -> str:
+    """A run's name in the tables: N, and its proxies if any."""
+    p = r.get("proxies", 0)
+    return f"{r['hosts']}" + (f", {p} proxies" if p else "")
+
+
+def run_one(binary: Path, n: int, n_proxies: int, args, out: Path, k: int, total: int) -> dict:
     etcd = Etcd(out / "raw")
+    proxies = []
     try:
+        proxies = [Proxy(etcd, out / "raw") for _ in range(n_proxies)]
         cmd = [str(binary), "--etcd", etcd.endpoint, "--etcd-pid", str(etcd.proc.pid),
                "--hosts", str(n), "--guests", str(args.guests), "--vnis", str(args.vnis),
                "--lease-ttl", str(args.lease_ttl), "--storm", str(args.storm),
                "--timeout", str(args.timeout), "--ramp", str(args.ramp),
                "--read-page", str(args.read_page)]
-        print(f"[{k}/{total}] N={n}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-        with open(out / "raw" / f"scale-{n}.log", "w") as log:
+        if args.cold_start:
+            cmd += ["--cold-start"]
+        if args.bringup_timeout:
+            cmd += ["--bringup-timeout", str(args.bringup_timeout)]
+        if args.agents_nice:
+            # etcd has machines of its own in practice; here the harness's thousands of agent
+            # threads would otherwise take the CPU from etcd's few by their number alone.
+            cmd = ["nice", "-n", str(args.agents_nice)] + cmd
+        if proxies:
+            cmd += ["--proxies", ",".join(x.endpoint for x in proxies),
+                    "--proxy-pids", ",".join(str(x.proc.pid) for x in proxies)]
+        name = f"{n}" + (f"-p{n_proxies}" if n_proxies else "")
+        print(f"[{k}/{total}] N={n} P={n_proxies}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        with open(out / "raw" / f"scale-{name}.log", "w") as log:
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             assert p.stderr is not None and p.stdout is not None
             for line in p.stderr:  # the harness's progress, shown and kept
@@ -88,9 +150,11 @@ def run_one(binary: Path, n: int, args, out: Path, k: int, total: int) -> dict:
             stdout = p.stdout.read()
             rc = p.wait()
         if rc != 0:
-            return {"hosts": n, "error": f"vnet-scale exited {rc} (see raw/scale-{n}.log)"}
+            return {"hosts": n, "proxies": n_proxies, "error": f"vnet-scale exited {rc} (see raw/scale-{name}.log)"}
         return json.loads(stdout)
     finally:
+        for x in proxies:
+            x.stop()
         etcd.stop()
 
 
@@ -102,8 +166,9 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
     lines = [f"# vnet etcd control plane at scale ({meta['time']})", "",
              f"Harness: `vnet-scale`, {meta['guests']} guests per host, {meta['vnis']} VNI(s), lease TTL "
              f"{meta['lease_ttl']} s, storm of {meta['storm']} moves; one etcd 3.4 on loopback (data in /dev/shm); "
-             f"commit {meta['commit']}. The machine has {os.cpu_count()} cores shared by etcd and every agent: "
-             "figures are preliminary.", "",
+             f"commit {meta['commit']}. The machine has {os.cpu_count()} cores shared by etcd and every agent"
+             + (f" (the agents at nice {meta['agents_nice']})" if meta.get("agents_nice") else "")
+             + ": figures are preliminary.", "",
              "Convergence: time from the change in etcd until the agent's recorder has applied it, over every "
              "agent the change concerns (p50 / p99 / max, seconds). A death is the host's agent stopping "
              "silently and its lease revoked at t0 (what expiry does TTL seconds later). The storm is timed "
@@ -114,7 +179,7 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         if "error" in r:
-            lines.append(f"| {r['hosts']} | {r['error']} | | | | | | | |")
+            lines.append(f"| {label(r)} | {r['error']} | | | | | | | |")
             continue
         cells = []
         nc = wrong = 0
@@ -130,24 +195,30 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
         up = sig(b.get("wall_s"))
         if b.get("agents_complete", r["hosts"]) < r["hosts"]:
             up += f" (only {b['agents_complete']} of {r['hosts']} agents complete)"
-        lines.append(f"| {r['hosts']} | {up} | " + " | ".join(cells) + f" | {nc} | {wrong} |")
+        if b.get("cold_start"):
+            up += ", all at once"
+        if "leases_lost" in b:
+            up += f", {b['leases_lost']} leases lost"
+        lines.append(f"| {label(r)} | {up} | " + " | ".join(cells) + f" | {nc} | {wrong} |")
     lines += ["", "Load per step: agent CPU per event (µs of this process's CPU above its idle rate, per agent "
-              "receiving, per store event), etcd's CPU (cores = CPU-seconds / wall-seconds of the step) and bytes "
-              "its gRPC server sent per event.", "",
-              "| N | step | agent µs/event | agents CPU s | etcd CPU s | etcd cores | etcd bytes/event | etcd RSS MB |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "receiving, per store event), etcd's CPU (cores = CPU-seconds / wall-seconds of the step; ms per "
+              "store event) and bytes its gRPC server sent per event, and the proxies' CPU (all of them).", "",
+              "| N | step | agent µs/event | agents CPU s | etcd CPU s | etcd cores | etcd ms/event | etcd bytes/event | proxies CPU s | etcd RSS MB |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         for s in STEPS:
             st = step(r, s)
             if st:
-                lines.append(f"| {r['hosts']} | {s} | {sig(st.get('agent_cpu_us_per_event'))} | {sig(st.get('agents_cpu_s'))} | "
-                             f"{sig(st.get('etcd_cpu_s'))} | {sig(st.get('etcd_cores'))} | {sig(st.get('etcd_sent_bytes_per_event'))} | "
+                per_event = st["etcd_cpu_s"] * 1e3 / max(st.get("events", 1), 1) if "etcd_cpu_s" in st else None
+                lines.append(f"| {label(r)} | {s} | {sig(st.get('agent_cpu_us_per_event'))} | {sig(st.get('agents_cpu_s'))} | "
+                             f"{sig(st.get('etcd_cpu_s'))} | {sig(st.get('etcd_cores'))} | {sig(per_event)} | "
+                             f"{sig(st.get('etcd_sent_bytes_per_event'))} | {sig(st.get('proxies_cpu_s'))} | "
                              f"{sig(st.get('etcd_rss_bytes', 0) / 1e6)} |")
     lines += ["", "| N | agents' threads | agents' RSS MB (after bring-up) | per agent MB | idle agents cores | idle etcd cores |",
               "| --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         if "error" not in r:
-            lines.append(f"| {r['hosts']} | {r['threads']} | {sig(r['agents_rss_bytes'] / 1e6)} | {sig(r['rss_bytes_per_agent'] / 1e6)} | "
+            lines.append(f"| {label(r)} | {r['threads']} | {sig(r['agents_rss_bytes'] / 1e6)} | {sig(r['rss_bytes_per_agent'] / 1e6)} | "
                          f"{sig(r['idle_agents_cores'])} | {sig(r['idle_etcd_cores'])} |")
     lines += ["", "## Goals (p99)", ""]
     for r in runs:
@@ -157,26 +228,26 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
             st = step(r, s)
             p99 = st.get("p99_s")
             ok = p99 is not None and p99 <= g and st.get("not_converged", 1) == 0
-            lines.append(f"- N={r['hosts']}: {s} p99 {sig(p99)} s (goal <= {g} s): {'met' if ok else 'NOT met'}")
+            lines.append(f"- N={label(r)}: {s} p99 {sig(p99)} s (goal <= {g} s): {'met' if ok else 'NOT met'}")
         st = step(r, "storm")
         p99 = st.get("per_move_p99_s")
         ok = p99 is not None and p99 <= GOALS["move"] and st.get("per_move_not_applied", 1) == 0
-        lines.append(f"- N={r['hosts']}: storm, each move p99 {sig(p99)} s (goal <= {GOALS['move']} s): {'met' if ok else 'NOT met'}")
+        lines.append(f"- N={label(r)}: storm, each move p99 {sig(p99)} s (goal <= {GOALS['move']} s): {'met' if ok else 'NOT met'}")
         cores = st.get("etcd_cores")
-        lines.append(f"- N={r['hosts']}: etcd during the storm {sig(cores)} cores (goal <= 1): "
+        lines.append(f"- N={label(r)}: etcd during the storm {sig(cores)} cores (goal <= 1): "
                      f"{'met' if cores is not None and cores <= 1.0 else 'NOT met'}")
     if baseline:
         lines += ["", "## Against the baseline", "", "p99 convergence, seconds (baseline -> this run; '-' did not converge "
                   "within the harness's timeout):", "",
                   "| N | join | move | storm | death | bring-up |", "| --- | --- | --- | --- | --- | --- |"]
-        base = {b["hosts"]: b for b in baseline}
+        base = {(b["hosts"], b.get("proxies", 0)): b for b in baseline}
         for r in runs:
-            b = base.get(r["hosts"])
+            b = base.get((r["hosts"], r.get("proxies", 0)))
             if not b or "error" in r:
                 continue
             cells = [f"{sig(step(b, s).get('p99_s') if not step(b, s).get('not_converged') else None)} -> {sig(step(r, s).get('p99_s'))}" for s in STEPS]
             cells.append(f"{sig(step(b, 'bring-up').get('wall_s'))} -> {sig(step(r, 'bring-up').get('wall_s'))}")
-            lines.append(f"| {r['hosts']} | " + " | ".join(cells) + " |")
+            lines.append(f"| {label(r)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -187,7 +258,10 @@ def plots(runs: list[dict], baseline: list[dict] | None, out: Path) -> list[str]
         return ["plots skipped: matplotlib is not importable"]
     ok = [r for r in runs if "error" not in r]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name, runs_, style in (("", ok, "-o"), ("baseline ", [b for b in (baseline or []) if "error" not in b], "--x")):
+    series = [(f"{p} proxies, " if p else "", [r for r in ok if r.get("proxies", 0) == p], "-o")
+              for p in sorted({r.get("proxies", 0) for r in ok})]
+    series.append(("baseline ", [b for b in (baseline or []) if "error" not in b], "--x"))
+    for name, runs_, style in series:
         for s in STEPS:
             xs = [r["hosts"] for r in runs_ if step(r, s).get("p99_s") is not None and not step(r, s).get("not_converged")]
             ys = [step(r, s)["p99_s"] for r in runs_ if step(r, s).get("p99_s") is not None and not step(r, s).get("not_converged")]
@@ -198,7 +272,7 @@ def plots(runs: list[dict], baseline: list[dict] | None, out: Path) -> list[str]
     axes[0].set(xscale="log", yscale="log", xlabel="hosts (N)", ylabel="p99 convergence (s)",
                 title="time until every agent applied the change")
     axes[0].legend(fontsize=7)
-    for name, runs_, style in (("", ok, "-o"), ("baseline ", [b for b in (baseline or []) if "error" not in b], "--x")):
+    for name, runs_, style in series:
         for s in ("join", "storm"):
             xs = [r["hosts"] for r in runs_ if step(r, s)]
             if xs:
@@ -223,6 +297,17 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=60, help="longest wait for one step, seconds")
     ap.add_argument("--read-page", type=int, default=1000, help="keys per page of the agents' first read")
     ap.add_argument("--ramp", type=float, default=0.0, help="spread the agents' starts over this many seconds (default: all within about 2 s)")
+    ap.add_argument("--proxies", default="0",
+                    help="comma-separated P: run each N with the agents spread over P of etcd's gRPC proxies "
+                         "(0: straight to etcd; e.g. 0,4 for both)")
+    ap.add_argument("--cold-start", action="store_true",
+                    help="start every agent at once (a simultaneous cold start); the bring-up reports its time "
+                         "and the leases lost")
+    ap.add_argument("--agents-nice", type=int, default=0,
+                    help="run the harness's agents at this nice level (e.g. 10), so that etcd and the proxies, "
+                         "which have machines of their own in practice, are not starved by their thread count")
+    ap.add_argument("--bringup-timeout", type=int, default=0,
+                    help="longest wait for bring-up, seconds (default: 1.5 s per host, at least 180)")
     ap.add_argument("--quick", action="store_true", help="N=10 and 50, for CI (a minute or two)")
     ap.add_argument("--baseline", type=Path, help="an earlier scale.json to compare with")
     ap.add_argument("--out", type=Path)
@@ -247,9 +332,11 @@ def main() -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or REPO / "results" / f"scale-{stamp}"
     (out / "raw").mkdir(parents=True, exist_ok=True)
-    meta = {"time": stamp, "guests": args.guests, "vnis": args.vnis, "lease_ttl": args.lease_ttl,
+    meta = {"time": stamp, "proxies": args.proxies, "cold_start": args.cold_start, "agents_nice": args.agents_nice, "guests": args.guests, "vnis": args.vnis, "lease_ttl": args.lease_ttl,
             "storm": args.storm, "commit": commit() or "?", "cores": os.cpu_count()}
-    runs = [run_one(args.binary, n, args, out, k + 1, len(ns)) for k, n in enumerate(ns)]
+    ps = [int(x) for x in args.proxies.split(",") if x] or [0]
+    todo = [(n, p) for n in ns for p in ps]
+    runs = [run_one(args.binary, n, p, args, out, k + 1, len(todo)) for k, (n, p) in enumerate(todo)]
     text = ""
     if ns:
         baseline = json.loads(args.baseline.read_text())["runs"] if args.baseline else None

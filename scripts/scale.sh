@@ -7,6 +7,8 @@
 #   bash scripts/scale.sh --quick               # N = 10, 50 (a minute or two; CI runs this)
 #   bash scripts/scale.sh --hosts 100,200 --vnis 10 --baseline results/scale-X/scale.json
 #   bash scripts/scale.sh --daemons 200         # 200 real vnetd --etcd daemons in namespaces
+#   bash scripts/scale.sh --hosts 100,300 --proxies 0,4   # straight to etcd, then through 4 gRPC proxies
+#   bash scripts/scale.sh --hosts 1000 --cold-start       # every agent at once: time to converge, leases lost
 #   bash scripts/scale.sh --hosts 300,1000 --daemons 200   # both, into one results directory
 #   bash scripts/scale.sh --help
 set -euo pipefail

@@ -19,6 +19,8 @@ ensure_packages iproute2 iputils-ping iperf3 procps ethtool iptables openssl
 # time against libbpf-dev's headers; libelf-dev, zlib1g-dev and pkg-config build the vendored
 # libbpf of libbpf-rs; bpftool lets the tests see what is attached.
 ensure_packages clang llvm libbpf-dev libelf-dev zlib1g-dev pkg-config bpftool
+# protoc: etcd-client (vnet-etcd's gRPC client, #19) compiles etcd's protobuf files at build time.
+ensure_packages protobuf-compiler
 # etcd for distributed control (#5): the system tests start their own etcd (own ports and data
 # directory, stopped by PID); the packaged service must not run beside them.
 ensure_etcd

@@ -532,9 +532,9 @@ def make_certs(dir: Path, server_ip: str) -> dict:
 
     ossl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
          "-keyout", p["ca-key"], "-out", p["ca"], "-days", "2", "-subj", "/CN=vnet-test-ca")
-    # (etcd's JSON gateway dials etcd's gRPC with the server certificate: it needs clientAuth)
-    # (etcd 3.4's gateway refuses client certificates with a CommonName when authentication is
-    # on, as it would take the CN for the user: the client certificate has none)
+    # (the server certificate also allows clientAuth, as etcd's own JSON gateway dials etcd's
+    # gRPC with it; the client certificate has no CommonName, which etcd would take for a user
+    # name when a call carries no token)
     for name, subject, ext in (
             ("server", "/CN=vnet-server", f"subjectAltName=IP:{server_ip}\nextendedKeyUsage=serverAuth,clientAuth\n"),
             ("client", "/O=vnet-client", "extendedKeyUsage=clientAuth\n")):

@@ -1,24 +1,20 @@
-//! The JSON of etcd's v3 gateway: request bodies and the decoding of answers. Pure: no I/O.
+//! vnet-etcd's types and their conversion to and from the protobuf messages of etcd's gRPC API
+//! ([`crate::pb`]). Pure: no I/O.
 //!
-//! The gateway speaks the protobuf messages of etcd's gRPC API in their canonical JSON form:
-//! `bytes` fields (keys, values) are base64, 64-bit integers are usually decimal strings (but
-//! numbers are accepted too), and fields at their default value are left out (so an event
-//! without `type` is a PUT, a lease answer without `TTL` has TTL 0). Every answer is treated
-//! as untrusted input: a malformed one is an error, never a panic.
+//! Every answer is treated as untrusted input: a message that does not make sense (an event
+//! without its key, a lease granted with id 0) is an error, never a panic. protobuf leaves
+//! fields at their default value out, so an absent header is revision 0 and an event without
+//! a type is a PUT, as etcd means them.
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine as _;
-use serde_json::{json, Map, Value};
+use crate::pb;
 
 /// Why an answer could not be understood, or what error the server reported.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CodecError {
-    #[error("answer is not JSON: {0}")]
-    Json(String),
     #[error("answer has a bad field {0}")]
     Field(&'static str),
-    #[error("answer has bad base64 in {0}")]
-    Base64(&'static str),
+    /// The server's gRPC status (`code` is gRPC's status code) or, with code -1, an error
+    /// the answer carries in a field of its own.
     #[error("etcd error (code {code}): {message}")]
     Server { code: i64, message: String },
 }
@@ -27,10 +23,6 @@ pub enum CodecError {
 pub const CODE_UNAUTHENTICATED: i64 = 16;
 /// gRPC's status code etcd uses for "permission denied" and, with auth on, for a bad token.
 pub const CODE_INVALID_ARGUMENT: i64 = 3;
-
-pub fn b64(bytes: &[u8]) -> String {
-    B64.encode(bytes)
-}
 
 /// The end of the key range that holds every key starting with `prefix` (etcd's rule: the
 /// prefix with its last byte below 0xff incremented, the rest dropped; `\0` for "to the end").
@@ -132,343 +124,197 @@ pub enum TxnOp {
     },
 }
 
-pub fn range_request(key: &[u8], range_end: Option<&[u8]>) -> Value {
-    let mut m = Map::new();
-    m.insert("key".into(), b64(key).into());
-    if let Some(end) = range_end {
-        m.insert("range_end".into(), b64(end).into());
+// ---- requests ----
+
+/// A range of keys from `key` up to `range_end` (or `key` alone): at most `limit` keys (0: no
+/// limit), read at `revision` (0: the current one), so that the pages of one read are one
+/// consistent snapshot.
+pub(crate) fn range_request(
+    key: &[u8],
+    range_end: Option<&[u8]>,
+    limit: i64,
+    revision: i64,
+) -> pb::RangeRequest {
+    pb::RangeRequest {
+        key: key.to_vec(),
+        range_end: range_end.map(<[u8]>::to_vec).unwrap_or_default(),
+        limit: limit.max(0),
+        revision: revision.max(0),
+        ..Default::default()
     }
-    Value::Object(m)
 }
 
-/// One page of a range: at most `limit` keys (0: no limit), read at `revision` (0: the
-/// current one), so that the pages of one read are one consistent snapshot.
-pub fn range_page_request(key: &[u8], range_end: &[u8], limit: i64, revision: i64) -> Value {
-    let mut v = range_request(key, Some(range_end));
-    if let Value::Object(m) = &mut v {
-        if limit > 0 {
-            m.insert("limit".into(), limit.to_string().into());
-        }
-        if revision > 0 {
-            m.insert("revision".into(), revision.to_string().into());
-        }
+pub(crate) fn put_request(key: &[u8], value: &[u8], lease: i64) -> pb::PutRequest {
+    pb::PutRequest {
+        key: key.to_vec(),
+        value: value.to_vec(),
+        lease,
+        ..Default::default()
     }
-    v
 }
 
-pub fn put_request(key: &[u8], value: &[u8], lease: i64) -> Value {
-    let mut m = Map::new();
-    m.insert("key".into(), b64(key).into());
-    m.insert("value".into(), b64(value).into());
-    if lease != 0 {
-        m.insert("lease".into(), lease.to_string().into());
+pub(crate) fn delete_request(key: &[u8], range_end: Option<&[u8]>) -> pb::DeleteRangeRequest {
+    pb::DeleteRangeRequest {
+        key: key.to_vec(),
+        range_end: range_end.map(<[u8]>::to_vec).unwrap_or_default(),
+        prev_kv: false,
     }
-    Value::Object(m)
 }
 
-pub fn delete_request(key: &[u8], range_end: Option<&[u8]>) -> Value {
-    range_request(key, range_end)
-}
-
-fn compare_json(c: &Compare) -> Value {
-    let mut m = Map::new();
-    m.insert("key".into(), b64(&c.key).into());
-    m.insert("result".into(), "EQUAL".into());
-    match &c.target {
-        CompareTarget::Value(v) => {
-            m.insert("target".into(), "VALUE".into());
-            m.insert("value".into(), b64(v).into());
-        }
-        CompareTarget::Version(v) => {
-            m.insert("target".into(), "VERSION".into());
-            m.insert("version".into(), v.to_string().into());
-        }
-        CompareTarget::ModRevision(v) => {
-            m.insert("target".into(), "MOD".into());
-            m.insert("mod_revision".into(), v.to_string().into());
-        }
-        CompareTarget::Lease(v) => {
-            m.insert("target".into(), "LEASE".into());
-            m.insert("lease".into(), v.to_string().into());
-        }
+fn compare(c: &Compare) -> pb::Compare {
+    use pb::compare::{CompareResult, CompareTarget as T, TargetUnion as U};
+    let (target, union) = match &c.target {
+        CompareTarget::Value(v) => (T::Value, U::Value(v.clone())),
+        CompareTarget::Version(v) => (T::Version, U::Version(*v)),
+        CompareTarget::ModRevision(v) => (T::Mod, U::ModRevision(*v)),
+        CompareTarget::Lease(v) => (T::Lease, U::Lease(*v)),
+    };
+    pb::Compare {
+        result: CompareResult::Equal as i32,
+        target: target as i32,
+        key: c.key.clone(),
+        target_union: Some(union),
+        range_end: Vec::new(),
     }
-    Value::Object(m)
 }
 
-fn op_json(op: &TxnOp) -> Value {
-    match op {
-        TxnOp::Put { key, value, lease } => json!({"request_put": put_request(key, value, *lease)}),
+fn request_op(op: &TxnOp) -> pb::RequestOp {
+    use pb::request_op::Request;
+    let request = match op {
+        TxnOp::Put { key, value, lease } => Request::RequestPut(put_request(key, value, *lease)),
         TxnOp::Delete { key, range_end } => {
-            json!({"request_delete_range": delete_request(key, range_end.as_deref())})
+            Request::RequestDeleteRange(delete_request(key, range_end.as_deref()))
         }
+    };
+    pb::RequestOp {
+        request: Some(request),
     }
 }
 
-pub fn txn_request(compare: &[Compare], success: &[TxnOp], failure: &[TxnOp]) -> Value {
-    json!({
-        "compare": compare.iter().map(compare_json).collect::<Vec<_>>(),
-        "success": success.iter().map(op_json).collect::<Vec<_>>(),
-        "failure": failure.iter().map(op_json).collect::<Vec<_>>(),
-    })
-}
-
-pub fn lease_grant_request(ttl_secs: i64) -> Value {
-    json!({"TTL": ttl_secs.to_string(), "ID": "0"})
-}
-
-pub fn lease_id_request(id: i64) -> Value {
-    json!({"ID": id.to_string()})
-}
-
-pub fn authenticate_request(name: &str, password: &str) -> Value {
-    json!({"name": name, "password": password})
-}
-
-pub fn watch_create_request(key: &[u8], range_end: Option<&[u8]>, start_revision: i64) -> Value {
-    let mut m = Map::new();
-    m.insert("key".into(), b64(key).into());
-    if let Some(end) = range_end {
-        m.insert("range_end".into(), b64(end).into());
-    }
-    if start_revision > 0 {
-        m.insert("start_revision".into(), start_revision.to_string().into());
-    }
-    json!({ "create_request": Value::Object(m) })
-}
-
-// ---- decoding ----
-
-/// Parses the first JSON value of `body`. What follows it is ignored: the gateway's error
-/// answers may be followed by gRPC trailers rendered as text.
-pub fn parse_json(body: &[u8]) -> Result<Value, CodecError> {
-    let v: Value = serde_json::Deserializer::from_slice(body)
-        .into_iter::<Value>()
-        .next()
-        .ok_or_else(|| CodecError::Json("empty answer".into()))?
-        .map_err(|e| CodecError::Json(e.to_string()))?;
-    if !v.is_object() {
-        return Err(CodecError::Json("not an object".into()));
-    }
-    Ok(v)
-}
-
-/// A 64-bit integer field: a decimal string or a number; absent means 0 (proto3 default).
-fn int_field(v: &Value, name: &'static str) -> Result<i64, CodecError> {
-    match v.get(name) {
-        None | Some(Value::Null) => Ok(0),
-        Some(Value::Number(n)) => n.as_i64().ok_or(CodecError::Field(name)),
-        Some(Value::String(s)) => s.parse().map_err(|_| CodecError::Field(name)),
-        Some(_) => Err(CodecError::Field(name)),
+pub(crate) fn txn_request(
+    compares: &[Compare],
+    success: &[TxnOp],
+    failure: &[TxnOp],
+) -> pb::TxnRequest {
+    pb::TxnRequest {
+        compare: compares.iter().map(compare).collect(),
+        success: success.iter().map(request_op).collect(),
+        failure: failure.iter().map(request_op).collect(),
     }
 }
 
-fn bool_field(v: &Value, name: &'static str) -> Result<bool, CodecError> {
-    match v.get(name) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(CodecError::Field(name)),
+/// One create request of a watch stream.
+pub(crate) fn watch_create_request(
+    key: &[u8],
+    range_end: Option<&[u8]>,
+    start_revision: i64,
+) -> pb::WatchRequest {
+    pb::WatchRequest {
+        request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
+            pb::WatchCreateRequest {
+                key: key.to_vec(),
+                range_end: range_end.map(<[u8]>::to_vec).unwrap_or_default(),
+                start_revision: start_revision.max(0),
+                ..Default::default()
+            },
+        )),
     }
 }
 
-fn bytes_field(v: &Value, name: &'static str) -> Result<Vec<u8>, CodecError> {
-    match v.get(name) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(s)) => B64.decode(s).map_err(|_| CodecError::Base64(name)),
-        Some(_) => Err(CodecError::Field(name)),
+// ---- answers ----
+
+fn header_revision(h: Option<&pb::ResponseHeader>) -> i64 {
+    h.map_or(0, |h| h.revision)
+}
+
+fn key_value(kv: pb::KeyValue) -> KeyValue {
+    KeyValue {
+        key: kv.key,
+        value: kv.value,
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+        version: kv.version,
+        lease: kv.lease,
     }
 }
 
-fn str_field<'a>(v: &'a Value, name: &'static str) -> Result<&'a str, CodecError> {
-    match v.get(name) {
-        None | Some(Value::Null) => Ok(""),
-        Some(Value::String(s)) => Ok(s),
-        Some(_) => Err(CodecError::Field(name)),
+pub(crate) fn range_response(r: pb::RangeResponse) -> RangeResponse {
+    RangeResponse {
+        revision: header_revision(r.header.as_ref()),
+        kvs: r.kvs.into_iter().map(key_value).collect(),
+        more: r.more,
+        count: r.count,
     }
-}
-
-fn array_field<'a>(v: &'a Value, name: &'static str) -> Result<&'a [Value], CodecError> {
-    match v.get(name) {
-        None | Some(Value::Null) => Ok(&[]),
-        Some(Value::Array(a)) => Ok(a),
-        Some(_) => Err(CodecError::Field(name)),
-    }
-}
-
-fn header_revision(v: &Value) -> Result<i64, CodecError> {
-    match v.get("header") {
-        None | Some(Value::Null) => Ok(0),
-        Some(h @ Value::Object(_)) => int_field(h, "revision"),
-        Some(_) => Err(CodecError::Field("header")),
-    }
-}
-
-/// The error a gateway answer reports, if it is one: `{"error":..,"code":N,"message":..}` for
-/// unary calls, `{"error":{"grpc_code":N,"message":..}}` inside streams.
-pub fn server_error(v: &Value) -> Option<CodecError> {
-    let e = v.get("error")?;
-    if let Some(obj) = e.as_object() {
-        let code = obj
-            .get("grpc_code")
-            .or(obj.get("code"))
-            .and_then(Value::as_i64)
-            .unwrap_or(-1);
-        let message = obj
-            .get("message")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        return Some(CodecError::Server { code, message });
-    }
-    let code = v.get("code").and_then(Value::as_i64).unwrap_or(-1);
-    let message = v
-        .get("message")
-        .and_then(Value::as_str)
-        .or(e.as_str())
-        .unwrap_or("")
-        .to_string();
-    Some(CodecError::Server { code, message })
-}
-
-/// Parses a unary answer and turns a reported error into `Err`.
-pub fn parse_answer(body: &[u8]) -> Result<Value, CodecError> {
-    let v = parse_json(body)?;
-    match server_error(&v) {
-        Some(e) => Err(e),
-        None => Ok(v),
-    }
-}
-
-fn parse_kv(v: &Value) -> Result<KeyValue, CodecError> {
-    if !v.is_object() {
-        return Err(CodecError::Field("kv"));
-    }
-    Ok(KeyValue {
-        key: bytes_field(v, "key")?,
-        value: bytes_field(v, "value")?,
-        create_revision: int_field(v, "create_revision")?,
-        mod_revision: int_field(v, "mod_revision")?,
-        version: int_field(v, "version")?,
-        lease: int_field(v, "lease")?,
-    })
-}
-
-pub fn parse_range(body: &[u8]) -> Result<RangeResponse, CodecError> {
-    let v = parse_answer(body)?;
-    Ok(RangeResponse {
-        revision: header_revision(&v)?,
-        kvs: array_field(&v, "kvs")?
-            .iter()
-            .map(parse_kv)
-            .collect::<Result<_, _>>()?,
-        more: bool_field(&v, "more")?,
-        count: int_field(&v, "count")?,
-    })
-}
-
-/// The revision after a put or delete.
-pub fn parse_revision(body: &[u8]) -> Result<i64, CodecError> {
-    header_revision(&parse_answer(body)?)
-}
-
-/// Whether a transaction's comparisons held (its success branch ran).
-pub fn parse_txn(body: &[u8]) -> Result<bool, CodecError> {
-    bool_field(&parse_answer(body)?, "succeeded")
 }
 
 /// A granted lease: its id and TTL in seconds.
-pub fn parse_lease_grant(body: &[u8]) -> Result<(i64, i64), CodecError> {
-    let v = parse_answer(body)?;
-    if let Some(e) = v
-        .get("error")
-        .and_then(Value::as_str)
-        .filter(|e| !e.is_empty())
-    {
+pub(crate) fn lease_grant(r: &pb::LeaseGrantResponse) -> Result<(i64, i64), CodecError> {
+    if !r.error.is_empty() {
         return Err(CodecError::Server {
             code: -1,
-            message: e.to_string(),
+            message: r.error.clone(),
         });
     }
-    let id = int_field(&v, "ID")?;
-    if id == 0 {
+    if r.id == 0 {
         return Err(CodecError::Field("ID"));
     }
-    Ok((id, int_field(&v, "TTL")?))
+    Ok((r.id, r.ttl))
 }
 
-/// The remaining TTL after a keep-alive (streamed as `{"result":{...}}`); 0 or less means the
-/// lease is gone.
-pub fn parse_lease_keepalive(body: &[u8]) -> Result<i64, CodecError> {
-    let v = parse_answer(body)?;
-    let inner = match v.get("result") {
-        Some(r @ Value::Object(_)) => r,
-        Some(_) => return Err(CodecError::Field("result")),
-        None => &v,
-    };
-    int_field(inner, "TTL")
-}
-
-pub fn parse_token(body: &[u8]) -> Result<String, CodecError> {
-    let v = parse_answer(body)?;
-    let t = str_field(&v, "token")?;
-    if t.is_empty() || t.contains(['\r', '\n']) {
+/// The token of an authentication: it goes into a metadata header, so it must be one line of
+/// visible ASCII.
+pub(crate) fn token(r: &pb::AuthenticateResponse) -> Result<String, CodecError> {
+    let t = &r.token;
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(CodecError::Field("token"));
     }
-    Ok(t.to_string())
+    Ok(t.clone())
 }
 
-/// One line of a watch stream: `{"result":{...}}` or `{"error":{...}}`.
-pub fn parse_watch_message(line: &[u8]) -> Result<WatchMessage, CodecError> {
-    let v = parse_json(line)?;
-    if let Some(e) = server_error(&v) {
-        return Err(e);
-    }
-    let r = match v.get("result") {
-        Some(r @ Value::Object(_)) => r,
-        _ => return Err(CodecError::Field("result")),
-    };
-    let revision = header_revision(r)?;
-    if bool_field(r, "canceled")? {
+pub(crate) fn watch_message(r: pb::WatchResponse) -> Result<WatchMessage, CodecError> {
+    let revision = header_revision(r.header.as_ref());
+    if r.canceled {
         return Ok(WatchMessage::Canceled {
-            compact_revision: int_field(r, "compact_revision")?,
-            reason: str_field(r, "cancel_reason")?.to_string(),
+            compact_revision: r.compact_revision,
+            reason: r.cancel_reason,
         });
     }
-    if bool_field(r, "created")? {
+    if r.created {
         return Ok(WatchMessage::Created {
-            watch_id: int_field(r, "watch_id")?,
+            watch_id: r.watch_id,
             revision,
         });
     }
-    let raw = array_field(r, "events")?;
-    if raw.is_empty() {
+    if r.events.is_empty() {
         return Ok(WatchMessage::Progress { revision });
     }
-    let mut events = Vec::with_capacity(raw.len());
-    for e in raw {
-        if !e.is_object() {
-            return Err(CodecError::Field("events"));
-        }
-        let kind = match e.get("type") {
-            None | Some(Value::Null) => EventKind::Put,
-            Some(Value::String(s)) if s == "PUT" => EventKind::Put,
-            Some(Value::String(s)) if s == "DELETE" => EventKind::Delete,
-            Some(Value::Number(n)) if n.as_i64() == Some(0) => EventKind::Put,
-            Some(Value::Number(n)) if n.as_i64() == Some(1) => EventKind::Delete,
-            Some(_) => return Err(CodecError::Field("type")),
+    let mut events = Vec::with_capacity(r.events.len());
+    for e in r.events {
+        let kind = match pb::event::EventType::try_from(e.r#type) {
+            Ok(pb::event::EventType::Put) => EventKind::Put,
+            Ok(pb::event::EventType::Delete) => EventKind::Delete,
+            Err(_) => return Err(CodecError::Field("type")),
         };
-        let kv = match e.get("kv") {
-            Some(kv) => parse_kv(kv)?,
-            None => return Err(CodecError::Field("kv")),
-        };
-        events.push(WatchEvent { kind, kv });
+        let kv = e.kv.ok_or(CodecError::Field("kv"))?;
+        events.push(WatchEvent {
+            kind,
+            kv: key_value(kv),
+        });
     }
     Ok(WatchMessage::Events { revision, events })
+}
+
+/// Whether an error the server reported means "authenticate again": an expired or unknown
+/// token (etcd 3.4 says invalid auth token with Unauthenticated, older ones InvalidArgument).
+pub fn token_refused(code: i64, message: &str) -> bool {
+    code == CODE_UNAUTHENTICATED || (code == CODE_INVALID_ARGUMENT && message.contains("token"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use prost::Message;
 
     #[test]
     fn prefix_ends() {
@@ -480,26 +326,14 @@ mod tests {
 
     #[test]
     fn requests() {
-        assert_eq!(
-            range_request(b"/a", Some(b"/b")),
-            json!({"key": "L2E=", "range_end": "L2I="})
-        );
-        assert_eq!(
-            range_page_request(b"/a", b"/b", 500, 42),
-            json!({"key": "L2E=", "range_end": "L2I=", "limit": "500", "revision": "42"})
-        );
-        assert_eq!(
-            range_page_request(b"/a", b"/b", 0, 0),
-            json!({"key": "L2E=", "range_end": "L2I="})
-        );
-        assert_eq!(
-            put_request(b"k", b"v", 7),
-            json!({"key": "aw==", "value": "dg==", "lease": "7"})
-        );
-        assert_eq!(
-            put_request(b"k", b"", 0),
-            json!({"key": "aw==", "value": ""})
-        );
+        let r = range_request(b"/a", Some(b"/b"), 500, 42);
+        assert_eq!((&r.key[..], &r.range_end[..]), (&b"/a"[..], &b"/b"[..]));
+        assert_eq!((r.limit, r.revision), (500, 42));
+        let r = range_request(b"/a", None, -1, -1);
+        assert!(r.range_end.is_empty());
+        assert_eq!((r.limit, r.revision), (0, 0));
+        let p = put_request(b"k", b"v", 7);
+        assert_eq!((p.key, p.value, p.lease), (b"k".to_vec(), b"v".to_vec(), 7));
         let t = txn_request(
             &[Compare {
                 key: b"k".to_vec(),
@@ -510,141 +344,218 @@ mod tests {
                 value: b"v".to_vec(),
                 lease: 0,
             }],
-            &[],
-        );
-        assert_eq!(t["compare"][0]["target"], "VERSION");
-        assert_eq!(t["compare"][0]["version"], "0");
-        assert_eq!(t["success"][0]["request_put"]["key"], "aw==");
-        assert_eq!(t["failure"], json!([]));
-        assert_eq!(
-            watch_create_request(b"k", None, 5),
-            json!({"create_request": {"key": "aw==", "start_revision": "5"}})
-        );
-        assert_eq!(lease_id_request(-3), json!({"ID": "-3"}));
-    }
-
-    #[test]
-    fn range_answers() {
-        let body = br#"{"header":{"cluster_id":"1","revision":"12"},"kvs":[{"key":"L2E=","create_revision":"3","mod_revision":"12","version":"2","value":"eA==","lease":"99"}],"count":"1"}"#;
-        let r = parse_range(body).unwrap();
-        assert_eq!(r.revision, 12);
-        assert_eq!(r.count, 1);
-        assert_eq!(r.kvs.len(), 1);
-        assert_eq!(r.kvs[0].key, b"/a");
-        assert_eq!(r.kvs[0].value, b"x");
-        assert_eq!(r.kvs[0].lease, 99);
-        assert_eq!(r.kvs[0].version, 2);
-        // No keys: the gateway leaves kvs out.
-        let r = parse_range(br#"{"header":{"revision":5}}"#).unwrap();
-        assert!(r.kvs.is_empty());
-        assert_eq!(r.revision, 5);
-    }
-
-    #[test]
-    fn errors_and_leases() {
-        let e = parse_range(br#"{"error":"etcdserver: user name is empty","code":3,"message":"etcdserver: user name is empty"}"#);
-        assert_eq!(
-            e,
-            Err(CodecError::Server {
-                code: 3,
-                message: "etcdserver: user name is empty".into()
-            })
+            &[TxnOp::Delete {
+                key: b"k".to_vec(),
+                range_end: Some(b"l".to_vec()),
+            }],
         );
         assert_eq!(
-            parse_lease_grant(br#"{"header":{},"ID":"7587","TTL":"5"}"#),
-            Ok((7587, 5))
-        );
-        assert!(parse_lease_grant(br#"{"header":{},"TTL":"5"}"#).is_err());
-        assert_eq!(
-            parse_lease_keepalive(br#"{"result":{"header":{},"ID":"7587","TTL":"5"}}"#),
-            Ok(5)
+            t.compare[0].target,
+            pb::compare::CompareTarget::Version as i32
         );
         assert_eq!(
-            parse_lease_keepalive(br#"{"result":{"header":{},"ID":"7587"}}"#),
-            Ok(0)
+            t.compare[0].target_union,
+            Some(pb::compare::TargetUnion::Version(0))
         );
-        assert_eq!(parse_txn(br#"{"header":{},"succeeded":true}"#), Ok(true));
-        assert_eq!(parse_txn(br#"{"header":{}}"#), Ok(false));
         assert_eq!(
-            parse_token(br#"{"header":{},"token":"abc.1"}"#),
-            Ok("abc.1".into())
+            t.compare[0].result,
+            pb::compare::CompareResult::Equal as i32
         );
-        assert!(parse_token(br#"{"header":{}}"#).is_err());
-        assert!(parse_range(b"[1]").is_err());
-        assert!(parse_range(b"").is_err());
-        // An error answer followed by trailers rendered as text.
         assert!(matches!(
-            parse_token(br#"{"error":"etcdserver: authentication failed, invalid user ID or password","message":"etcdserver: authentication failed, invalid user ID or password","code":3}Grpc-Trailer-Content-Type: application/grpc"#),
-            Err(CodecError::Server { code: 3, .. })
+            &t.success[0].request,
+            Some(pb::request_op::Request::RequestPut(p)) if p.key == b"k" && p.value == b"v"
         ));
-        assert!(parse_range(br#"{"kvs":[{"key":"!!"}]}"#).is_err());
-        assert!(parse_range(br#"{"header":{"revision":"x"}}"#).is_err());
+        assert!(matches!(
+            &t.failure[0].request,
+            Some(pb::request_op::Request::RequestDeleteRange(d)) if d.range_end == b"l"
+        ));
+        for (target, want) in [
+            (
+                CompareTarget::Value(b"x".to_vec()),
+                pb::compare::CompareTarget::Value,
+            ),
+            (
+                CompareTarget::ModRevision(3),
+                pb::compare::CompareTarget::Mod,
+            ),
+            (CompareTarget::Lease(9), pb::compare::CompareTarget::Lease),
+        ] {
+            let c = compare(&Compare {
+                key: b"k".to_vec(),
+                target,
+            });
+            assert_eq!(c.target, want as i32);
+        }
+        let w = watch_create_request(b"k", None, 5);
+        let Some(pb::watch_request::RequestUnion::CreateRequest(c)) = w.request_union else {
+            panic!("not a create request");
+        };
+        assert_eq!((c.key, c.start_revision), (b"k".to_vec(), 5));
+    }
+
+    #[test]
+    fn answers() {
+        let r = range_response(pb::RangeResponse {
+            header: Some(pb::ResponseHeader {
+                revision: 12,
+                ..Default::default()
+            }),
+            kvs: vec![pb::KeyValue {
+                key: b"/a".to_vec(),
+                value: b"x".to_vec(),
+                create_revision: 3,
+                mod_revision: 12,
+                version: 2,
+                lease: 99,
+            }],
+            more: true,
+            count: 1,
+        });
+        assert_eq!((r.revision, r.count, r.more), (12, 1, true));
+        assert_eq!(r.kvs[0].key, b"/a");
+        assert_eq!((r.kvs[0].lease, r.kvs[0].version), (99, 2));
+        // No header: revision 0 (protobuf's default), not an error.
+        assert_eq!(range_response(pb::RangeResponse::default()).revision, 0);
+
+        let grant = |id, ttl, error: &str| pb::LeaseGrantResponse {
+            header: None,
+            id,
+            ttl,
+            error: error.into(),
+        };
+        assert_eq!(lease_grant(&grant(7587, 5, "")), Ok((7587, 5)));
+        assert_eq!(lease_grant(&grant(0, 5, "")), Err(CodecError::Field("ID")));
+        assert!(matches!(
+            lease_grant(&grant(7, 5, "lease exists")),
+            Err(CodecError::Server { code: -1, .. })
+        ));
+        let auth = |t: &str| pb::AuthenticateResponse {
+            header: None,
+            token: t.into(),
+        };
+        assert_eq!(token(&auth("abc.1")), Ok("abc.1".into()));
+        assert!(token(&auth("")).is_err());
+        assert!(token(&auth("a\nb")).is_err());
+        assert!(token_refused(16, "etcdserver: invalid auth token"));
+        assert!(token_refused(3, "etcdserver: invalid auth token"));
+        assert!(!token_refused(3, "etcdserver: permission denied"));
     }
 
     #[test]
     fn watch_messages() {
+        let header = |revision| {
+            Some(pb::ResponseHeader {
+                revision,
+                ..Default::default()
+            })
+        };
+        let created = pb::WatchResponse {
+            header: header(4),
+            created: true,
+            ..Default::default()
+        };
         assert_eq!(
-            parse_watch_message(br#"{"result":{"header":{"revision":"4"},"created":true}}"#),
+            watch_message(created),
             Ok(WatchMessage::Created {
                 watch_id: 0,
                 revision: 4
             })
         );
-        let m = parse_watch_message(br#"{"result":{"header":{"revision":"6"},"events":[{"kv":{"key":"YQ==","value":"Yg==","mod_revision":"5"}},{"type":"DELETE","kv":{"key":"YQ==","mod_revision":"6"}}]}}"#).unwrap();
+        let kv = |k: &[u8], v: &[u8]| {
+            Some(pb::KeyValue {
+                key: k.to_vec(),
+                value: v.to_vec(),
+                ..Default::default()
+            })
+        };
+        let m = watch_message(pb::WatchResponse {
+            header: header(6),
+            events: vec![
+                pb::Event {
+                    r#type: 0,
+                    kv: kv(b"a", b"b"),
+                    prev_kv: None,
+                },
+                pb::Event {
+                    r#type: 1,
+                    kv: kv(b"a", b""),
+                    prev_kv: None,
+                },
+            ],
+            ..Default::default()
+        })
+        .unwrap();
         let WatchMessage::Events { revision, events } = m else {
             panic!("not events: {m:?}");
         };
         assert_eq!(revision, 6);
-        assert_eq!(events[0].kind, EventKind::Put);
-        assert_eq!(events[0].kv.value, b"b");
+        assert_eq!(
+            (events[0].kind, &events[0].kv.value[..]),
+            (EventKind::Put, &b"b"[..])
+        );
         assert_eq!(events[1].kind, EventKind::Delete);
         assert_eq!(
-            parse_watch_message(br#"{"result":{"header":{},"canceled":true,"compact_revision":"9","cancel_reason":"compacted"}}"#),
+            watch_message(pb::WatchResponse {
+                canceled: true,
+                created: true,
+                compact_revision: 9,
+                cancel_reason: "compacted".into(),
+                ..Default::default()
+            }),
             Ok(WatchMessage::Canceled {
                 compact_revision: 9,
                 reason: "compacted".into()
             })
         );
-        assert!(matches!(
-            parse_watch_message(
-                br#"{"error":{"grpc_code":14,"http_code":503,"message":"unavailable"}}"#
-            ),
-            Err(CodecError::Server { code: 14, .. })
-        ));
-        assert!(
-            parse_watch_message(br#"{"result":{"events":[{"type":"BOOM","kv":{}}]}}"#).is_err()
+        assert_eq!(
+            watch_message(pb::WatchResponse {
+                header: header(8),
+                ..Default::default()
+            }),
+            Ok(WatchMessage::Progress { revision: 8 })
         );
-        assert!(parse_watch_message(br#"{"result":{"events":[{"type":"PUT"}]}}"#).is_err());
+        let bad_type = pb::WatchResponse {
+            events: vec![pb::Event {
+                r#type: 7,
+                kv: kv(b"a", b""),
+                prev_kv: None,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(watch_message(bad_type), Err(CodecError::Field("type")));
+        let no_kv = pb::WatchResponse {
+            events: vec![pb::Event::default()],
+            ..Default::default()
+        };
+        assert_eq!(watch_message(no_kv), Err(CodecError::Field("kv")));
     }
 
     proptest! {
+        /// Whatever bytes arrive as a message: decoding fails or gives something the
+        /// conversions take without a panic.
         #[test]
         fn bad_input_is_an_error_not_a_panic(body in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let _ = parse_range(&body);
-            let _ = parse_txn(&body);
-            let _ = parse_lease_grant(&body);
-            let _ = parse_lease_keepalive(&body);
-            let _ = parse_token(&body);
-            let _ = parse_watch_message(&body);
-            let _ = parse_revision(&body);
-        }
-
-        #[test]
-        fn json_shaped_garbage_is_an_error_not_a_panic(
-            rev in prop_oneof![Just("\"12\"".to_string()), Just("-1".to_string()), Just("\"x\"".to_string()), Just("1e99".to_string()), Just("[]".to_string())],
-            key in "[A-Za-z0-9+/=!]{0,12}",
-            kind in prop_oneof![Just("\"PUT\"".to_string()), Just("\"DELETE\"".to_string()), Just("7".to_string()), Just("{}".to_string())],
-        ) {
-            let line = format!(r#"{{"result":{{"header":{{"revision":{rev}}},"events":[{{"type":{kind},"kv":{{"key":"{key}","mod_revision":{rev}}}}}]}}}}"#);
-            let _ = parse_watch_message(line.as_bytes());
-            let range = format!(r#"{{"header":{{"revision":{rev}}},"kvs":[{{"key":"{key}","value":"{key}","lease":{rev}}}]}}"#);
-            let _ = parse_range(range.as_bytes());
+            if let Ok(m) = pb::WatchResponse::decode(body.as_slice()) {
+                let _ = watch_message(m);
+            }
+            if let Ok(m) = pb::RangeResponse::decode(body.as_slice()) {
+                let _ = range_response(m);
+            }
+            if let Ok(m) = pb::LeaseGrantResponse::decode(body.as_slice()) {
+                let _ = lease_grant(&m);
+            }
+            if let Ok(m) = pb::AuthenticateResponse::decode(body.as_slice()) {
+                let _ = token(&m);
+            }
         }
 
         #[test]
         fn keys_round_trip(key in proptest::collection::vec(any::<u8>(), 0..64), value in proptest::collection::vec(any::<u8>(), 0..64)) {
-            let body = json!({"header": {"revision": "3"}, "kvs": [{"key": b64(&key), "value": b64(&value)}]}).to_string();
-            let r = parse_range(body.as_bytes()).unwrap();
+            let wire = pb::RangeResponse {
+                kvs: vec![pb::KeyValue { key: key.clone(), value: value.clone(), ..Default::default() }],
+                ..Default::default()
+            }.encode_to_vec();
+            let r = range_response(pb::RangeResponse::decode(wire.as_slice()).unwrap());
             prop_assert_eq!(&r.kvs[0].key, &key);
             prop_assert_eq!(&r.kvs[0].value, &value);
         }

@@ -1,22 +1,33 @@
-//! A small synchronous etcd v3 client over etcd's JSON gateway (`/v3/...` over HTTP/1.1, or
-//! HTTPS with a CA file and an optional client certificate), for vnet's distributed control.
+//! A small synchronous etcd v3 client over etcd's gRPC API (HTTP/2, or TLS with a CA file and
+//! an optional client certificate), for vnet's distributed control. It works the same against
+//! etcd and against etcd's gRPC proxy (`etcd grpc-proxy start`), which coalesces the watches
+//! and lease keep-alives of many clients into a few on etcd.
 //!
 //! What it does: ranges, puts, deletes, transactions with comparisons, leases (grant, one
-//! keep-alive at a time, revoke), watches (a streamed HTTP answer read line by line), and
-//! user/password authentication (the token goes in the `Authorization` header and is renewed
-//! once when the server says it is no longer valid). Several endpoints may be given: a call
-//! that cannot reach one tries the next, and the client remembers the last one that answered.
+//! keep-alive at a time, revoke), watches (a stream read message by message), and
+//! user/password authentication (the token goes in the `token` metadata and is renewed once
+//! when the server says it is no longer valid). Several endpoints may be given: a call that
+//! cannot reach one tries the next, and the client remembers the last one that answered.
 //!
-//! The JSON is built and parsed in [`codec`], which is pure and tested on its own; this module
-//! only moves bytes.
+//! Sync on top of async: each client has a small tokio runtime (current-thread: no thread of
+//! its own; whichever caller waits drives the connections) and one lazily connected HTTP/2
+//! channel per endpoint; every call blocks on its future with a deadline. The gRPC code is
+//! generated from `proto/etcd.proto` ([`pb`]); [`codec`] converts between its messages and
+//! this crate's types, and is pure; this module only moves messages.
 
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "cli")]
 mod cli;
-pub mod codec;
+mod codec;
 
-use std::io::{BufRead, BufReader, Read};
+/// etcd's gRPC messages and clients, generated at build time (see build.rs).
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+mod pb {
+    tonic::include_proto!("etcdserverpb");
+}
+
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -28,7 +39,10 @@ pub use codec::{
     prefix_end, CodecError, Compare, CompareTarget, EventKind, KeyValue, RangeResponse, TxnOp,
     WatchEvent, WatchMessage,
 };
-use serde_json::Value;
+use tokio_stream::StreamExt as _;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Status};
 use tracing::debug;
 
 /// The largest unary answer read (a range of a whole overlay fits easily).
@@ -37,6 +51,12 @@ pub const MAX_ANSWER_LEN: u64 = 64 * 1024 * 1024;
 pub const PAGE_TIMEOUT_STEPS: u32 = 4;
 /// The largest single message of a watch stream.
 pub const MAX_WATCH_MESSAGE_LEN: usize = 16 * 1024 * 1024;
+/// HTTP/2 pings on a connection with a call open (a watch, mostly): a member that stops
+/// answering them (frozen, cut off) ends the call within interval + timeout instead of
+/// leaving a watch silently stale. etcd refuses pings more often than every 5 s, and pings
+/// without a call open, so neither is done.
+const PING_INTERVAL: Duration = Duration::from_secs(20);
+const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -56,6 +76,9 @@ pub enum Error {
     /// A watch stream ended or broke.
     #[error("watch stream ended: {0}")]
     WatchEnded(String),
+    /// The client's runtime could not be made.
+    #[error("etcd client runtime: {0}")]
+    Runtime(String),
 }
 
 impl Error {
@@ -63,6 +86,30 @@ impl Error {
     pub fn is_unreachable(&self) -> bool {
         matches!(self, Error::Unreachable(_) | Error::WatchEnded(_))
     }
+}
+
+/// Whether a gRPC status means the member was not reached or did not answer in time (try
+/// another), rather than an answer: the transport's own errors (they carry their cause), and
+/// the codes etcd uses when it cannot serve now (no leader, request timed out, stopping).
+fn transport_failure(s: &Status) -> bool {
+    use std::error::Error as _;
+    matches!(
+        s.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
+    ) || s.source().is_some()
+}
+
+/// The error of a failed call to `endpoint`.
+fn status_error(endpoint: &str, s: &Status) -> Error {
+    if transport_failure(s) {
+        use std::error::Error as _;
+        let cause = s.source().map(|c| format!(" ({c})")).unwrap_or_default();
+        return Error::Unreachable(format!("{endpoint}: {}{cause}", s.message()));
+    }
+    Error::Codec(CodecError::Server {
+        code: s.code() as i64,
+        message: s.message().to_string(),
+    })
 }
 
 /// How to reach etcd.
@@ -137,64 +184,61 @@ fn endpoint_url(e: &str, tls: bool) -> Result<String, Error> {
     Ok(url)
 }
 
-fn read_pem(path: &Path) -> Result<Vec<u8>, Error> {
-    std::fs::read(path).map_err(|e| Error::Tls(format!("{}: {e}", path.display())))
+fn read_pem(path: &Path, what: &str) -> Result<Vec<u8>, Error> {
+    let pem = std::fs::read(path).map_err(|e| Error::Tls(format!("{}: {e}", path.display())))?;
+    // tonic reads the PEM only when it connects: a file that holds nothing of the kind is
+    // refused here, where the mistake was made.
+    if !String::from_utf8_lossy(&pem).contains(&format!("-----BEGIN {what}")) {
+        return Err(Error::Tls(format!("{}: no {what}", path.display())));
+    }
+    Ok(pem)
 }
 
-fn tls_config(cfg: &ClientConfig, ca: &Path) -> Result<Arc<rustls::ClientConfig>, Error> {
-    let mut roots = rustls::RootCertStore::empty();
-    let pem = read_pem(ca)?;
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-        let cert = cert.map_err(|e| Error::Tls(format!("{}: {e}", ca.display())))?;
-        roots
-            .add(cert)
-            .map_err(|e| Error::Tls(format!("{}: {e}", ca.display())))?;
-    }
-    if roots.is_empty() {
-        return Err(Error::Tls(format!("{}: no certificate", ca.display())));
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Tls(e.to_string()))?
-        .with_root_certificates(roots);
-    let config = match (&cfg.cert_file, &cfg.key_file) {
+/// The TLS settings of the channels: the CA to trust and, optionally, the client certificate.
+fn tls_config(cfg: &ClientConfig, ca: &Path) -> Result<ClientTlsConfig, Error> {
+    let tls =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read_pem(ca, "CERTIFICATE")?));
+    match (&cfg.cert_file, &cfg.key_file) {
         (Some(cert), Some(key)) => {
-            let pem = read_pem(cert)?;
-            let chain = rustls_pemfile::certs(&mut pem.as_slice())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| Error::Tls(format!("{}: {e}", cert.display())))?;
-            let pem = read_pem(key)?;
-            let key_der = rustls_pemfile::private_key(&mut pem.as_slice())
-                .map_err(|e| Error::Tls(format!("{}: {e}", key.display())))?
-                .ok_or_else(|| Error::Tls(format!("{}: no private key", key.display())))?;
-            builder
-                .with_client_auth_cert(chain, key_der)
-                .map_err(|e| Error::Tls(e.to_string()))?
+            let cert = read_pem(cert, "CERTIFICATE")?;
+            let key_pem = read_pem(key, "")?;
+            if !String::from_utf8_lossy(&key_pem).contains("PRIVATE KEY-----") {
+                return Err(Error::Tls(format!("{}: no private key", key.display())));
+            }
+            Ok(tls.identity(Identity::from_pem(cert, key_pem)))
         }
-        (None, None) => builder.with_no_client_auth(),
-        _ => {
-            return Err(Error::Tls(
-                "a client certificate needs its key, and back".into(),
-            ))
-        }
-    };
-    Ok(Arc::new(config))
+        (None, None) => Ok(tls),
+        _ => Err(Error::Tls(
+            "a client certificate needs its key, and back".into(),
+        )),
+    }
 }
 
 /// A connection to an etcd cluster. Cheap to share between threads (`&Client` is enough).
 pub struct Client {
-    agent: ureq::Agent,
-    /// Without a read timeout: a watch may stay quiet for as long as the overlay does.
-    stream_agent: ureq::Agent,
+    rt: Arc<tokio::runtime::Runtime>,
     endpoints: Vec<String>,
+    /// One per endpoint, connected at its first call and again after a failure.
+    channels: Vec<Channel>,
     /// The endpoint that answered last; calls start there.
     current: AtomicUsize,
     user: Option<(String, String)>,
-    token: Mutex<Option<String>>,
+    token: Mutex<Option<AsciiMetadataValue>>,
     /// The whole-call timeout of unary calls, milliseconds (see [`Client::set_call_timeout`]).
     timeout_ms: AtomicU64,
     base_timeout: Duration,
+}
+
+/// What a call sends besides its message.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Meta {
+    /// The auth token, if there is one.
+    Token,
+    /// Nothing (authentication itself).
+    None,
+    /// The token and etcd's require-leader mark ("hasleader"): a member cut off from the
+    /// cluster's majority ends the call (a watch) instead of leaving it silently stale.
+    TokenLeader,
 }
 
 impl Client {
@@ -216,30 +260,41 @@ impl Client {
             .iter()
             .map(|e| endpoint_url(e, tls.is_some()))
             .collect::<Result<Vec<_>, _>>()?;
-        let build = |read: Option<Duration>| {
-            let mut b = ureq::AgentBuilder::new()
-                .timeout_connect(cfg.timeout)
-                .timeout_write(cfg.timeout)
-                .max_idle_connections_per_host(2);
-            if let Some(r) = read {
-                b = b.timeout_read(r);
-            }
-            if let Some(t) = &tls {
-                b = b.tls_config(t.clone());
-            }
-            b.build()
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Runtime(e.to_string()))?;
+        // The channels' workers are tasks of this runtime.
+        let channels = {
+            let _in_runtime = rt.enter();
+            endpoints
+                .iter()
+                .map(|url| {
+                    let mut e = Endpoint::from_shared(url.clone())
+                        .map_err(|_| Error::Endpoint(url.clone()))?
+                        .connect_timeout(cfg.timeout)
+                        .http2_keep_alive_interval(PING_INTERVAL)
+                        .keep_alive_timeout(PING_TIMEOUT)
+                        .keep_alive_while_idle(false);
+                    if let Some(t) = &tls {
+                        e = e
+                            .tls_config(t.clone())
+                            .map_err(|e| Error::Tls(format!("{url}: {e}")))?;
+                    }
+                    Ok(e.connect_lazy())
+                })
+                .collect::<Result<Vec<_>, Error>>()?
         };
-        let client = Client {
-            agent: build(Some(cfg.timeout)),
-            stream_agent: build(None),
+        Ok(Client {
+            rt: Arc::new(rt),
             endpoints,
+            channels,
             current: AtomicUsize::new(0),
             user: cfg.user.clone(),
             token: Mutex::new(None),
             timeout_ms: AtomicU64::new(cfg.timeout.as_millis() as u64),
             base_timeout: cfg.timeout,
-        };
-        Ok(client)
+        })
     }
 
     pub fn endpoints(&self) -> &[String] {
@@ -264,93 +319,111 @@ impl Client {
             .store(timeout.as_millis().max(1) as u64, Relaxed);
     }
 
-    fn token(&self) -> Option<String> {
+    fn token(&self) -> Option<AsciiMetadataValue> {
         self.token.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn set_token(&self, t: Option<String>) {
+    fn set_token(&self, t: Option<AsciiMetadataValue>) {
         *self.token.lock().unwrap_or_else(|p| p.into_inner()) = t;
     }
 
-    /// One POST to the first endpoint that answers; `Ok` holds the body of a 2xx answer, an
-    /// error answer becomes [`Error::Codec`].
-    fn post_raw(
-        &self,
-        path: &str,
-        body: &Value,
-        with_token: bool,
-        timeout: Duration,
-    ) -> Result<Vec<u8>, Error> {
-        let token = if with_token { self.token() } else { None };
-        let (resp, _) = self.send(path, &body.to_string(), token.as_deref(), |url| {
-            self.agent.post(url).timeout(timeout)
-        })?;
-        read_body(resp)
+    /// `message` as a request with the metadata `meta` asks for.
+    fn request<T>(&self, message: T, meta: Meta) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        if meta != Meta::None {
+            if let Some(t) = self.token() {
+                r.metadata_mut().insert("token", t);
+            }
+        }
+        if meta == Meta::TokenLeader {
+            r.metadata_mut()
+                .insert("hasleader", AsciiMetadataValue::from_static("true"));
+        }
+        r
     }
 
-    /// Sends `payload` to `path` on the first endpoint that answers, starting with the one that
-    /// answered last; `request` makes the request for a URL. `Ok` is a 2xx answer; an error
-    /// answer becomes [`Error::Codec`], and no endpoint answering [`Error::Unreachable`].
-    fn send(
-        &self,
-        path: &str,
-        payload: &str,
-        token: Option<&str>,
-        request: impl Fn(&str) -> ureq::Request,
-    ) -> Result<(ureq::Response, usize), Error> {
+    /// One call at endpoint `i`, waiting at most `timeout`; an endpoint that answers (even
+    /// with an error) becomes the one later calls start with.
+    fn call_at<T, F, Fut>(&self, i: usize, timeout: Duration, rpc: &F) -> Result<T, Error>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let (Some(base), Some(channel)) = (self.endpoints.get(i), self.channels.get(i)) else {
+            return Err(Error::Endpoint(format!("#{i}")));
+        };
+        let answer = self
+            .rt
+            .block_on(async { tokio::time::timeout(timeout, rpc(channel.clone())).await });
+        match answer {
+            Ok(Ok(v)) => {
+                self.current.store(i, Relaxed);
+                Ok(v)
+            }
+            Ok(Err(s)) => {
+                let e = status_error(base, &s);
+                if e.is_unreachable() {
+                    debug!(endpoint = %base, "etcd call failed: {e}");
+                } else {
+                    self.current.store(i, Relaxed);
+                }
+                Err(e)
+            }
+            Err(_) => {
+                debug!(endpoint = %base, ?timeout, "etcd call timed out");
+                Err(Error::Unreachable(format!(
+                    "{base}: no answer within {timeout:?}"
+                )))
+            }
+        }
+    }
+
+    /// One call at the first endpoint that answers, starting with the one that answered
+    /// last: `Ok` is its answer, an error answer [`Error::Codec`], and no endpoint answering
+    /// [`Error::Unreachable`] (the last one's error).
+    fn call<T, F, Fut>(&self, timeout: Duration, rpc: F) -> Result<T, Error>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
         let start = self.current.load(Relaxed);
         let n = self.endpoints.len();
         let mut last = String::new();
         for k in 0..n {
-            let i = (start + k) % n;
-            match self.send_to(i, path, payload, token, &request) {
+            match self.call_at((start + k) % n, timeout, &rpc) {
                 Err(Error::Unreachable(e)) => last = e,
-                Ok(resp) => return Ok((resp, i)),
-                Err(e) => return Err(e),
+                r => return r,
             }
         }
         Err(Error::Unreachable(last))
     }
 
-    /// One attempt at endpoint `i` (see [`Client::send`]); an endpoint that answers becomes
-    /// the one later calls start with.
-    fn send_to(
-        &self,
-        i: usize,
-        path: &str,
-        payload: &str,
-        token: Option<&str>,
-        request: impl Fn(&str) -> ureq::Request,
-    ) -> Result<ureq::Response, Error> {
-        let Some(base) = self.endpoints.get(i) else {
-            return Err(Error::Endpoint(format!("#{i}")));
-        };
-        let url = format!("{base}{path}");
-        let mut req = request(&url).set("Content-Type", "application/json");
-        if let Some(t) = token {
-            req = req.set("Authorization", t);
+    /// A call with the token: when the server refuses the token, one fresh token and one
+    /// retry. `rpc` makes the call on a channel with a request carrying the token.
+    fn authed<M, T, F, Fut>(&self, message: &M, timeout: Duration, rpc: F) -> Result<T, Error>
+    where
+        M: Clone,
+        F: Fn(Channel, tonic::Request<M>) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        if self.user.is_some() && self.token().is_none() {
+            self.authenticate()?;
         }
-        match req.send_string(payload) {
-            Ok(resp) => {
-                self.current.store(i, Relaxed);
-                Ok(resp)
+        let once = || {
+            self.call(timeout, |ch| {
+                rpc(ch, self.request(message.clone(), Meta::Token))
+            })
+        };
+        match once() {
+            Err(Error::Codec(CodecError::Server { code, message }))
+                if self.user.is_some() && codec::token_refused(code, &message) =>
+            {
+                debug!("etcd token refused ({message}); authenticating again");
+                self.set_token(None);
+                self.authenticate()?;
+                once()
             }
-            Err(ureq::Error::Status(code, resp)) => {
-                self.current.store(i, Relaxed);
-                let body = read_error_body(resp);
-                Err(match codec::parse_answer(&body) {
-                    Err(e @ CodecError::Server { .. }) => e.into(),
-                    _ => CodecError::Server {
-                        code: -i64::from(code),
-                        message: http_error_text(code, &url, &body),
-                    }
-                    .into(),
-                })
-            }
-            Err(e) => {
-                debug!(endpoint = %base, "etcd call failed: {e}");
-                Err(Error::Unreachable(format!("{base}: {e}")))
-            }
+            r => r,
         }
     }
 
@@ -373,18 +446,9 @@ impl Client {
     /// probe of that member (a frozen or partitioned member fails it; a watch alone would
     /// just stay silent).
     pub fn lease_keepalive_via(&self, id: i64, i: usize, timeout: Duration) -> Result<i64, Error> {
-        let token = self.token();
-        let payload = codec::lease_id_request(id).to_string();
-        let resp = self.send_to(
-            i,
-            "/v3/lease/keepalive",
-            &payload,
-            token.as_deref(),
-            |url| self.agent.post(url).timeout(timeout),
-        )?;
-        let body = read_body(resp)?;
-        let first = body.split(|b| *b == b'\n').next().unwrap_or(&[]);
-        Ok(codec::parse_lease_keepalive(first)?)
+        self.call_at(i, timeout, &|ch| {
+            keepalive_once(ch, self.request((), Meta::Token), id)
+        })
     }
 
     /// Authenticates (when a user is configured) and keeps the token for later calls.
@@ -392,46 +456,46 @@ impl Client {
         let Some((name, password)) = &self.user else {
             return Ok(());
         };
-        let body = self.post_raw(
-            "/v3/auth/authenticate",
-            &codec::authenticate_request(name, password),
-            false,
-            self.call_timeout(),
-        )?;
-        self.set_token(Some(codec::parse_token(&body)?));
+        let message = pb::AuthenticateRequest {
+            name: name.clone(),
+            password: password.clone(),
+        };
+        let answer = self.call(self.call_timeout(), |ch| {
+            let r = self.request(message.clone(), Meta::None);
+            async move {
+                let a = pb::auth_client::AuthClient::new(ch).authenticate(r).await?;
+                Ok(a.into_inner())
+            }
+        })?;
+        let token = codec::token(&answer)?;
+        let value =
+            AsciiMetadataValue::try_from(token.as_str()).map_err(|_| CodecError::Field("token"))?;
+        self.set_token(Some(value));
         Ok(())
     }
 
-    /// A call with the token; an answer saying the token is bad gets one fresh token and one
-    /// retry.
-    fn post(&self, path: &str, body: &Value) -> Result<Vec<u8>, Error> {
-        self.post_within(path, body, self.call_timeout())
-    }
-
-    /// [`Client::post`] with a call timeout of its own.
-    fn post_within(&self, path: &str, body: &Value, timeout: Duration) -> Result<Vec<u8>, Error> {
-        if self.user.is_some() && self.token().is_none() {
-            self.authenticate()?;
-        }
-        match self.post_raw(path, body, true, timeout) {
-            Err(Error::Codec(CodecError::Server { code, message }))
-                if self.user.is_some()
-                    && (code == codec::CODE_UNAUTHENTICATED
-                        || (code == codec::CODE_INVALID_ARGUMENT && message.contains("token"))) =>
-            {
-                debug!("etcd token refused ({message}); authenticating again");
-                self.set_token(None);
-                self.authenticate()?;
-                self.post_raw(path, body, true, timeout)
-            }
-            r => r,
-        }
+    /// A range read waiting at most `timeout`.
+    fn range_within(
+        &self,
+        request: &pb::RangeRequest,
+        timeout: Duration,
+    ) -> Result<RangeResponse, Error> {
+        let answer = self.authed(request, timeout, |ch, r| async move {
+            let a = pb::kv_client::KvClient::new(ch)
+                .max_decoding_message_size(MAX_ANSWER_LEN as usize)
+                .range(r)
+                .await?;
+            Ok(a.into_inner())
+        })?;
+        Ok(codec::range_response(answer))
     }
 
     /// The keys from `key` up to `range_end` (exclusive), or `key` alone.
     pub fn range(&self, key: &[u8], range_end: Option<&[u8]>) -> Result<RangeResponse, Error> {
-        let body = self.post("/v3/kv/range", &codec::range_request(key, range_end))?;
-        Ok(codec::parse_range(&body)?)
+        self.range_within(
+            &codec::range_request(key, range_end, 0, 0),
+            self.call_timeout(),
+        )
     }
 
     pub fn get_prefix(&self, prefix: &[u8]) -> Result<RangeResponse, Error> {
@@ -441,22 +505,22 @@ impl Client {
     /// Every key starting with `prefix`, as one snapshot read in pages of at most `page` keys
     /// (each page at the first page's revision, continuing after the last key read).
     ///
-    /// Why: a thousand hosts' overlay is megabytes of JSON, and the gateway's encoding of it
-    /// costs etcd about 15 µs per key; in one answer, under load, that is what exceeds a call
-    /// timeout and makes an agent read it all again. A page is small enough to finish, etcd
-    /// serves other calls between pages, and a page that times out is asked again with twice
-    /// the timeout (up to [`PAGE_TIMEOUT_STEPS`] times) instead of starting over. A snapshot
-    /// revision compacted away meanwhile is an error (read again from the start).
+    /// Why: a thousand hosts' overlay is megabytes; in one answer, under load, that is what
+    /// exceeds a call timeout and makes an agent read it all again. A page is small enough to
+    /// finish, etcd serves other calls between pages, and a page that times out is asked
+    /// again with twice the timeout (up to [`PAGE_TIMEOUT_STEPS`] times) instead of starting
+    /// over. A snapshot revision compacted away meanwhile is an error (read again from the
+    /// start).
     pub fn get_prefix_paged(&self, prefix: &[u8], page: i64) -> Result<RangeResponse, Error> {
         let end = prefix_end(prefix);
         let mut from = prefix.to_vec();
         let mut all = RangeResponse::default();
         loop {
-            let request = codec::range_page_request(&from, &end, page, all.revision);
+            let request = codec::range_request(&from, Some(&end), page, all.revision);
             let mut timeout = self.call_timeout();
             let mut attempt = 1;
-            let body = loop {
-                match self.post_within("/v3/kv/range", &request, timeout) {
+            let r = loop {
+                match self.range_within(&request, timeout) {
                     Err(e) if e.is_unreachable() && attempt < PAGE_TIMEOUT_STEPS => {
                         debug!(attempt, ?timeout, "etcd: range page failed: {e}");
                         timeout *= 2;
@@ -465,7 +529,6 @@ impl Client {
                     r => break r?,
                 }
             };
-            let r = codec::parse_range(&body)?;
             if all.revision == 0 {
                 all.revision = r.revision;
                 all.count = r.count;
@@ -486,14 +549,23 @@ impl Client {
 
     /// Puts `value` at `key`, attached to `lease` (0: none). Returns the new revision.
     pub fn put(&self, key: &[u8], value: &[u8], lease: i64) -> Result<i64, Error> {
-        let body = self.post("/v3/kv/put", &codec::put_request(key, value, lease))?;
-        Ok(codec::parse_revision(&body)?)
+        let request = codec::put_request(key, value, lease);
+        let answer = self.authed(&request, self.call_timeout(), |ch, r| async move {
+            Ok(pb::kv_client::KvClient::new(ch).put(r).await?.into_inner())
+        })?;
+        Ok(answer.header.map_or(0, |h| h.revision))
     }
 
     /// Deletes `key` (or the range up to `range_end`). Returns the new revision.
     pub fn delete(&self, key: &[u8], range_end: Option<&[u8]>) -> Result<i64, Error> {
-        let body = self.post("/v3/kv/deleterange", &codec::delete_request(key, range_end))?;
-        Ok(codec::parse_revision(&body)?)
+        let request = codec::delete_request(key, range_end);
+        let answer = self.authed(&request, self.call_timeout(), |ch, r| async move {
+            Ok(pb::kv_client::KvClient::new(ch)
+                .delete_range(r)
+                .await?
+                .into_inner())
+        })?;
+        Ok(answer.header.map_or(0, |h| h.revision))
     }
 
     /// Runs `success` if every comparison holds, else `failure`, atomically. Returns whether
@@ -504,8 +576,11 @@ impl Client {
         success: &[TxnOp],
         failure: &[TxnOp],
     ) -> Result<bool, Error> {
-        let body = self.post("/v3/kv/txn", &codec::txn_request(compare, success, failure))?;
-        Ok(codec::parse_txn(&body)?)
+        let request = codec::txn_request(compare, success, failure);
+        let answer = self.authed(&request, self.call_timeout(), |ch, r| async move {
+            Ok(pb::kv_client::KvClient::new(ch).txn(r).await?.into_inner())
+        })?;
+        Ok(answer.succeeded)
     }
 
     /// Puts `value` at `key` (under `lease`, 0 for none) only if the key's `target` holds;
@@ -544,8 +619,17 @@ impl Client {
 
     /// Grants a lease of `ttl_secs`; returns its id and granted TTL.
     pub fn lease_grant(&self, ttl_secs: i64) -> Result<(i64, i64), Error> {
-        let body = self.post("/v3/lease/grant", &codec::lease_grant_request(ttl_secs))?;
-        Ok(codec::parse_lease_grant(&body)?)
+        let request = pb::LeaseGrantRequest {
+            ttl: ttl_secs,
+            id: 0,
+        };
+        let answer = self.authed(&request, self.call_timeout(), |ch, r| async move {
+            Ok(pb::lease_client::LeaseClient::new(ch)
+                .lease_grant(r)
+                .await?
+                .into_inner())
+        })?;
+        Ok(codec::lease_grant(&answer)?)
     }
 
     /// Renews a lease once; returns its remaining TTL, 0 or less when it has expired.
@@ -555,17 +639,18 @@ impl Client {
 
     /// [`Client::lease_keepalive`] waiting up to `timeout` for the answer.
     pub fn lease_keepalive_within(&self, id: i64, timeout: Duration) -> Result<i64, Error> {
-        let body =
-            self.post_within("/v3/lease/keepalive", &codec::lease_id_request(id), timeout)?;
-        // The gateway streams: the first line is the answer.
-        let first = body.split(|b| *b == b'\n').next().unwrap_or(&[]);
-        Ok(codec::parse_lease_keepalive(first)?)
+        self.authed(&(), timeout, |ch, r| keepalive_once(ch, r, id))
     }
 
     /// Revokes a lease: the keys attached to it are deleted at once.
     pub fn lease_revoke(&self, id: i64) -> Result<(), Error> {
-        self.post("/v3/lease/revoke", &codec::lease_id_request(id))?;
-        Ok(())
+        let request = pb::LeaseRevokeRequest { id };
+        self.authed(&request, self.call_timeout(), |ch, r| async move {
+            pb::lease_client::LeaseClient::new(ch)
+                .lease_revoke(r)
+                .await?;
+            Ok(())
+        })
     }
 
     /// Watches the keys from `key` up to `range_end` from `start_revision` (0: from now).
@@ -579,9 +664,9 @@ impl Client {
         self.watch_ranges(&[(key.to_vec(), end)], start_revision)
     }
 
-    /// Watches several key ranges on one stream (one create request each, newline-separated
-    /// in the request body; the gateway hands each to the server's watch stream), so a
-    /// watcher can leave out keys it has no use for without a connection per range.
+    /// Watches several key ranges on one stream (one create request each), so a watcher can
+    /// leave out keys it has no use for without a stream per range. The call waits (at most
+    /// the call timeout, per endpoint) for the server to take the stream.
     pub fn watch_ranges(
         &self,
         ranges: &[(Vec<u8>, Option<Vec<u8>>)],
@@ -590,66 +675,72 @@ impl Client {
         if self.user.is_some() && self.token().is_none() {
             self.authenticate()?;
         }
-        let payload: Vec<String> = ranges
+        let creates: Vec<pb::WatchRequest> = ranges
             .iter()
-            .map(|(k, e)| codec::watch_create_request(k, e.as_deref(), start_revision).to_string())
+            .map(|(k, e)| codec::watch_create_request(k, e.as_deref(), start_revision))
             .collect();
-        // require-leader (etcd's "hasleader" metadata): a member cut off from the cluster's
-        // majority ends the watch instead of leaving it silently stale.
-        let (resp, endpoint) = self.send(
-            "/v3/watch",
-            &payload.join("\n"),
-            self.token().as_deref(),
-            |url| {
-                self.stream_agent
-                    .post(url)
-                    .set("Grpc-Metadata-hasleader", "true")
-            },
-        )?;
-        Ok(Watch {
-            reader: BufReader::new(resp.into_reader()),
-            endpoint,
-        })
+        let start = self.current.load(Relaxed);
+        let n = self.endpoints.len();
+        let mut last = String::new();
+        for k in 0..n {
+            let i = (start + k) % n;
+            let started = self.call_at(i, self.call_timeout(), &|ch| {
+                // The request side stays open (pending) for as long as the watch: a stream
+                // closed by its client is one etcd's gRPC proxy tears down.
+                let requests = tokio_stream::iter(creates.clone()).chain(tokio_stream::pending());
+                let r = self.request(requests, Meta::TokenLeader);
+                async move {
+                    let s = pb::watch_client::WatchClient::new(ch)
+                        .max_decoding_message_size(MAX_WATCH_MESSAGE_LEN)
+                        .watch(r)
+                        .await?;
+                    Ok(s.into_inner())
+                }
+            });
+            match started {
+                Ok(stream) => {
+                    return Ok(Watch {
+                        rt: self.rt.clone(),
+                        stream,
+                        endpoint: i,
+                        base: self.endpoints[i].clone(),
+                    })
+                }
+                Err(Error::Unreachable(e)) => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Unreachable(last))
     }
 }
 
-/// An error answer that is not the gateway's JSON (a plain-text refusal, say), for humans.
-fn http_error_text(code: u16, url: &str, body: &[u8]) -> String {
-    let text: String = String::from_utf8_lossy(&body[..body.len().min(200)])
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if text.trim().is_empty() {
-        format!("HTTP {code} from {url}")
-    } else {
-        format!("HTTP {code} from {url}: {}", text.trim())
+/// One lease keep-alive on a stream of its own: the request side stays open until the answer
+/// is in (etcd's gRPC proxy drops a stream its client has closed before answering it), and
+/// the stream goes when the answer is read.
+async fn keepalive_once(ch: Channel, r: tonic::Request<()>, id: i64) -> Result<i64, Status> {
+    let requests =
+        tokio_stream::iter([pb::LeaseKeepAliveRequest { id }]).chain(tokio_stream::pending());
+    let (meta, ext, ()) = r.into_parts();
+    let r = tonic::Request::from_parts(meta, ext, requests);
+    let mut answers = pb::lease_client::LeaseClient::new(ch)
+        .lease_keep_alive(r)
+        .await?
+        .into_inner();
+    match answers.message().await? {
+        Some(a) => Ok(a.ttl),
+        None => Err(Status::unavailable(
+            "keep-alive stream closed without an answer",
+        )),
     }
-}
-
-/// The body of an error answer, as much of it as can be read: the gateway ends those with
-/// gRPC trailers in a chunked encoding that the HTTP client may refuse after the JSON.
-fn read_error_body(resp: ureq::Response) -> Vec<u8> {
-    let mut body = Vec::new();
-    let _ = resp
-        .into_reader()
-        .take(MAX_ANSWER_LEN)
-        .read_to_end(&mut body);
-    body
-}
-
-fn read_body(resp: ureq::Response) -> Result<Vec<u8>, Error> {
-    let mut body = Vec::new();
-    resp.into_reader()
-        .take(MAX_ANSWER_LEN)
-        .read_to_end(&mut body)
-        .map_err(|e| Error::Unreachable(format!("reading the answer: {e}")))?;
-    Ok(body)
 }
 
 /// An open watch: each [`Watch::next_message`] blocks until the server sends something.
 pub struct Watch {
-    reader: BufReader<Box<dyn Read + Send + Sync + 'static>>,
+    rt: Arc<tokio::runtime::Runtime>,
+    stream: tonic::Streaming<pb::WatchResponse>,
     endpoint: usize,
+    /// The endpoint's URL, for errors.
+    base: String,
 }
 
 impl Watch {
@@ -661,22 +752,13 @@ impl Watch {
     /// The next message; an error when the stream broke, ended or sent something bad (the
     /// watch is then useless: re-read and watch again).
     pub fn next_message(&mut self) -> Result<WatchMessage, Error> {
-        loop {
-            let mut line = Vec::new();
-            let n = (&mut self.reader)
-                .take(MAX_WATCH_MESSAGE_LEN as u64 + 1)
-                .read_until(b'\n', &mut line)
-                .map_err(|e| Error::WatchEnded(e.to_string()))?;
-            if n == 0 {
-                return Err(Error::WatchEnded("closed by the server".into()));
-            }
-            if line.len() > MAX_WATCH_MESSAGE_LEN {
-                return Err(Error::WatchEnded("message too long".into()));
-            }
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            return Ok(codec::parse_watch_message(&line)?);
+        match self.rt.block_on(self.stream.message()) {
+            Ok(Some(m)) => Ok(codec::watch_message(m)?),
+            Ok(None) => Err(Error::WatchEnded("closed by the server".into())),
+            Err(s) => Err(match status_error(&self.base, &s) {
+                Error::Unreachable(e) => Error::WatchEnded(e),
+                e => e,
+            }),
         }
     }
 }
@@ -703,12 +785,25 @@ mod tests {
     }
 
     #[test]
-    fn http_errors_are_readable() {
-        assert_eq!(http_error_text(400, "u", b""), "HTTP 400 from u");
-        assert_eq!(
-            http_error_text(400, "u", b"CommonName ignored\n\x1b"),
-            "HTTP 400 from u: CommonName ignored"
+    fn statuses() {
+        // The member could not serve: another one may.
+        for code in [Code::Unavailable, Code::DeadlineExceeded, Code::Cancelled] {
+            assert!(status_error("e", &Status::new(code, "x")).is_unreachable());
+        }
+        // An answer: the same from every member.
+        let e = status_error(
+            "e",
+            &Status::invalid_argument("etcdserver: authentication failed"),
         );
+        assert!(!e.is_unreachable());
+        assert!(e.to_string().contains("authentication failed"), "{e}");
+        assert!(matches!(
+            status_error(
+                "e",
+                &Status::unauthenticated("etcdserver: invalid auth token")
+            ),
+            Error::Codec(CodecError::Server { code: 16, .. })
+        ));
     }
 
     #[test]
@@ -720,6 +815,10 @@ mod tests {
         let mut c = ClientConfig::new("127.0.0.1:1");
         c.ca_file = Some("/nonexistent/ca.pem".into());
         assert!(matches!(Client::new(&c), Err(Error::Tls(_))));
+        // A file that is not a certificate is refused at once, not at the first call.
+        let mut c = ClientConfig::new("127.0.0.1:1");
+        c.ca_file = Some("/etc/hostname".into());
+        assert!(matches!(Client::new(&c), Err(Error::Tls(_))));
     }
 
     #[test]
@@ -729,6 +828,11 @@ mod tests {
         c.timeout = Duration::from_millis(500);
         let client = Client::new(&c).unwrap();
         let e = client.range(b"/x", None).unwrap_err();
+        assert!(e.is_unreachable(), "{e}");
+        let e = client
+            .watch(b"/x", None, 0)
+            .err()
+            .expect("no watch without etcd");
         assert!(e.is_unreachable(), "{e}");
     }
 }

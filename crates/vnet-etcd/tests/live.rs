@@ -1,5 +1,7 @@
 //! Against a real etcd (Debian's `/usr/bin/etcd`, started here on free loopback ports with its
-//! own data directory, killed at the end). Skipped, with a message, when etcd is not installed.
+//! own data directory, killed at the end), directly and through etcd's gRPC proxy (`etcd
+//! grpc-proxy start`, from the same binary). Skipped, with a message, when etcd is not
+//! installed.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -11,10 +13,16 @@ struct Etcd {
     child: Child,
     dir: std::path::PathBuf,
     endpoint: String,
+    /// Its gRPC proxy, when one was started (killed first).
+    proxy: Option<(Child, String)>,
 }
 
 impl Drop for Etcd {
     fn drop(&mut self) {
+        if let Some((p, _)) = &mut self.proxy {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -29,6 +37,11 @@ fn free_port() -> u16 {
 }
 
 fn start_etcd() -> Option<Etcd> {
+    start_etcd_with(&[])
+}
+
+/// etcd with `extra` arguments.
+fn start_etcd_with(extra: &[&str]) -> Option<Etcd> {
     if !std::path::Path::new("/usr/bin/etcd").exists() {
         eprintln!("skipped: /usr/bin/etcd is not installed (scripts/setup.sh installs it)");
         return None;
@@ -51,6 +64,7 @@ fn start_etcd() -> Option<Etcd> {
             &format!("http://127.0.0.1:{peer}"),
         ])
         .args(["--initial-cluster", &format!("t=http://127.0.0.1:{peer}")])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -59,14 +73,39 @@ fn start_etcd() -> Option<Etcd> {
         child,
         dir,
         endpoint,
+        proxy: None,
     };
-    let client = Client::new(&ClientConfig::new(&etcd.endpoint)).unwrap();
+    wait_up(&etcd.endpoint);
+    Some(etcd)
+}
+
+/// Waits until a range at `endpoint` is answered (or an error answer: etcd with
+/// authentication on refuses one without a user).
+fn wait_up(endpoint: &str) {
+    let client = Client::new(&ClientConfig::new(endpoint)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while client.range(b"/", None).is_err() {
-        assert!(Instant::now() < deadline, "etcd did not come up");
+    while client.range(b"/", None).is_err_and(|e| e.is_unreachable()) {
+        assert!(Instant::now() < deadline, "{endpoint} did not come up");
         std::thread::sleep(Duration::from_millis(100));
     }
-    Some(etcd)
+}
+
+/// etcd with its gRPC proxy in front; the proxy's endpoint is the second.
+fn start_etcd_and_proxy() -> Option<(Etcd, String)> {
+    let mut etcd = start_etcd()?;
+    let listen = format!("127.0.0.1:{}", free_port());
+    let proxy = Command::new("/usr/bin/etcd")
+        .args(["grpc-proxy", "start", "--endpoints", &etcd.endpoint])
+        .args(["--listen-addr", &listen, "--advertise-client-url", &listen])
+        .arg("--data-dir")
+        .arg(etcd.dir.join("proxy"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start etcd grpc-proxy");
+    etcd.proxy = Some((proxy, listen.clone()));
+    wait_up(&listen);
+    Some((etcd, listen))
 }
 
 #[test]
@@ -78,6 +117,76 @@ fn kv_txn_lease_watch() {
         etcd.endpoint
     )))
     .unwrap();
+    everything(&client);
+}
+
+/// The same through etcd's gRPC proxy (which serves no JSON gateway): it answers keep-alives
+/// only on streams its client keeps open, and coalesces watches.
+#[test]
+fn kv_txn_lease_watch_through_the_grpc_proxy() {
+    let Some((_etcd, proxy)) = start_etcd_and_proxy() else {
+        return;
+    };
+    let client = Client::new(&ClientConfig::new(&proxy)).unwrap();
+    everything(&client);
+    // Keep-alives one after another, as the agent's thread sends them, each answered.
+    let (lease, _) = client.lease_grant(5).unwrap();
+    for _ in 0..3 {
+        let ttl = client
+            .lease_keepalive_within(lease, Duration::from_secs(3))
+            .unwrap();
+        assert!(ttl > 0, "lease renewed through the proxy: ttl {ttl}");
+    }
+    assert!(
+        client
+            .lease_keepalive_via(lease, 0, Duration::from_secs(3))
+            .unwrap()
+            > 0
+    );
+}
+
+/// etcd's auth tokens expire (here after 1 s): a call with an expired token gets a fresh one
+/// and is answered; a wrong password is refused with etcd's message.
+#[test]
+fn expired_tokens_are_renewed() {
+    if !std::path::Path::new("/usr/bin/etcdctl").exists() {
+        eprintln!("skipped: /usr/bin/etcdctl is not installed (scripts/setup.sh installs it)");
+        return;
+    }
+    let Some(etcd) = start_etcd_with(&["--auth-token", "simple", "--auth-token-ttl", "1"]) else {
+        return;
+    };
+    let etcdctl = |args: &[&str]| {
+        let out = Command::new("/usr/bin/etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &etcd.endpoint])
+            .args(args)
+            .output()
+            .expect("run etcdctl");
+        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+    };
+    etcdctl(&["user", "add", "root:rootpw", "--interactive=false"]);
+    etcdctl(&["auth", "enable"]);
+    let mut cfg = ClientConfig::new(&etcd.endpoint);
+    cfg.user = Some(("root".into(), "rootpw".into()));
+    let client = Client::new(&cfg).unwrap();
+    client.put(b"/a", b"1", 0).unwrap();
+    // Simple tokens expire after the TTL without use (etcd checks every second or so).
+    std::thread::sleep(Duration::from_secs(4));
+    client.put(b"/a", b"2", 0).unwrap();
+    assert_eq!(client.range(b"/a", None).unwrap().kvs[0].value, b"2");
+    // Without a user etcd refuses; with a wrong password too, saying why.
+    assert!(Client::new(&ClientConfig::new(&etcd.endpoint))
+        .unwrap()
+        .put(b"/a", b"3", 0)
+        .is_err());
+    cfg.user = Some(("root".into(), "nope".into()));
+    let e = Client::new(&cfg).unwrap().range(b"/a", None).unwrap_err();
+    assert!(e.to_string().contains("authentication failed"), "{e}");
+}
+
+/// Ranges, a watch, a transaction, a lease's life, through `client`.
+fn everything(client: &Client) {
     let rev = client.put(b"/t/a", b"1", 0).unwrap();
     assert!(rev > 0);
     let r = client.get_prefix(b"/t/").unwrap();

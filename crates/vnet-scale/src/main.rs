@@ -1,6 +1,7 @@
 //! `vnet-scale`: N of vnet's real etcd agents (the code `vnetd --etcd` runs, `vnet-agent`) in
-//! one process against one real etcd, each with a recording data plane, and the time it takes
-//! a change to reach all of them.
+//! one process against one real etcd (directly, or spread over etcd's gRPC proxies with
+//! `--proxies`), each with a recording data plane, and the time it takes a change to reach
+//! all of them.
 //!
 //! Steps, in order: bring-up (every host registers), a host joining, a guest moving, a storm
 //! of moves, a host dying. For each: the time until every affected agent has applied the
@@ -77,6 +78,18 @@ struct Args {
     /// Agents started at once during bring-up (then the next wave).
     #[arg(long, default_value_t = 100)]
     wave: usize,
+    /// A simultaneous cold start: every agent started at once (no waves; --ramp ignored), as
+    /// after a power cut or an etcd restore; the bring-up reports its time and the leases lost.
+    #[arg(long)]
+    cold_start: bool,
+    /// etcd gRPC proxies (`etcd grpc-proxy start`; comma-separated endpoints) the agents
+    /// reach etcd through instead of --etcd: agent i uses proxy i % P. The harness's own
+    /// client and the measurements of etcd stay on --etcd.
+    #[arg(long, value_delimiter = ',')]
+    proxies: Vec<String>,
+    /// The proxies' PIDs, for their CPU (from /proc).
+    #[arg(long, value_delimiter = ',')]
+    proxy_pids: Vec<u32>,
 }
 
 /// One simulated host: its agent's thread and its recorder.
@@ -155,6 +168,8 @@ struct Sample {
     etcd_cpu: f64,
     etcd_rss: u64,
     etcd_sent: f64,
+    /// The proxies' CPU seconds, all together.
+    proxies_cpu: f64,
 }
 
 impl Harness {
@@ -180,7 +195,19 @@ impl Harness {
             etcd_cpu: etcd.0,
             etcd_rss: etcd.1,
             etcd_sent: stats::metric_sum(&page, "etcd_network_client_grpc_sent_bytes_total"),
+            proxies_cpu: self
+                .args
+                .proxy_pids
+                .iter()
+                .filter_map(|&p| stats::proc_usage(p))
+                .map(|u| u.0)
+                .sum(),
         }
+    }
+
+    /// The leases the agents lost so far, all together.
+    fn leases_lost(&self) -> u64 {
+        self.hosts.iter().map(|h| h.recorder.leases_lost()).sum()
     }
 
     fn start_host(&mut self, i: usize) -> Result<()> {
@@ -219,7 +246,11 @@ impl Harness {
             lease: None,
             crash: crash.clone(),
         };
-        let client = Client::new(&ClientConfig::new(&self.args.etcd))?;
+        let endpoint = match self.args.proxies.len() {
+            0 => &self.args.etcd,
+            p => &self.args.proxies[i % p],
+        };
+        let client = Client::new(&ClientConfig::new(endpoint))?;
         let thread = vnet_agent::spawn(recorder.clone(), cfg, client, stop.clone())?;
         self.hosts.push(Host {
             id,
@@ -375,6 +406,7 @@ impl Harness {
             "etcd_rss_bytes": after.etcd_rss,
             "etcd_sent_bytes": after.etcd_sent - before.etcd_sent,
             "etcd_sent_bytes_per_event": (after.etcd_sent - before.etcd_sent) / events.max(1) as f64,
+            "proxies_cpu_s": after.proxies_cpu - before.proxies_cpu,
             "agents_wrong_after": wrong,
         });
         self.progress(&format!(
@@ -502,6 +534,9 @@ impl Harness {
         let before = self.sample();
         for i in 0..n {
             self.start_host(i)?;
+            if self.args.cold_start {
+                continue;
+            }
             if self.args.ramp > 0.0 {
                 let due = t0 + Duration::from_secs_f64(self.args.ramp * (i + 1) as f64 / n as f64);
                 std::thread::sleep(due.saturating_duration_since(Instant::now()));
@@ -541,12 +576,13 @@ impl Harness {
                 let known: usize = self.hosts.iter().map(|h| h.recorder.counts().1).sum();
                 let frac = known as f64 / (n * expect_routes) as f64;
                 let etcd = self.sample();
+                let lost = self.leases_lost();
                 self.progress(&format!(
-                    "bring-up: {ready} of {n} agents complete, {:.1} % of the routes known, etcd {:.0} CPU-s",
+                    "bring-up: {ready} of {n} agents complete, {:.1} % of the routes known, etcd {:.0} CPU-s, {lost} leases lost",
                     frac * 100.0,
                     etcd.etcd_cpu - before.etcd_cpu
                 ));
-                timeline.push(json!([t0.elapsed().as_secs_f64(), ready, frac]));
+                timeline.push(json!([t0.elapsed().as_secs_f64(), ready, frac, lost]));
                 last_report = Instant::now();
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -562,11 +598,14 @@ impl Harness {
             "step": "bring-up",
             "wall_s": bringup,
             "agents_complete": complete,
+            "cold_start": self.args.cold_start,
+            "leases_lost": self.leases_lost(),
             "timeline": timeline,
             "agents_cpu_s": after.own_cpu - before.own_cpu,
             "etcd_cpu_s": after.etcd_cpu - before.etcd_cpu,
             "etcd_sent_bytes": after.etcd_sent - before.etcd_sent,
             "etcd_rss_bytes": after.etcd_rss,
+            "proxies_cpu_s": after.proxies_cpu - before.proxies_cpu,
             "agents_wrong_after": wrong,
         }));
 
@@ -725,6 +764,7 @@ impl Harness {
             "guests": g,
             "vnis": self.args.vnis,
             "lease_ttl": self.args.lease_ttl,
+            "proxies": self.args.proxies.len(),
             "threads": threads,
             "agents_rss_bytes": rss,
             "agents_rss_bytes_end": rss_end,

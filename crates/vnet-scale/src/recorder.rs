@@ -124,6 +124,29 @@ pub struct Recorder {
     pub syncs: AtomicU64,
     pub commands: AtomicU64,
     pub connected: std::sync::atomic::AtomicBool,
+    /// The agent's leases: the one it holds and how many it lost (see [`LeaseCount`]).
+    leases: Mutex<LeaseCount>,
+}
+
+/// The leases an agent went through, from the lease its status shows: every lease after the
+/// first is one lost (expired or revoked: the agent grants a new one only then), and with it
+/// the host left the overlay for a while and registered again.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LeaseCount {
+    held: Option<String>,
+    pub lost: u64,
+}
+
+impl LeaseCount {
+    pub fn saw(&mut self, lease: Option<&str>) {
+        let Some(l) = lease else { return };
+        if self.held.as_deref() != Some(l) {
+            if self.held.is_some() {
+                self.lost += 1;
+            }
+            self.held = Some(l.to_string());
+        }
+    }
 }
 
 impl Recorder {
@@ -136,7 +159,13 @@ impl Recorder {
             syncs: AtomicU64::new(0),
             commands: AtomicU64::new(0),
             connected: Default::default(),
+            leases: Mutex::new(LeaseCount::default()),
         }
+    }
+
+    /// How many leases the agent lost so far.
+    pub fn leases_lost(&self) -> u64 {
+        lock(&self.leases).lost
     }
 
     /// Changes the local configuration (a VM arriving), as the control port would.
@@ -246,5 +275,27 @@ impl DataPlane for Recorder {
 
     fn set_cluster_status(&self, status: ClusterStatus) {
         self.connected.store(status.connected, Relaxed);
+        lock(&self.leases).saw(status.lease.as_deref());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LeaseCount;
+
+    #[test]
+    fn every_lease_after_the_first_is_one_lost() {
+        let mut c = LeaseCount::default();
+        c.saw(None);
+        c.saw(Some("a"));
+        c.saw(Some("a"));
+        // Between sessions the status may show no lease: not a loss by itself.
+        c.saw(None);
+        c.saw(Some("a"));
+        assert_eq!(c.lost, 0);
+        c.saw(Some("b"));
+        c.saw(Some("b"));
+        c.saw(Some("c"));
+        assert_eq!(c.lost, 2);
     }
 }
