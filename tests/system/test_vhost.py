@@ -408,6 +408,24 @@ def finish_frontend(fe) -> dict:
     return json.loads(out)
 
 
+def isolation_run(lab, scribble: bool, rounds: int, kinds):
+    """The isolation bed with its frontend (``scribble``: rewriting its receive buffers) while
+    ``send_interleaved`` sends ``rounds`` of ``kinds``: the stats before and after, what was
+    sent, the frontend's report, and the collector (closed) of what reached the other host."""
+    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
+    A, sock, t2, tx, coll = isolation_bed(lab)
+    try:
+        fe = start_isolation_frontend(A, sock, scribble=scribble)
+        s0 = A.stats()
+        sent = send_interleaved(A, tx, rounds, kinds)
+        rep = finish_frontend(fe)
+        time.sleep(0.3)
+    finally:
+        coll.close()
+        tx.close()
+    return s0, A.stats(), sent, rep, coll
+
+
 def send_interleaved(A, tx, rounds: int, kinds) -> dict:
     """Sends ``rounds`` bursts from B to A, each one frame of every kind in ``kinds`` (own,
     other_vni, other_guest) in turn: foreign frames long, own frames short, so a foreign frame's
@@ -443,18 +461,7 @@ def test_cut_through_receive_writes_only_this_guests_frames(lab, record):
     marker ever appears in the guest's receive buffers (every buffer scanned as the backend
     returns it, every few milliseconds, and at the end), its own frames arrive whole, and the
     foreign ones still go where they belong (the VNI 2 guest, the other host)."""
-    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
-    A, sock, t2, tx, coll = isolation_bed(lab)
-    try:
-        fe = start_isolation_frontend(A, sock, scribble=False)
-        s0 = A.stats()
-        sent = send_interleaved(A, tx, 400, ("own", "other_vni", "other_guest"))
-        rep = finish_frontend(fe)
-        time.sleep(0.3)
-    finally:
-        coll.close()
-        tx.close()
-    s1 = A.stats()
+    s0, s1, sent, rep, coll = isolation_run(lab, False, 400, ("own", "other_vni", "other_guest"))
     nic0, nic1 = netlab.port_of(s0, "vm")["nic"], netlab.port_of(s1, "vm")["nic"]
     record("isolation_frontend", rep)
     assert rep["marker_hits"] == 0, f"foreign frames' bytes reached the guest's memory: {rep['marker_where']}"
@@ -472,18 +479,7 @@ def test_a_guest_rewriting_its_receive_buffers_cannot_change_another_guests_fram
     """The vhost-user guest keeps rewriting the start of its posted receive buffers while the
     peer sends frames for another host through it (interleaved with its own): the other host
     receives every one of those frames exactly as sent."""
-    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
-    A, sock, t2, tx, coll = isolation_bed(lab)
-    try:
-        fe = start_isolation_frontend(A, sock, scribble=True)
-        s0 = A.stats()
-        sent = send_interleaved(A, tx, 1500, ("own", "other_guest"))
-        rep = finish_frontend(fe)
-        time.sleep(0.3)
-    finally:
-        coll.close()
-        tx.close()
-    s1 = A.stats()
+    s0, s1, sent, rep, coll = isolation_run(lab, True, 1500, ("own", "other_guest"))
     record("scribble_frontend", rep)
     want = sent["other_guest"]
     got = [f for vni, f in coll.frames if vni == 1]
