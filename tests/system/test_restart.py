@@ -21,7 +21,6 @@ import re
 import signal
 import subprocess
 import time
-from typing import Optional
 
 import pytest
 
@@ -54,11 +53,14 @@ class Pinger:
         out = self.proc.stdout.read()
         return out, [float(t) for t in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", out, re.M)]
 
-    def first_reply_after(self, ready: float) -> tuple[str, Optional[float]]:
-        """Stops ping now: its output, and the time of its first reply at or after ``ready``
-        (None when there is none)."""
+    def back_after(self, ready: float, settle: float, detail=lambda: "") -> float:
+        """Waits ``settle`` seconds and stops ping: how long after ``ready`` its first reply
+        came (there must be one; ``detail()`` says more when there is none)."""
+        time.sleep(settle)
         out, times = self._end()
-        return out, min((t for t in times if t >= ready), default=None)
+        first = min((t for t in times if t >= ready), default=None)
+        assert first is not None, f"no reply after the restart: {out[-800:]}{detail()}"
+        return first - ready
 
     def stop(self) -> dict:
         time.sleep(1.5)  # replies to the last requests arrive
@@ -182,11 +184,7 @@ def test_tap_guests_keep_their_device_and_are_back_within_a_second(lab, record):
         # While no vnetd runs the TAP stays, and keeps its address.
         assert (ifindex(a1, dev), addresses(a1, dev)) == before, "the TAP went with the daemon"
         A.start_vnetd(args=netlab.own_args(A.vnetd))
-        ready = time.time()
-        time.sleep(2)
-        out, first = p.first_reply_after(ready)
-        assert first is not None, f"no reply after the restart: {out[-800:]}"
-        back = first - ready
+        back = p.back_after(time.time(), settle=2)
         record(f"{name}_back_after_ready_s", round(back, 3))
         assert back < 1.0, f"{back:.2f} s after vnetd was ready"
         assert (ifindex(a1, dev), addresses(a1, dev)) == before, "the TAP was replaced"
@@ -289,11 +287,7 @@ def test_a_vhost_user_vm_is_served_again_after_a_restart(lab, image, record, vne
         p = Pinger(b1, f"{SUBNET}.1")
         time.sleep(1)
         restart(A, signal.SIGKILL)
-        ready = time.time()
-        time.sleep(4)
-        out, first = p.first_reply_after(ready)
-        assert first is not None, f"no reply after the restart: {out[-600:]}\n{failed(g, A)}"
-        back = first - ready
+        back = p.back_after(time.time(), settle=4, detail=lambda: f"\n{failed(g, A)}")
         record(f"{vnetd_side}_back_after_ready_s", round(back, 3))
         assert g.alive(), failed(g, A)
         bound = 1.0 if vnetd_side == "client" else 2.5

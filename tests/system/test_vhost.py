@@ -104,6 +104,25 @@ route add any {vm_mac(1)} link to-a
     return A, B, b1
 
 
+def vm_to_vm_mbit(lab, image, at1, at2, check):
+    """VM 2 (an iperf3 server) served by ``at2`` (host, socket), then VM 1 by ``at1``, which
+    pings VM 2 and runs iperf3 to it: VM 1's receiver rate in Mbit/s. ``check()`` runs while
+    both VMs still run."""
+    (host1, s1), (host2, s2) = at1, at2
+    g2 = boot(lab, image, host2, s2, 2)
+    with g2:
+        g2.wait_ready(timeout=120)
+        assert g2.wait_exit(timeout=30) == 0, failed(g2, host2)
+        g1 = boot(lab, image, host1, s1, 1, cmd=f"ping -c 3 -W 5 {SUBNET}.2 && iperf3 -c {SUBNET}.2 -t 2 -f m")
+        with g1:
+            g1.wait_ready(timeout=120)
+            assert g1.wait_exit(timeout=90) == 0, failed(g1, host1)
+            m = re.findall(r"([0-9.]+) Mbits/sec.*receiver", g1.console())
+            assert m, failed(g1, host1)
+            check()
+            return float(m[-1])
+
+
 def test_vm_to_namespace_guest_across_hosts(lab, image, record):
     """A QEMU VM on host A (vhost-user) and a namespace guest on host B: ping and iperf3 both
     ways; the frames crossed the vhost-user interface (cut-through counters) and the link."""
@@ -146,23 +165,15 @@ interface add vm2 vhost-user {s2} mac {vm_mac(2)} mtu {MTU}
 route add any {vm_mac(1)} interface vm1
 route add any {vm_mac(2)} interface vm2
 """)
-    g2 = boot(lab, image, A, s2, 2)
-    with g2:
-        g2.wait_ready(timeout=120)
-        assert g2.wait_exit(timeout=30) == 0, failed(g2, A)
-        g1 = boot(lab, image, A, s1, 1, cmd=f"ping -c 3 -W 5 {SUBNET}.2 && iperf3 -c {SUBNET}.2 -t 2 -f m")
-        with g1:
-            g1.wait_ready(timeout=120)
-            assert g1.wait_exit(timeout=90) == 0, failed(g1, A)
-            m = re.findall(r"([0-9.]+) Mbits/sec.*receiver", g1.console())
-            assert m, failed(g1, A)
-            bps = float(m[-1]) * 1e6
-            st = A.stats()
-            v1, v2 = netlab.port_of(st, "vm1"), netlab.port_of(st, "vm2")
-            assert v1["rx_bytes"] > 1_000_000 and v2["tx_bytes"] > 1_000_000, (v1, v2)
-            assert v1["nic"]["bad_chains"] == 0 and v2["nic"]["bad_chains"] == 0
-            assert not any(p["kind"] == "link" for p in st["ports"])
-            record("vm_to_vm_same_host_mbit_tcg", round(bps / 1e6, 1))
+    def check():
+        st = A.stats()
+        v1, v2 = netlab.port_of(st, "vm1"), netlab.port_of(st, "vm2")
+        assert v1["rx_bytes"] > 1_000_000 and v2["tx_bytes"] > 1_000_000, (v1, v2)
+        assert v1["nic"]["bad_chains"] == 0 and v2["nic"]["bad_chains"] == 0
+        assert not any(p["kind"] == "link" for p in st["ports"])
+
+    mbit = vm_to_vm_mbit(lab, image, (A, s1), (A, s2), check)
+    record("vm_to_vm_same_host_mbit_tcg", round(mbit, 1))
 
 
 def test_two_vms_on_two_hosts(lab, image, record):
@@ -181,21 +192,13 @@ link add to-a udp {A.underlay_ip}
 route add any {vm_mac(2)} interface vm2
 route add any {vm_mac(1)} link to-a
 """)
-    g2 = boot(lab, image, B, s2, 2)
-    with g2:
-        g2.wait_ready(timeout=120)
-        assert g2.wait_exit(timeout=30) == 0, failed(g2, B)
-        g1 = boot(lab, image, A, s1, 1, cmd=f"ping -c 3 -W 5 {SUBNET}.2 && iperf3 -c {SUBNET}.2 -t 2 -f m")
-        with g1:
-            g1.wait_ready(timeout=120)
-            assert g1.wait_exit(timeout=90) == 0, failed(g1, A)
-            m = re.findall(r"([0-9.]+) Mbits/sec.*receiver", g1.console())
-            assert m, failed(g1, A)
-            sa, sb = A.stats(), B.stats()
-            assert netlab.port_of(sa, "to-b")["tx_bytes"] > 1_000_000
-            assert netlab.port_of(sb, "to-a")["rx_bytes"] > 1_000_000
-            assert netlab.port_of(sb, "vm2")["nic"]["rx_cut_through"] > 0
-            record("vm_to_vm_two_hosts_mbit_tcg", float(m[-1]))
+    def check():
+        sa, sb = A.stats(), B.stats()
+        assert netlab.port_of(sa, "to-b")["tx_bytes"] > 1_000_000
+        assert netlab.port_of(sb, "to-a")["rx_bytes"] > 1_000_000
+        assert netlab.port_of(sb, "vm2")["nic"]["rx_cut_through"] > 0
+
+    record("vm_to_vm_two_hosts_mbit_tcg", vm_to_vm_mbit(lab, image, (A, s1), (B, s2), check))
 
 
 def test_vm_restart_and_vnetd_restart(lab, image, record):
@@ -405,6 +408,24 @@ def finish_frontend(fe) -> dict:
     return json.loads(out)
 
 
+def isolation_run(lab, scribble: bool, rounds: int, kinds):
+    """The isolation bed with its frontend (``scribble``: rewriting its receive buffers) while
+    ``send_interleaved`` sends ``rounds`` of ``kinds``: the stats before and after, what was
+    sent, the frontend's report, and the collector (closed) of what reached the other host."""
+    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
+    A, sock, t2, tx, coll = isolation_bed(lab)
+    try:
+        fe = start_isolation_frontend(A, sock, scribble=scribble)
+        s0 = A.stats()
+        sent = send_interleaved(A, tx, rounds, kinds)
+        rep = finish_frontend(fe)
+        time.sleep(0.3)
+    finally:
+        coll.close()
+        tx.close()
+    return s0, A.stats(), sent, rep, coll
+
+
 def send_interleaved(A, tx, rounds: int, kinds) -> dict:
     """Sends ``rounds`` bursts from B to A, each one frame of every kind in ``kinds`` (own,
     other_vni, other_guest) in turn: foreign frames long, own frames short, so a foreign frame's
@@ -440,18 +461,7 @@ def test_cut_through_receive_writes_only_this_guests_frames(lab, record):
     marker ever appears in the guest's receive buffers (every buffer scanned as the backend
     returns it, every few milliseconds, and at the end), its own frames arrive whole, and the
     foreign ones still go where they belong (the VNI 2 guest, the other host)."""
-    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
-    A, sock, t2, tx, coll = isolation_bed(lab)
-    try:
-        fe = start_isolation_frontend(A, sock, scribble=False)
-        s0 = A.stats()
-        sent = send_interleaved(A, tx, 400, ("own", "other_vni", "other_guest"))
-        rep = finish_frontend(fe)
-        time.sleep(0.3)
-    finally:
-        coll.close()
-        tx.close()
-    s1 = A.stats()
+    s0, s1, sent, rep, coll = isolation_run(lab, False, 400, ("own", "other_vni", "other_guest"))
     nic0, nic1 = netlab.port_of(s0, "vm")["nic"], netlab.port_of(s1, "vm")["nic"]
     record("isolation_frontend", rep)
     assert rep["marker_hits"] == 0, f"foreign frames' bytes reached the guest's memory: {rep['marker_where']}"
@@ -469,18 +479,7 @@ def test_a_guest_rewriting_its_receive_buffers_cannot_change_another_guests_fram
     """The vhost-user guest keeps rewriting the start of its posted receive buffers while the
     peer sends frames for another host through it (interleaved with its own): the other host
     receives every one of those frames exactly as sent."""
-    assert os.path.exists(FRONTEND), f"{FRONTEND} missing: cargo build --release"
-    A, sock, t2, tx, coll = isolation_bed(lab)
-    try:
-        fe = start_isolation_frontend(A, sock, scribble=True)
-        s0 = A.stats()
-        sent = send_interleaved(A, tx, 1500, ("own", "other_guest"))
-        rep = finish_frontend(fe)
-        time.sleep(0.3)
-    finally:
-        coll.close()
-        tx.close()
-    s1 = A.stats()
+    s0, s1, sent, rep, coll = isolation_run(lab, True, 1500, ("own", "other_guest"))
     record("scribble_frontend", rep)
     want = sent["other_guest"]
     got = [f for vni, f in coll.frames if vni == 1]

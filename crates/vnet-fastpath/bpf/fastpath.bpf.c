@@ -363,17 +363,22 @@ static __always_inline int outer_hop(struct __sk_buff *skb, const struct link_va
 	return 0;
 }
 
+/* The outer headers of a VXLAN datagram on the wire. */
+struct vxlan_outer {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct udphdr udp;
+	__u32 vx_flags;
+	__u32 vx_vni;
+} __attribute__((packed));
+
 /* Encapsulates the frame in VXLAN to link `l` and sends it out of the underlay. Returns the
  * tc verdict, or -counter to punt with. */
 static __always_inline int encap_to_link(struct __sk_buff *skb, const struct link_val *l, __u32 lslot,
 					 const struct port_val *from, __u16 proto_be)
 {
 	struct {
-		struct ethhdr eth;
-		struct iphdr ip;
-		struct udphdr udp;
-		__u32 vx_flags;
-		__u32 vx_vni;
+		struct vxlan_outer o;
 		struct ethhdr inner;
 	} __attribute__((packed)) h;
 	struct link_cache hop;
@@ -411,29 +416,29 @@ static __always_inline int encap_to_link(struct __sk_buff *skb, const struct lin
 	hash ^= hash << 16;
 
 	tot = len + OUTER_LEN;
-	mac_copy(h.eth.h_dest, hop.dmac);
-	mac_copy(h.eth.h_source, hop.smac);
-	h.eth.h_proto = bpf_htons(ETH_P_IP);
-	h.ip.version = 4;
-	h.ip.ihl = 5;
-	h.ip.tos = 0;
+	mac_copy(h.o.eth.h_dest, hop.dmac);
+	mac_copy(h.o.eth.h_source, hop.smac);
+	h.o.eth.h_proto = bpf_htons(ETH_P_IP);
+	h.o.ip.version = 4;
+	h.o.ip.ihl = 5;
+	h.o.ip.tos = 0;
 	/* A GSO skb's lengths are rewritten per segment when it is cut; cap the placeholder. */
-	h.ip.tot_len = bpf_htons(tot > 0xffff ? 0xffff : tot);
-	h.ip.id = (__u16)bpf_get_prandom_u32();
-	h.ip.frag_off = 0;
-	h.ip.ttl = 64;
-	h.ip.protocol = IPPROTO_UDP;
-	h.ip.check = 0;
-	h.ip.saddr = l->local_be;
-	h.ip.daddr = l->remote_be;
-	h.ip.check = ip_csum(&h.ip);
-	h.udp.source = bpf_htons(32768 + (__u16)(((__u64)hash * (60999 - 32768)) >> 32));
-	h.udp.dest = l->dport_be;
+	h.o.ip.tot_len = bpf_htons(tot > 0xffff ? 0xffff : tot);
+	h.o.ip.id = (__u16)bpf_get_prandom_u32();
+	h.o.ip.frag_off = 0;
+	h.o.ip.ttl = 64;
+	h.o.ip.protocol = IPPROTO_UDP;
+	h.o.ip.check = 0;
+	h.o.ip.saddr = l->local_be;
+	h.o.ip.daddr = l->remote_be;
+	h.o.ip.check = ip_csum(&h.o.ip);
+	h.o.udp.source = bpf_htons(32768 + (__u16)(((__u64)hash * (60999 - 32768)) >> 32));
+	h.o.udp.dest = l->dport_be;
 	tot -= sizeof(struct iphdr);
-	h.udp.len = bpf_htons(tot > 0xffff ? 0xffff : tot);
-	h.udp.check = 0;
-	h.vx_flags = bpf_htonl(0x08000000);
-	h.vx_vni = bpf_htonl(l->vni << 8);
+	h.o.udp.len = bpf_htons(tot > 0xffff ? 0xffff : tot);
+	h.o.udp.check = 0;
+	h.o.vx_flags = bpf_htonl(0x08000000);
+	h.o.vx_vni = bpf_htonl(l->vni << 8);
 
 	flags = BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 |
 		BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
@@ -588,13 +593,7 @@ static __always_inline int link_admit(__u32 lslot, const struct link_val *l, __s
 SEC("tcx/ingress")
 int underlay_ingress(struct __sk_buff *skb)
 {
-	struct {
-		struct ethhdr eth;
-		struct iphdr ip;
-		struct udphdr udp;
-		__u32 vx_flags;
-		__u32 vx_vni;
-	} __attribute__((packed)) h;
+	struct vxlan_outer h;
 	struct link_key key;
 	struct link_val *l;
 	__u32 *lslot, gso, ihl, wire, tot, ulen;
