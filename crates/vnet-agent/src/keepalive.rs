@@ -2,8 +2,11 @@
 //! so that a slow etcd call of the agent cannot make it late. Each renewal goes to the member
 //! that serves the watch, with a deadline of the interval: a member that does not answer
 //! (frozen, partitioned) while another one does is reported so the agent watches through
-//! that one; the renewal is retried at once through any member that answers. What the
-//! answers mean is decided by pure functions below.
+//! that one; the renewal is retried at once through any member that answers. When no renewal
+//! has been answered for the lease's whole TTL, the lease has lapsed at etcd whatever the
+//! transport says (a cut-off host's streams can stay open for half a minute), so the session
+//! ends as for an expired lease, as etcd's own client does. What the answers mean is decided by
+//! pure functions below.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -67,6 +70,18 @@ pub fn member_silent(retry_answered: bool, answered_by: usize, watch_member: usi
     retry_answered && answered_by != watch_member
 }
 
+/// Until when a lease surely lives, after a renewal sent at `sent` was answered with `ttl`
+/// seconds: etcd counts the TTL from when it took the renewal, which is after `sent`.
+pub fn alive_until(sent: Instant, ttl: i64) -> Instant {
+    sent + Duration::from_secs(ttl.max(0) as u64)
+}
+
+/// Whether a lease whose last answered renewal keeps it alive until `until` has lapsed at
+/// `now` (no answer since: the renewals went unanswered for the whole TTL).
+pub fn lapsed(until: Instant, now: Instant) -> bool {
+    now > until
+}
+
 /// What a renewal's answer says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {
@@ -90,6 +105,9 @@ impl Renewal {
 /// The thread's loop, until `stop`.
 pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
     let mut next = Instant::now();
+    // The lease being renewed and until when it surely lives (from its last answered renewal;
+    // for a new lease, from when this thread first saw it, a TTL being three intervals).
+    let mut tracked: Option<(i64, Instant)> = None;
     while !stop.load(Relaxed) {
         // Short enough to notice a new lease or a stop soon, long enough that a thousand
         // idle agents in one harness process cost little.
@@ -100,7 +118,11 @@ pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
         if lease == 0 || Instant::now() < next {
             continue;
         }
-        next = Instant::now() + every;
+        let sent = Instant::now();
+        if tracked.map(|(l, _)| l) != Some(lease) {
+            tracked = Some((lease, sent + every * 3));
+        }
+        next = sent + every;
         let endpoint = ka.watch_endpoint.load(Relaxed);
         let answer = if endpoint == usize::MAX || client.endpoints().len() == 1 {
             client.lease_keepalive_within(lease, patience)
@@ -123,10 +145,18 @@ pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
         };
         match Renewal::of(&answer) {
             Renewal::Expired => ka.expired.store(true, Relaxed),
-            Renewal::Alive => {}
+            Renewal::Alive => {
+                if let Ok(ttl) = answer {
+                    tracked = Some((lease, alive_until(sent, ttl)));
+                }
+            }
             Renewal::Failed => {
                 if let Err(e) = &answer {
                     debug!("etcd: lease keep-alive failed: {e}");
+                }
+                if tracked.is_some_and(|(_, until)| lapsed(until, Instant::now())) {
+                    warn!("etcd: no keep-alive answered for the lease's whole TTL; it has lapsed");
+                    ka.expired.store(true, Relaxed);
                 }
                 next = Instant::now() + every / 4;
             }
@@ -157,6 +187,21 @@ mod tests {
         // A bound below: a store cannot make the thread spin.
         assert_eq!(timing(0).0, Duration::from_millis(100));
         assert_eq!(timing(-5).0, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_lease_lapses_a_ttl_after_its_last_answered_renewal_was_sent() {
+        let sent = Instant::now();
+        let until = alive_until(sent, 3);
+        assert_eq!(until, sent + Duration::from_secs(3));
+        assert!(!lapsed(until, sent + Duration::from_millis(2999)));
+        assert!(!lapsed(until, until));
+        assert!(lapsed(until, until + Duration::from_millis(1)));
+        // An answer of no TTL keeps nothing alive.
+        assert!(lapsed(
+            alive_until(sent, -1),
+            sent + Duration::from_millis(1)
+        ));
     }
 
     #[test]
