@@ -62,15 +62,21 @@ class Etcd:
         time.sleep(0.5)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop_child(self.proc, self.log, self.dir)
+
+
+def stop_child(proc: subprocess.Popen, log, workdir) -> None:
+    """Ends a server this harness started (etcd or a proxy): SIGTERM, SIGKILL after 10 s; then
+    its log is closed and its directory removed."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    log.close()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
@@ -101,15 +107,7 @@ class Proxy:
             raise
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        stop_child(self.proc, self.log, self.dir)
 
 
 def label(r: dict) -> str:
