@@ -27,7 +27,6 @@ use session::{Sess, GUARD_BYTE, READONLY_BYTE, RX, TX};
 use std::time::Duration;
 use variants::{variants, Kind, Variant};
 
-
 /// Case names for `--case` (each has several variants).
 pub const CASES: &[&str] = &[
     "desc_out_of_memory",

@@ -10,7 +10,12 @@ use anyhow::Result;
 use std::os::fd::AsRawFd;
 
 /// Puts a chain of hostile descriptors on ring `i` (head = first entry), publishes, kicks.
-pub(super) fn post(s: &mut Sess, i: usize, descs: &[(u16, u64, u32, u16, u16)], heads: &[u16]) -> Result<()> {
+pub(super) fn post(
+    s: &mut Sess,
+    i: usize,
+    descs: &[(u16, u64, u32, u16, u16)],
+    heads: &[u16],
+) -> Result<()> {
     let r = s.ring(i)?;
     for &(idx, addr, len, flags, next) in descs {
         r.set_desc(idx, addr, len, flags, next);
@@ -78,7 +83,13 @@ pub(super) fn raw(
 
 /// Sends a request the normal way (NEED_REPLY when negotiated), recording the outcome.
 /// Returns false if the connection is gone.
-pub(super) fn try_req(s: &Sess, rep: &mut CaseReport, code: u32, payload: &[u8], fds: &[i32]) -> bool {
+pub(super) fn try_req(
+    s: &Sess,
+    rep: &mut CaseReport,
+    code: u32,
+    payload: &[u8],
+    fds: &[i32],
+) -> bool {
     match s.conn.request(code, payload, fds) {
         Ok(()) => true,
         Err(e) => {
@@ -91,7 +102,13 @@ pub(super) fn try_req(s: &Sess, rep: &mut CaseReport, code: u32, payload: &[u8],
 
 /// Starts the tx ring with the given addresses and (optionally) queues a valid frame in the
 /// normal layout's desc/avail (whatever the backend was told).
-pub(super) fn start_tx(s: &mut Sess, rep: &mut CaseReport, num: u32, addrs: (u64, u64, u64), frame: bool) {
+pub(super) fn start_tx(
+    s: &mut Sess,
+    rep: &mut CaseReport,
+    num: u32,
+    addrs: (u64, u64, u64),
+    frame: bool,
+) {
     let l = s.layouts[TX];
     s.mem.fill(l.desc, l.size, 0);
     let q = match device_eventfds() {

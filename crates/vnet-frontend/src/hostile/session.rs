@@ -64,7 +64,12 @@ impl Sess {
         Self::with_conn(conn, neg, o, sealable).map_err(|e| (true, e))
     }
 
-    pub(super) fn with_conn(conn: Conn, neg: Negotiated, o: &HostileOpts, sealable: bool) -> Result<Sess> {
+    pub(super) fn with_conn(
+        conn: Conn,
+        neg: Negotiated,
+        o: &HostileOpts,
+        sealable: bool,
+    ) -> Result<Sess> {
         let region = o.setup.mem_mb << 20;
         let mem = Arc::new(GuestMem::with_sealing(
             region,
@@ -237,4 +242,3 @@ impl Sess {
         }
     }
 }
-

@@ -1,11 +1,11 @@
 //! The table of hostile variants: per case, what each variant does and how it finishes.
 //! Adding a variant is one row here.
 
+use super::report::CaseReport;
 use super::requests::{
     bad_mem_table, bad_ring_addr, bad_ring_num, canary_gpa, cut, post, queue_valid_tx, raw,
     region_end_gpa, send_bytes,
 };
-use super::report::CaseReport;
 use super::session::{Sess, GUARD_BYTE, READONLY_BYTE, RX, SCRATCH, TX};
 use crate::proto::{self, req};
 use crate::ring::{DESC_F_NEXT, DESC_F_WRITE};
