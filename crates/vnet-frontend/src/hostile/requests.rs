@@ -47,15 +47,12 @@ pub(super) fn cut(s: &Sess, rep: &mut CaseReport) {
     }
 }
 
-/// Queues the valid frame (descriptor num-1) on the tx ring without kicking.
-pub(super) fn queue_valid_tx(s: &mut Sess) -> Result<()> {
-    let valid = s.num() - 1;
-    let (off, len) = (s.frame_off, s.frame_len);
-    let gpa = s.mem.gpa(off);
+/// Advances the tx ring's avail idx by `by` without any descriptor behind it, and kicks.
+pub(super) fn jump_avail_idx(s: &mut Sess, by: u16) -> Result<()> {
     let r = s.ring(TX)?;
-    r.set_desc(valid, gpa, len as u32, 0, 0);
-    r.push(valid);
-    r.publish();
+    let v = r.avail_idx.wrapping_add(by);
+    r.force_avail_idx(v);
+    s.kick(TX);
     Ok(())
 }
 
@@ -182,20 +179,35 @@ pub(super) fn device_eventfds() -> std::io::Result<(
     Ok((EventFd::new(EFD_NONBLOCK)?, EventFd::new(EFD_NONBLOCK)?))
 }
 
-pub(super) fn bad_ring_num(s: &mut Sess, rep: &mut CaseReport, num: u32) -> Result<()> {
-    if !try_req(
+/// The tx ring's addresses in the normal layout, as the backend is told them.
+fn normal_tx_addrs(s: &Sess) -> (u64, u64, u64) {
+    let l = s.layouts[TX];
+    (s.mem.uva(l.desc), s.mem.uva(l.used), s.mem.uva(l.avail))
+}
+
+/// Sends a valid memory table, then starts the tx ring as [`start_tx`] does.
+fn start_tx_after_valid_table(
+    s: &mut Sess,
+    rep: &mut CaseReport,
+    num: u32,
+    addrs: (u64, u64, u64),
+    frame: bool,
+) -> Result<()> {
+    if try_req(
         s,
         rep,
         req::SET_MEM_TABLE,
         &proto::mem_table(1, &[s.mem.region()]),
         &[s.mem.fd()],
     ) {
-        return Ok(());
+        start_tx(s, rep, num, addrs, frame);
     }
-    let l = s.layouts[TX];
-    let addrs = (s.mem.uva(l.desc), s.mem.uva(l.used), s.mem.uva(l.avail));
-    start_tx(s, rep, num, addrs, true);
     Ok(())
+}
+
+pub(super) fn bad_ring_num(s: &mut Sess, rep: &mut CaseReport, num: u32) -> Result<()> {
+    let addrs = normal_tx_addrs(s);
+    start_tx_after_valid_table(s, rep, num, addrs, true)
 }
 
 pub(super) fn bad_ring_addr(
@@ -206,18 +218,8 @@ pub(super) fn bad_ring_addr(
     avail: u64,
     frame: bool,
 ) -> Result<()> {
-    if !try_req(
-        s,
-        rep,
-        req::SET_MEM_TABLE,
-        &proto::mem_table(1, &[s.mem.region()]),
-        &[s.mem.fd()],
-    ) {
-        return Ok(());
-    }
     let n = s.num() as u32;
-    start_tx(s, rep, n, (desc, used, avail), frame);
-    Ok(())
+    start_tx_after_valid_table(s, rep, n, (desc, used, avail), frame)
 }
 
 pub(super) fn bad_mem_table(
@@ -239,8 +241,7 @@ pub(super) fn bad_mem_table(
     }
     // If the table was taken, make the backend use it: start tx in our normal addresses.
     if rep.nacks.is_empty() {
-        let l = s.layouts[TX];
-        let addrs = (s.mem.uva(l.desc), s.mem.uva(l.used), s.mem.uva(l.avail));
+        let addrs = normal_tx_addrs(s);
         start_tx(s, rep, s.num() as u32, addrs, true);
     }
     Ok(())

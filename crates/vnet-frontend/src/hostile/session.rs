@@ -176,8 +176,9 @@ impl Sess {
         v
     }
 
-    /// Queues the valid frame (descriptor num-1) on the tx ring, kicks, waits for it.
-    pub(super) fn valid_tx(&mut self) -> Result<bool> {
+    /// Queues the valid frame (descriptor num-1) on the tx ring without kicking; returns the
+    /// descriptor.
+    pub(super) fn queue_valid_tx(&mut self) -> Result<u16> {
         let valid = self.num() - 1;
         let (off, len) = (self.frame_off, self.frame_len);
         let gpa = self.mem.gpa(off);
@@ -185,6 +186,12 @@ impl Sess {
         r.set_desc(valid, gpa, len as u32, 0, 0);
         r.push(valid);
         r.publish();
+        Ok(valid)
+    }
+
+    /// Queues the valid frame on the tx ring, kicks, waits for it.
+    pub(super) fn valid_tx(&mut self) -> Result<bool> {
+        let valid = self.queue_valid_tx()?;
         self.kick(TX);
         let deadline = Instant::now() + self.opts.settle.max(Duration::from_millis(500));
         while Instant::now() < deadline {

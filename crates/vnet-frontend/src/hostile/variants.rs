@@ -3,7 +3,7 @@
 
 use super::report::CaseReport;
 use super::requests::{
-    bad_mem_table, bad_ring_addr, bad_ring_num, canary_gpa, cut, post, queue_valid_tx, raw,
+    bad_mem_table, bad_ring_addr, bad_ring_num, canary_gpa, cut, jump_avail_idx, post, raw,
     region_end_gpa, send_bytes,
 };
 use super::session::{Sess, GUARD_BYTE, READONLY_BYTE, RX, SCRATCH, TX};
@@ -117,20 +117,8 @@ pub(super) fn variants() -> Vec<Variant> {
             post(s, TX, &[(0, a, 64, DESC_F_NEXT, 0xffff)], &[0])
         }),
         // --- avail index jumps ---
-        v!("avail_idx_jump", "jump_1000", "tx avail idx advanced by 1000 at once (ring of --ring-size)", Data, false, |s, _| {
-            let r = s.ring(TX)?;
-            let v = r.avail_idx.wrapping_add(1000);
-            r.force_avail_idx(v);
-            s.kick(TX);
-            Ok(())
-        }),
-        v!("avail_idx_jump", "jump_0x8000", "tx avail idx advanced by 0x8000", Data, false, |s, _| {
-            let r = s.ring(TX)?;
-            let v = r.avail_idx.wrapping_add(0x8000);
-            r.force_avail_idx(v);
-            s.kick(TX);
-            Ok(())
-        }),
+        v!("avail_idx_jump", "jump_1000", "tx avail idx advanced by 1000 at once (ring of --ring-size)", Data, false, |s, _| jump_avail_idx(s, 1000)),
+        v!("avail_idx_jump", "jump_0x8000", "tx avail idx advanced by 0x8000", Data, false, |s, _| jump_avail_idx(s, 0x8000)),
         // --- rx buffers the backend must not use as such ---
         v!("rx_desc_readonly", "readonly", "rx descriptors without the WRITE flag (needs rx traffic)", Data, true, |s, _| {
             let base = s.scratch;
@@ -290,7 +278,7 @@ pub(super) fn variants() -> Vec<Variant> {
         }),
         // --- guest memory cut short under the backend (SIGBUS when it touches it) ---
         v!("mem_truncate", "tx_kick", "memfd (not sealable) cut to 0 bytes on running rings, then a queued tx frame kicked", Truncate, false, |s, rep| {
-            queue_valid_tx(s)?;
+            s.queue_valid_tx()?;
             cut(s, rep);
             for _ in 0..3 {
                 s.kick(TX);
@@ -309,7 +297,7 @@ pub(super) fn variants() -> Vec<Variant> {
             Ok(())
         }),
         v!("mem_truncate", "sealed_memfd", "memfd made sealable: the backend seals it against shrinking, so the cut must be refused", Truncate, false, |s, rep| {
-            queue_valid_tx(s)?;
+            s.queue_valid_tx()?;
             cut(s, rep);
             s.kick(TX);
             Ok(())
