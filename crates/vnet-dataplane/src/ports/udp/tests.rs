@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vnet_core::PortId;
-use vnet_offload::test_frames::{tso_frame, valid};
+use vnet_offload::test_frames::{partial_csum_frame, tso_frame, valid};
 use vnet_offload::VirtioNetHdr;
 use vnet_wire::{VxlanPacket, VXLAN_HEADER_LEN};
 
@@ -151,12 +151,7 @@ fn a_partial_checksum_is_completed_in_a_copy_and_oversize_is_refused() {
     let sh = shared();
     let (link, rx) = udp_link(&sh, 1);
     // An ordinary TCP frame whose checksum the guest left partial (its IP header complete).
-    let (mut f, mut vh) = tso_frame(500, false);
-    vh.gso_type = VirtioNetHdr::GSO_NONE;
-    let tot = (f.len() - 14) as u16;
-    f[16..18].copy_from_slice(&tot.to_be_bytes());
-    let c = vnet_offload::checksum(&f[14..34]);
-    f[24..26].copy_from_slice(&c.to_be_bytes());
+    let (f, vh) = partial_csum_frame(500);
     let src = vnet_wire::MacAddr::from_bytes(&f[6..12]);
     let dst = vnet_wire::MacAddr::from_bytes(&f[..6]);
     let snap = guest_to_link(&sh, src, link, dst);
