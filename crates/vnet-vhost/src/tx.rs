@@ -257,6 +257,14 @@ mod tests {
         read_tx_chain(chain, m, cut, arena)
     }
 
+    /// A frame of `len` bytes behind its header at BUF, and the one descriptor holding both.
+    fn one_descriptor_frame(m: &Mem, len: usize) -> (Vec<u8>, [RawDescriptor; 1]) {
+        let f = frame(len);
+        put_frame(m, BUF, &f);
+        let d = [desc(BUF, (HDR_LEN + f.len()) as u32, 0)];
+        (f, d)
+    }
+
     fn walk(
         m: &Mem,
         descs: &[RawDescriptor],
@@ -278,9 +286,7 @@ mod tests {
     #[test]
     fn one_descriptor_frame_is_cut_through_or_copied() {
         let m = mem();
-        let f = frame(1500);
-        put_frame(&m, BUF, &f);
-        let d = [desc(BUF, (HDR_LEN + f.len()) as u32, 0)];
+        let (f, d) = one_descriptor_frame(&m, 1500);
         let mut arena = Vec::new();
         assert!(matches!(
             read(&m, &d, true, &mut arena).frame,
@@ -344,9 +350,7 @@ mod tests {
         // The cut-through frame is a volatile view: a read after the guest rewrites its
         // memory sees the new bytes (no stale Rust slice, no assumption that they are fixed).
         let m = mem();
-        let f = frame(200);
-        put_frame(&m, BUF, &f);
-        let d = [desc(BUF, (HDR_LEN + f.len()) as u32, 0)];
+        let (_, d) = one_descriptor_frame(&m, 200);
         let mut arena = Vec::new();
         let item = read(&m, &d, true, &mut arena);
         let TxFrame::Guest(vs) = item.frame else {
