@@ -154,6 +154,32 @@ fn prologue(vni: u32, version: Version) -> [u8; 16] {
 /// The two keys of a finished handshake's split: initiator-to-responder, then the reverse.
 /// They are Noise's transport keys (snow's own transport would use them the same way), taken
 /// out so that data messages can be sealed in place by the chosen AEAD.
+/// The largest handshake message this side writes (a v2 initiation or response).
+const MAX_NOISE_LEN: usize = if wire::INITIATION_V2_NOISE_LEN > wire::RESPONSE_V2_NOISE_LEN {
+    wire::INITIATION_V2_NOISE_LEN
+} else {
+    wire::RESPONSE_V2_NOISE_LEN
+};
+
+/// Appends `hs`'s next handshake message, carrying `payload`, to `out`; it must be
+/// `noise_len` bytes, what the wire format allots it.
+fn write_noise(
+    hs: &mut HandshakeState,
+    payload: &[u8],
+    noise_len: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), CryptoError> {
+    let mut noise = [0u8; MAX_NOISE_LEN];
+    let n = hs
+        .write_message(payload, &mut noise)
+        .map_err(|_| CryptoError::BadHandshake)?;
+    if n != noise_len {
+        return Err(CryptoError::BadHandshake);
+    }
+    out.extend_from_slice(&noise[..n]);
+    Ok(())
+}
+
 fn split(hs: &mut HandshakeState) -> Result<([u8; 32], [u8; 32]), CryptoError> {
     if !hs.is_handshake_finished() {
         return Err(CryptoError::BadHandshake);
@@ -312,14 +338,7 @@ impl Peer {
         let mut msg = Vec::with_capacity(8 + noise_len);
         msg.extend_from_slice(&wire::header(kind, self.vni));
         msg.extend_from_slice(&index.to_le_bytes());
-        let mut noise = [0u8; wire::INITIATION_V2_NOISE_LEN];
-        let n = hs
-            .write_message(payload, &mut noise)
-            .map_err(|_| CryptoError::BadHandshake)?;
-        if n != noise_len {
-            return Err(CryptoError::BadHandshake);
-        }
-        msg.extend_from_slice(&noise[..n]);
+        write_noise(&mut hs, payload, noise_len, &mut msg)?;
         self.pending = Some(Pending {
             handshake: hs,
             index,
@@ -423,14 +442,7 @@ impl Peer {
             Version::V1 => &[],
             Version::V2 => &choice,
         };
-        let mut reply = [0u8; wire::RESPONSE_V2_NOISE_LEN];
-        let n = hs
-            .write_message(payload, &mut reply)
-            .map_err(|_| CryptoError::BadHandshake)?;
-        if n != noise_len {
-            return Err(CryptoError::BadHandshake);
-        }
-        out.extend_from_slice(&reply[..n]);
+        write_noise(&mut hs, payload, noise_len, &mut out)?;
         let (to_responder, to_initiator) = split(&mut hs)?;
         let s = self.session(
             version,

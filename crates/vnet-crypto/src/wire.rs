@@ -154,24 +154,22 @@ impl<'a> Message<'a> {
             return Err(CryptoError::Truncated);
         }
         let vni = vni_of(b);
+        // (Of a handshake message: data messages have no version.)
+        let version = if kind == MSG_INITIATION || kind == MSG_RESPONSE {
+            Version::V1
+        } else {
+            Version::V2
+        };
         match kind {
             MSG_INITIATION | MSG_INITIATION_V2 if b.len() == need => Ok(Message::Initiation {
                 vni,
-                version: if kind == MSG_INITIATION {
-                    Version::V1
-                } else {
-                    Version::V2
-                },
+                version,
                 sender: u32_at(b, 4),
                 noise: &b[8..],
             }),
             MSG_RESPONSE | MSG_RESPONSE_V2 if b.len() == need => Ok(Message::Response {
                 vni,
-                version: if kind == MSG_RESPONSE {
-                    Version::V1
-                } else {
-                    Version::V2
-                },
+                version,
                 sender: u32_at(b, 4),
                 receiver: u32_at(b, 8),
                 noise: &b[12..],

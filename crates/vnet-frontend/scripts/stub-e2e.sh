@@ -71,6 +71,31 @@ bench_bg() { # NAME bench-options...
     PIDS+=("$BENCH_PID")
 }
 
+# Runs the frontend in the foreground (its JSON report on stdout) and checks it: exit 0 and
+# CHECK, Python statements on the report `j` (asserts; they may print figures).
+check_json() { # WHAT CHECK frontend-options...
+    local what=$1 check=$2 out rc
+    shift 2
+    out=$(timeout 60 "$F" --socket "$SOCK" "$@")
+    rc=$?
+    if [ "$rc" = 0 ] && echo "$out" | python3 -c "import json,sys; j=json.load(sys.stdin); $check"; then
+        ok "$what"
+    else
+        bad "$what: rc=$rc"; echo "$out"
+    fi
+}
+
+# After `wait "$BENCH_PID"`: the background bench NAME exited RC, and CHECK (as for
+# check_json) holds on its report $D/NAME.json.
+check_report() { # RC NAME WHAT CHECK
+    local rc=$1 name=$2 what=$3 check=$4
+    if [ "$rc" = 0 ] && python3 -c "import json,sys; j=json.load(open(sys.argv[1])); $check" "$D/$name.json"; then
+        ok "$what"
+    else
+        bad "$what: rc=$rc"; cat "$D/$name.json"
+    fi
+}
+
 # Frames written to the TAP from the namespace reach the stub, which hands them to our rx ring.
 inject() { # count size
     ip netns exec "$NS" python3 - "$TAP" "$1" "$2" <<'EOF'
@@ -121,13 +146,8 @@ done
 
 echo "== bench tx with guest memory at 4 GiB, 2 queue pairs"
 start_stub --queues 2
-out=$(timeout 60 "$F" --socket "$SOCK" --gpa-base 0x100000000 --queue-pairs 2 bench --role tx --size 300 --count 4000 --json)
-rc=$?
-if [ "$rc" = 0 ] && echo "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["frames"]==4000 and j["queues"]==2, j'; then
-    ok "tx at gpa 4 GiB over 2 queue pairs"
-else
-    bad "gpa/mq: rc=$rc"; echo "$out"
-fi
+check_json "tx at gpa 4 GiB over 2 queue pairs" 'assert j["frames"]==4000 and j["queues"]==2, j' \
+    --gpa-base 0x100000000 --queue-pairs 2 bench --role tx --size 300 --count 4000 --json
 stop_stub
 
 echo "== bench rx (frames injected into the TAP)"
@@ -152,13 +172,8 @@ bench_bg both --role both --size 128 --duration 2 --idle 1
 sleep 0.5
 inject 200 128
 wait "$BENCH_PID"
-rc=$?
-if [ "$rc" = 0 ] && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["tx"]["frames"]>0 and j["rx"]["frames"]>=200, j' "$D/both.json"; then
-    ok "both: tx and rx on one connection"
-else
-    bad "both: rc=$rc"
-    cat "$D/both.json"
-fi
+check_report $? both "both: tx and rx on one connection" \
+    'assert j["tx"]["frames"]>0 and j["rx"]["frames"]>=200, j'
 stop_stub
 
 echo "== disconnect mid-run"
@@ -185,35 +200,23 @@ else
 fi
 stop_stub
 start_stub ext
-out=$(timeout 60 "$F" --socket "$SOCK" bench --role tx --size 512 --count 20000 --json)
-rc=$?
-if [ "$rc" = 0 ] && echo "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert j["event_idx"] and j["frames"]==20000 and j["kicks"]>0 and j["kicks"]<=20000/32, j; print("   kicks", j["kicks"], "calls", j["calls"], "rekicks", j["rekicks"])'; then
-    ok "ext tx with EVENT_IDX"
-else
-    bad "ext tx: rc=$rc"; echo "$out"
-fi
+check_json "ext tx with EVENT_IDX" \
+    'assert j["event_idx"] and j["frames"]==20000 and j["kicks"]>0 and j["kicks"]<=20000/32, j; print("   kicks", j["kicks"], "calls", j["calls"], "rekicks", j["rekicks"])' \
+    bench --role tx --size 512 --count 20000 --json
 stop_stub
 start_stub ext
 bench_bg rxm --role rx --size 6000 --count 300
 sleep 1
 inject 300 6000
 wait "$BENCH_PID"
-rc=$?
-if [ "$rc" = 0 ] && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["mrg_rxbuf"] and j["event_idx"] and j["frames"]==300 and j["bytes"]==300*6000 and j["size_mismatch"]==0 and j["bad_used"]==0, j; print("   calls", j["calls"], "kicks", j["kicks"])' "$D/rxm.json"; then
-    ok "ext rx: 6000-byte frames over mergeable 4 KiB buffers"
-else
-    bad "ext rx: rc=$rc"; cat "$D/rxm.json"
-fi
+check_report $? rxm "ext rx: 6000-byte frames over mergeable 4 KiB buffers" \
+    'assert j["mrg_rxbuf"] and j["event_idx"] and j["frames"]==300 and j["bytes"]==300*6000 and j["size_mismatch"]==0 and j["bad_used"]==0, j; print("   calls", j["calls"], "kicks", j["kicks"])'
 stop_stub
 
 start_stub ext
-out=$(timeout 60 "$F" --socket "$SOCK" --no-event-idx --no-mrg-rxbuf bench --role tx --size 128 --count 5000 --json)
-rc=$?
-if [ "$rc" = 0 ] && echo "$out" | python3 -c 'import json,sys; j=json.load(sys.stdin); assert not j["event_idx"] and not j["mrg_rxbuf"] and j["frames"]==5000, j'; then
-    ok "ext tx with --no-event-idx --no-mrg-rxbuf"
-else
-    bad "ext no-event-idx: rc=$rc"; echo "$out"
-fi
+check_json "ext tx with --no-event-idx --no-mrg-rxbuf" \
+    'assert not j["event_idx"] and not j["mrg_rxbuf"] and j["frames"]==5000, j' \
+    --no-event-idx --no-mrg-rxbuf bench --role tx --size 128 --count 5000 --json
 stop_stub
 
 echo "== hostile (stub restarted for each variant; it is not robust, crashes are expected)"

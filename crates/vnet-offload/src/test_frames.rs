@@ -50,6 +50,18 @@ pub fn tso_frame(payload: usize, v6: bool) -> (Vec<u8>, VirtioNetHdr) {
     (f, vh)
 }
 
+/// An ordinary TCP/IPv4 frame whose checksum the guest left partial: [`tso_frame`] without
+/// the GSO, its IP header complete (total length and header checksum set).
+pub fn partial_csum_frame(payload: usize) -> (Vec<u8>, VirtioNetHdr) {
+    let (mut f, mut vh) = tso_frame(payload, false);
+    vh.gso_type = VirtioNetHdr::GSO_NONE;
+    let tot = (f.len() - 14) as u16;
+    f[16..18].copy_from_slice(&tot.to_be_bytes());
+    let c = checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    (f, vh)
+}
+
 /// Checks a wire frame's IPv4 header and TCP checksums the way a receiver would.
 pub fn valid(frame: &[u8]) -> bool {
     let l = parse_l3l4(frame).unwrap();

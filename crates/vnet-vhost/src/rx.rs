@@ -313,6 +313,16 @@ mod tests {
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
 
+    /// Writes the frame made of `parts` with a plain header (no offloads).
+    fn write_plain(
+        queue: &mut Queue,
+        m: &Mem,
+        parts: &[&[u8]],
+        mrg: bool,
+    ) -> Result<bool, RxError> {
+        write_rx(queue, m, &VirtioNetHdr::default(), parts, mrg)
+    }
+
     /// A receive ring of `n` single-descriptor chains of `len` bytes each.
     fn rx_queue(m: &Mem, n: u16, len: u32) -> (MockSplitQueue<'_, Mem>, Queue) {
         let q = MockSplitQueue::new(m, 16);
@@ -342,13 +352,7 @@ mod tests {
         // One buffer large enough.
         let (_q, mut queue) = rx_queue(&m, 2, 2048);
         assert!(matches!(
-            write_rx(
-                &mut queue,
-                &m,
-                &VirtioNetHdr::default(),
-                &[&f[..10], &f[10..]],
-                true
-            ),
+            write_plain(&mut queue, &m, &[&f[..10], &f[10..]], true),
             Ok(true)
         ));
         let mut got = vec![0u8; f.len()];
@@ -364,10 +368,7 @@ mod tests {
         // Buffers of 512 bytes: merged over as many as it takes with MRG_RXBUF; refused
         // without.
         let (_q, mut queue) = rx_queue(&m, 4, 512);
-        assert!(matches!(
-            write_rx(&mut queue, &m, &VirtioNetHdr::default(), &[&f], true),
-            Ok(true)
-        ));
+        assert!(matches!(write_plain(&mut queue, &m, &[&f], true), Ok(true)));
         m.read_slice(&mut nb, GuestAddress(BUF + VIRTIO_NET_HDR_LEN as u64))
             .unwrap();
         assert_eq!(
@@ -376,14 +377,14 @@ mod tests {
         );
         let (_q, mut queue) = rx_queue(&m, 4, 512);
         assert!(matches!(
-            write_rx(&mut queue, &m, &VirtioNetHdr::default(), &[&f], false),
+            write_plain(&mut queue, &m, &[&f], false),
             Err(RxError::Chain(_))
         ));
         // Not enough buffers: nothing consumed.
         let (_q, mut queue) = rx_queue(&m, 1, 512);
         let before = queue.next_avail();
         assert!(matches!(
-            write_rx(&mut queue, &m, &VirtioNetHdr::default(), &[&f], true),
+            write_plain(&mut queue, &m, &[&f], true),
             Ok(false)
         ));
         assert_eq!(queue.next_avail(), before);
@@ -396,7 +397,7 @@ mod tests {
         // A buffer smaller than the virtio-net header.
         let (_q, mut queue) = rx_queue(&m, 1, 4);
         assert!(matches!(
-            write_rx(&mut queue, &m, &VirtioNetHdr::default(), &[&f], true),
+            write_plain(&mut queue, &m, &[&f], true),
             Err(RxError::Ring(_))
         ));
         // A buffer outside guest memory.
@@ -416,7 +417,7 @@ mod tests {
         q.avail().idx().store(1);
         let mut queue: Queue = q.create_queue().unwrap();
         assert!(matches!(
-            write_rx(&mut queue, &m, &VirtioNetHdr::default(), &[&f], true),
+            write_plain(&mut queue, &m, &[&f], true),
             Err(RxError::Ring(_))
         ));
     }

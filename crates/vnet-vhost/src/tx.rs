@@ -243,15 +243,35 @@ mod tests {
             .unwrap();
     }
 
+    /// Reads the chain `descs` (in a ring just large enough for it, at least 16) as a
+    /// transmit frame, cut-through if `cut`.
+    fn read<'m>(
+        m: &'m Mem,
+        descs: &[RawDescriptor],
+        cut: bool,
+        arena: &mut Vec<Vec<u8>>,
+    ) -> TxItem<'m> {
+        let size = descs.len().next_power_of_two().max(16) as u16;
+        let q = MockSplitQueue::new(m, size);
+        let chain = q.build_desc_chain(descs).expect("chain");
+        read_tx_chain(chain, m, cut, arena)
+    }
+
+    /// A frame of `len` bytes behind its header at BUF, and the one descriptor holding both.
+    fn one_descriptor_frame(m: &Mem, len: usize) -> (Vec<u8>, [RawDescriptor; 1]) {
+        let f = frame(len);
+        put_frame(m, BUF, &f);
+        let d = [desc(BUF, (HDR_LEN + f.len()) as u32, 0)];
+        (f, d)
+    }
+
     fn walk(
         m: &Mem,
         descs: &[RawDescriptor],
         cut: bool,
     ) -> (Option<Vec<u8>>, Option<&'static str>) {
-        let q = MockSplitQueue::new(m, 16);
-        let chain = q.build_desc_chain(descs).expect("chain");
         let mut arena = Vec::new();
-        let item = read_tx_chain(chain, m, cut, &mut arena);
+        let item = read(m, descs, cut, &mut arena);
         match item.frame {
             TxFrame::Guest(vs) => {
                 let mut v = vec![0u8; vs.len()];
@@ -266,14 +286,10 @@ mod tests {
     #[test]
     fn one_descriptor_frame_is_cut_through_or_copied() {
         let m = mem();
-        let f = frame(1500);
-        put_frame(&m, BUF, &f);
-        let d = [desc(BUF, (HDR_LEN + f.len()) as u32, 0)];
-        let q = MockSplitQueue::new(&m, 16);
-        let chain = q.build_desc_chain(&d).unwrap();
+        let (f, d) = one_descriptor_frame(&m, 1500);
         let mut arena = Vec::new();
         assert!(matches!(
-            read_tx_chain(chain, &m, true, &mut arena).frame,
+            read(&m, &d, true, &mut arena).frame,
             TxFrame::Guest(_)
         ));
         assert_eq!(walk(&m, &d, true).0.as_deref(), Some(&f[..]));
@@ -298,8 +314,7 @@ mod tests {
             desc(BUF + HDR_LEN as u64 + 100, (f.len() - 100) as u32, 0),
         ];
         let mut arena = Vec::new();
-        let q = MockSplitQueue::new(&m, 16);
-        let item = read_tx_chain(q.build_desc_chain(&d).unwrap(), &m, true, &mut arena);
+        let item = read(&m, &d, true, &mut arena);
         assert!(matches!(item.frame, TxFrame::Copied(0)));
         assert_eq!(arena[0], f);
     }
@@ -325,9 +340,8 @@ mod tests {
         let d: Vec<RawDescriptor> = (0..(MAX_CHAIN_DESCS as u64 + 1))
             .map(|i| desc(BUF + i * 16, 16, 0))
             .collect();
-        let q = MockSplitQueue::new(&m, 128);
         let mut arena = Vec::new();
-        let item = read_tx_chain(q.build_desc_chain(&d).unwrap(), &m, true, &mut arena);
+        let item = read(&m, &d, true, &mut arena);
         assert!(matches!(item.frame, TxFrame::Bad(w) if w.contains("more descriptors")));
     }
 
@@ -336,12 +350,9 @@ mod tests {
         // The cut-through frame is a volatile view: a read after the guest rewrites its
         // memory sees the new bytes (no stale Rust slice, no assumption that they are fixed).
         let m = mem();
-        let f = frame(200);
-        put_frame(&m, BUF, &f);
-        let d = [desc(BUF, (HDR_LEN + f.len()) as u32, 0)];
-        let q = MockSplitQueue::new(&m, 16);
+        let (_, d) = one_descriptor_frame(&m, 200);
         let mut arena = Vec::new();
-        let item = read_tx_chain(q.build_desc_chain(&d).unwrap(), &m, true, &mut arena);
+        let item = read(&m, &d, true, &mut arena);
         let TxFrame::Guest(vs) = item.frame else {
             panic!("not cut-through")
         };

@@ -42,6 +42,12 @@ fn deliver(to: &mut Peer, dgram: &[u8], now: u64) -> Result<Vec<u8>, CryptoError
     }
 }
 
+/// `to`'s answer to the handshake message `msg` at `now` ms (a response, or the keepalive that
+/// confirms one).
+fn answer(to: &mut Peer, msg: &[u8], now: u64) -> Result<Vec<u8>, CryptoError> {
+    to.handle_handshake(&Message::parse(msg).unwrap(), at(now))
+}
+
 fn seal(p: &Peer, data: &[u8], now: u64) -> Vec<u8> {
     let mut out = Vec::new();
     p.sending_session(now)
@@ -54,12 +60,8 @@ fn seal(p: &Peer, data: &[u8], now: u64) -> Vec<u8> {
 /// A full handshake, a initiating; returns nothing, both sides established.
 fn handshake(a: &mut Peer, b: &mut Peer, now: u64) {
     let init = a.tick(at(now)).expect("initiation");
-    let resp = b
-        .handle_handshake(&Message::parse(&init).unwrap(), at(now))
-        .unwrap();
-    let keepalive = a
-        .handle_handshake(&Message::parse(&resp).unwrap(), at(now))
-        .unwrap();
+    let resp = answer(b, &init, now).unwrap();
+    let keepalive = answer(a, &resp, now).unwrap();
     assert_eq!(deliver(b, &keepalive, now).unwrap(), Vec::<u8>::new());
 }
 
@@ -120,10 +122,7 @@ fn wrong_key_gets_no_session() {
     let (mut a, _) = pair();
     let (_, mut c) = pair(); // c expects someone else
     let init = a.tick(at(0)).unwrap();
-    assert_eq!(
-        c.handle_handshake(&Message::parse(&init).unwrap(), at(0)),
-        Err(CryptoError::BadHandshake)
-    );
+    assert_eq!(answer(&mut c, &init, 0), Err(CryptoError::BadHandshake));
     assert_eq!(c.stats.bad_handshakes, 1);
     assert_eq!(c.state(), "none");
 }
@@ -225,18 +224,10 @@ fn simultaneous_initiations_both_work() {
     let (mut a, mut b) = pair();
     let ia = a.tick(at(0)).unwrap();
     let ib = b.tick(at(0)).unwrap();
-    let ra = b
-        .handle_handshake(&Message::parse(&ia).unwrap(), at(0))
-        .unwrap();
-    let rb = a
-        .handle_handshake(&Message::parse(&ib).unwrap(), at(0))
-        .unwrap();
-    let ka = a
-        .handle_handshake(&Message::parse(&ra).unwrap(), at(0))
-        .unwrap();
-    let kb = b
-        .handle_handshake(&Message::parse(&rb).unwrap(), at(0))
-        .unwrap();
+    let ra = answer(&mut b, &ia, 0).unwrap();
+    let rb = answer(&mut a, &ib, 0).unwrap();
+    let ka = answer(&mut a, &ra, 0).unwrap();
+    let kb = answer(&mut b, &rb, 0).unwrap();
     deliver(&mut b, &ka, 0).unwrap();
     deliver(&mut a, &kb, 0).unwrap();
     assert_eq!(deliver(&mut b, &seal(&a, b"1", 1), 1).unwrap(), b"1");
@@ -247,23 +238,16 @@ fn simultaneous_initiations_both_work() {
 fn forged_response_does_not_cancel_the_handshake() {
     let (mut a, mut b) = pair();
     let init = a.tick(at(0)).unwrap();
-    let resp = b
-        .handle_handshake(&Message::parse(&init).unwrap(), at(0))
-        .unwrap();
+    let resp = answer(&mut b, &init, 0).unwrap();
     // An attacker who saw the initiation answers first, with the right receiver index and
     // garbage where the Noise message goes.
     let mut forged = resp.clone();
     for x in &mut forged[12..] {
         *x ^= 0x5a;
     }
-    assert_eq!(
-        a.handle_handshake(&Message::parse(&forged).unwrap(), at(1)),
-        Err(CryptoError::BadHandshake)
-    );
+    assert_eq!(answer(&mut a, &forged, 1), Err(CryptoError::BadHandshake));
     // The genuine response still completes the handshake, and data flows.
-    let keepalive = a
-        .handle_handshake(&Message::parse(&resp).unwrap(), at(2))
-        .unwrap();
+    let keepalive = answer(&mut a, &resp, 2).unwrap();
     assert_eq!(deliver(&mut b, &keepalive, 2).unwrap(), Vec::<u8>::new());
     let d = seal(&a, b"after a forged response", 3);
     assert_eq!(deliver(&mut b, &d, 3).unwrap(), b"after a forged response");
@@ -273,9 +257,7 @@ fn forged_response_does_not_cancel_the_handshake() {
 fn stray_response_is_refused() {
     let (mut a, mut b) = pair();
     let init = a.tick(at(0)).unwrap();
-    let resp = b
-        .handle_handshake(&Message::parse(&init).unwrap(), at(0))
-        .unwrap();
+    let resp = answer(&mut b, &init, 0).unwrap();
     let m = Message::parse(&resp).unwrap();
     assert!(a.handle_handshake(&m, at(0)).is_ok());
     // The same response again: no pending initiation any more.
@@ -303,7 +285,7 @@ proptest! {
         let i = flip % init.len();
         if i >= 8 {
             init[i] ^= 1;
-            let r = b.handle_handshake(&Message::parse(&init).unwrap(), at(0));
+            let r = answer(&mut b, &init, 0);
             prop_assert_eq!(r, Err(CryptoError::BadHandshake));
         }
     }

@@ -41,6 +41,18 @@ fn data_flows(new: &mut Peer, old: &mut OldHost, now: u64) {
     }
 }
 
+/// The old host answers `new`'s v1 initiation `v1`; `new` completes the handshake at `now`
+/// with a keepalive, which the old host takes as empty data.
+fn old_host_answers(new: &mut Peer, old: &mut OldHost, v1: &[u8], now: u64) {
+    let OldGot::Reply(resp) = old.receive(v1).unwrap() else {
+        panic!("no response")
+    };
+    let Got::Reply(keepalive) = receive(new, resp, now).unwrap() else {
+        panic!("no keepalive")
+    };
+    assert_eq!(old.receive(&keepalive).unwrap(), OldGot::Plain(vec![]));
+}
+
 #[test]
 fn old_initiator_new_responder() {
     let (mut new, mut old) = hosts();
@@ -68,13 +80,7 @@ fn new_initiator_old_responder() {
     assert!(new.tick(at(400)).is_none());
     let v1 = new.tick(at(500)).unwrap();
     assert_eq!(v1[0], MSG_INITIATION);
-    let OldGot::Reply(resp) = old.receive(&v1).unwrap() else {
-        panic!("no response")
-    };
-    let Got::Reply(keepalive) = receive(&mut new, resp, 510).unwrap() else {
-        panic!("no keepalive")
-    };
-    assert_eq!(old.receive(&keepalive).unwrap(), OldGot::Plain(vec![]));
+    old_host_answers(&mut new, &mut old, &v1, 510);
     data_flows(&mut new, &mut old, 600);
     // At the rekey the current host tries v2 first again, then v1; the old session carries
     // data all along.
@@ -88,13 +94,7 @@ fn new_initiator_old_responder() {
     );
     let v1 = new.tick(at(121_100)).unwrap();
     assert_eq!(v1[0], MSG_INITIATION);
-    let OldGot::Reply(resp) = old.receive(&v1).unwrap() else {
-        panic!("no response")
-    };
-    let Got::Reply(keepalive) = receive(&mut new, resp, 121_110).unwrap() else {
-        panic!("no keepalive")
-    };
-    assert_eq!(old.receive(&keepalive).unwrap(), OldGot::Plain(vec![]));
+    old_host_answers(&mut new, &mut old, &v1, 121_110);
     assert_eq!((new.stats.rekeys, new.stats.handshakes_v1), (1, 2));
     data_flows(&mut new, &mut old, 121_200);
 }

@@ -55,6 +55,12 @@ pub(crate) fn receive(p: &mut Peer, mut d: Vec<u8>, now: u64) -> Result<Got, Cry
     Ok(Got::Plain(d[r].to_vec()))
 }
 
+/// `plain` sealed by `from` at `now` ms opens at `to` to the same bytes.
+pub(crate) fn assert_delivers(from: &Peer, to: &mut Peer, plain: &[u8], now: u64) {
+    let d = seal(from, plain, now);
+    assert_eq!(receive(to, d, now).unwrap(), Got::Plain(plain.to_vec()));
+}
+
 /// Seals `plain` on `p`'s sending session with the in-place API.
 pub(crate) fn seal(p: &Peer, plain: &[u8], now: u64) -> Vec<u8> {
     let s = p.sending_session(now).expect("a session to send on");

@@ -21,16 +21,8 @@ fn both_offering_aes_gcm_get_it() {
     );
     assert_eq!(a.current().unwrap().version(), Version::V2);
     assert_eq!((a.stats.handshakes_v1, b.stats.handshakes_v1), (0, 0));
-    let d = seal(&a, b"over aes", 1);
-    assert_eq!(
-        receive(&mut b, d, 1).unwrap(),
-        Got::Plain(b"over aes".to_vec())
-    );
-    let d = seal(&b, b"and back", 1);
-    assert_eq!(
-        receive(&mut a, d, 1).unwrap(),
-        Got::Plain(b"and back".to_vec())
-    );
+    assert_delivers(&a, &mut b, b"over aes", 1);
+    assert_delivers(&b, &mut a, b"and back", 1);
 }
 
 #[test]
@@ -48,11 +40,7 @@ fn one_side_without_aes_gets_chacha() {
             "{ca:?} initiating to {cb:?}"
         );
         assert_eq!(a.current().unwrap().version(), Version::V2);
-        let d = seal(&b, b"chacha", 1);
-        assert_eq!(
-            receive(&mut a, d, 1).unwrap(),
-            Got::Plain(b"chacha".to_vec())
-        );
+        assert_delivers(&b, &mut a, b"chacha", 1);
     }
 }
 

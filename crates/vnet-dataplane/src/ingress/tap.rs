@@ -86,18 +86,13 @@ pub fn ingress_header(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vnet_offload::test_frames::{tso_frame, valid};
+    use vnet_offload::test_frames::{partial_csum_frame, tso_frame, valid};
 
     #[test]
     fn a_partial_checksum_is_completed_once_and_a_tso_header_kept() {
         let off = OffloadCounters::default();
         // An ordinary frame with a partial checksum (a TSO frame's header minus the GSO).
-        let (mut f, mut vh) = tso_frame(300, false);
-        vh.gso_type = VirtioNetHdr::GSO_NONE;
-        let tot = (f.len() - 14) as u16;
-        f[16..18].copy_from_slice(&tot.to_be_bytes());
-        let c = vnet_offload::checksum(&f[14..34]);
-        f[24..26].copy_from_slice(&c.to_be_bytes());
+        let (f, vh) = partial_csum_frame(300);
         let mut buf = vh.emit()[..VIRTIO_NET_HDR_LEN].to_vec();
         buf.extend_from_slice(&f);
         let got = ingress_header(&off, &mut buf).unwrap();

@@ -19,21 +19,36 @@ fn lab() -> (
     VxlanReader,
 ) {
     let sh = shared();
-    let guest = Arc::new(Recorder::default());
-    let mut g = TestPort::interface(2, mac(2), guest.clone());
-    g.vni = 7;
-    let mut l = TestPort::link(3, Arc::new(Recorder::default()));
-    l.vni = 7;
-    l.udp_peer = Some("127.0.0.1".parse().unwrap());
-    let mut rule = route(mac(2), 2);
-    rule.vni = 7;
-    publish(&sh, vec![g, l], vec![rule]);
+    let guest = guest_and_link(
+        &sh,
+        Arc::new(Recorder::default()),
+        "127.0.0.1".parse().unwrap(),
+    );
     let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
     peer.connect(sh.snapshot.load().udp.local_addr()).unwrap();
     let reader = VxlanReader {
         sock: sh.snapshot.load().udp.clone(),
     };
     (sh, guest, peer, reader)
+}
+
+/// Publishes on `sh` a guest (port 2, mac 2; its recorder is returned) and `link` as port 3
+/// from `peer_ip`, both in VNI 7, with mac 2 routed to the guest.
+fn guest_and_link(
+    sh: &crate::shared::Shared,
+    link: Arc<dyn crate::port::Port>,
+    peer_ip: std::net::IpAddr,
+) -> Arc<Recorder> {
+    let guest = Arc::new(Recorder::default());
+    let mut g = TestPort::interface(2, mac(2), guest.clone());
+    g.vni = 7;
+    let mut l = TestPort::link(3, link);
+    l.vni = 7;
+    l.udp_peer = Some(peer_ip);
+    let mut rule = route(mac(2), 2);
+    rule.vni = 7;
+    publish(sh, vec![g, l], vec![rule]);
+    guest
 }
 
 fn drain(sh: &crate::shared::Shared, r: &VxlanReader, w: &mut RxWork, want: usize) -> usize {
@@ -124,9 +139,6 @@ fn encrypted_datagrams_open_in_place_reordered_and_replays_refused() {
     let sh = shared();
     let sock = sh.snapshot.load().udp.clone();
     let (a, b) = established_pair(sock.clone());
-    let guest = Arc::new(Recorder::default());
-    let mut g = TestPort::interface(2, mac(2), guest.clone());
-    g.vni = 7;
     let link = UdpLinkTx {
         sock: sock.clone(),
         to: socket2::SockAddr::from(sock.local_addr()),
@@ -135,12 +147,7 @@ fn encrypted_datagrams_open_in_place_reordered_and_replays_refused() {
         crypto: Some(b.clone()),
         counters: Default::default(),
     };
-    let mut l = TestPort::link(3, Arc::new(link));
-    l.vni = 7;
-    l.udp_peer = Some("127.0.0.1".parse().unwrap());
-    let mut rule = route(mac(2), 2);
-    rule.vni = 7;
-    publish(&sh, vec![g, l], vec![rule]);
+    let guest = guest_and_link(&sh, Arc::new(link), "127.0.0.1".parse().unwrap());
     let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
     peer.connect(sock.local_addr()).unwrap();
     let reader = VxlanReader { sock };
@@ -218,15 +225,7 @@ fn encrypted_end(
         crypto: Some(crypto.clone()),
         counters: Default::default(),
     });
-    let guest = Arc::new(Recorder::default());
-    let mut g = TestPort::interface(2, mac(2), guest.clone());
-    g.vni = 7;
-    let mut l = TestPort::link(3, link.clone());
-    l.vni = 7;
-    l.udp_peer = Some(peer.1.ip().to_canonical());
-    let mut rule = route(mac(2), 2);
-    rule.vni = 7;
-    publish(&sh, vec![g, l], vec![rule]);
+    let guest = guest_and_link(&sh, link.clone(), peer.1.ip().to_canonical());
     End {
         sh,
         guest,

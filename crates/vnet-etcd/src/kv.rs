@@ -1,0 +1,152 @@
+//! The key-value calls: ranges (whole or paged as one snapshot), puts, deletes and
+//! transactions with comparisons.
+
+use crate::{codec, pb, prefix_end, Client, Compare, CompareTarget, Error, RangeResponse, TxnOp};
+use crate::{MAX_ANSWER_LEN, PAGE_TIMEOUT_STEPS};
+use std::time::Duration;
+use tracing::debug;
+
+impl Client {
+    /// A range read waiting at most `timeout`.
+    fn range_within(
+        &self,
+        request: &pb::RangeRequest,
+        timeout: Duration,
+    ) -> Result<RangeResponse, Error> {
+        let answer = self.authed(request, timeout, |ch, r| async move {
+            let a = pb::kv_client::KvClient::new(ch)
+                .max_decoding_message_size(MAX_ANSWER_LEN as usize)
+                .range(r)
+                .await?;
+            Ok(a.into_inner())
+        })?;
+        Ok(codec::range_response(answer))
+    }
+
+    /// The keys from `key` up to `range_end` (exclusive), or `key` alone.
+    pub fn range(&self, key: &[u8], range_end: Option<&[u8]>) -> Result<RangeResponse, Error> {
+        self.range_within(
+            &codec::range_request(key, range_end, 0, 0),
+            self.call_timeout(),
+        )
+    }
+
+    pub fn get_prefix(&self, prefix: &[u8]) -> Result<RangeResponse, Error> {
+        self.range(prefix, Some(&prefix_end(prefix)))
+    }
+
+    /// Every key starting with `prefix`, as one snapshot read in pages of at most `page` keys
+    /// (each page at the first page's revision, continuing after the last key read).
+    ///
+    /// Why: a thousand hosts' overlay is megabytes; in one answer, under load, that is what
+    /// exceeds a call timeout and makes an agent read it all again. A page is small enough to
+    /// finish, etcd serves other calls between pages, and a page that times out is asked
+    /// again with twice the timeout (up to [`PAGE_TIMEOUT_STEPS`] times) instead of starting
+    /// over. A snapshot revision compacted away meanwhile is an error (read again from the
+    /// start).
+    pub fn get_prefix_paged(&self, prefix: &[u8], page: i64) -> Result<RangeResponse, Error> {
+        let end = prefix_end(prefix);
+        let mut from = prefix.to_vec();
+        let mut all = RangeResponse::default();
+        loop {
+            let request = codec::range_request(&from, Some(&end), page, all.revision);
+            let mut timeout = self.call_timeout();
+            let mut attempt = 1;
+            let r = loop {
+                match self.range_within(&request, timeout) {
+                    Err(e) if e.is_unreachable() && attempt < PAGE_TIMEOUT_STEPS => {
+                        debug!(attempt, ?timeout, "etcd: range page failed: {e}");
+                        timeout *= 2;
+                        attempt += 1;
+                    }
+                    r => break r?,
+                }
+            };
+            if all.revision == 0 {
+                all.revision = r.revision;
+                all.count = r.count;
+            }
+            let Some(last) = r.kvs.last() else {
+                return Ok(all);
+            };
+            // The next page starts just after the last key (keys are ordered bytewise).
+            from = last.key.clone();
+            from.push(0);
+            let more = r.more && page > 0;
+            all.kvs.extend(r.kvs);
+            if !more {
+                return Ok(all);
+            }
+        }
+    }
+
+    /// Puts `value` at `key`, attached to `lease` (0: none). Returns the new revision.
+    pub fn put(&self, key: &[u8], value: &[u8], lease: i64) -> Result<i64, Error> {
+        let request = codec::put_request(key, value, lease);
+        let answer = self.authed(&request, self.call_timeout(), |ch, r| async move {
+            Ok(pb::kv_client::KvClient::new(ch).put(r).await?.into_inner())
+        })?;
+        Ok(answer.header.map_or(0, |h| h.revision))
+    }
+
+    /// Deletes `key` (or the range up to `range_end`). Returns the new revision.
+    pub fn delete(&self, key: &[u8], range_end: Option<&[u8]>) -> Result<i64, Error> {
+        let request = codec::delete_request(key, range_end);
+        let answer = self.authed(&request, self.call_timeout(), |ch, r| async move {
+            Ok(pb::kv_client::KvClient::new(ch)
+                .delete_range(r)
+                .await?
+                .into_inner())
+        })?;
+        Ok(answer.header.map_or(0, |h| h.revision))
+    }
+
+    /// Runs `success` if every comparison holds, else `failure`, atomically. Returns whether
+    /// the comparisons held.
+    pub fn txn(
+        &self,
+        compare: &[Compare],
+        success: &[TxnOp],
+        failure: &[TxnOp],
+    ) -> Result<bool, Error> {
+        let request = codec::txn_request(compare, success, failure);
+        let answer = self.authed(&request, self.call_timeout(), |ch, r| async move {
+            Ok(pb::kv_client::KvClient::new(ch).txn(r).await?.into_inner())
+        })?;
+        Ok(answer.succeeded)
+    }
+
+    /// Puts `value` at `key` (under `lease`, 0 for none) only if the key's `target` holds;
+    /// returns whether it did.
+    pub fn put_if(
+        &self,
+        key: &[u8],
+        target: CompareTarget,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<bool, Error> {
+        let compare = Compare {
+            key: key.to_vec(),
+            target,
+        };
+        let put = TxnOp::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease,
+        };
+        self.txn(&[compare], &[put], &[])
+    }
+
+    /// Deletes `key` only if its `target` holds; returns whether it did.
+    pub fn delete_if(&self, key: &[u8], target: CompareTarget) -> Result<bool, Error> {
+        let compare = Compare {
+            key: key.to_vec(),
+            target,
+        };
+        let delete = TxnOp::Delete {
+            key: key.to_vec(),
+            range_end: None,
+        };
+        self.txn(&[compare], &[delete], &[])
+    }
+}
