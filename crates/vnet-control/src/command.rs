@@ -16,6 +16,30 @@ pub const MAX_SCRIPT_LINES: usize = 100_000;
 /// Whether the CPU exists and vnetd may run on it is the data path's check.
 pub const MAX_CPU: u32 = 1023;
 
+/// An enum written as one keyword a value: its `Display` is the word the parser takes, so the
+/// two cannot drift apart.
+pub(crate) trait Keyword: Copy + fmt::Display + 'static {
+    /// Every value, in the order an error for an unknown word lists them.
+    const ALL: &'static [Self];
+}
+
+/// `Keyword` and `Display` of an enum of unit variants, from its one list of keywords.
+macro_rules! keywords {
+    ($t:ident { $($v:ident => $k:literal,)+ }) => {
+        impl Keyword for $t {
+            const ALL: &'static [Self] = &[$($t::$v),+];
+        }
+
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.pad(match self {
+                    $($t::$v => $k,)+
+                })
+            }
+        }
+    };
+}
+
 /// A parsed command of the control language.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
@@ -48,26 +72,11 @@ pub enum DispatchMode {
     Adaptive,
 }
 
-/// An enum written as one keyword a value: its `Display` is the word the parser takes, so the
-/// two cannot drift apart.
-pub(crate) trait Keyword: Copy + fmt::Display + 'static {
-    /// Every value, in the order an error for an unknown word lists them.
-    const ALL: &'static [Self];
-}
-
-impl Keyword for DispatchMode {
-    const ALL: &'static [Self] = &[Self::GuestDriven, Self::Polling, Self::Adaptive];
-}
-
-impl fmt::Display for DispatchMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DispatchMode::GuestDriven => "guest-driven",
-            DispatchMode::Polling => "polling",
-            DispatchMode::Adaptive => "adaptive",
-        })
-    }
-}
+keywords!(DispatchMode {
+    GuestDriven => "guest-driven",
+    Polling => "polling",
+    Adaptive => "adaptive",
+});
 
 /// What a polling loop does when a pass found no work (VNET/P section 4.6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -81,19 +90,11 @@ pub enum YieldStrategy {
     Adaptive,
 }
 
-impl Keyword for YieldStrategy {
-    const ALL: &'static [Self] = &[Self::Immediate, Self::Timed, Self::Adaptive];
-}
-
-impl fmt::Display for YieldStrategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            YieldStrategy::Immediate => "immediate",
-            YieldStrategy::Timed => "timed",
-            YieldStrategy::Adaptive => "adaptive",
-        })
-    }
-}
+keywords!(YieldStrategy {
+    Immediate => "immediate",
+    Timed => "timed",
+    Adaptive => "adaptive",
+});
 
 /// When a vhost-user device notifies the guest of received frames (VNET/P+ section 4.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -105,18 +106,10 @@ pub enum NotifyMode {
     Optimistic,
 }
 
-impl Keyword for NotifyMode {
-    const ALL: &'static [Self] = &[Self::Batch, Self::Optimistic];
-}
-
-impl fmt::Display for NotifyMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            NotifyMode::Batch => "batch",
-            NotifyMode::Optimistic => "optimistic",
-        })
-    }
-}
+keywords!(NotifyMode {
+    Batch => "batch",
+    Optimistic => "optimistic",
+});
 
 /// One `set` command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,18 +141,10 @@ pub enum FastPathMode {
     Off,
 }
 
-impl Keyword for FastPathMode {
-    const ALL: &'static [Self] = &[Self::Kernel, Self::Off];
-}
-
-impl fmt::Display for FastPathMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(match self {
-            FastPathMode::Kernel => "kernel",
-            FastPathMode::Off => "off",
-        })
-    }
-}
+keywords!(FastPathMode {
+    Kernel => "kernel",
+    Off => "off",
+});
 
 impl Command {
     /// Queries change nothing and are answered from the running state.
@@ -324,19 +309,11 @@ pub enum RouteOp {
     Del,
 }
 
-impl Keyword for RouteOp {
-    const ALL: &'static [Self] = &[Self::Add, Self::Replace, Self::Del];
-}
-
-impl fmt::Display for RouteOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            RouteOp::Add => "add",
-            RouteOp::Replace => "replace",
-            RouteOp::Del => "del",
-        })
-    }
-}
+keywords!(RouteOp {
+    Add => "add",
+    Replace => "replace",
+    Del => "del",
+});
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DestKind {
@@ -344,14 +321,10 @@ pub enum DestKind {
     Link,
 }
 
-impl fmt::Display for DestKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DestKind::Interface => "interface",
-            DestKind::Link => "link",
-        })
-    }
-}
+keywords!(DestKind {
+    Interface => "interface",
+    Link => "link",
+});
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DestRef {

@@ -337,3 +337,34 @@ proptest! {
         let _ = parse_line(&words.join(" "));
     }
 }
+
+#[test]
+fn keywords_render_as_they_parse() {
+    for &m in DispatchMode::ALL {
+        assert_eq!(p(&format!("set mode {m}")), Command::Set(Setting::Mode(m)));
+    }
+    for &y in YieldStrategy::ALL {
+        assert_eq!(
+            p(&format!("set yield {y}")),
+            Command::Set(Setting::Yield(y))
+        );
+    }
+    for &n in NotifyMode::ALL {
+        assert_eq!(
+            p(&format!("set notify {n}")),
+            Command::Set(Setting::Notify(n))
+        );
+    }
+    for &f in FastPathMode::ALL {
+        assert_eq!(
+            p(&format!("set fastpath {f}")),
+            Command::Set(Setting::FastPath(f))
+        );
+    }
+    for &op in RouteOp::ALL {
+        assert!(
+            matches!(p(&format!("route {op} any any link b")), Command::Route(o, _) if o == op)
+        );
+    }
+    assert!(e("set yield never").contains("(immediate, timed, adaptive)"));
+}
