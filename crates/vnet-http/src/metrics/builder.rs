@@ -78,3 +78,31 @@ pub(super) fn with(mut l: Labels, k: &'static str, v: impl Into<String>) -> Labe
     l.push((k, v.into()));
     l
 }
+
+/// A labelled counter family that one field of a status struct `T` fills: name, help text,
+/// unit, and the field.
+pub(super) type Field<T> = (&'static str, &'static str, Option<Unit>, fn(&T) -> u64);
+
+/// One counter family per field of a table, registered in the table's order and filled from
+/// one `T` at a time: the name of each metric stands next to the field it reads.
+pub(super) struct FieldCounters<T: 'static> {
+    fields: &'static [Field<T>],
+    families: Vec<Counters>,
+}
+
+impl<T> FieldCounters<T> {
+    pub(super) fn new(b: &mut Builder, fields: &'static [Field<T>]) -> Self {
+        let families = fields
+            .iter()
+            .map(|(name, help, unit, _)| b.counter(name, help, unit.clone()))
+            .collect();
+        FieldCounters { fields, families }
+    }
+
+    /// Sets every family, under `labels`, to its field of `v`.
+    pub(super) fn set(&self, labels: &Labels, v: &T) {
+        for ((_, _, _, field), f) in self.fields.iter().zip(&self.families) {
+            set(f, labels.clone(), field(v));
+        }
+    }
+}

@@ -2,10 +2,87 @@
 //! kernel fast path, the dispatcher threads and offloads, and the vhost-user devices.
 
 use prometheus_client::registry::Unit;
-use vnet_control::status::{DataPathKind, LinkState, NicStatus};
+use vnet_control::status::{CryptoStatus, DataPathKind, KernelPortStatus, LinkState, NicStatus};
 
-use super::builder::{gset, port_labels, set, with, Builder};
+use super::builder::{gset, port_labels, set, with, Builder, Field, FieldCounters};
 use crate::source::HostSnapshot;
+
+/// An encrypted link's counters, by its [`CryptoStatus`] field.
+const CRYPTO: &[Field<CryptoStatus>] = &[
+    (
+        "crypto_sealed_datagrams",
+        "Datagrams sealed for an encrypted link.",
+        None,
+        |e| e.sealed,
+    ),
+    (
+        "crypto_opened_datagrams",
+        "Datagrams of an encrypted link that authenticated.",
+        None,
+        |e| e.opened,
+    ),
+    (
+        "crypto_initiations_sent",
+        "Handshake initiations sent.",
+        None,
+        |e| e.initiations_sent,
+    ),
+    (
+        "crypto_responses_sent",
+        "Handshake responses sent.",
+        None,
+        |e| e.responses_sent,
+    ),
+    (
+        "crypto_handshake_messages_received",
+        "Handshake messages received.",
+        None,
+        |e| e.handshakes_received,
+    ),
+    (
+        "crypto_handshakes_completed",
+        "Handshakes that gave a session.",
+        None,
+        |e| e.handshakes_completed,
+    ),
+    (
+        "crypto_rekeys",
+        "Sessions replaced by a new handshake.",
+        None,
+        |e| e.rekeys,
+    ),
+    (
+        "crypto_initiations_replayed",
+        "Handshake initiations refused as replays.",
+        None,
+        |e| e.initiations_replayed,
+    ),
+    (
+        "crypto_initiations_throttled",
+        "Handshake initiations refused unread by the link's budget.",
+        None,
+        |e| e.initiations_throttled,
+    ),
+    (
+        "crypto_bad_handshakes",
+        "Malformed or unexpected handshake messages.",
+        None,
+        |e| e.bad_handshakes,
+    ),
+];
+
+/// The kernel's share of a port's counters, by its [`KernelPortStatus`] field.
+const KERNEL_PORT: &[Field<KernelPortStatus>] = &[
+    ("kernel_port_receive_frames", "Frames the kernel fast path received from the port (included in vnet_port_receive_frames_total).", None, |k| k.rx_frames),
+    ("kernel_port_receive", "Bytes the kernel fast path received from the port.", Some(Unit::Bytes), |k| k.rx_bytes),
+    ("kernel_port_transmit_frames", "Frames the kernel fast path sent to the port.", None, |k| k.tx_frames),
+    ("kernel_port_transmit", "Bytes the kernel fast path sent to the port.", Some(Unit::Bytes), |k| k.tx_bytes),
+    ("kernel_port_punted_frames", "Frames the kernel handed to vnetd.", None, |k| k.punted_frames),
+    ("kernel_port_from_vnetd_frames", "Frames vnetd sent to the guest through the kernel.", None, |k| k.from_vnetd_frames),
+    ("kernel_port_neigh_miss_frames", "Frames to a link whose next hop was not resolved yet (sent by vnetd instead).", None, |k| k.neigh_miss),
+    ("kernel_port_encap_fail_frames", "Frames the kernel could not encapsulate (sent by vnetd instead).", None, |k| k.encap_fail),
+    ("kernel_port_gro_passed_datagrams", "Merged UDP datagrams from the underlay passed on to vnetd's socket.", None, |k| k.gro_passed),
+];
 
 pub(super) fn links(b: &mut Builder, snap: &HostSnapshot) {
     let state = b.gauge(
@@ -14,45 +91,7 @@ pub(super) fn links(b: &mut Builder, snap: &HostSnapshot) {
         None,
     );
     let info = b.gauge("link_info", "A link's kind, peer and VNI (always 1).", None);
-    let c = |b: &mut Builder, name: &str, help: &str| b.counter(name, help, None);
-    let sealed = c(
-        b,
-        "crypto_sealed_datagrams",
-        "Datagrams sealed for an encrypted link.",
-    );
-    let opened = c(
-        b,
-        "crypto_opened_datagrams",
-        "Datagrams of an encrypted link that authenticated.",
-    );
-    let init_sent = c(b, "crypto_initiations_sent", "Handshake initiations sent.");
-    let resp_sent = c(b, "crypto_responses_sent", "Handshake responses sent.");
-    let hs_recv = c(
-        b,
-        "crypto_handshake_messages_received",
-        "Handshake messages received.",
-    );
-    let hs_done = c(
-        b,
-        "crypto_handshakes_completed",
-        "Handshakes that gave a session.",
-    );
-    let rekeys = c(b, "crypto_rekeys", "Sessions replaced by a new handshake.");
-    let replayed = c(
-        b,
-        "crypto_initiations_replayed",
-        "Handshake initiations refused as replays.",
-    );
-    let throttled = c(
-        b,
-        "crypto_initiations_throttled",
-        "Handshake initiations refused unread by the link's budget.",
-    );
-    let bad_hs = c(
-        b,
-        "crypto_bad_handshakes",
-        "Malformed or unexpected handshake messages.",
-    );
+    let crypto = FieldCounters::new(b, CRYPTO);
     let session = b.gauge(
         "crypto_session_established",
         "1 when the encrypted link has a session to send on.",
@@ -81,16 +120,7 @@ pub(super) fn links(b: &mut Builder, snap: &HostSnapshot) {
             1.0,
         );
         if let Some(e) = &l.encrypted {
-            set(&sealed, ll.clone(), e.sealed);
-            set(&opened, ll.clone(), e.opened);
-            set(&init_sent, ll.clone(), e.initiations_sent);
-            set(&resp_sent, ll.clone(), e.responses_sent);
-            set(&hs_recv, ll.clone(), e.handshakes_received);
-            set(&hs_done, ll.clone(), e.handshakes_completed);
-            set(&rekeys, ll.clone(), e.rekeys);
-            set(&replayed, ll.clone(), e.initiations_replayed);
-            set(&throttled, ll.clone(), e.initiations_throttled);
-            set(&bad_hs, ll.clone(), e.bad_handshakes);
+            crypto.set(&ll, e);
             gset(
                 &session,
                 ll.clone(),
@@ -111,56 +141,7 @@ pub(super) fn kernel(b: &mut Builder, snap: &HostSnapshot) {
         "1 for the data path that serves the port (kernel: the eBPF fast path; user: vnetd), 0 for the other.",
         None,
     );
-    let c = |b: &mut Builder, name: &str, help: &str, unit| b.counter(name, help, unit);
-    let rx_frames = c(b, "kernel_port_receive_frames", "Frames the kernel fast path received from the port (included in vnet_port_receive_frames_total).", None);
-    let rx_bytes = c(
-        b,
-        "kernel_port_receive",
-        "Bytes the kernel fast path received from the port.",
-        Some(Unit::Bytes),
-    );
-    let tx_frames = c(
-        b,
-        "kernel_port_transmit_frames",
-        "Frames the kernel fast path sent to the port.",
-        None,
-    );
-    let tx_bytes = c(
-        b,
-        "kernel_port_transmit",
-        "Bytes the kernel fast path sent to the port.",
-        Some(Unit::Bytes),
-    );
-    let punted = c(
-        b,
-        "kernel_port_punted_frames",
-        "Frames the kernel handed to vnetd.",
-        None,
-    );
-    let from_vnetd = c(
-        b,
-        "kernel_port_from_vnetd_frames",
-        "Frames vnetd sent to the guest through the kernel.",
-        None,
-    );
-    let neigh_miss = c(
-        b,
-        "kernel_port_neigh_miss_frames",
-        "Frames to a link whose next hop was not resolved yet (sent by vnetd instead).",
-        None,
-    );
-    let encap_fail = c(
-        b,
-        "kernel_port_encap_fail_frames",
-        "Frames the kernel could not encapsulate (sent by vnetd instead).",
-        None,
-    );
-    let gro_passed = c(
-        b,
-        "kernel_port_gro_passed_datagrams",
-        "Merged UDP datagrams from the underlay passed on to vnetd's socket.",
-        None,
-    );
+    let counters = FieldCounters::new(b, KERNEL_PORT);
     for p in &snap.stats.ports {
         let l = port_labels(p);
         for x in [DataPathKind::Kernel, DataPathKind::User] {
@@ -168,15 +149,7 @@ pub(super) fn kernel(b: &mut Builder, snap: &HostSnapshot) {
             gset(&path, with(l.clone(), "path", x.as_str()), v);
         }
         if let Some(k) = &p.kernel {
-            set(&rx_frames, l.clone(), k.rx_frames);
-            set(&rx_bytes, l.clone(), k.rx_bytes);
-            set(&tx_frames, l.clone(), k.tx_frames);
-            set(&tx_bytes, l.clone(), k.tx_bytes);
-            set(&punted, l.clone(), k.punted_frames);
-            set(&from_vnetd, l.clone(), k.from_vnetd_frames);
-            set(&neigh_miss, l.clone(), k.neigh_miss);
-            set(&encap_fail, l.clone(), k.encap_fail);
-            set(&gro_passed, l, k.gro_passed);
+            counters.set(&l, k);
         }
     }
     let Some(k) = &snap.stats.kernel else {
