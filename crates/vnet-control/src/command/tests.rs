@@ -46,6 +46,16 @@ fn interfaces() {
     assert!(e("interface add vm1 tap vni 0").contains("VNI"));
     assert!(e("interface add vm1 tap vni 16777216").contains("VNI"));
     assert!(e("interface add vm1 tap netns ../x").contains("namespace"));
+    // a device or namespace name is one file name: no `/`, not `.` or `..`; a device no `:`
+    for bad in ["a:b", "..", ".", "a/b"] {
+        assert!(e(&format!("interface add vm1 tap ifname {bad}")).contains("device name"));
+    }
+    for bad in ["..", ".", "a/b", &"n".repeat(65)] {
+        assert!(e(&format!("interface add vm1 tap netns {bad}")).contains("namespace"));
+    }
+    assert!(
+        matches!(p("interface add vm1 tap ifname a.b netns x:y"), Command::InterfaceAdd(InterfaceSpec { ifname: Some(i), netns: Some(n), .. }) if i == "a.b" && n == "x:y")
+    );
 }
 
 #[test]

@@ -91,13 +91,18 @@ pub(super) fn name(s: &str) -> Result<String, ParseError> {
     )
 }
 
-pub(super) fn ifname(s: &str) -> Result<String, ParseError> {
-    let ok = !s.is_empty()
-        && s.len() <= 15
+/// One file name of at most `max` printable bytes (a device under `/sys/class/net`, a
+/// namespace under `/run/netns`): never `.`, `..` or anything with a `/`.
+fn file_name(s: &str, max: usize) -> bool {
+    !s.is_empty()
+        && s.len() <= max
         && s != "."
         && s != ".."
-        && s.bytes()
-            .all(|c| c.is_ascii_graphic() && c != b'/' && c != b':');
+        && s.bytes().all(|c| c.is_ascii_graphic() && c != b'/')
+}
+
+pub(super) fn ifname(s: &str) -> Result<String, ParseError> {
+    let ok = file_name(s, 15) && !s.contains(':');
     checked(
         s,
         ok,
@@ -120,12 +125,7 @@ pub(super) fn socket_path(s: &str) -> Result<String, ParseError> {
 }
 
 pub(super) fn netns(s: &str) -> Result<String, ParseError> {
-    let ok = !s.is_empty()
-        && s.len() <= 64
-        && s != "."
-        && s != ".."
-        && s.bytes().all(|c| c.is_ascii_graphic() && c != b'/');
-    checked(s, ok, "namespace name", "")
+    checked(s, file_name(s, 64), "namespace name", "")
 }
 
 pub(super) fn mac(s: &str) -> Result<MacAddr, ParseError> {
