@@ -14,7 +14,10 @@ use vnet_core::{MatrixEntry, PortCountersSnapshot};
 use crate::command::{LinkKind, RateLimit};
 use crate::model::{Config, DataPathSettings, Interface, Link, Route};
 
+mod columns;
 mod render;
+
+pub use columns::{Col, Columns};
 
 /// Whether a port is one of this host's interfaces or a link to elsewhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -10,6 +10,8 @@ use vnet_cluster::{
     overlay_prefix, plan_move, suggest, ClusterState, HostId, MatrixRecord, OperatorRoute,
     OverlayName, Policy, RouteId, RouteRecord,
 };
+use vnet_control::status::Col::{Left as L, Rest, Right as R};
+use vnet_control::status::Columns;
 use vnet_etcd::{Client, Compare, CompareTarget, TxnOp};
 use vnet_wire::MacAddr;
 
@@ -69,20 +71,21 @@ pub fn run(client: &Client, overlay: &OverlayName, words: &[String]) -> Result<S
             if json {
                 out = json_array(state.hosts().values());
             } else {
-                let _ = writeln!(
-                    out,
-                    "{:<20} {:<39} {:>6} {:>6} CAPABILITIES",
-                    "HOST", "ADDRESS", "UDP", "TCP"
+                const T: Columns = Columns(&[L(20), L(39), R(6), R(6), Rest]);
+                let _ = T.row(
+                    &mut out,
+                    &[&"HOST", &"ADDRESS", &"UDP", &"TCP", &"CAPABILITIES"],
                 );
                 for h in state.hosts().values() {
-                    let _ = writeln!(
-                        out,
-                        "{:<20} {:<39} {:>6} {:>6} {}",
-                        h.host_id.as_str(),
-                        h.addr.to_string(),
-                        h.udp_port,
-                        h.tcp_port.map_or("-".to_string(), |p| p.to_string()),
-                        h.capabilities.join(",")
+                    let _ = T.row(
+                        &mut out,
+                        &[
+                            &h.host_id.as_str(),
+                            &h.addr.to_string(),
+                            &h.udp_port,
+                            &h.tcp_port.map_or("-".to_string(), |p| p.to_string()),
+                            &h.capabilities.join(","),
+                        ],
                     );
                 }
             }
@@ -92,20 +95,18 @@ pub fn run(client: &Client, overlay: &OverlayName, words: &[String]) -> Result<S
             if json {
                 out = json_array(state.interfaces().values());
             } else {
-                let _ = writeln!(
-                    out,
-                    "{:>8} {:<17} {:<20} {:<16} {:>6}",
-                    "VNI", "MAC", "HOST", "NAME", "EPOCH"
-                );
+                const T: Columns = Columns(&[R(8), L(17), L(20), L(16), R(6)]);
+                let _ = T.row(&mut out, &[&"VNI", &"MAC", &"HOST", &"NAME", &"EPOCH"]);
                 for i in state.interfaces().values() {
-                    let _ = writeln!(
-                        out,
-                        "{:>8} {:<17} {:<20} {:<16} {:>6}",
-                        i.vni,
-                        i.mac.to_string(),
-                        i.host_id.as_str(),
-                        i.name,
-                        i.epoch
+                    let _ = T.row(
+                        &mut out,
+                        &[
+                            &i.vni,
+                            &i.mac.to_string(),
+                            &i.host_id.as_str(),
+                            &i.name,
+                            &i.epoch,
+                        ],
                     );
                 }
             }
@@ -118,15 +119,17 @@ pub fn run(client: &Client, overlay: &OverlayName, words: &[String]) -> Result<S
                     json!({"id": r.id.as_str(), "line": rec.line, "host_id": rec.host_id.as_ref().map(|h| h.as_str())})
                 }));
             } else {
-                let _ = writeln!(out, "{:<24} {:<20} LINE", "ID", "HOST");
+                const T: Columns = Columns(&[L(24), L(20), Rest]);
+                let _ = T.row(&mut out, &[&"ID", &"HOST", &"LINE"]);
                 for r in state.routes().values() {
                     let rec = r.to_record();
-                    let _ = writeln!(
-                        out,
-                        "{:<24} {:<20} {}",
-                        r.id.as_str(),
-                        rec.host_id.as_ref().map_or("(all)", |h| h.as_str()),
-                        rec.line
+                    let _ = T.row(
+                        &mut out,
+                        &[
+                            &r.id.as_str(),
+                            &rec.host_id.as_ref().map_or("(all)", |h| h.as_str()),
+                            &rec.line,
+                        ],
                     );
                 }
             }

@@ -1,0 +1,165 @@
+//! A line and a script of the control language: the first words pick the command family, whose
+//! parser (`ports`, `settings`, or the small ones here: listen, route, show) reads the rest.
+
+use vnet_core::MacMatch;
+use vnet_wire::MacAddr;
+
+use super::ports::{parse_interface, parse_link, parse_policy_update};
+use super::settings::parse_setting;
+use super::words::{err, keyword, mac, name, quote, socket_addr, unknown, Words};
+use crate::command::{
+    Command, DestKind, DestRef, ParseError, RouteOp, RouteSpec, ScriptError, ShowWhat,
+    MAX_LINE_LEN, MAX_SCRIPT_LINES,
+};
+
+/// Parses one line. Blank lines and comments give `Ok(None)`.
+pub fn parse_line(line: &str) -> Result<Option<Command>, ParseError> {
+    if line.len() > MAX_LINE_LEN {
+        return err(format!("line longer than {MAX_LINE_LEN} bytes"));
+    }
+    let code = match line.find('#') {
+        Some(i) => &line[..i],
+        None => line,
+    };
+    let words: Vec<&str> = code.split_whitespace().collect();
+    if words.is_empty() {
+        return Ok(None);
+    }
+    let mut w = Words { words, pos: 0 };
+    let cmd = match w.next("command")? {
+        "interface" => match w.next("interface action (add, del, set)")? {
+            "add" => Command::InterfaceAdd(parse_interface(&mut w)?),
+            "del" => Command::InterfaceDel(name(w.next("interface name")?)?),
+            "set" => {
+                let n = name(w.next("interface name")?)?;
+                Command::InterfaceSet(n, parse_policy_update(&mut w, true)?)
+            }
+            o => return unknown("interface action", o, "add, del, set"),
+        },
+        "link" => match w.next("link action (add, del, set)")? {
+            "add" => Command::LinkAdd(parse_link(&mut w)?),
+            "del" => Command::LinkDel(name(w.next("link name")?)?),
+            "set" => {
+                let n = name(w.next("link name")?)?;
+                Command::LinkSet(n, parse_policy_update(&mut w, false)?)
+            }
+            o => return unknown("link action", o, "add, del, set"),
+        },
+        "listen" => {
+            let mut del = false;
+            match w.peek() {
+                Some("add") => w.pos += 1,
+                Some("del") => {
+                    w.pos += 1;
+                    del = true;
+                }
+                _ => {}
+            }
+            match w.next("listener protocol (tcp)")? {
+                "tcp" => {}
+                o => return unknown("listener protocol", o, "tcp"),
+            }
+            let addr = socket_addr(w.next("IP:PORT")?, None)?;
+            if del {
+                Command::ListenDel(addr)
+            } else {
+                Command::ListenAdd(addr)
+            }
+        }
+        "route" => {
+            let op: RouteOp = keyword(w.next("route action (add, replace, del)")?, "route action")?;
+            Command::Route(op, parse_route(&mut w)?)
+        }
+        "set" => Command::Set(parse_setting(&mut w)?),
+        "show" => {
+            let what = match w.next("what to show")? {
+                "interfaces" => ShowWhat::Interfaces,
+                "links" => ShowWhat::Links,
+                "routes" => ShowWhat::Routes,
+                "listeners" => ShowWhat::Listeners,
+                "stats" => ShowWhat::Stats,
+                "matrix" => ShowWhat::Matrix,
+                "config" => ShowWhat::Config,
+                "cluster" => ShowWhat::Cluster,
+                o => {
+                    return err(format!(
+                    "cannot show {} (interfaces, links, routes, listeners, stats, matrix, config, cluster)",
+                    quote(o)
+                ))
+                }
+            };
+            let json = match w.peek() {
+                Some("json") if what != ShowWhat::Config => {
+                    w.pos += 1;
+                    true
+                }
+                _ => false,
+            };
+            Command::Show(what, json)
+        }
+        o => return unknown("command", o, "interface, link, listen, route, set, show"),
+    };
+    w.end()?;
+    Ok(Some(cmd))
+}
+
+/// Parses a whole script. Refuses it at the first bad line (1-based) or when it is too long.
+pub fn parse_script(text: &str) -> Result<Vec<(usize, Command)>, ScriptError> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if i >= MAX_SCRIPT_LINES {
+            return Err(ScriptError {
+                line: i + 1,
+                message: format!("script longer than {MAX_SCRIPT_LINES} lines"),
+            });
+        }
+        match parse_line(line) {
+            Ok(Some(c)) => out.push((i + 1, c)),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(ScriptError {
+                    line: i + 1,
+                    message: e.0,
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn parse_route(w: &mut Words) -> Result<RouteSpec, ParseError> {
+    let src = mac_match(w, "source", false)?;
+    let dst = mac_match(w, "destination", true)?;
+    let kind = match w.next("destination kind (interface, link)")? {
+        "interface" => DestKind::Interface,
+        "link" => DestKind::Link,
+        o => {
+            return err(format!(
+                "route destination must be interface or link, not {}",
+                quote(o)
+            ))
+        }
+    };
+    let to = DestRef {
+        kind,
+        name: name(w.next("destination name")?)?,
+    };
+    Ok(RouteSpec { src, dst, to })
+}
+
+fn mac_match(w: &mut Words, what: &str, allow_broadcast: bool) -> Result<MacMatch, ParseError> {
+    let one = |s: &str| -> Result<MacAddr, ParseError> {
+        if allow_broadcast && s == "broadcast" {
+            Ok(MacAddr::BROADCAST)
+        } else {
+            mac(s)
+        }
+    };
+    match w.next(&format!("{what} (MAC, any, not MAC)"))? {
+        "any" => Ok(MacMatch::Any),
+        "not" => Ok(MacMatch::Not(one(
+            w.next(&format!("{what} MAC after not"))?
+        )?)),
+        s => Ok(MacMatch::Exact(one(s)?)),
+    }
+}

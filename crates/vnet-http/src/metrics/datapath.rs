@@ -1,0 +1,420 @@
+//! The data path under the ports: the links (state, kind, an encrypted link's sessions), the
+//! kernel fast path, the dispatcher threads and offloads, and the vhost-user devices.
+
+use prometheus_client::registry::Unit;
+use vnet_control::status::{CryptoStatus, DataPathKind, KernelPortStatus, LinkState, NicStatus};
+
+use super::builder::{gset, port_labels, set, with, Builder, Field, FieldCounters};
+use crate::source::HostSnapshot;
+
+/// An encrypted link's counters, by its [`CryptoStatus`] field.
+const CRYPTO: &[Field<CryptoStatus>] = &[
+    (
+        "crypto_sealed_datagrams",
+        "Datagrams sealed for an encrypted link.",
+        None,
+        |e| e.sealed,
+    ),
+    (
+        "crypto_opened_datagrams",
+        "Datagrams of an encrypted link that authenticated.",
+        None,
+        |e| e.opened,
+    ),
+    (
+        "crypto_initiations_sent",
+        "Handshake initiations sent.",
+        None,
+        |e| e.initiations_sent,
+    ),
+    (
+        "crypto_responses_sent",
+        "Handshake responses sent.",
+        None,
+        |e| e.responses_sent,
+    ),
+    (
+        "crypto_handshake_messages_received",
+        "Handshake messages received.",
+        None,
+        |e| e.handshakes_received,
+    ),
+    (
+        "crypto_handshakes_completed",
+        "Handshakes that gave a session.",
+        None,
+        |e| e.handshakes_completed,
+    ),
+    (
+        "crypto_rekeys",
+        "Sessions replaced by a new handshake.",
+        None,
+        |e| e.rekeys,
+    ),
+    (
+        "crypto_initiations_replayed",
+        "Handshake initiations refused as replays.",
+        None,
+        |e| e.initiations_replayed,
+    ),
+    (
+        "crypto_initiations_throttled",
+        "Handshake initiations refused unread by the link's budget.",
+        None,
+        |e| e.initiations_throttled,
+    ),
+    (
+        "crypto_bad_handshakes",
+        "Malformed or unexpected handshake messages.",
+        None,
+        |e| e.bad_handshakes,
+    ),
+];
+
+/// The kernel's share of a port's counters, by its [`KernelPortStatus`] field.
+const KERNEL_PORT: &[Field<KernelPortStatus>] = &[
+    ("kernel_port_receive_frames", "Frames the kernel fast path received from the port (included in vnet_port_receive_frames_total).", None, |k| k.rx_frames),
+    ("kernel_port_receive", "Bytes the kernel fast path received from the port.", Some(Unit::Bytes), |k| k.rx_bytes),
+    ("kernel_port_transmit_frames", "Frames the kernel fast path sent to the port.", None, |k| k.tx_frames),
+    ("kernel_port_transmit", "Bytes the kernel fast path sent to the port.", Some(Unit::Bytes), |k| k.tx_bytes),
+    ("kernel_port_punted_frames", "Frames the kernel handed to vnetd.", None, |k| k.punted_frames),
+    ("kernel_port_from_vnetd_frames", "Frames vnetd sent to the guest through the kernel.", None, |k| k.from_vnetd_frames),
+    ("kernel_port_neigh_miss_frames", "Frames to a link whose next hop was not resolved yet (sent by vnetd instead).", None, |k| k.neigh_miss),
+    ("kernel_port_encap_fail_frames", "Frames the kernel could not encapsulate (sent by vnetd instead).", None, |k| k.encap_fail),
+    ("kernel_port_gro_passed_datagrams", "Merged UDP datagrams from the underlay passed on to vnetd's socket.", None, |k| k.gro_passed),
+];
+
+pub(super) fn links(b: &mut Builder, snap: &HostSnapshot) {
+    let state = b.gauge(
+        "link_state",
+        "1 for the link's current state (up, connecting, down), 0 for the others.",
+        None,
+    );
+    let info = b.gauge("link_info", "A link's kind, peer and VNI (always 1).", None);
+    let crypto = FieldCounters::new(b, CRYPTO);
+    let session = b.gauge(
+        "crypto_session_established",
+        "1 when the encrypted link has a session to send on.",
+        None,
+    );
+    let age = b.gauge(
+        "crypto_session_age",
+        "Age of the encrypted link's current session.",
+        Some(Unit::Seconds),
+    );
+    for l in &snap.links {
+        let ll = vec![("link", l.name.clone())];
+        for s in [LinkState::Up, LinkState::Connecting, LinkState::Down] {
+            let v = if l.state == s { 1.0 } else { 0.0 };
+            gset(&state, with(ll.clone(), "state", s.as_str()), v);
+        }
+        gset(
+            &info,
+            vec![
+                ("link", l.name.clone()),
+                ("kind", l.kind.to_string()),
+                ("peer", l.peer().to_string()),
+                ("vni", l.vni.to_string()),
+                ("encrypted", l.encrypted.is_some().to_string()),
+            ],
+            1.0,
+        );
+        if let Some(e) = &l.encrypted {
+            crypto.set(&ll, e);
+            gset(
+                &session,
+                ll.clone(),
+                if e.session_age_ms.is_some() { 1.0 } else { 0.0 },
+            );
+            if let Some(ms) = e.session_age_ms {
+                gset(&age, ll.clone(), ms as f64 / 1000.0);
+            }
+        }
+    }
+}
+
+/// The kernel fast path: which path serves each port, the kernel's share of its counters
+/// (already included in the port's), and the fast path's table and refusals.
+pub(super) fn kernel(b: &mut Builder, snap: &HostSnapshot) {
+    let path = b.gauge(
+        "port_data_path",
+        "1 for the data path that serves the port (kernel: the eBPF fast path; user: vnetd), 0 for the other.",
+        None,
+    );
+    let counters = FieldCounters::new(b, KERNEL_PORT);
+    for p in &snap.stats.ports {
+        let l = port_labels(p);
+        for x in [DataPathKind::Kernel, DataPathKind::User] {
+            let v = if p.path == x { 1.0 } else { 0.0 };
+            gset(&path, with(l.clone(), "path", x.as_str()), v);
+        }
+        if let Some(k) = &p.kernel {
+            counters.set(&l, k);
+        }
+    }
+    let Some(k) = &snap.stats.kernel else {
+        return;
+    };
+    let info = b.gauge(
+        "kernel_fastpath_info",
+        "The kernel fast path's mode (kernel, off) while it is loaded (always 1).",
+        None,
+    );
+    gset(&info, vec![("mode", k.mode.to_string())], 1.0);
+    for (name, help, v) in [
+        (
+            "kernel_table_entries",
+            "Entries in the fast path's forwarding table.",
+            k.table_entries,
+        ),
+        (
+            "kernel_table_size",
+            "The fast path's forwarding table's capacity.",
+            k.table_size,
+        ),
+        (
+            "kernel_table_left_out",
+            "Entries the full table could not take (their destinations go through vnetd).",
+            k.table_left_out,
+        ),
+        (
+            "kernel_matrix_size",
+            "The fast path's traffic matrix capacity.",
+            k.matrix_size,
+        ),
+    ] {
+        b.gauge1(name, help, None, v as f64);
+    }
+    for (name, help, v) in [
+        (
+            "kernel_unknown_link_datagrams",
+            "Underlay datagrams for no link of the fast path (left to vnetd).",
+            k.unknown_link,
+        ),
+        (
+            "kernel_not_vxlan_datagrams",
+            "Underlay datagrams that were not VXLAN (left to vnetd).",
+            k.not_vxlan,
+        ),
+        (
+            "kernel_fib_fail",
+            "Route lookups of the fast path that failed.",
+            k.fib_fail,
+        ),
+        (
+            "kernel_table_full",
+            "Table insertions refused because the table was full.",
+            k.table_full,
+        ),
+    ] {
+        b.counter1(name, help, None, v);
+    }
+}
+
+pub(super) fn dispatch(b: &mut Builder, snap: &HostSnapshot) {
+    let d = &snap.stats.dispatch;
+    let mode = b.gauge(
+        "dispatcher_mode",
+        "1 for the mode the dispatcher thread runs in now (polling, guest-driven), 0 for the other.",
+        None,
+    );
+    let switches = b.counter(
+        "dispatcher_mode_switches",
+        "Switches between polling and guest-driven (adaptive mode).",
+        None,
+    );
+    let wakeups = b.counter("dispatcher_wakeups", "Times the dispatcher woke up.", None);
+    let frames = b.counter("dispatcher_frames", "Frames the dispatcher read.", None);
+    let sources = b.gauge(
+        "dispatcher_descriptors",
+        "Descriptors the dispatcher reads.",
+        None,
+    );
+    let restarts = b.counter(
+        "dispatcher_restarts",
+        "Panics caught in the dispatcher's loop, each followed by a restart (a bug; see the log).",
+        None,
+    );
+    for x in &d.dispatchers {
+        let l = vec![("dispatcher", x.index.to_string())];
+        for m in ["polling", "guest-driven"] {
+            let v = if x.mode == m { 1.0 } else { 0.0 };
+            gset(&mode, with(l.clone(), "mode", m), v);
+        }
+        set(&switches, l.clone(), x.switches);
+        set(&wakeups, l.clone(), x.wakeups);
+        set(&frames, l.clone(), x.frames);
+        set(&restarts, l.clone(), x.restarts);
+        gset(&sources, l, x.sources as f64);
+    }
+    let configured = b.gauge(
+        "datapath_info",
+        "The configured dispatch mode and yield strategy (always 1).",
+        None,
+    );
+    gset(
+        &configured,
+        vec![
+            ("mode", d.settings.mode.to_string()),
+            ("yield", d.settings.yield_strategy.to_string()),
+            ("dispatchers", d.settings.dispatchers.to_string()),
+        ],
+        1.0,
+    );
+    let o = &d.offload;
+    for (name, help, v) in [
+        (
+            "offload_gso_frames",
+            "Guest TSO frames cut into segments in software.",
+            o.gso_frames,
+        ),
+        (
+            "offload_gso_segments",
+            "Segments those frames were cut into.",
+            o.gso_segments,
+        ),
+        (
+            "offload_udp_gso_sends",
+            "sendmsg calls with UDP_SEGMENT.",
+            o.udp_gso_sends,
+        ),
+        (
+            "offload_udp_batch_sends",
+            "sendmmsg calls.",
+            o.udp_batch_sends,
+        ),
+        (
+            "offload_gro_merged_segments",
+            "Segments merged into larger frames for guests.",
+            o.gro_merged,
+        ),
+        (
+            "offload_gro_frames",
+            "Frames those segments were merged into.",
+            o.gro_frames,
+        ),
+        (
+            "offload_checksums_completed",
+            "Partial checksums vnet completed.",
+            o.csum_completed,
+        ),
+        (
+            "offload_partial_checksums",
+            "Partial checksums passed on to a guest.",
+            o.partial_csum,
+        ),
+        (
+            "offload_tunnel_gso",
+            "Kernel-peer datagrams carrying a whole TSO frame.",
+            o.tunnel_gso,
+        ),
+    ] {
+        b.counter1(name, help, None, v);
+    }
+}
+
+pub(super) fn vhost(b: &mut Builder, snap: &HostSnapshot) {
+    let connected = b.gauge(
+        "vhost_connected",
+        "1 while a VMM is connected to the vhost-user interface.",
+        None,
+    );
+    let qp = b.gauge(
+        "vhost_queue_pairs_started",
+        "Queue pairs the guest started.",
+        None,
+    );
+    let c = |b: &mut Builder, name: &str, help: &str| b.counter(name, help, None);
+    let conns = c(
+        b,
+        "vhost_connections",
+        "VMM connections to the vhost-user socket.",
+    );
+    let perr = c(b, "vhost_protocol_errors", "vhost-user protocol errors.");
+    let mfault = c(
+        b,
+        "vhost_memory_faults",
+        "Frontends dropped for cutting guest memory short (SIGBUS survived).",
+    );
+    let bad = c(
+        b,
+        "vhost_bad_chains",
+        "Descriptor chains refused as malformed.",
+    );
+    let frames = c(
+        b,
+        "vhost_frames",
+        "Frames by direction (tx: from the guest) and path (cut_through, copied, direct, direct_fallback).",
+    );
+    let kicks = c(b, "vhost_kicks", "Transmit kicks from the guest.");
+    let notes = c(
+        b,
+        "vhost_notifications",
+        "Notifications sent to the guest, by direction.",
+    );
+    let early = c(
+        b,
+        "vhost_early_notifications",
+        "Early receive notifications (optimistic).",
+    );
+    let masked = c(
+        b,
+        "vhost_early_notifications_masked",
+        "Early notifications the guest had masked.",
+    );
+    let eob = c(
+        b,
+        "vhost_end_of_burst_notifications",
+        "End-of-burst notifications sent.",
+    );
+    let skipped = c(
+        b,
+        "vhost_end_of_burst_skipped",
+        "End-of-burst notifications skipped, by why (cold, hot).",
+    );
+    let nothing = c(
+        b,
+        "vhost_early_notifications_found_nothing",
+        "Early notifications after which no frame arrived.",
+    );
+    for p in &snap.stats.ports {
+        let Some(NicStatus::VhostUser(v)) = &p.nic else {
+            continue;
+        };
+        let l = vec![("interface", p.name.clone())];
+        gset(&connected, l.clone(), if v.connected { 1.0 } else { 0.0 });
+        gset(&qp, l.clone(), v.queue_pairs_started as f64);
+        set(&conns, l.clone(), v.connections);
+        set(&perr, l.clone(), v.protocol_errors);
+        set(&mfault, l.clone(), v.memory_faults);
+        set(&bad, l.clone(), v.bad_chains);
+        for (dir, path, n) in [
+            ("tx", "cut_through", v.tx_cut_through),
+            ("tx", "copied", v.tx_copied),
+            ("rx", "cut_through", v.rx_cut_through),
+            ("rx", "copied", v.rx_copied),
+            ("rx", "direct", v.rx_direct),
+            ("rx", "direct_fallback", v.rx_direct_fallback),
+        ] {
+            let ll = with(with(l.clone(), "direction", dir), "path", path);
+            set(&frames, ll, n);
+        }
+        set(&kicks, l.clone(), v.kicks);
+        set(
+            &notes,
+            with(l.clone(), "direction", "tx"),
+            v.tx_notifications,
+        );
+        set(
+            &notes,
+            with(l.clone(), "direction", "rx"),
+            v.rx_notifications,
+        );
+        set(&early, l.clone(), v.rx_early);
+        set(&masked, l.clone(), v.rx_early_masked);
+        set(&eob, l.clone(), v.rx_end_of_burst);
+        set(&skipped, with(l.clone(), "why", "cold"), v.rx_skipped_cold);
+        set(&skipped, with(l.clone(), "why", "hot"), v.rx_skipped_hot);
+        set(&nothing, l, v.rx_early_found_nothing);
+    }
+}
