@@ -6,6 +6,7 @@ veth pairs, TAP devices, bridges, the kernel's VXLAN) with one guaranteed cleanu
 - ``procs`` (commands, waiting, stopping by PID, entering a namespace), ``results`` (ping's and
   iperf3's figures), ``stats`` (vnet's counters), ``frames`` (hand-built frames and datagrams):
   what netlab builds on, each module one job;
+- ``control``: the control port spoken line by line (the grammar's Python side);
 - ``etcdlab``: a real etcd in a namespace of the lab, and ``vnetctl --etcd`` spoken to it;
 - ``httplab``: real clients of vnetd's HTTP listener (HTTP, Prometheus, headless Chromium).
 

@@ -1,7 +1,7 @@
 //! The control port's grammar (docs/control-language.md, "The control port"), both ways, in
 //! one place: the daemon encodes its answers here, the client encodes its requests and reads
 //! the answers here, and `tests/vectors/control-port.txt` pins it for the Python mirror
-//! (`tests/system/netlab.py`'s `ControlClient`) too.
+//! (`vnetlab/control.py`'s `ControlClient`) too.
 //!
 //! A request is a line: a command, `auth TOKEN`, or `batch N` and the N lines of a script.
 //! An answer is `ok N` and N lines of output, or `error MESSAGE` (one line).
