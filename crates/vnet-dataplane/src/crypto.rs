@@ -299,7 +299,13 @@ mod timer_tests {
         assert_eq!(timers_from(None), d);
         let t = timers_from(Some("1500"));
         assert_eq!(t.rekey_after_ms, 1500);
-        assert_eq!(Timers { rekey_after_ms: d.rekey_after_ms, ..t }, d);
+        assert_eq!(
+            Timers {
+                rekey_after_ms: d.rekey_after_ms,
+                ..t
+            },
+            d
+        );
         // Nonsense and too-short times leave the defaults.
         for bad in ["", "x", "-5", "499"] {
             assert_eq!(timers_from(Some(bad)), d, "{bad:?}");
