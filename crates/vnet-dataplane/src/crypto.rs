@@ -21,6 +21,29 @@ use crate::worker::Worker;
 /// How often the timer thread looks at a link (handshake retransmission, rekey, expiry).
 const TICK: Duration = Duration::from_millis(100);
 
+/// Test-only: rekey after this many milliseconds instead of every 2 minutes, so that a system
+/// test sees several rekeys under load in seconds. Not an operator setting (README, Security).
+pub const REKEY_ENV: &str = "VNET_TEST_REKEY_AFTER_MS";
+
+/// The link timers: the defaults, or the rekey time of [`REKEY_ENV`] when it holds a number of
+/// milliseconds from 500 on (anything else is ignored with a warning).
+fn timers_from(value: Option<&str>) -> Timers {
+    let t = Timers::default();
+    let Some(v) = value else {
+        return t;
+    };
+    match v.trim().parse::<u64>() {
+        Ok(ms) if ms >= 500 => Timers {
+            rekey_after_ms: ms,
+            ..t
+        },
+        _ => {
+            warn!("{REKEY_ENV}={v:?} ignored: not a number of milliseconds >= 500");
+            t
+        }
+    }
+}
+
 /// Maps a protocol refusal to the drop it is counted as.
 pub fn drop_reason(e: CryptoError) -> DropReason {
     match e {
@@ -61,7 +84,8 @@ impl LinkCrypto {
         sock: Arc<VxlanSocket>,
         to: SockAddr,
     ) -> LinkCrypto {
-        Self::with_timers(name, local, remote, vni, sock, to, Timers::default())
+        let timers = timers_from(std::env::var(REKEY_ENV).ok().as_deref());
+        Self::with_timers(name, local, remote, vni, sock, to, timers)
     }
 
     /// As [`LinkCrypto::new`], with other rekey and retransmission times (tests rekey fast).
@@ -263,4 +287,28 @@ pub(crate) fn established_pair(sock: Arc<VxlanSocket>) -> (Arc<LinkCrypto>, Arc<
     assert!(r.is_empty());
     assert!(a.established() && b.established());
     (Arc::new(a), Arc::new(b))
+}
+
+#[cfg(test)]
+mod timer_tests {
+    use super::*;
+
+    #[test]
+    fn the_test_rekey_knob_sets_only_the_rekey_time() {
+        let d = Timers::default();
+        assert_eq!(timers_from(None), d);
+        let t = timers_from(Some("1500"));
+        assert_eq!(t.rekey_after_ms, 1500);
+        assert_eq!(
+            Timers {
+                rekey_after_ms: d.rekey_after_ms,
+                ..t
+            },
+            d
+        );
+        // Nonsense and too-short times leave the defaults.
+        for bad in ["", "x", "-5", "499"] {
+            assert_eq!(timers_from(Some(bad)), d, "{bad:?}");
+        }
+    }
 }
