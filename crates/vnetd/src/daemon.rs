@@ -455,16 +455,21 @@ fn link_rows(st: &State) -> Vec<LinkStatus> {
         .collect()
 }
 
+/// An error at a script's line; 0 means a single command (no line number).
+fn at(line: usize, msg: String) -> String {
+    if line == 0 {
+        msg
+    } else {
+        format!("line {line}: {msg}")
+    }
+}
+
 /// Applies commands to the running configuration and the engine atomically: all or none.
 /// `line` 0 means a single command (no line number in errors).
 fn apply_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), String> {
-    let at = |line: usize, msg: String| {
-        if line == 0 {
-            msg
-        } else {
-            format!("line {line}: {msg}")
-        }
-    };
+    if cmds.iter().all(|(_, c)| matches!(c, Command::Route(..))) {
+        return apply_routes_in(st, cmds);
+    }
     let mut cfg = st.cfg.clone();
     let mut changes: Vec<(usize, Change)> = Vec::new();
     let mut gen = MacAddr::random;
@@ -490,6 +495,34 @@ fn apply_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), String> {
     st.cfg = cfg;
     let State { cfg, engine, .. } = &mut *st;
     engine.rebuild(cfg);
+    Ok(())
+}
+
+/// Route commands alone, the common case (the etcd agent's moves, joins and leaves): the
+/// configuration changes in place and a refused line takes back the lines before it (no copy
+/// of the configuration), and the engine applies the typed changes to the destinations they
+/// touch (no rebuild). Route changes cannot fail in the engine.
+fn apply_routes_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), String> {
+    let mut done: Vec<vnet_control::RouteChange> = Vec::new();
+    let mut gen = MacAddr::random;
+    for (line, cmd) in cmds {
+        match st.cfg.apply(cmd, &mut gen) {
+            Ok(ch) => done.extend(ch.into_iter().filter_map(|c| match c {
+                Change::Route(rc) => Some(rc),
+                _ => None,
+            })),
+            Err(e) => {
+                st.cfg.undo_routes(&done);
+                return Err(at(*line, e.to_string()));
+            }
+        }
+    }
+    for rc in done {
+        if let Err(e) = st.engine.apply(&Change::Route(rc)) {
+            tracing::error!("a route change failed in the engine: {e}");
+        }
+    }
+    st.engine.publish_routes();
     Ok(())
 }
 
