@@ -533,6 +533,11 @@ impl Engine {
         }
     }
 
+    /// The generation of the published forwarding table (one more per publication).
+    pub fn snapshot_generation(&self) -> u64 {
+        self.shared.snapshot.load().table.generation()
+    }
+
     /// Counters of one port.
     pub fn port_status(&self, kind: DestKind, name: &str) -> Option<PortStatus> {
         let rt = self.ports.get(&(kind, name.to_string()))?;
