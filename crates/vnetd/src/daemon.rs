@@ -295,12 +295,14 @@ impl Daemon {
         delta: Option<&[Command]>,
     ) -> SyncReport {
         let mut st = self.lock();
-        let mut report = SyncReport::default();
-        report.conflicts = derivation
-            .conflicts
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let mut report = SyncReport {
+            conflicts: derivation
+                .conflicts
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            ..Default::default()
+        };
         let local_now = self.local_changes.load(Relaxed);
         let cmds: Vec<Command> = match delta {
             Some(d) if st.derived_in_step == Some(local_now) => d.to_vec(),
