@@ -142,6 +142,12 @@ impl Daemon {
         Some((g, text))
     }
 
+    /// The derived configuration rendered now, for the state directory's writer.
+    pub fn render_derived(&self) -> Option<(u64, String)> {
+        let st = self.lock();
+        self.derived_snapshot(&st)
+    }
+
     fn save_derived(&self, snap: Option<(u64, String)>) {
         if let (Some(saver), Some((g, text))) = (&self.saver, snap) {
             saver.derived(g, text);
@@ -354,9 +360,11 @@ impl Daemon {
         }
         // A refused command is not in the record: the next sync compares the whole sets.
         st.derived_in_step = report.failed.is_empty().then_some(local_now);
-        let snap = self.derived_snapshot(&st);
         drop(st);
-        self.save_derived(snap);
+        // Rendered by the writer when it writes (not here, under the lock, on every change).
+        if let Some(saver) = &self.saver {
+            saver.derived_changed();
+        }
         report
     }
 
@@ -749,6 +757,32 @@ mod tests {
             "{publications} publications for one refused line"
         );
         d.shutdown(Leave::Remove);
+    }
+
+    #[test]
+    fn the_derived_configuration_is_rendered_by_the_writer() {
+        let dir = std::env::temp_dir().join(format!("vnetd-derived-{}", std::process::id()));
+        let sd = crate::state::StateDir::open(&dir).expect("state dir");
+        let saver = Saver::new(sd, Default::default()).expect("saver");
+        let engine = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
+        let d = std::sync::Arc::new(Daemon::new(engine, Some(saver)));
+        let weak = std::sync::Arc::downgrade(&d);
+        d.saver()
+            .unwrap()
+            .set_derived_source(Box::new(move || weak.upgrade()?.render_derived()));
+        d.execute_script("link add up udp 10.0.0.2\n").unwrap();
+        let host: HostId = "a".parse().unwrap();
+        let state = state_with_route("route add any 52:54:00:00:00:09 link up");
+        let r = d.sync_cluster(&host, &state);
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
+        d.saver().unwrap().flush();
+        let text = std::fs::read_to_string(dir.join(crate::state::DERIVED)).expect("derived.vnet");
+        assert!(
+            text.contains("route add any 52:54:00:00:00:09 link up"),
+            "{text}"
+        );
+        d.shutdown(Leave::Remove);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
