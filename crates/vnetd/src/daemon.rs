@@ -785,6 +785,70 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The CPU of one agent route event (a guest moving: the delta `route del`, `route add`)
+    /// through `apply_derivation`, against the overlay's size. A measurement, not a check:
+    /// `cargo test --release -p vnetd -- --ignored --nocapture derived_route_event_cost`
+    /// (docs/results/2026-11-25-issue19-incr).
+    #[test]
+    #[ignore]
+    fn derived_route_event_cost() {
+        let mac = |h: usize, g: usize| format!("52:54:{:02x}:{:02x}:00:{g:02x}", h >> 8, h & 0xff);
+        let host: HostId = "a".parse().unwrap();
+        let first = vnet_cluster::derive(
+            &host,
+            &state_with_route("route add any any link x"),
+            &Config::default(),
+        );
+        for hosts in [1usize, 100, 1000] {
+            let d = daemon();
+            let mut cmds = Vec::new();
+            for h in 0..hosts {
+                cmds.push(route(&format!(
+                    "link add h{h} udp 10.77.{}.{}",
+                    (h + 1) >> 8,
+                    (h + 1) & 0xff
+                )));
+                for g in 0..8 {
+                    cmds.push(route(&format!("route add any {} link h{h}", mac(h, g))));
+                }
+            }
+            d.lock().derived_in_step = Some(d.local_changes.load(Relaxed));
+            let r = d.apply_derivation(&first, Some(&cmds));
+            assert!(r.failed.is_empty(), "{:?}", &r.failed[..1]);
+            d.lock().derived_in_step = Some(d.local_changes.load(Relaxed));
+            let events = 2000;
+            // This thread's CPU time in ns (schedstat's first field).
+            let cpu = || {
+                let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+                s.split_whitespace()
+                    .next()
+                    .and_then(|x| x.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+                    * 1e-9
+            };
+            let t0 = cpu();
+            for e in 0..events {
+                let (h, g) = (e % hosts, (e / hosts) % 8);
+                let (from, to) = (
+                    (h + e / (hosts * 8)) % hosts,
+                    (h + 1 + e / (hosts * 8)) % hosts,
+                );
+                let delta = [
+                    route(&format!("route del any {} link h{from}", mac(h, g))),
+                    route(&format!("route add any {} link h{to}", mac(h, g))),
+                ];
+                let r = d.apply_derivation(&first, Some(&delta));
+                assert!(r.failed.is_empty(), "{:?}", r.failed);
+            }
+            let us = (cpu() - t0) * 1e6 / events as f64;
+            println!(
+                "derived route event, {hosts} hosts ({} routes): {us:.1} us CPU per event",
+                hosts * 8
+            );
+            d.shutdown(Leave::Remove);
+        }
+    }
+
     #[test]
     fn show_cluster_without_an_agent() {
         let d = daemon();
