@@ -3,7 +3,10 @@
 
 use std::fmt::Write as _;
 
-use crate::command::{InterfaceKind, RateLimit};
+use vnet_core::MacMatch;
+use vnet_wire::MacAddr;
+
+use crate::command::{DestKind, InterfaceKind, RateLimit};
 use crate::model::{Config, DataPathSettings, Interface, Link, Route};
 
 impl Config {
@@ -27,7 +30,7 @@ impl Config {
             s.push_str(&link_line(l, self.link_rates.get(&l.name)));
         }
         for r in &self.routes {
-            s.push_str(&route_line("add", r));
+            push_route_line(&mut s, "add", r);
         }
         s
     }
@@ -179,8 +182,84 @@ pub(crate) fn link_line(l: &Link, rate: Option<&RateLimit>) -> String {
 
 /// `route OP SRC DST KIND NAME`, newline included.
 pub(crate) fn route_line(op: &str, r: &Route) -> String {
-    format!(
-        "route {op} {} {} {} {}\n",
-        r.src, r.dst, r.to.kind, r.to.name
-    )
+    let mut s = String::with_capacity(64);
+    push_route_line(&mut s, op, r);
+    s
+}
+
+/// [`route_line`] appended to `s`, without the formatting machinery: the state directory
+/// gets the whole configuration after every local change, thousands of these lines.
+fn push_route_line(s: &mut String, op: &str, r: &Route) {
+    s.push_str("route ");
+    s.push_str(op);
+    s.push(' ');
+    push_match(s, &r.src);
+    s.push(' ');
+    push_match(s, &r.dst);
+    s.push_str(match r.to.kind {
+        DestKind::Interface => " interface ",
+        DestKind::Link => " link ",
+    });
+    s.push_str(&r.to.name);
+    s.push('\n');
+}
+
+/// As `MacMatch`'s `Display`.
+fn push_match(s: &mut String, m: &MacMatch) {
+    match m {
+        MacMatch::Any => s.push_str("any"),
+        MacMatch::Exact(a) if a.is_broadcast() => s.push_str("broadcast"),
+        MacMatch::Exact(a) => push_mac(s, a),
+        MacMatch::Not(a) if a.is_broadcast() => s.push_str("not broadcast"),
+        MacMatch::Not(a) => {
+            s.push_str("not ");
+            push_mac(s, a);
+        }
+    }
+}
+
+/// As `MacAddr`'s `Display` (lower-case hex, colons).
+fn push_mac(s: &mut String, a: &MacAddr) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in a.0.iter().enumerate() {
+        if i > 0 {
+            s.push(':');
+        }
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::DestRef;
+
+    proptest::proptest! {
+        /// The hand-written route line is the `Display` one.
+        #[test]
+        fn route_lines_are_the_display_ones(
+            a in proptest::array::uniform6(proptest::prelude::any::<u8>()),
+            b in proptest::array::uniform6(proptest::prelude::any::<u8>()),
+            kinds in (0u8..3, 0u8..3, proptest::prelude::any::<bool>()),
+        ) {
+            let m = |k: u8, x: [u8; 6]| match k {
+                0 => MacMatch::Any,
+                1 => MacMatch::Exact(MacAddr(x)),
+                _ => MacMatch::Not(MacAddr(x)),
+            };
+            for (x, y) in [(a, b), ([0xff; 6], [0xff; 6])] {
+                let r = Route {
+                    src: m(kinds.0, x),
+                    dst: m(kinds.1, y),
+                    to: DestRef {
+                        kind: if kinds.2 { DestKind::Link } else { DestKind::Interface },
+                        name: "n1".into(),
+                    },
+                };
+                let want = format!("route add {} {} {} {}\n", r.src, r.dst, r.to.kind, r.to.name);
+                proptest::prop_assert_eq!(route_line("add", &r), want);
+            }
+        }
+    }
 }

@@ -370,24 +370,17 @@ pub fn recompile(
             dst: *d,
         };
         keys.insert(dk);
-        let lo = FwdKey {
-            kind: KeyKind::SrcDst,
-            ..dk
-        };
-        let hi = FwdKey {
-            kind: KeyKind::SrcDst,
-            src: MacAddr([0xff; 6]),
-            ..dk
-        };
         // (src, dst) keys sort by source first: the VNI's few are scanned for this one.
         let lo = FwdKey {
+            kind: KeyKind::SrcDst,
             src: MacAddr::ZERO,
             dst: MacAddr::ZERO,
-            ..lo
+            vni: *vni,
         };
         let hi = FwdKey {
+            src: MacAddr([0xff; 6]),
             dst: MacAddr([0xff; 6]),
-            ..hi
+            ..lo
         };
         keys.extend(
             table
