@@ -12,7 +12,17 @@ use crate::model::{Config, DataPathSettings, Interface, Link, Route};
 impl Config {
     /// The configuration as a script of the control language, which `apply` accepts back.
     pub fn to_script(&self) -> String {
-        let mut s = String::new();
+        self.script_where(|_| true, |_| true)
+    }
+
+    /// [`Config::to_script`] of the links and routes `link` and `route` keep (the local part
+    /// of a running configuration, without copying it).
+    pub fn script_where(
+        &self,
+        link: impl Fn(&Link) -> bool,
+        route: impl Fn(&Route) -> bool,
+    ) -> String {
+        let mut s = String::with_capacity(64 * (self.links.len() + self.routes.len()) + 256);
         if self.learn {
             s.push_str("set learn on\n");
         }
@@ -26,10 +36,10 @@ impl Config {
         for i in &self.interfaces {
             s.push_str(&interface_line(i));
         }
-        for l in &self.links {
+        for l in self.links.iter().filter(|l| link(l)) {
             s.push_str(&link_line(l, self.link_rates.get(&l.name)));
         }
-        for r in &self.routes {
+        for r in self.routes.iter().filter(|r| route(r)) {
             push_route_line(&mut s, "add", r);
         }
         s

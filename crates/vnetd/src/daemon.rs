@@ -35,12 +35,30 @@ impl State {
     pub fn local_config(&self) -> Config {
         let mut local = self.cfg.clone();
         local.links.retain(|l| !self.derived.links.contains(l));
-        // A set of the derived routes: scanning the list for each route is quadratic.
-        let key = |r: &vnet_control::Route| (r.to.kind, r.to.name.clone(), r.src, r.dst);
-        let derived: std::collections::HashSet<_> = self.derived.routes.iter().map(key).collect();
-        local.routes.retain(|r| !derived.contains(&key(r)));
+        let derived = self.derived_routes();
+        local.routes.retain(|r| !derived.contains(&route_key(r)));
         local
     }
+
+    /// The local configuration's script, rendered from the running one (no copy of it).
+    pub fn local_script(&self) -> String {
+        let derived = self.derived_routes();
+        self.cfg.script_where(
+            |l| !self.derived.links.contains(l),
+            |r| !derived.contains(&route_key(r)),
+        )
+    }
+
+    /// A set of the derived routes: scanning the list for each route is quadratic.
+    fn derived_routes(&self) -> std::collections::HashSet<RouteKey<'_>> {
+        self.derived.routes.iter().map(route_key).collect()
+    }
+}
+
+type RouteKey<'a> = (DestKind, &'a str, vnet_core::MacMatch, vnet_core::MacMatch);
+
+fn route_key(r: &vnet_control::Route) -> RouteKey<'_> {
+    (r.to.kind, r.to.name.as_str(), r.src, r.dst)
 }
 
 pub struct Daemon {
@@ -102,7 +120,7 @@ impl Daemon {
         let g = self.generation.fetch_add(1, Relaxed) + 1;
         Some(LocalSnapshot {
             generation: g,
-            script: st.local_config().to_script(),
+            script: st.local_script(),
             made: st.engine.made_devices(),
             forwarding: st.engine.kernel_forwarding_originals(),
         })
@@ -671,6 +689,11 @@ mod tests {
             .unwrap()
             .contains("52:54:00:00:00:09"));
         assert_eq!(d.local_changes.load(Relaxed), local_changes);
+        // What the state directory gets: the local script, rendered without a copy.
+        let st = d.lock();
+        assert_eq!(st.local_script(), st.local_config().to_script());
+        assert!(!st.local_script().contains("52:54:00:00:00:09"));
+        drop(st);
 
         // The same state again: nothing to do (no flapping).
         assert!(d.sync_cluster(&host, &state).applied.is_empty());
