@@ -8,6 +8,7 @@
 mod command;
 mod diff;
 mod model;
+mod render;
 pub mod status;
 
 pub use command::{
@@ -17,5 +18,5 @@ pub use command::{
     MAX_LINE_LEN, MAX_SCRIPT_LINES,
 };
 pub use model::{
-    Change, Config, ConfigError, DataPathSettings, Interface, Link, PortPolicy, Route,
+    Change, Config, ConfigError, DataPathSettings, Interface, Link, PortPolicy, Route, RouteChange,
 };

@@ -1,5 +1,9 @@
+//! The configuration model: [`Config`] validates a command against the running configuration
+//! and applies it, and says what the data path must do as typed [`Change`]s (a route change
+//! names the route, so the data path touches its destination only); every change has an
+//! inverse, so a script refused half-way is undone.
+
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 
 use vnet_core::MacMatch;
@@ -138,8 +142,8 @@ pub enum Change {
     DelLink(Link),
     AddListener(SocketAddr),
     DelListener(SocketAddr),
-    /// The route set changed: rebuild the forwarding table.
-    Routes,
+    /// One route came or went: the forwarding tables change at its destination only.
+    Route(RouteChange),
     /// A port's policy changed (`interface set`, `link set`, or a link added with a rate).
     Policy {
         kind: DestKind,
@@ -163,7 +167,7 @@ impl Change {
             Change::DelLink(l) => Change::AddLink(l.clone()),
             Change::AddListener(a) => Change::DelListener(*a),
             Change::DelListener(a) => Change::AddListener(*a),
-            Change::Routes => Change::Routes,
+            Change::Route(r) => Change::Route(r.inverse()),
             Change::Policy {
                 kind,
                 name,
@@ -180,6 +184,52 @@ impl Change {
                 old: new.clone(),
                 new: old.clone(),
             },
+        }
+    }
+}
+
+/// A typed change of the route set. `at` is the route's index in [`Config::routes`] when it
+/// was taken out, so that undoing a change puts it back where it was (the order of the routes
+/// is the order of a multi-destination route's targets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteChange {
+    /// Added after the other routes.
+    Added(Route),
+    Removed {
+        route: Route,
+        at: usize,
+    },
+    /// `route replace` took `old` out and added `new` after the other routes.
+    Replaced {
+        old: Route,
+        at: usize,
+        new: Route,
+    },
+}
+
+impl RouteChange {
+    pub fn inverse(&self) -> RouteChange {
+        match self {
+            // Only ever undone newest first, so an added route is the last one.
+            RouteChange::Added(r) => RouteChange::Removed {
+                route: r.clone(),
+                at: usize::MAX,
+            },
+            RouteChange::Removed { route, .. } => RouteChange::Added(route.clone()),
+            RouteChange::Replaced { old, new, .. } => RouteChange::Replaced {
+                old: new.clone(),
+                at: usize::MAX,
+                new: old.clone(),
+            },
+        }
+    }
+
+    /// The routes taken out (first) and put in (second).
+    pub fn parts(&self) -> (Option<&Route>, Option<&Route>) {
+        match self {
+            RouteChange::Added(r) => (None, Some(r)),
+            RouteChange::Removed { route, .. } => (Some(route), None),
+            RouteChange::Replaced { old, new, .. } => (Some(old), Some(new)),
         }
     }
 }
@@ -532,13 +582,41 @@ impl Config {
     }
 
     fn drop_routes_to(&mut self, kind: DestKind, name: &str) -> Vec<Change> {
-        let before = self.routes.len();
-        self.routes
-            .retain(|r| !(r.to.kind == kind && r.to.name == name));
-        if self.routes.len() != before {
-            vec![Change::Routes]
-        } else {
-            vec![]
+        let mut ch = Vec::new();
+        let mut i = 0;
+        while i < self.routes.len() {
+            if self.routes[i].to.kind == kind && self.routes[i].to.name == name {
+                let route = self.routes.remove(i);
+                ch.push(Change::Route(RouteChange::Removed { route, at: i }));
+            } else {
+                i += 1;
+            }
+        }
+        ch
+    }
+
+    /// Undoes route changes this configuration made, newest first (a script refused half-way
+    /// is taken back without a copy of the whole configuration).
+    pub fn undo_routes(&mut self, changes: &[RouteChange]) {
+        for c in changes.iter().rev() {
+            match c {
+                RouteChange::Added(r) => {
+                    if let Some(p) = self.routes.iter().rposition(|x| x == r) {
+                        self.routes.remove(p);
+                    }
+                }
+                RouteChange::Removed { route, at } => {
+                    let at = (*at).min(self.routes.len());
+                    self.routes.insert(at, route.clone());
+                }
+                RouteChange::Replaced { old, at, new } => {
+                    if let Some(p) = self.routes.iter().rposition(|x| x == new) {
+                        self.routes.remove(p);
+                    }
+                    let at = (*at).min(self.routes.len());
+                    self.routes.insert(at, old.clone());
+                }
+            }
         }
     }
 
@@ -559,210 +637,51 @@ impl Config {
                 if self.routes.len() >= MAX_ROUTES {
                     return refuse(format!("at most {MAX_ROUTES} routes"));
                 }
-                self.routes.push(route);
+                self.routes.push(route.clone());
+                Ok(vec![Change::Route(RouteChange::Added(route))])
             }
             RouteOp::Replace => {
-                let same_key = |r: &Route, cfg: &Config| {
-                    r.src == route.src && r.dst == route.dst && cfg.dest_vni(&r.to) == Some(vni)
-                };
-                let keep: Vec<Route> = self
-                    .routes
-                    .iter()
-                    .filter(|r| !same_key(r, self))
-                    .cloned()
+                // The routes with the same key (source, destination, VNI), in order.
+                let olds: Vec<usize> = (0..self.routes.len())
+                    .filter(|&i| {
+                        let r = &self.routes[i];
+                        r.src == route.src
+                            && r.dst == route.dst
+                            && self.dest_vni(&r.to) == Some(vni)
+                    })
                     .collect();
-                if keep.len() >= MAX_ROUTES {
+                if self.routes.len() - olds.len() >= MAX_ROUTES {
                     return refuse(format!("at most {MAX_ROUTES} routes"));
                 }
-                self.routes = keep;
-                self.routes.push(route);
+                if let [at] = olds[..] {
+                    let old = self.routes.remove(at);
+                    self.routes.push(route.clone());
+                    return Ok(vec![Change::Route(RouteChange::Replaced {
+                        old,
+                        at,
+                        new: route,
+                    })]);
+                }
+                let mut ch = Vec::new();
+                for (k, at) in olds.into_iter().enumerate() {
+                    // Indices shift down by one per route already taken out.
+                    let at = at - k;
+                    let old = self.routes.remove(at);
+                    ch.push(Change::Route(RouteChange::Removed { route: old, at }));
+                }
+                self.routes.push(route.clone());
+                ch.push(Change::Route(RouteChange::Added(route)));
+                Ok(ch)
             }
             RouteOp::Del => {
-                let Some(pos) = self.routes.iter().position(|r| *r == route) else {
+                let Some(at) = self.routes.iter().position(|r| *r == route) else {
                     return refuse(format!("no route {spec}"));
                 };
-                self.routes.remove(pos);
-            }
-        }
-        Ok(vec![Change::Routes])
-    }
-
-    /// The configuration as a script of the control language, which `apply` accepts back.
-    pub fn to_script(&self) -> String {
-        let mut s = String::new();
-        if self.learn {
-            s.push_str("set learn on\n");
-        }
-        s.push_str(&settings_lines(
-            &DataPathSettings::default(),
-            &self.settings,
-        ));
-        for a in &self.listeners {
-            let _ = writeln!(s, "listen tcp {a}");
-        }
-        for i in &self.interfaces {
-            s.push_str(&interface_line(i));
-        }
-        for l in &self.links {
-            s.push_str(&link_line(l, self.link_rates.get(&l.name)));
-        }
-        for r in &self.routes {
-            s.push_str(&route_line("add", r));
-        }
-        s
-    }
-}
-
-/// The `set` lines that take settings `base` to `c` (nothing where they agree).
-pub(crate) fn settings_lines(base: &DataPathSettings, c: &DataPathSettings) -> String {
-    let mut s = String::new();
-    let d = base;
-    if c.mode != d.mode {
-        let _ = writeln!(s, "set mode {}", c.mode);
-    }
-    if c.dispatchers != d.dispatchers {
-        let _ = writeln!(s, "set dispatchers {}", c.dispatchers);
-    }
-    if c.yield_strategy != d.yield_strategy {
-        let _ = writeln!(s, "set yield {}", c.yield_strategy);
-    }
-    if c.yield_sleep_us != d.yield_sleep_us {
-        let _ = writeln!(s, "set yield-sleep-us {}", c.yield_sleep_us);
-    }
-    if c.yield_nowork_us != d.yield_nowork_us {
-        let _ = writeln!(s, "set yield-nowork-us {}", c.yield_nowork_us);
-    }
-    // Order the pair so every line keeps adaptive-low <= adaptive-high: lowering alpha_l
-    // first always works unless the new alpha_l exceeds the old alpha_u.
-    let low = (c.adaptive_low != d.adaptive_low)
-        .then(|| format!("set adaptive-low {}\n", c.adaptive_low));
-    let high = (c.adaptive_high != d.adaptive_high)
-        .then(|| format!("set adaptive-high {}\n", c.adaptive_high));
-    let pair = if c.adaptive_low <= d.adaptive_high {
-        [low, high]
-    } else {
-        [high, low]
-    };
-    for line in pair.into_iter().flatten() {
-        s.push_str(&line);
-    }
-    if c.adaptive_window_ms != d.adaptive_window_ms {
-        let _ = writeln!(s, "set adaptive-window-ms {}", c.adaptive_window_ms);
-    }
-    if c.cut_through != d.cut_through {
-        let _ = writeln!(
-            s,
-            "set cut-through {}",
-            if c.cut_through { "on" } else { "off" }
-        );
-    }
-    // The same ordering for the notification thresholds (alpha <= beta on every line).
-    let alpha = (c.notify_alpha_mbps != d.notify_alpha_mbps)
-        .then(|| format!("set notify-alpha-mbps {}\n", c.notify_alpha_mbps));
-    let beta = (c.notify_beta_mbps != d.notify_beta_mbps)
-        .then(|| format!("set notify-beta-mbps {}\n", c.notify_beta_mbps));
-    if c.notify != d.notify {
-        let _ = writeln!(s, "set notify {}", c.notify);
-    }
-    let pair = if c.notify_alpha_mbps <= d.notify_beta_mbps {
-        [alpha, beta]
-    } else {
-        [beta, alpha]
-    };
-    for line in pair.into_iter().flatten() {
-        s.push_str(&line);
-    }
-    if c.cpus != d.cpus {
-        if c.cpus.is_empty() {
-            s.push_str("set cpus none\n");
-        } else {
-            let list: Vec<String> = c.cpus.iter().map(|c| c.to_string()).collect();
-            let _ = writeln!(s, "set cpus {}", list.join(","));
-        }
-    }
-    if c.fastpath != d.fastpath {
-        let _ = writeln!(s, "set fastpath {}", c.fastpath);
-    }
-    s
-}
-
-/// The `interface add` line of `i`, newline included.
-pub(crate) fn interface_line(i: &Interface) -> String {
-    let mut s = String::new();
-    match (&i.socket, i.kind) {
-        (_, InterfaceKind::Netdev) => {
-            let _ = write!(
-                s,
-                "interface add {} netdev {} mac {}",
-                i.name, i.ifname, i.mac
-            );
-        }
-        (_, InterfaceKind::Veth) => {
-            let _ = write!(
-                s,
-                "interface add {} veth ifname {} mac {} mtu {}",
-                i.name, i.ifname, i.mac, i.mtu
-            );
-            if let Some(ns) = &i.netns {
-                let _ = write!(s, " netns {ns}");
-            }
-        }
-        (Some(sock), _) => {
-            let _ = write!(
-                s,
-                "interface add {} vhost-user {sock} mac {} mtu {}",
-                i.name, i.mac, i.mtu
-            );
-            if i.client {
-                s.push_str(" client");
-            }
-        }
-        (None, _) => {
-            let _ = write!(
-                s,
-                "interface add {} tap ifname {} mac {} mtu {}",
-                i.name, i.ifname, i.mac, i.mtu
-            );
-            if let Some(ns) = &i.netns {
-                let _ = write!(s, " netns {ns}");
-            }
-            if !i.offload {
-                s.push_str(" offload off");
+                let route = self.routes.remove(at);
+                Ok(vec![Change::Route(RouteChange::Removed { route, at })])
             }
         }
     }
-    if i.queues != 1 {
-        let _ = write!(s, " queues {}", i.queues);
-    }
-    if i.any_source {
-        s.push_str(" any-source");
-    }
-    if let Some(r) = &i.rate {
-        let _ = write!(s, " {r}");
-    }
-    let _ = writeln!(s, " vni {}", i.vni);
-    s
-}
-
-/// The `link add` line of `l` with its rate, newline included.
-pub(crate) fn link_line(l: &Link, rate: Option<&RateLimit>) -> String {
-    let mut s = format!("link add {} {} vni {}", l.name, l.kind, l.vni);
-    if let Some(k) = &l.encrypt {
-        let _ = write!(s, " encrypt {k}");
-    }
-    if let Some(r) = rate {
-        let _ = write!(s, " {r}");
-    }
-    s.push('\n');
-    s
-}
-
-/// `route OP SRC DST KIND NAME`, newline included.
-pub(crate) fn route_line(op: &str, r: &Route) -> String {
-    format!(
-        "route {op} {} {} {} {}\n",
-        r.src, r.dst, r.to.kind, r.to.name
-    )
 }
 
 /// `old` with what `u` sets.
@@ -774,280 +693,5 @@ fn updated(old: PortPolicy, u: &PolicyUpdate) -> PortPolicy {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{parse_line, parse_script};
-
-    fn mac_gen() -> impl FnMut() -> MacAddr {
-        let mut n = 0u8;
-        move || {
-            n += 1;
-            MacAddr([2, 0, 0, 0, 0, n])
-        }
-    }
-
-    fn run(cfg: &mut Config, line: &str) -> Result<Vec<Change>, ConfigError> {
-        let cmd = parse_line(line).unwrap().unwrap();
-        cfg.apply(&cmd, &mut mac_gen())
-    }
-
-    /// Asserts that `line` parses but the configuration refuses it, saying `why`.
-    #[track_caller]
-    fn refused(cfg: &mut Config, line: &str, why: &str) {
-        let e = run(cfg, line).unwrap_err().0;
-        assert!(e.contains(why), "{line}: {e}");
-    }
-
-    #[test]
-    fn veth_and_netdev_interfaces() {
-        let mut c = Config::default();
-        let ch = run(
-            &mut c,
-            "interface add c1 veth netns ns1 mac 02:00:00:00:01:01 mtu 1450",
-        )
-        .unwrap();
-        match &ch[..] {
-            [Change::AddInterface(i)] => {
-                assert_eq!(i.kind, InterfaceKind::Veth);
-                assert_eq!(i.ifname, "vn-c1");
-                assert_eq!((i.mtu, i.netns.as_deref()), (1450, Some("ns1")));
-            }
-            o => panic!("{o:?}"),
-        }
-        let ch = run(
-            &mut c,
-            "interface add vm netdev tap-vm mac 02:00:00:00:01:02 vni 3",
-        )
-        .unwrap();
-        match &ch[..] {
-            [Change::AddInterface(i)] => {
-                assert_eq!(
-                    (i.kind, i.ifname.as_str(), i.vni),
-                    (InterfaceKind::Netdev, "tap-vm", 3)
-                );
-                assert_eq!(i.mtu, 0, "a netdev's MTU is its owner's");
-            }
-            o => panic!("{o:?}"),
-        }
-        // The same device twice is refused; so are options that belong to its owner.
-        assert!(run(&mut c, "interface add vm2 netdev tap-vm").is_err());
-        assert!(parse_line("interface add x netdev d mtu 9000").is_err());
-        assert!(parse_line("interface add x netdev d netns n").is_err());
-        assert!(parse_line("interface add x netdev").is_err());
-        assert!(parse_line("interface add x veth queues 2").is_err());
-        // Round trip through the script.
-        run(&mut c, "set fastpath off").unwrap();
-        let script = c.to_script();
-        assert!(script.contains("set fastpath off"), "{script}");
-        let mut d = Config::default();
-        for (_, cmd) in parse_script(&script).unwrap() {
-            d.apply(&cmd, &mut mac_gen()).unwrap();
-        }
-        assert_eq!(d.to_script(), script);
-        assert_eq!(d.settings.fastpath, FastPathMode::Off);
-    }
-
-    #[test]
-    fn defaults_and_duplicates() {
-        let mut c = Config::default();
-        let ch = run(&mut c, "interface add vm1 tap").unwrap();
-        let Change::AddInterface(i) = &ch[0] else {
-            panic!()
-        };
-        assert_eq!((i.ifname.as_str(), i.mtu, i.vni), ("vn-vm1", 1500, 1));
-        assert!(i.mac.is_unicast());
-        refused(&mut c, "interface add vm1 tap", "exists");
-        refused(
-            &mut c,
-            "interface add vm2 tap ifname vn-vm1",
-            "already used",
-        );
-        refused(&mut c, "interface add vm2 tap mac 02:00:00:00:00:01", "MAC");
-        // same MAC in another VNI is fine
-        run(&mut c, "interface add vm2 tap mac 02:00:00:00:00:01 vni 2").unwrap();
-        refused(
-            &mut c,
-            "interface add vm3 tap mac 01:00:5e:00:00:01",
-            "unicast",
-        );
-        let long = run(
-            &mut c,
-            "interface add averyveryverylongname tap mac 02:00:00:00:00:0f",
-        )
-        .unwrap();
-        let Change::AddInterface(i) = &long[0] else {
-            panic!()
-        };
-        assert_eq!(i.ifname.len(), 15);
-    }
-
-    #[test]
-    fn link_clashes() {
-        let mut c = Config::default();
-        run(&mut c, "link add b udp 10.0.0.2").unwrap();
-        refused(&mut c, "link add b2 udp 10.0.0.2:5000", "already covers");
-        run(&mut c, "link add b2 udp 10.0.0.2 vni 2").unwrap();
-        run(&mut c, "link add l direct eth0").unwrap();
-        assert!(run(&mut c, "link add l2 direct eth0 vni 2").is_err());
-        assert!(run(&mut c, "interface add x tap ifname eth0").is_err());
-    }
-
-    #[test]
-    fn routes_follow_their_destinations() {
-        let mut c = Config::default();
-        run(&mut c, "interface add vm1 tap mac 02:00:00:00:00:01").unwrap();
-        run(&mut c, "link add b udp 10.0.0.2").unwrap();
-        refused(&mut c, "route add any any link nope", "no link");
-        run(&mut c, "route add any 02:00:00:00:00:01 interface vm1").unwrap();
-        refused(
-            &mut c,
-            "route add any 02:00:00:00:00:01 interface vm1",
-            "exists",
-        );
-        run(&mut c, "route add any 02:00:00:00:00:09 link b").unwrap();
-        // replace moves the MAC to the link in one step
-        run(&mut c, "route replace any 02:00:00:00:00:01 link b").unwrap();
-        assert_eq!(c.routes.len(), 2);
-        assert!(c.routes.iter().all(|r| r.to.kind == DestKind::Link));
-        assert!(run(&mut c, "route del any 02:00:00:00:00:01 interface vm1").is_err());
-        // deleting a link takes its routes with it
-        let ch = run(&mut c, "link del b").unwrap();
-        assert_eq!(ch[0], Change::Routes);
-        assert!(c.routes.is_empty());
-        assert!(run(&mut c, "link del b").is_err());
-    }
-
-    fn policy_line() -> impl proptest::strategy::Strategy<Value = String> {
-        use proptest::prelude::*;
-        let rate = prop_oneof![
-            Just("rate off".to_string()),
-            (1u32..2000).prop_map(|m| format!("rate {m}")),
-            (1u32..2000, 1u32..5000).prop_map(|(m, b)| format!("rate {m} burst {b}")),
-        ];
-        prop_oneof![
-            rate.clone().prop_map(|r| format!("interface set vm1 {r}")),
-            any::<bool>().prop_map(|b| format!(
-                "interface set vm1 any-source {}",
-                if b { "on" } else { "off" }
-            )),
-            rate.prop_map(|r| format!("link set b {r}")),
-        ]
-    }
-
-    proptest::proptest! {
-        /// Any sequence of policy changes renders into a script that rebuilds the same
-        /// configuration, and undoing the changes in reverse order restores the start.
-        #[test]
-        fn policy_changes_render_and_undo(lines in proptest::collection::vec(policy_line(), 0..12)) {
-            let mut c = Config::default();
-            run(&mut c, "interface add vm1 tap mac 02:00:00:00:00:01").unwrap();
-            run(&mut c, "link add b udp 10.0.0.2").unwrap();
-            let start = c.clone();
-            let mut changes = Vec::new();
-            for l in &lines {
-                changes.extend(run(&mut c, l).unwrap());
-            }
-            let mut c2 = Config::default();
-            for (_, cmd) in parse_script(&c.to_script()).unwrap() {
-                c2.apply(&cmd, &mut mac_gen()).unwrap();
-            }
-            proptest::prop_assert_eq!(&c, &c2);
-            // Replaying the inverses on the policies gives back the starting ones.
-            let (mut ipol, mut lpol) = (c.interfaces[0].policy(), c.link_policy("b"));
-            for ch in changes.iter().rev() {
-                if let Change::Policy { kind, new, .. } = ch.inverse() {
-                    match kind {
-                        DestKind::Interface => ipol = new,
-                        DestKind::Link => lpol = new,
-                    }
-                }
-            }
-            proptest::prop_assert_eq!(ipol, start.interfaces[0].policy());
-            proptest::prop_assert_eq!(lpol, start.link_policy("b"));
-        }
-    }
-
-    #[test]
-    fn policies() {
-        let mut c = Config::default();
-        run(&mut c, "interface add vm1 tap mac 02:00:00:00:00:01").unwrap();
-        assert_eq!(c.interfaces[0].policy(), PortPolicy::default());
-        let ch = run(&mut c, "interface set vm1 any-source on rate 10 burst 100").unwrap();
-        let want = PortPolicy {
-            any_source: true,
-            rate: Some(RateLimit {
-                mbit: 10,
-                burst_kb: 100,
-            }),
-        };
-        assert_eq!(
-            ch,
-            vec![Change::Policy {
-                kind: DestKind::Interface,
-                name: "vm1".into(),
-                old: PortPolicy::default(),
-                new: want
-            }]
-        );
-        assert_eq!(c.interfaces[0].policy(), want);
-        // setting what is already set changes nothing
-        assert!(run(&mut c, "interface set vm1 any-source on")
-            .unwrap()
-            .is_empty());
-        // only the named setting changes
-        run(&mut c, "interface set vm1 rate off").unwrap();
-        assert_eq!(
-            c.interfaces[0].policy(),
-            PortPolicy {
-                any_source: true,
-                rate: None
-            }
-        );
-        refused(&mut c, "interface set nope any-source on", "no interface");
-        // links: added with a rate, changed, deleted with the rate cleared first
-        let ch = run(&mut c, "link add b udp 10.0.0.2 rate 100").unwrap();
-        assert_eq!(ch.len(), 2);
-        assert!(
-            matches!(&ch[1], Change::Policy { kind: DestKind::Link, new, .. } if new.rate.is_some())
-        );
-        refused(&mut c, "link set nope rate 5", "no link");
-        run(&mut c, "link set b rate 5 burst 64").unwrap();
-        assert_eq!(c.link_policy("b").rate.map(|r| r.mbit), Some(5));
-        let ch = run(&mut c, "link del b").unwrap();
-        assert!(matches!(&ch[0], Change::Policy { new, .. } if *new == PortPolicy::default()));
-        assert!(matches!(&ch[1], Change::DelLink(_)));
-        assert!(c.link_rates.is_empty());
-        // the undo of a deletion re-adds, then restores the rate
-        let undo: Vec<Change> = ch.iter().rev().map(|c| c.inverse()).collect();
-        assert!(matches!(&undo[0], Change::AddLink(_)));
-        assert!(
-            matches!(&undo[1], Change::Policy { new, .. } if new.rate.map(|r| r.mbit) == Some(5))
-        );
-    }
-
-    #[test]
-    fn script_roundtrip_and_inverse() {
-        let script = "set learn on\nset mode polling\nset adaptive-low 20\nset adaptive-high 50\nset cpus 1\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000 queues 2 offload off\ninterface add vm2 vhost-user /run/vm2.sock mac 02:00:00:00:00:02 queues 2 client any-source rate 50\ninterface add vm3 tap mac 02:00:00:00:00:03 rate 10 burst 70\nlink add b udp 10.0.0.2 vni 1 rate 300 burst 1000\nlink add e udp 10.0.0.9 vni 1 encrypt q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80= rate 20 burst 200\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
-        let mut c = Config::default();
-        for (_, cmd) in parse_script(script).unwrap() {
-            c.apply(&cmd, &mut mac_gen()).unwrap();
-        }
-        let mut c2 = Config::default();
-        for (_, cmd) in parse_script(&c.to_script()).unwrap() {
-            c2.apply(&cmd, &mut mac_gen()).unwrap();
-        }
-        assert_eq!(c, c2);
-        // raising both thresholds renders in an order that applies line by line
-        let mut c3 = Config::default();
-        run(&mut c3, "set adaptive-high 90000").unwrap();
-        run(&mut c3, "set adaptive-low 50000").unwrap();
-        let mut c4 = Config::default();
-        for (_, cmd) in parse_script(&c3.to_script()).unwrap() {
-            c4.apply(&cmd, &mut mac_gen()).unwrap();
-        }
-        assert_eq!(c3, c4);
-        refused(&mut c4, "set adaptive-high 10", "must not exceed");
-        let ch = Change::AddListener("10.0.0.1:1".parse().unwrap());
-        assert_eq!(ch.inverse().inverse(), ch);
-    }
-}
+#[path = "model_tests.rs"]
+mod tests;

@@ -69,6 +69,31 @@ impl ForwardingTable {
         self.generation
     }
 
+    /// Marks a changed copy as new, so the [`RouteCache`]s forget what they learnt.
+    pub fn set_generation(&mut self, generation: u64) {
+        self.generation = generation;
+    }
+
+    /// Adds a rule, as [`ForwardingTable::new`] would have: false (and nothing added) when its
+    /// destination is not a port of its VNI.
+    pub fn insert_route(&mut self, r: RouteRule) -> bool {
+        if self.ports.get(&r.dest).map(|p| p.vni) != Some(r.vni) {
+            return false;
+        }
+        self.routes.insert(r);
+        true
+    }
+
+    /// Removes a rule; false when the table has none equal to it.
+    pub fn remove_route(&mut self, r: &RouteRule) -> bool {
+        self.routes.remove(r)
+    }
+
+    /// The rules, by VNI and destination.
+    pub fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+
     pub fn port(&self, id: PortId) -> Option<PortInfo> {
         self.ports.get(&id).copied()
     }

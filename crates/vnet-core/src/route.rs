@@ -58,11 +58,41 @@ impl RouteRule {
     }
 }
 
-/// The rule table: a linear list per VNI, as in VNET/P; [`crate::RouteCache`] makes the common
+/// Shards of a VNI's exact-destination rules: a change copies one shard, not the table.
+const SHARDS: usize = 64;
+
+/// The rules of one VNI, indexed by destination: those for one exact MAC, and the wildcards
+/// (`any`, `not MAC`) that can match any destination. Each keeps its rules in the order they
+/// were added, which is the configuration's order.
+#[derive(Debug, Clone, Default)]
+struct VniRules {
+    exact: Vec<std::sync::Arc<crate::FastMap<MacAddr, Vec<RouteRule>>>>,
+    wild: Vec<RouteRule>,
+    len: usize,
+}
+
+fn shard(mac: MacAddr) -> usize {
+    let m = mac.0;
+    (m[5] ^ m[4].rotate_left(3) ^ m[3].rotate_left(5)) as usize % SHARDS
+}
+
+impl VniRules {
+    fn exact_rules(&self, dst: MacAddr) -> &[RouteRule] {
+        self.exact
+            .get(shard(dst))
+            .and_then(|s| s.get(&dst))
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
+/// The rule table, per VNI and by destination, so that a frame's candidates are the rules
+/// for its destination MAC and the wildcard rules, and a route change touches one entry. The
+/// exact-destination rules are in shards shared between copies of the table (copy on write):
+/// publishing a table after a change copies one shard. [`crate::RouteCache`] makes the common
 /// lookup O(1).
 #[derive(Debug, Clone, Default)]
 pub struct RouteTable {
-    by_vni: crate::FastMap<u32, Vec<RouteRule>>,
+    by_vni: crate::FastMap<u32, VniRules>,
 }
 
 impl RouteTable {
@@ -70,27 +100,121 @@ impl RouteTable {
         Self::default()
     }
 
+    /// Adds a rule after the others of its destination.
     pub fn insert(&mut self, rule: RouteRule) {
-        self.by_vni.entry(rule.vni).or_default().push(rule);
+        let v = self.by_vni.entry(rule.vni).or_default();
+        v.len += 1;
+        match rule.dst {
+            MacMatch::Exact(d) => {
+                if v.exact.is_empty() {
+                    v.exact = (0..SHARDS).map(|_| Default::default()).collect();
+                }
+                std::sync::Arc::make_mut(&mut v.exact[shard(d)])
+                    .entry(d)
+                    .or_default()
+                    .push(rule);
+            }
+            _ => v.wild.push(rule),
+        }
+    }
+
+    /// Removes one rule equal to `rule` (the first); false when there is none.
+    pub fn remove(&mut self, rule: &RouteRule) -> bool {
+        let Some(v) = self.by_vni.get_mut(&rule.vni) else {
+            return false;
+        };
+        let removed = match rule.dst {
+            MacMatch::Exact(d) => {
+                let i = shard(d);
+                let present = v
+                    .exact
+                    .get(i)
+                    .and_then(|s| s.get(&d))
+                    .is_some_and(|rs| rs.contains(rule));
+                if present {
+                    let s = std::sync::Arc::make_mut(&mut v.exact[i]);
+                    if let Some(rs) = s.get_mut(&d) {
+                        if let Some(p) = rs.iter().position(|r| r == rule) {
+                            rs.remove(p);
+                        }
+                        if rs.is_empty() {
+                            s.remove(&d);
+                        }
+                    }
+                }
+                present
+            }
+            _ => match v.wild.iter().position(|r| r == rule) {
+                Some(p) => {
+                    v.wild.remove(p);
+                    true
+                }
+                None => false,
+            },
+        };
+        if removed {
+            v.len -= 1;
+            if v.len == 0 {
+                self.by_vni.remove(&rule.vni);
+            }
+        }
+        removed
     }
 
     pub fn len(&self) -> usize {
-        self.by_vni.values().map(Vec::len).sum()
+        self.by_vni.values().map(|v| v.len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// The rules of `vni` whose destination is exactly `dst`, in order.
+    pub fn exact_rules(&self, vni: u32, dst: MacAddr) -> &[RouteRule] {
+        self.by_vni.get(&vni).map_or(&[], |v| v.exact_rules(dst))
+    }
+
+    /// The rules of `vni` whose destination is `any` or `not MAC`, in order.
+    pub fn wild_rules(&self, vni: u32) -> &[RouteRule] {
+        self.by_vni.get(&vni).map_or(&[], |v| v.wild.as_slice())
+    }
+
+    /// The exact destinations of `vni` with their rules.
+    pub fn exact_groups(&self, vni: u32) -> impl Iterator<Item = (MacAddr, &[RouteRule])> {
+        self.by_vni
+            .get(&vni)
+            .into_iter()
+            .flat_map(|v| v.exact.iter())
+            .flat_map(|s| s.iter().map(|(d, rs)| (*d, rs.as_slice())))
+    }
+
+    /// Every rule, per VNI and destination (`None`: the wildcards), each group in order.
+    pub fn groups(&self) -> std::collections::BTreeMap<(u32, Option<MacAddr>), Vec<RouteRule>> {
+        let mut out = std::collections::BTreeMap::new();
+        for (vni, v) in &self.by_vni {
+            if !v.wild.is_empty() {
+                out.insert((*vni, None), v.wild.clone());
+            }
+            for s in &v.exact {
+                for (d, rs) in s.iter() {
+                    out.insert((*vni, Some(*d)), rs.clone());
+                }
+            }
+        }
+        out
+    }
+
     /// The destinations of the best-ranked rules matching (src, dst) in `vni`, in rule order,
-    /// without duplicates. Empty when no rule matches.
+    /// without duplicates. Empty when no rule matches. The exact-destination rules come
+    /// first: any of them that matches outranks every wildcard, so the order among the best
+    /// is the order of one group.
     pub fn lookup(&self, vni: u32, src: MacAddr, dst: MacAddr) -> Vec<PortId> {
-        let Some(rules) = self.by_vni.get(&vni) else {
+        let Some(v) = self.by_vni.get(&vni) else {
             return Vec::new();
         };
         let mut best = (0u8, 0u8);
         let mut out: Vec<PortId> = Vec::new();
-        for r in rules {
+        for r in v.exact_rules(dst).iter().chain(v.wild.iter()) {
             if !(r.src.matches(src) && r.dst.matches(dst)) {
                 continue;
             }
@@ -171,5 +295,48 @@ mod tests {
     fn display() {
         assert_eq!(MacMatch::Exact(MacAddr::BROADCAST).to_string(), "broadcast");
         assert_eq!(MacMatch::Not(mac(1)).to_string(), "not 52:54:00:00:00:01");
+    }
+
+    proptest::proptest! {
+        /// Any sequence of insertions and removals leaves the table (its groups, in order, and
+        /// every lookup) a table built from the final rules in order would be.
+        #[test]
+        fn insert_and_remove_equal_a_fresh_table(
+            ops in proptest::collection::vec((proptest::bool::weighted(0.6), 0usize..20, 1u32..3, 0u8..5, 0u8..5, 0u8..3, 0u32..4), 0..60),
+        ) {
+            let m = |k: u8, n: u8| match n {
+                0 => MacMatch::Any,
+                1 => MacMatch::Not(mac(k)),
+                _ => MacMatch::Exact(mac(k)),
+            };
+            let mut rules: Vec<RouteRule> = Vec::new();
+            let mut t = RouteTable::new();
+            for (add, pick, vni, s, d, kind, dest) in ops {
+                if add || rules.is_empty() {
+                    let r = RouteRule { vni, src: m(s, kind % 2 * 2), dst: m(d, kind), dest: PortId(dest) };
+                    rules.push(r);
+                    t.insert(r);
+                } else {
+                    // The first equal rule goes, as `remove` takes the first.
+                    let r = rules[pick % rules.len()];
+                    let first = rules.iter().position(|x| *x == r).unwrap_or(0);
+                    rules.remove(first);
+                    proptest::prop_assert!(t.remove(&r));
+                }
+                let mut fresh = RouteTable::new();
+                for r in &rules {
+                    fresh.insert(*r);
+                }
+                proptest::prop_assert_eq!(t.groups(), fresh.groups());
+                proptest::prop_assert_eq!(t.len(), rules.len());
+                for vni in 1..3 {
+                    for s in 0..5 {
+                        for d in 0..5 {
+                            proptest::prop_assert_eq!(t.lookup(vni, mac(s), mac(d)), fresh.lookup(vni, mac(s), mac(d)));
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use tracing::{info, warn};
 use vnet_control::{FastPathMode, PortPolicy};
-use vnet_core::{FastMap, MatrixEntry, PortId, RouteRule};
+use vnet_core::{FastMap, ForwardingTable, MatrixEntry, PortId, RouteRule};
 use vnet_fastpath::{
-    compile, CompilePort, CompiledTable, Counters, Delivery, Egress, FastPath, FastPathConfig,
-    LinkSpec, PortSpec, Rate, Unavailable,
+    compile, recompile, CompilePort, CompiledTable, Counters, Delivery, Egress, FastPath,
+    FastPathConfig, LinkSpec, PortSpec, Rate, Touched, Unavailable,
 };
 use vnet_wire::MacAddr;
 
@@ -255,6 +255,36 @@ impl KernelPath {
                 }
                 self.left_out = r.left_out;
             }
+            Err(e) => warn!("kernel fast path: table: {e}"),
+        }
+    }
+
+    /// Follows a change of the rules at the `touched` destinations only (the table was
+    /// applied in full before, by [`KernelPath::apply`], with the same ports and learning):
+    /// only their entries are recompiled and written.
+    pub fn apply_routes(&mut self, table: &ForwardingTable, touched: &[Touched], learning: bool) {
+        if self.mode == FastPathMode::Off || learning {
+            return; // the table is empty, and stays so
+        }
+        let (ports, links) = (&self.ports, &self.links);
+        let port = |id: PortId| {
+            table.port(id).map(|info| CompilePort {
+                id,
+                vni: info.vni,
+                egress: if ports.contains_key(&id) {
+                    Egress::FastPort
+                } else if links.contains_key(&id) {
+                    Egress::UdpLink
+                } else {
+                    Egress::Other
+                },
+            })
+        };
+        let r = self
+            .fp
+            .update_table(|t| recompile(t, table.routes(), touched, port, learning));
+        match r {
+            Ok(r) => self.left_out = r.left_out,
             Err(e) => warn!("kernel fast path: table: {e}"),
         }
     }

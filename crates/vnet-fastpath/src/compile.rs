@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use vnet_core::{MacMatch, PortId, RouteRule};
+use vnet_core::{MacMatch, PortId, RouteRule, RouteTable};
 use vnet_wire::MacAddr;
 
 /// What kind of egress a port is, as far as the kernel path cares.
@@ -164,7 +164,7 @@ fn write_rank(
     group: &[&RouteRule],
     base: FwdKey,
     narrow: impl Fn(MacAddr) -> FwdKey,
-    act: &impl Fn(&BTreeSet<PortId>) -> Action,
+    act: &dyn Fn(&BTreeSet<PortId>) -> Action,
 ) {
     if slow {
         let e = FwdEntry {
@@ -203,6 +203,75 @@ fn write_rank(
     }
 }
 
+/// The action for the best rank's set of targets.
+fn action_for(targets: &BTreeSet<PortId>, port: &impl Fn(PortId) -> Option<CompilePort>) -> Action {
+    let mut it = targets.iter();
+    match (it.next(), it.next()) {
+        (None, _) => Action::None,
+        (Some(p), None) => match port(*p).map(|p| p.egress) {
+            Some(Egress::FastPort) => Action::Port(*p),
+            Some(Egress::UdpLink) => Action::Link(*p),
+            _ => Action::Slow,
+        },
+        _ => Action::Slow,
+    }
+}
+
+/// The entries of one unicast destination `d` of `vni`: its (any, dst) entry and its
+/// (src, dst) entries, from the rules whose destination is exactly `d` (`exact`) and the
+/// VNI's wildcard rules (`wild`). Nothing when no rule names `d`.
+fn compile_dest(
+    out: &mut CompiledTable,
+    vni: u32,
+    d: MacAddr,
+    exact: &[&RouteRule],
+    wild: &[&RouteRule],
+    port: &impl Fn(PortId) -> Option<CompilePort>,
+) {
+    if exact.is_empty() || !d.is_unicast() {
+        return;
+    }
+    let slow =
+        exact.iter().any(|r| has_not(r)) || wild.iter().any(|r| r.dst.matches(d) && has_not(r));
+    let key = |kind, src, dst| FwdKey {
+        vni,
+        kind,
+        src,
+        dst,
+    };
+    write_rank(
+        out,
+        slow,
+        exact,
+        key(KeyKind::Dst, MacAddr::ZERO, d),
+        |s| key(KeyKind::SrcDst, s, d),
+        &|t| action_for(t, port),
+    );
+}
+
+/// The fallback entries of `vni`: from the rules whose destination is `any` or `not X`.
+fn compile_wild(
+    out: &mut CompiledTable,
+    vni: u32,
+    wild: &[&RouteRule],
+    port: &impl Fn(PortId) -> Option<CompilePort>,
+) {
+    let key = |kind, src, dst| FwdKey {
+        vni,
+        kind,
+        src,
+        dst,
+    };
+    write_rank(
+        out,
+        wild.iter().any(|r| has_not(r)),
+        wild,
+        key(KeyKind::Any, MacAddr::ZERO, MacAddr::ZERO),
+        |s| key(KeyKind::Src, s, MacAddr::ZERO),
+        &|t| action_for(t, port),
+    );
+}
+
 /// Compiles the rules of every VNI. Rules whose destination is not a port of their VNI are
 /// ignored, as `ForwardingTable::new` ignores them.
 pub fn compile(ports: &[CompilePort], rules: &[RouteRule], learning: bool) -> CompiledTable {
@@ -211,71 +280,125 @@ pub fn compile(ports: &[CompilePort], rules: &[RouteRule], learning: bool) -> Co
         return out;
     }
     let port: BTreeMap<PortId, CompilePort> = ports.iter().map(|p| (p.id, *p)).collect();
-    let mut by_vni: BTreeMap<u32, Vec<RouteRule>> = BTreeMap::new();
+    let port = |id: PortId| port.get(&id).copied();
+    // Per VNI: the rules by exact destination, and the wildcards.
+    type Groups<'a> = (BTreeMap<MacAddr, Vec<&'a RouteRule>>, Vec<&'a RouteRule>);
+    let mut by_vni: BTreeMap<u32, Groups<'_>> = BTreeMap::new();
     for r in rules {
-        if port.get(&r.dest).map(|p| p.vni) == Some(r.vni) {
-            by_vni.entry(r.vni).or_default().push(*r);
+        if port(r.dest).map(|p| p.vni) != Some(r.vni) {
+            continue;
+        }
+        let g = by_vni.entry(r.vni).or_default();
+        match r.dst {
+            MacMatch::Exact(d) => g.0.entry(d).or_default().push(r),
+            _ => g.1.push(r),
         }
     }
-    // The action for the best rank's set of targets.
-    let act = |targets: &BTreeSet<PortId>| -> Action {
-        let mut it = targets.iter();
-        match (it.next(), it.next()) {
-            (None, _) => Action::None,
-            (Some(p), None) => match port.get(p).map(|p| p.egress) {
-                Some(Egress::FastPort) => Action::Port(*p),
-                Some(Egress::UdpLink) => Action::Link(*p),
-                _ => Action::Slow,
-            },
-            _ => Action::Slow,
+    for (vni, (exact, wild)) in by_vni {
+        for (d, rs) in &exact {
+            compile_dest(&mut out, vni, *d, rs, &wild, &port);
         }
-    };
-    for (vni, rules) in by_vni {
-        let key = |kind, src, dst| FwdKey {
-            vni,
-            kind,
-            src,
-            dst,
-        };
-        // Destinations with an exact rule: each gets a (any, dst) entry.
-        let dsts: BTreeSet<MacAddr> = rules
-            .iter()
-            .filter_map(|r| match r.dst {
-                MacMatch::Exact(d) if d.is_unicast() => Some(d),
-                _ => None,
-            })
-            .collect();
-        for d in dsts {
-            let matching: Vec<&RouteRule> = rules.iter().filter(|r| r.dst.matches(d)).collect();
-            let slow = matching.iter().any(|r| has_not(r));
-            let exact: Vec<&RouteRule> = matching
-                .into_iter()
-                .filter(|r| r.dst == MacMatch::Exact(d))
-                .collect();
-            write_rank(
-                &mut out,
-                slow,
-                &exact,
-                key(KeyKind::Dst, MacAddr::ZERO, d),
-                |s| key(KeyKind::SrcDst, s, d),
-                &act,
-            );
-        }
-        // The fallback: rules whose destination is `any` or `not X`.
-        let wild: Vec<&RouteRule> = rules
-            .iter()
-            .filter(|r| !matches!(r.dst, MacMatch::Exact(_)))
-            .collect();
-        write_rank(
-            &mut out,
-            wild.iter().any(|r| has_not(r)),
-            &wild,
-            key(KeyKind::Any, MacAddr::ZERO, MacAddr::ZERO),
-            |s| key(KeyKind::Src, s, MacAddr::ZERO),
-            &act,
-        );
+        compile_wild(&mut out, vni, &wild, &port);
     }
     out
+}
+
+/// Where the rules changed: the rules of one exact destination of a VNI, or the VNI's
+/// wildcard rules (which bear on every destination of the VNI).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Touched {
+    Dst(u32, MacAddr),
+    Wild(u32),
+}
+
+/// Brings `table` (compiled from the rules before the change) in line with `routes` at the
+/// `touched` places only, so that it equals a full [`compile`] of `routes`; returns the keys
+/// whose entry may have changed (set or gone), for the map writes. `routes` holds only rules
+/// whose destination is a port of their VNI (a `vnet_core::ForwardingTable`'s). A change of
+/// the wildcards recompiles the whole VNI; a change of one destination, that destination.
+pub fn recompile(
+    table: &mut CompiledTable,
+    routes: &RouteTable,
+    touched: &[Touched],
+    port: impl Fn(PortId) -> Option<CompilePort>,
+    learning: bool,
+) -> BTreeSet<FwdKey> {
+    let mut keys = BTreeSet::new();
+    if learning {
+        return keys;
+    }
+    let mut dsts: BTreeSet<(u32, MacAddr)> = BTreeSet::new();
+    let mut vnis: BTreeSet<u32> = BTreeSet::new();
+    for t in touched {
+        match *t {
+            Touched::Dst(vni, d) => {
+                dsts.insert((vni, d));
+            }
+            Touched::Wild(vni) => {
+                vnis.insert(vni);
+            }
+        }
+    }
+    dsts.retain(|(vni, _)| !vnis.contains(vni));
+    let mut fresh = CompiledTable::default();
+    for vni in &vnis {
+        let lo = FwdKey {
+            vni: *vni,
+            kind: KeyKind::Any,
+            src: MacAddr::ZERO,
+            dst: MacAddr::ZERO,
+        };
+        let hi = FwdKey {
+            vni: *vni,
+            kind: KeyKind::Src,
+            src: MacAddr([0xff; 6]),
+            dst: MacAddr([0xff; 6]),
+        };
+        keys.extend(table.entries.range(lo..=hi).map(|(k, _)| *k));
+        let wild: Vec<&RouteRule> = routes.wild_rules(*vni).iter().collect();
+        for (d, rs) in routes.exact_groups(*vni) {
+            let rs: Vec<&RouteRule> = rs.iter().collect();
+            compile_dest(&mut fresh, *vni, d, &rs, &wild, &port);
+        }
+        compile_wild(&mut fresh, *vni, &wild, &port);
+    }
+    for (vni, d) in &dsts {
+        let dk = FwdKey {
+            vni: *vni,
+            kind: KeyKind::Dst,
+            src: MacAddr::ZERO,
+            dst: *d,
+        };
+        keys.insert(dk);
+        // (src, dst) keys sort by source first: the VNI's few are scanned for this one.
+        let lo = FwdKey {
+            kind: KeyKind::SrcDst,
+            src: MacAddr::ZERO,
+            dst: MacAddr::ZERO,
+            vni: *vni,
+        };
+        let hi = FwdKey {
+            src: MacAddr([0xff; 6]),
+            dst: MacAddr([0xff; 6]),
+            ..lo
+        };
+        keys.extend(
+            table
+                .entries
+                .range(lo..=hi)
+                .filter(|(k, _)| k.dst == *d)
+                .map(|(k, _)| *k),
+        );
+        let exact: Vec<&RouteRule> = routes.exact_rules(*vni, *d).iter().collect();
+        let wild: Vec<&RouteRule> = routes.wild_rules(*vni).iter().collect();
+        compile_dest(&mut fresh, *vni, *d, &exact, &wild, &port);
+    }
+    for k in &keys {
+        table.entries.remove(k);
+    }
+    keys.extend(fresh.entries.keys().copied());
+    table.entries.extend(fresh.entries);
+    keys
 }
 
 /// What the kernel does with a frame, as a whole (the program's checks around the lookup).
@@ -637,6 +760,60 @@ mod tests {
                         "ingress {:?} {} -> {}", ingress, src, dst
                     );
                 }
+            }
+        }
+    }
+
+    // ---- the property: incremental recompilation equals a full compile ----
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+        /// Any sequence of rule insertions and removals, applied to a forwarding table and
+        /// recompiled at the destinations each touches, gives the table a full compile of the
+        /// final rules gives (the incremental path of `vnet-dataplane`'s engine).
+        #[test]
+        fn recompiling_touched_destinations_equals_a_full_compile(
+            case in arb_case(),
+            ops in prop::collection::vec((any::<bool>(), 0usize..14, (1u32..3, arb_match(), arb_match(), 0u32..8)), 0..30),
+        ) {
+            let (pspecs, rspecs) = case;
+            let ports: Vec<CompilePort> = pspecs
+                .iter()
+                .enumerate()
+                .map(|(i, (vni, e, _))| port(i as u32, *vni, *e))
+                .collect();
+            let infos = pspecs.iter().enumerate().map(|(i, (vni, _, k))| {
+                (PortId(i as u32), PortInfo { vni: *vni, kind: *k })
+            });
+            let mut rules: Vec<RouteRule> = rspecs
+                .iter()
+                .map(|(vni, s, d, dest)| rule(*vni, *s, *d, *dest))
+                .collect();
+            let mut ft = ForwardingTable::new(1, infos, rules.iter().copied());
+            let mut table = compile(&ports, &rules, false);
+            let by_id: BTreeMap<PortId, CompilePort> = ports.iter().map(|p| (p.id, *p)).collect();
+            for (add, pick, (vni, s, d, dest)) in ops {
+                let r = if add || rules.is_empty() {
+                    rule(vni, s, d, dest)
+                } else {
+                    rules[pick % rules.len()]
+                };
+                let changed = if add || rules.is_empty() {
+                    rules.push(r);
+                    ft.insert_route(r)
+                } else {
+                    let p = rules.iter().position(|x| *x == r).unwrap();
+                    rules.remove(p);
+                    ft.remove_route(&r)
+                };
+                if changed {
+                    let t = match r.dst {
+                        MacMatch::Exact(m) => Touched::Dst(r.vni, m),
+                        _ => Touched::Wild(r.vni),
+                    };
+                    recompile(&mut table, ft.routes(), &[t], |id| by_id.get(&id).copied(), false);
+                }
+                prop_assert_eq!(&table, &compile(&ports, &rules, false));
             }
         }
     }

@@ -89,8 +89,8 @@ mod takeover;
 mod unbuilt;
 
 pub use compile::{
-    compile, kernel_decision, plan_update, Action, CompilePort, CompiledTable, Egress, FwdEntry,
-    FwdKey, KernelDecision, KeyKind, TablePlan,
+    compile, kernel_decision, plan_update, recompile, Action, CompilePort, CompiledTable, Egress,
+    FwdEntry, FwdKey, KernelDecision, KeyKind, TablePlan, Touched,
 };
 pub use error::{Error, Unavailable};
 #[cfg(feature = "kernel")]

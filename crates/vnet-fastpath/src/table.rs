@@ -3,7 +3,7 @@
 //! difference from the earlier vnetd's table, this process's programs swapped into every
 //! link, and what the earlier vnetd had and this one has not let go.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, BorrowedFd};
 
 use vnet_core::PortId;
@@ -23,6 +23,74 @@ impl FastPath {
     pub fn apply_table(&mut self, table: &CompiledTable) -> Result<ApplyReport, Error> {
         self.table = table.clone();
         self.reapply()
+    }
+
+    /// Changes the table where the rules changed: `update` edits the table in place (as
+    /// [`crate::recompile`] does) and returns the keys it may have changed; only those entries
+    /// are written, in key order (an entry before the ones it leads to), deletes last. No copy
+    /// of the table. When the map is short of room for them, or an earlier apply had to leave
+    /// entries out, the whole table is planned again as [`FastPath::apply_table`] does (the
+    /// degradation to slow is a property of the whole table).
+    pub fn update_table(
+        &mut self,
+        update: impl FnOnce(&mut CompiledTable) -> BTreeSet<FwdKey>,
+    ) -> Result<ApplyReport, Error> {
+        let keys = update(&mut self.table);
+        if self.pins.as_ref().is_some_and(|p| p.holding) {
+            return Ok(ApplyReport::default());
+        }
+        let new_keys = keys
+            .iter()
+            .filter(|k| self.table.entries.contains_key(k) && !self.current.contains_key(k))
+            .count();
+        // Written in full earlier (every desired key is in the map) and room for the new keys.
+        let whole = self.current.len() == self.table.entries.len()
+            && self.current.len() + new_keys <= self.cfg.max_table as usize;
+        if !whole {
+            return self.reapply();
+        }
+        let mut report = ApplyReport::default();
+        let mut deletes = Vec::new();
+        for k in &keys {
+            let Some(mut e) = self.table.entries.get(k).copied() else {
+                if self.current.contains_key(k) {
+                    deletes.push(*k);
+                }
+                continue;
+            };
+            if !self.known(e.action) {
+                e.action = Action::Slow;
+            }
+            if self.current.get(k) == Some(&e) {
+                continue;
+            }
+            let val = FwdVal {
+                action: self.action_word(e.action),
+                flags: e.flags(),
+            };
+            if let Err(err) = self.maps.fwd.update(&map_key(k), &val) {
+                tracing::warn!(?k, %err, "fast path: forwarding entry not written");
+                self.table_full += 1;
+                continue;
+            }
+            self.current.insert(*k, e);
+            report.written += 1;
+        }
+        for k in &deletes {
+            self.maps.fwd.delete(&map_key(k))?;
+            self.current.remove(k);
+            report.deleted += 1;
+        }
+        Ok(report)
+    }
+
+    /// Whether the target of an action is an attached port or a set link.
+    fn known(&self, a: Action) -> bool {
+        match a {
+            Action::Port(p) => self.ports.contains_key(&p),
+            Action::Link(l) => self.links.contains_key(&l),
+            _ => true,
+        }
     }
 
     pub(crate) fn reapply(&mut self) -> Result<ApplyReport, Error> {

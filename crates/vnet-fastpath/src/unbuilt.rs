@@ -121,6 +121,13 @@ impl FastPath {
         match *self {}
     }
 
+    pub fn update_table(
+        &mut self,
+        _update: impl FnOnce(&mut CompiledTable) -> std::collections::BTreeSet<crate::FwdKey>,
+    ) -> Result<ApplyReport, Error> {
+        match *self {}
+    }
+
     pub fn table_len(&self) -> usize {
         match *self {}
     }

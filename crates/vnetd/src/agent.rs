@@ -19,10 +19,11 @@ impl DataPlane for Daemon {
         self.local_changes.load(Relaxed)
     }
 
-    /// The daemon compares against its own record of what it applied (a refused command
-    /// stays out of it and is retried), so the delta is not needed here.
-    fn apply_derived(&self, derivation: &Derivation, _delta: Option<&[Command]>) -> SyncReport {
-        Daemon::apply_derivation(self, derivation)
+    /// The delta applies as it is while the daemon's record of what it applied followed the
+    /// agent's derivations exactly; after a refused command (it stays out of the record and
+    /// is retried) or a local change the daemon compares the whole sets once.
+    fn apply_derived(&self, derivation: &Derivation, delta: Option<&[Command]>) -> SyncReport {
+        Daemon::apply_derivation(self, derivation, delta)
     }
 
     fn matrix(&self) -> Vec<vnet_core::MatrixEntry> {

@@ -24,6 +24,10 @@ pub struct State {
     pub engine: Engine,
     /// What the etcd agent applied to `cfg` and has not taken back (empty without `--etcd`).
     pub derived: DerivedConfig,
+    /// `derived` is exactly the agent's last derivation, and the local configuration has not
+    /// changed since (the value of `local_changes` then): the agent's next delta applies to
+    /// it as it is. None after a refused command, a restore, or before the first sync.
+    pub derived_in_step: Option<u64>,
 }
 
 impl State {
@@ -31,9 +35,30 @@ impl State {
     pub fn local_config(&self) -> Config {
         let mut local = self.cfg.clone();
         local.links.retain(|l| !self.derived.links.contains(l));
-        local.routes.retain(|r| !self.derived.routes.contains(r));
+        let derived = self.derived_routes();
+        local.routes.retain(|r| !derived.contains(&route_key(r)));
         local
     }
+
+    /// The local configuration's script, rendered from the running one (no copy of it).
+    pub fn local_script(&self) -> String {
+        let derived = self.derived_routes();
+        self.cfg.script_where(
+            |l| !self.derived.links.contains(l),
+            |r| !derived.contains(&route_key(r)),
+        )
+    }
+
+    /// A set of the derived routes: scanning the list for each route is quadratic.
+    fn derived_routes(&self) -> std::collections::HashSet<RouteKey<'_>> {
+        self.derived.routes.iter().map(route_key).collect()
+    }
+}
+
+type RouteKey<'a> = (DestKind, &'a str, vnet_core::MacMatch, vnet_core::MacMatch);
+
+fn route_key(r: &vnet_control::Route) -> RouteKey<'_> {
+    (r.to.kind, r.to.name.as_str(), r.src, r.dst)
 }
 
 pub struct Daemon {
@@ -72,6 +97,7 @@ impl Daemon {
                 cfg: Config::default(),
                 engine,
                 derived: DerivedConfig::default(),
+                derived_in_step: None,
             }),
             control_errors: AtomicU64::new(0),
             local_changes: AtomicU64::new(0),
@@ -94,7 +120,7 @@ impl Daemon {
         let g = self.generation.fetch_add(1, Relaxed) + 1;
         Some(LocalSnapshot {
             generation: g,
-            script: st.local_config().to_script(),
+            script: st.local_script(),
             made: st.engine.made_devices(),
             forwarding: st.engine.kernel_forwarding_originals(),
         })
@@ -132,6 +158,12 @@ impl Daemon {
             }
         }
         Some((g, text))
+    }
+
+    /// The derived configuration rendered now, for the state directory's writer.
+    pub fn render_derived(&self) -> Option<(u64, String)> {
+        let st = self.lock();
+        self.derived_snapshot(&st)
     }
 
     fn save_derived(&self, snap: Option<(u64, String)>) {
@@ -246,7 +278,7 @@ impl Daemon {
     pub fn sync_cluster(&self, host: &vnet_cluster::HostId, state: &ClusterState) -> SyncReport {
         self.cluster_synced(Some(state));
         let derivation = vnet_cluster::derive(host, state, &self.local_config());
-        self.apply_derivation(&derivation)
+        self.apply_derivation(&derivation, None)
     }
 
     /// Records a synchronisation with the cluster for the HTTP listener's views: its time,
@@ -276,50 +308,81 @@ impl Daemon {
     }
 
     /// Brings the derived part of the running configuration to `derivation` (the etcd agent
-    /// derives incrementally and hands the result over here).
-    pub fn apply_derivation(&self, derivation: &vnet_cluster::Derivation) -> SyncReport {
+    /// derives incrementally and hands the result over here). With the agent's `delta` (what
+    /// changed since its previous derivation) and a record that followed that derivation
+    /// exactly, the delta is applied as it is; otherwise the record is compared with the whole
+    /// derivation. The commands go as one script; when one is refused, the ones before it go
+    /// as one script, it is reported, and the rest are tried the same way (not one by one).
+    pub fn apply_derivation(
+        &self,
+        derivation: &vnet_cluster::Derivation,
+        delta: Option<&[Command]>,
+    ) -> SyncReport {
         let mut st = self.lock();
-        let mut report = SyncReport::default();
-        let running = st.cfg.clone();
-        st.derived.retain_present(&running);
-        report.conflicts = derivation
-            .conflicts
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        let cmds = vnet_cluster::diff(&st.derived, &derivation.config);
+        let mut report = SyncReport {
+            conflicts: derivation
+                .conflicts
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            ..Default::default()
+        };
+        let local_now = self.local_changes.load(Relaxed);
+        let cmds: Vec<Command> = match delta {
+            Some(d) if st.derived_in_step == Some(local_now) => d.to_vec(),
+            _ => {
+                let State { cfg, derived, .. } = &mut *st;
+                derived.retain_present(cfg);
+                vnet_cluster::diff(derived, &derivation.config)
+            }
+        };
         if cmds.is_empty() {
+            st.derived_in_step = Some(local_now);
             return report;
         }
         let text =
             |c: &Command| vnet_cluster::render_command(c).unwrap_or_else(|| format!("{c:?}"));
-        let numbered: Vec<(usize, Command)> = cmds.iter().cloned().map(|c| (0, c)).collect();
-        let singles: Vec<Vec<(usize, Command)>> = if apply_in(&mut st, &numbered).is_ok() {
-            for c in &cmds {
+        let mut rest: &[Command] = &cmds;
+        while !rest.is_empty() {
+            let numbered: Vec<(usize, Command)> = rest.iter().cloned().map(|c| (0, c)).collect();
+            let (ok, failed) = match apply_in_at(&mut st, &numbered) {
+                Ok(()) => (rest, None),
+                Err((i, e)) => {
+                    // Everything before the refused command, as one script.
+                    let before: Vec<(usize, Command)> = numbered[..i].to_vec();
+                    match apply_in_at(&mut st, &before) {
+                        Ok(()) => (&rest[..i], Some((i, e))),
+                        Err((j, e2)) => {
+                            // Not expected (they went before it); report the first, go on after.
+                            report.failed.push(format!("{}: {e2}", text(&rest[j])));
+                            (&rest[..0], Some((j, e)))
+                        }
+                    }
+                }
+            };
+            for c in ok {
                 if let Err(e) = st.derived.apply(c) {
                     tracing::warn!("derived record out of step at {}: {e}", text(c));
                 }
                 report.applied.push(text(c));
             }
-            vec![]
-        } else {
-            numbered.into_iter().map(|c| vec![c]).collect()
-        };
-        for one in singles {
-            let c = &one[0].1;
-            match apply_in(&mut st, &one) {
-                Ok(()) => {
-                    if let Err(e) = st.derived.apply(c) {
-                        tracing::warn!("derived record out of step at {}: {e}", text(c));
+            match failed {
+                None => rest = &[],
+                Some((i, e)) => {
+                    if !report.failed.iter().any(|f| f.starts_with(&text(&rest[i]))) {
+                        report.failed.push(format!("{}: {e}", text(&rest[i])));
                     }
-                    report.applied.push(text(c));
+                    rest = &rest[i + 1..];
                 }
-                Err(e) => report.failed.push(format!("{}: {e}", text(c))),
             }
         }
-        let snap = self.derived_snapshot(&st);
+        // A refused command is not in the record: the next sync compares the whole sets.
+        st.derived_in_step = report.failed.is_empty().then_some(local_now);
         drop(st);
-        self.save_derived(snap);
+        // Rendered by the writer when it writes (not here, under the lock, on every change).
+        if let Some(saver) = &self.saver {
+            saver.derived_changed();
+        }
         report
     }
 
@@ -455,41 +518,79 @@ fn link_rows(st: &State) -> Vec<LinkStatus> {
         .collect()
 }
 
+/// An error at a script's line; 0 means a single command (no line number).
+fn at(line: usize, msg: String) -> String {
+    if line == 0 {
+        msg
+    } else {
+        format!("line {line}: {msg}")
+    }
+}
+
 /// Applies commands to the running configuration and the engine atomically: all or none.
 /// `line` 0 means a single command (no line number in errors).
 fn apply_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), String> {
-    let at = |line: usize, msg: String| {
-        if line == 0 {
-            msg
-        } else {
-            format!("line {line}: {msg}")
-        }
-    };
+    apply_in_at(st, cmds).map_err(|(_, e)| e)
+}
+
+/// [`apply_in`], saying which command (its index in `cmds`) was refused.
+fn apply_in_at(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), (usize, String)> {
+    if cmds.iter().all(|(_, c)| matches!(c, Command::Route(..))) {
+        return apply_routes_in(st, cmds);
+    }
     let mut cfg = st.cfg.clone();
-    let mut changes: Vec<(usize, Change)> = Vec::new();
+    let mut changes: Vec<(usize, usize, Change)> = Vec::new();
     let mut gen = MacAddr::random;
-    for (line, cmd) in cmds {
+    for (i, (line, cmd)) in cmds.iter().enumerate() {
         match cfg.apply(cmd, &mut gen) {
-            Ok(ch) => changes.extend(ch.into_iter().map(|c| (*line, c))),
-            Err(e) => return Err(at(*line, e.to_string())),
+            Ok(ch) => changes.extend(ch.into_iter().map(|c| (i, *line, c))),
+            Err(e) => return Err((i, at(*line, e.to_string()))),
         }
     }
-    for (k, (line, ch)) in changes.iter().enumerate() {
+    for (k, (i, line, ch)) in changes.iter().enumerate() {
         if let Err(e) = st.engine.apply(ch) {
             // Undo what this script already did in the OS, newest first.
-            for (_, prev) in changes[..k].iter().rev() {
+            for (_, _, prev) in changes[..k].iter().rev() {
                 if let Err(undo) = st.engine.apply(&prev.inverse()) {
                     tracing::error!("could not undo {prev:?}: {undo}");
                 }
             }
             let old = st.cfg.clone();
             st.engine.rebuild(&old);
-            return Err(at(*line, e.to_string()));
+            return Err((*i, at(*line, e.to_string())));
         }
     }
     st.cfg = cfg;
     let State { cfg, engine, .. } = &mut *st;
     engine.rebuild(cfg);
+    Ok(())
+}
+
+/// Route commands alone, the common case (the etcd agent's moves, joins and leaves): the
+/// configuration changes in place and a refused line takes back the lines before it (no copy
+/// of the configuration), and the engine applies the typed changes to the destinations they
+/// touch (no rebuild). Route changes cannot fail in the engine.
+fn apply_routes_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), (usize, String)> {
+    let mut done: Vec<vnet_control::RouteChange> = Vec::new();
+    let mut gen = MacAddr::random;
+    for (i, (line, cmd)) in cmds.iter().enumerate() {
+        match st.cfg.apply(cmd, &mut gen) {
+            Ok(ch) => done.extend(ch.into_iter().filter_map(|c| match c {
+                Change::Route(rc) => Some(rc),
+                _ => None,
+            })),
+            Err(e) => {
+                st.cfg.undo_routes(&done);
+                return Err((i, at(*line, e.to_string())));
+            }
+        }
+    }
+    for rc in done {
+        if let Err(e) = st.engine.apply(&Change::Route(rc)) {
+            tracing::error!("a route change failed in the engine: {e}");
+        }
+    }
+    st.engine.publish_routes();
     Ok(())
 }
 
@@ -588,6 +689,11 @@ mod tests {
             .unwrap()
             .contains("52:54:00:00:00:09"));
         assert_eq!(d.local_changes.load(Relaxed), local_changes);
+        // What the state directory gets: the local script, rendered without a copy.
+        let st = d.lock();
+        assert_eq!(st.local_script(), st.local_config().to_script());
+        assert!(!st.local_script().contains("52:54:00:00:00:09"));
+        drop(st);
 
         // The same state again: nothing to do (no flapping).
         assert!(d.sync_cluster(&host, &state).applied.is_empty());
@@ -611,6 +717,159 @@ mod tests {
         d.execute_line("link del up").unwrap();
         assert!(d.local_changes.load(Relaxed) > local_changes);
         d.shutdown(Leave::Remove);
+    }
+
+    fn route(line: &str) -> Command {
+        parse_line(line).unwrap().unwrap()
+    }
+
+    fn generation(d: &Daemon) -> u64 {
+        d.lock().engine.snapshot_generation()
+    }
+
+    #[test]
+    fn the_agents_delta_is_applied_while_the_record_is_in_step() {
+        let d = daemon();
+        d.execute_script("link add up udp 10.0.0.2\n").unwrap();
+        let host: HostId = "a".parse().unwrap();
+        let state = state_with_route("route add any 52:54:00:00:00:09 link up");
+        let first = vnet_cluster::derive(&host, &state, &d.local_config());
+        assert!(d.apply_derivation(&first, None).failed.is_empty());
+        // In step: the delta is what is applied (the derivation is not compared again).
+        let delta = [route("route add any 52:54:00:00:00:0a link up")];
+        let r = d.apply_derivation(&first, Some(&delta));
+        assert_eq!(r.applied, ["route add any 52:54:00:00:00:0a link up"]);
+        assert!(d
+            .execute_line("show routes")
+            .unwrap()
+            .contains("52:54:00:00:00:0a"));
+        // A refused command takes the record out of step: the next sync compares the whole
+        // sets (and so takes back what the derivation does not have), ignoring the delta.
+        let bad = [route("route add any 52:54:00:00:00:0b link nowhere")];
+        assert_eq!(d.apply_derivation(&first, Some(&bad)).failed.len(), 1);
+        let ignored = [route("route add any 52:54:00:00:00:0c link up")];
+        let r = d.apply_derivation(&first, Some(&ignored));
+        assert_eq!(r.applied, ["route del any 52:54:00:00:00:0a link up"]);
+        assert!(!d
+            .execute_line("show routes")
+            .unwrap()
+            .contains("52:54:00:00:00:0c"));
+        d.shutdown(Leave::Remove);
+    }
+
+    #[test]
+    fn a_refused_command_does_not_make_the_batch_go_line_by_line() {
+        let d = daemon();
+        d.execute_script("link add up udp 10.0.0.2\n").unwrap();
+        let host: HostId = "a".parse().unwrap();
+        let state = state_with_route("route add any 52:54:00:00:00:09 link up");
+        let first = vnet_cluster::derive(&host, &state, &d.local_config());
+        d.apply_derivation(&first, None);
+        let mut delta: Vec<Command> = (0..40)
+            .map(|i| route(&format!("route add any 52:54:00:00:01:{i:02x} link up")))
+            .collect();
+        delta.insert(20, route("route add any 52:54:00:00:02:00 link nowhere"));
+        let before = generation(&d);
+        let r = d.apply_derivation(&first, Some(&delta));
+        assert_eq!((r.applied.len(), r.failed.len()), (40, 1), "{:?}", r.failed);
+        assert!(r.failed[0].contains("52:54:00:00:02:00"), "{:?}", r.failed);
+        // The 20 before it in one publication, the 20 after it in another.
+        let publications = generation(&d) - before;
+        assert!(
+            publications <= 3,
+            "{publications} publications for one refused line"
+        );
+        d.shutdown(Leave::Remove);
+    }
+
+    #[test]
+    fn the_derived_configuration_is_rendered_by_the_writer() {
+        let dir = std::env::temp_dir().join(format!("vnetd-derived-{}", std::process::id()));
+        let sd = crate::state::StateDir::open(&dir).expect("state dir");
+        let saver = Saver::new(sd, Default::default()).expect("saver");
+        let engine = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
+        let d = std::sync::Arc::new(Daemon::new(engine, Some(saver)));
+        let weak = std::sync::Arc::downgrade(&d);
+        d.saver()
+            .unwrap()
+            .set_derived_source(Box::new(move || weak.upgrade()?.render_derived()));
+        d.execute_script("link add up udp 10.0.0.2\n").unwrap();
+        let host: HostId = "a".parse().unwrap();
+        let state = state_with_route("route add any 52:54:00:00:00:09 link up");
+        let r = d.sync_cluster(&host, &state);
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
+        d.saver().unwrap().flush();
+        let text = std::fs::read_to_string(dir.join(crate::state::DERIVED)).expect("derived.vnet");
+        assert!(
+            text.contains("route add any 52:54:00:00:00:09 link up"),
+            "{text}"
+        );
+        d.shutdown(Leave::Remove);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The CPU of one agent route event (a guest moving: the delta `route del`, `route add`)
+    /// through `apply_derivation`, against the overlay's size. A measurement, not a check:
+    /// `cargo test --release -p vnetd -- --ignored --nocapture derived_route_event_cost`
+    /// (docs/results/2026-11-25-issue19-incr).
+    #[test]
+    #[ignore]
+    fn derived_route_event_cost() {
+        let mac = |h: usize, g: usize| format!("52:54:{:02x}:{:02x}:00:{g:02x}", h >> 8, h & 0xff);
+        let host: HostId = "a".parse().unwrap();
+        let first = vnet_cluster::derive(
+            &host,
+            &state_with_route("route add any any link x"),
+            &Config::default(),
+        );
+        for hosts in [1usize, 100, 1000] {
+            let d = daemon();
+            let mut cmds = Vec::new();
+            for h in 0..hosts {
+                cmds.push(route(&format!(
+                    "link add h{h} udp 10.77.{}.{}",
+                    (h + 1) >> 8,
+                    (h + 1) & 0xff
+                )));
+                for g in 0..8 {
+                    cmds.push(route(&format!("route add any {} link h{h}", mac(h, g))));
+                }
+            }
+            d.lock().derived_in_step = Some(d.local_changes.load(Relaxed));
+            let r = d.apply_derivation(&first, Some(&cmds));
+            assert!(r.failed.is_empty(), "{:?}", &r.failed[..1]);
+            d.lock().derived_in_step = Some(d.local_changes.load(Relaxed));
+            let events = 2000;
+            // This thread's CPU time in ns (schedstat's first field).
+            let cpu = || {
+                let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+                s.split_whitespace()
+                    .next()
+                    .and_then(|x| x.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+                    * 1e-9
+            };
+            let t0 = cpu();
+            for e in 0..events {
+                let (h, g) = (e % hosts, (e / hosts) % 8);
+                let (from, to) = (
+                    (h + e / (hosts * 8)) % hosts,
+                    (h + 1 + e / (hosts * 8)) % hosts,
+                );
+                let delta = [
+                    route(&format!("route del any {} link h{from}", mac(h, g))),
+                    route(&format!("route add any {} link h{to}", mac(h, g))),
+                ];
+                let r = d.apply_derivation(&first, Some(&delta));
+                assert!(r.failed.is_empty(), "{:?}", r.failed);
+            }
+            let us = (cpu() - t0) * 1e6 / events as f64;
+            println!(
+                "derived route event, {hosts} hosts ({} routes): {us:.1} us CPU per event",
+                hosts * 8
+            );
+            d.shutdown(Leave::Remove);
+        }
     }
 
     #[test]

@@ -440,6 +440,10 @@ fn run(args: Args) -> Result<()> {
     }
     let saver = Saver::new(state, resources).context("state writer")?;
     let daemon = Arc::new(Daemon::new(engine, Some(saver)));
+    if let Some(saver) = daemon.saver() {
+        let weak = Arc::downgrade(&daemon);
+        saver.set_derived_source(Box::new(move || weak.upgrade()?.render_derived()));
+    }
     for n in &plan.notes {
         info!("restore: {n}");
     }

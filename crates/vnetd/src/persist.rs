@@ -18,8 +18,14 @@ const BACKGROUND_EVERY: Duration = Duration::from_millis(500);
 #[derive(Default)]
 struct Pending {
     derived: Option<(u64, String)>,
+    /// The derived configuration changed: render it from the source when writing (at most
+    /// every half second, not on every change: rendering costs the overlay's size).
+    derived_dirty: bool,
     resources: Option<Resources>,
 }
+
+/// Renders the derived configuration with its generation (the daemon's, under its lock).
+pub type DerivedSource = Box<dyn Fn() -> Option<(u64, String)> + Send + Sync>;
 
 struct Shared {
     dir: StateDir,
@@ -31,6 +37,7 @@ struct Shared {
     stop: AtomicBool,
     /// What host.json holds now.
     resources: Mutex<Resources>,
+    derived_source: Mutex<Option<DerivedSource>>,
 }
 
 /// The daemon's writer of its state directory.
@@ -54,6 +61,7 @@ impl Saver {
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
             resources: Mutex::new(resources),
+            derived_source: Mutex::new(None),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -83,6 +91,28 @@ impl Saver {
             Ok(()) => *last = generation,
             Err(e) => warn!("state: writing the configuration: {e:#}"),
         }
+    }
+
+    /// Where the derived configuration is rendered from when [`Saver::derived_changed`] says
+    /// it changed.
+    pub fn set_derived_source(&self, f: DerivedSource) {
+        *self
+            .shared
+            .derived_source
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(f);
+    }
+
+    /// The derived configuration changed: rendered from the source and written within half
+    /// a second.
+    pub fn derived_changed(&self) {
+        let mut p = self
+            .shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        p.derived_dirty = true;
+        self.shared.wake.notify_one();
     }
 
     /// The derived configuration changed: written within half a second.
@@ -139,7 +169,15 @@ impl Saver {
 }
 
 fn write_pending(s: &Shared) {
-    let p = std::mem::take(&mut *s.pending.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut p = std::mem::take(&mut *s.pending.lock().unwrap_or_else(|p| p.into_inner()));
+    if p.derived_dirty {
+        let source = s.derived_source.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(rendered) = source.as_ref().and_then(|f| f()) {
+            if p.derived.as_ref().is_none_or(|(g, _)| *g < rendered.0) {
+                p.derived = Some(rendered);
+            }
+        }
+    }
     if let Some((generation, text)) = p.derived {
         let mut last = s.derived_written.lock().unwrap_or_else(|p| p.into_inner());
         if generation > *last {
@@ -163,7 +201,10 @@ fn background(s: &Shared) {
             let _unused = s
                 .wake
                 .wait_while(p, |p| {
-                    p.derived.is_none() && p.resources.is_none() && !s.stop.load(Relaxed)
+                    p.derived.is_none()
+                        && !p.derived_dirty
+                        && p.resources.is_none()
+                        && !s.stop.load(Relaxed)
                 })
                 .unwrap_or_else(|p| p.into_inner());
         }

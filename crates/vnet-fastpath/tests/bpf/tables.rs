@@ -1,7 +1,9 @@
 //! Changes to a running fast path: table applies (minimal, and a full table staying slow),
+//! incremental updates of the touched destinations only,
 //! the outer cache's invalidation, and rate rewrites under the bucket lock.
 
 use crate::helpers::*;
+use vnet_core::{ForwardingTable, PortId, PortInfo, PortKind, RouteRule};
 use vnet_fastpath::*;
 use vnet_wire::MacAddr;
 
@@ -183,5 +185,71 @@ fn rate_updates_take_the_buckets_lock() {
     assert_eq!(
         torn, 0,
         "{torn} of {rounds} reads saw a bucket fuller than its cap"
+    );
+}
+
+/// A route change written incrementally (`recompile` + `update_table`, as the engine does on
+/// a route event): only the moved destination's entry is written, and frames follow it.
+#[test]
+fn an_incremental_update_writes_the_moved_destination_only() {
+    let Some(mut l) = lab() else { return };
+    let kinds = [
+        (PORT_A, Egress::FastPort, PortKind::Interface),
+        (PORT_B, Egress::FastPort, PortKind::Interface),
+        (LINK_C, Egress::UdpLink, PortKind::OverlayLink),
+        (LINK_D, Egress::UdpLink, PortKind::OverlayLink),
+    ];
+    let rules = exact_routes(&[(A, PORT_A), (B, PORT_B), (C, LINK_C), (D, LINK_D)]);
+    let mut ft = ForwardingTable::new(
+        1,
+        kinds
+            .iter()
+            .map(|(id, _, k)| (*id, PortInfo { vni: 1, kind: *k })),
+        rules.iter().copied(),
+    );
+    let cp: Vec<CompilePort> = kinds
+        .iter()
+        .map(|(id, e, _)| CompilePort {
+            id: *id,
+            vni: 1,
+            egress: *e,
+        })
+        .collect();
+    let port = |id: PortId| cp.iter().find(|p| p.id == id).copied();
+    // B moves from port B to link C.
+    let old = rules[1];
+    let new = RouteRule {
+        dest: LINK_C,
+        ..old
+    };
+    assert!(ft.remove_route(&old) && ft.insert_route(new));
+    let touched = [Touched::Dst(1, B)];
+    let r =
+        l.fp.update_table(|t| recompile(t, ft.routes(), &touched, port, false))
+            .expect("update");
+    assert_eq!((r.written, r.deleted, r.left_out), (1, 0, 0));
+    assert_eq!(l.fp.table_len(), 4);
+    let f = frame(B, A, 100);
+    let out = l.run_from_a(&f);
+    assert_eq!(out.verdict, TCX_REDIRECT);
+    assert_eq!(out.data.len(), f.len() + 50, "encapsulated towards link C");
+    assert_eq!(l.fp.link_counters(LINK_C).unwrap().tx_frames, 1);
+    assert_eq!(l.fp.port_counters(PORT_B).unwrap().tx_frames, 0);
+    // B goes: its entry is deleted, and its frames are punted.
+    assert!(ft.remove_route(&new));
+    let r =
+        l.fp.update_table(|t| recompile(t, ft.routes(), &touched, port, false))
+            .expect("update");
+    assert_eq!((r.written, r.deleted), (0, 1));
+    let punted = l.fp.port_counters(PORT_A).unwrap().punted_frames;
+    let out = l.run_from_a(&f);
+    assert_eq!(
+        (out.verdict, out.data == f),
+        (TCX_REDIRECT, true),
+        "to the punt TAP, unchanged"
+    );
+    assert_eq!(
+        l.fp.port_counters(PORT_A).unwrap().punted_frames,
+        punted + 1
     );
 }

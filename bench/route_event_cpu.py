@@ -1,0 +1,215 @@
+"""vnetd's CPU per route event against the overlay's size, and `show` latency during a route
+storm (issue #19: "vnetd's CPU per event flat in the overlay's size ... and show/metrics latency
+unaffected by a route storm").
+
+For each size H (hosts' worth of routes): one vnetd in a network namespace of its own, started
+with a config file of H plain udp links (one per remote host, 10.77.x.y) and 8 routes per link
+(`route add any MAC link hN`, as the etcd agent derives for a host with 8 guests), its state
+directory in /dev/shm. Then a storm of E route events over the control port, one command per
+line and answer (`route replace any MAC link hK`: a guest moving to another host), and:
+
+- CPU per event: the daemon's utime+stime (/proc/PID/stat) over the storm, divided by E (the
+  whole process: control thread, the apply, the state directory's writes (the local
+  configuration is written whole before each change is acknowledged), the dispatchers' idle
+  polling, which the `idle` figure, measured for as long as the storm lasted with no events,
+  subtracts out);
+- show latency: a second storm of E events with a second connection sending `show links` in
+  a loop beside it, and for comparison the same number of requests with no storm first;
+  p50/p99/max in ms. (`show links` renders every link: its own cost grows with H.)
+
+Run as root on a quiet machine: `python3 -m bench.route_event_cpu --vnetd PATH --out DIR`.
+It removes the namespace and state directory it made at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROUTES_PER_HOST = 8
+CLK = os.sysconf("SC_CLK_TCK")
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def setns(fd: int) -> None:
+    """Moves this process (its threads to come) into the network namespace `fd`."""
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "setns")
+
+
+def mac(h: int, g: int) -> str:
+    return f"52:54:{(h >> 8) & 0xff:02x}:{h & 0xff:02x}:00:{g:02x}"
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+class Conn:
+    def __init__(self, port: int):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=600)
+        self.f = self.s.makefile("rb")
+
+    def cmd(self, line: str) -> list[str]:
+        self.s.sendall(line.encode() + b"\n")
+        head = self.f.readline().decode().strip()
+        if head.startswith("error"):
+            raise RuntimeError(f"{line}: {head}")
+        n = int(head.split()[1])
+        return [self.f.readline().decode() for _ in range(n)]
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else 0.0
+
+
+def run_size(vnetd: str, hosts: int, events: int, shows: int) -> dict:
+    ns = f"vnbench{os.getpid()}"
+    state = tempfile.mkdtemp(prefix="vnet-bench-", dir="/dev/shm")
+    cfg = os.path.join(state, "config.vnet.in")
+    lines = []
+    for h in range(hosts):
+        lines.append(f"link add h{h} udp 10.77.{(h + 1) >> 8}.{(h + 1) & 0xff}\n")
+        for g in range(ROUTES_PER_HOST):
+            lines.append(f"route add any {mac(h, g)} link h{h}\n")
+    with open(cfg, "w") as f:
+        f.writelines(lines)
+    port = 7600
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    proc = None
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        log = open(os.path.join(state, "vnetd.log"), "w")
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", ns, vnetd, "--config", cfg, "--state-dir",
+             os.path.join(state, "s"), "--control", f"127.0.0.1:{port}"],
+            stdout=log, stderr=subprocess.STDOUT)
+        # `ip netns exec` execs vnetd: same pid.
+        deadline = time.time() + 120
+        while True:
+            try:
+                out = subprocess.run(["ip", "netns", "exec", ns, "python3", "-c",
+                                      "import socket;socket.create_connection(('127.0.0.1',%d),1)" % port],
+                                     capture_output=True)
+                if out.returncode == 0:
+                    break
+            except Exception:
+                pass
+            if time.time() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"vnetd did not come up; see {state}/vnetd.log")
+            time.sleep(0.2)
+        # Run the clients inside the namespace too: this process enters it.
+        fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+        host_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
+        setns(fd)
+        try:
+            c, s = Conn(port), Conn(port)
+            assert len(c.cmd("show routes")) >= hosts * ROUTES_PER_HOST
+            # Idle: show latency with no storm, and the daemon's CPU while idle.
+            idle_lat = []
+            for _ in range(shows):
+                t = time.perf_counter()
+                s.cmd("show links")
+                idle_lat.append(time.perf_counter() - t)
+            # The storm: guest g of host h moves to host h+1 (then the next event moves the
+            # next guest), E events in all; first alone (the CPU per event), then again with
+            # `show links` in a loop beside it (the latency).
+            def storm(base: int) -> None:
+                for e in range(base, base + events):
+                    h, g = e % hosts, (e // hosts) % ROUTES_PER_HOST
+                    to = (h + 1 + e // (hosts * ROUTES_PER_HOST)) % hosts
+                    c.cmd(f"route replace any {mac(h, g)} link h{to}")
+
+            c0, t0 = cpu_s(proc.pid), time.perf_counter()
+            storm(0)
+            c1, t1 = cpu_s(proc.pid), time.perf_counter()
+            wall = t1 - t0
+            # Idle CPU over as long as the storm took.
+            time.sleep(min(wall, 30))
+            c2 = cpu_s(proc.pid)
+            idle_rate = (c2 - c1) / min(wall, 30)
+            storm_lat: list[float] = []
+            stop = threading.Event()
+
+            def shower():
+                while not stop.is_set():
+                    t = time.perf_counter()
+                    s.cmd("show links")
+                    storm_lat.append(time.perf_counter() - t)
+
+            th = threading.Thread(target=shower)
+            t2 = time.perf_counter()
+            th.start()
+            storm(events)
+            stop.set()
+            th.join()
+            wall_with_shows = time.perf_counter() - t2
+        finally:
+            setns(host_ns)
+        storm_cpu = c1 - c0
+        return {
+            "hosts": hosts,
+            "routes": hosts * ROUTES_PER_HOST,
+            "links": hosts,
+            "events": events,
+            "storm_wall_s": round(wall, 3),
+            "storm_with_shows_wall_s": round(wall_with_shows, 3),
+            "events_per_s": round(events / wall, 1),
+            "cpu_per_event_us": round(1e6 * storm_cpu / events, 1),
+            "cpu_per_event_minus_idle_us": round(1e6 * (storm_cpu - idle_rate * wall) / events, 1),
+            "idle_cpu_per_s": round(idle_rate, 4),
+            "show_idle_ms": {"p50": round(1e3 * pct(idle_lat, 0.5), 3),
+                             "p99": round(1e3 * pct(idle_lat, 0.99), 3),
+                             "max": round(1e3 * max(idle_lat), 3)},
+            "show_storm_ms": {"n": len(storm_lat),
+                              "p50": round(1e3 * pct(storm_lat, 0.5), 3),
+                              "p99": round(1e3 * pct(storm_lat, 0.99), 3),
+                              "max": round(1e3 * max(storm_lat), 3) if storm_lat else None},
+        }
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        subprocess.run(["ip", "netns", "del", ns])
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vnetd", required=True)
+    ap.add_argument("--out", required=True, help="a JSON file")
+    ap.add_argument("--sizes", default="1,100,1000")
+    ap.add_argument("--events", type=int, default=2000)
+    ap.add_argument("--shows", type=int, default=200)
+    ap.add_argument("--label", default="")
+    a = ap.parse_args()
+    rows = []
+    for h in [int(x) for x in a.sizes.split(",")]:
+        r = run_size(a.vnetd, h, a.events, a.shows)
+        r["label"] = a.label
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    with open(a.out, "w") as f:
+        json.dump({"vnetd": a.vnetd, "label": a.label, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
