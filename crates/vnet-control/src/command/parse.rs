@@ -129,6 +129,13 @@ pub fn parse_script(text: &str) -> Result<Vec<(usize, Command)>, ScriptError> {
 
 fn parse_route(w: &mut Words) -> Result<RouteSpec, ParseError> {
     let src = mac_match(w, "source", false)?;
+    // No frame has a broadcast source; refused in every spelling, so that what a route renders
+    // as (`broadcast` names only a destination) always parses again.
+    if matches!(src, MacMatch::Exact(a) | MacMatch::Not(a) if a.is_broadcast()) {
+        return Err(ParseError(
+            "a source MAC cannot be broadcast (ff:ff:ff:ff:ff:ff)".into(),
+        ));
+    }
     let dst = mac_match(w, "destination", true)?;
     let kind = match w.next("destination kind (interface, link)")? {
         "interface" => DestKind::Interface,

@@ -151,6 +151,18 @@ fn routes() {
         Command::Route(RouteOp::Del, _)
     ));
     assert!(e("route add broadcast any link b").contains("MAC"));
+    // The literal broadcast address as a source would render as `broadcast`, which the parser
+    // refuses there: refused in every spelling, so a saved configuration always parses again.
+    for src in [
+        "ff:ff:ff:ff:ff:ff",
+        "FF:FF:FF:FF:FF:FF",
+        "not ff:ff:ff:ff:ff:ff",
+    ] {
+        assert!(
+            e(&format!("route add {src} any link b")).contains("source MAC"),
+            "{src}"
+        );
+    }
     assert!(e("route add any any host b").contains("interface or link"));
     assert!(e("route add any any link b extra").contains("unexpected"));
     assert!(e("route add any").contains("missing"));
