@@ -64,24 +64,38 @@ impl FastPath {
             if self.current.get(k) == Some(&e) {
                 continue;
             }
-            let val = FwdVal {
-                action: self.action_word(e.action),
-                flags: e.flags(),
-            };
-            if let Err(err) = self.maps.fwd.update(&map_key(k), &val) {
-                tracing::warn!(?k, %err, "fast path: forwarding entry not written");
-                self.table_full += 1;
-                continue;
-            }
-            self.current.insert(*k, e);
-            report.written += 1;
+            self.write_entry(k, e, &mut report);
         }
-        for k in &deletes {
+        self.delete_entries(&deletes, &mut report)?;
+        Ok(report)
+    }
+
+    /// Writes one forwarding entry and records it as the kernel's. A failed write is counted
+    /// as the table being full and skipped: within the planned room it cannot happen, and if
+    /// it does, the rest still holds (every entry leads only to entries written before it).
+    fn write_entry(&mut self, k: &FwdKey, e: FwdEntry, report: &mut ApplyReport) {
+        let val = FwdVal {
+            action: self.action_word(e.action),
+            flags: e.flags(),
+        };
+        if let Err(err) = self.maps.fwd.update(&map_key(k), &val) {
+            tracing::warn!(?k, %err, "fast path: forwarding entry not written");
+            self.table_full += 1;
+            return;
+        }
+        self.current.insert(*k, e);
+        report.written += 1;
+    }
+
+    /// Deletes stale entries (last, after every write, so an entry in both tables is never
+    /// missing).
+    fn delete_entries(&mut self, keys: &[FwdKey], report: &mut ApplyReport) -> Result<(), Error> {
+        for k in keys {
             self.maps.fwd.delete(&map_key(k))?;
             self.current.remove(k);
             report.deleted += 1;
         }
-        Ok(report)
+        Ok(())
     }
 
     /// Whether the target of an action is an attached port or a set link.
@@ -100,12 +114,7 @@ impl FastPath {
         }
         let mut t = self.table.clone();
         for e in t.entries.values_mut() {
-            let known = match e.action {
-                Action::Port(p) => self.ports.contains_key(&p),
-                Action::Link(l) => self.links.contains_key(&l),
-                _ => true,
-            };
-            if !known {
+            if !self.known(e.action) {
                 e.action = Action::Slow;
             }
         }
@@ -116,25 +125,9 @@ impl FastPath {
         };
         self.table_full += plan.left_out as u64;
         for (k, e) in &plan.upserts {
-            let val = FwdVal {
-                action: self.action_word(e.action),
-                flags: e.flags(),
-            };
-            if let Err(err) = self.maps.fwd.update(&map_key(k), &val) {
-                // Cannot happen within the planned room; if it does, the rest of the plan
-                // still holds (every entry leads only to entries written before it).
-                tracing::warn!(?k, %err, "fast path: forwarding entry not written");
-                self.table_full += 1;
-                continue;
-            }
-            self.current.insert(*k, *e);
-            report.written += 1;
+            self.write_entry(k, *e, &mut report);
         }
-        for k in &plan.deletes {
-            self.maps.fwd.delete(&map_key(k))?;
-            self.current.remove(k);
-            report.deleted += 1;
-        }
+        self.delete_entries(&plan.deletes, &mut report)?;
         Ok(report)
     }
 
