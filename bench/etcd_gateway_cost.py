@@ -22,6 +22,7 @@ import time
 import urllib.request
 
 from vnetlab.etcdlab import etcd_argv
+from vnetlab.procs import stop_pid
 
 from .etcd import free_port, shm_dir
 from .machine import proc_cpu
@@ -102,12 +103,7 @@ def main() -> int:
             c1, t1 = proc_cpu(etcd.pid), time.time()
             print(f"| {label} | {(t1 - t0) / args.reads * 1000:.0f} | {(c1 - c0) / args.reads * 1000:.0f} | {size / 1e6:.2f} |")
     finally:
-        etcd.terminate()
-        try:
-            etcd.wait(10)
-        except subprocess.TimeoutExpired:
-            etcd.kill()
-            etcd.wait()
+        stop_pid(etcd, timeout=10)
         shutil.rmtree(data, ignore_errors=True)
     return 0
 

@@ -35,6 +35,8 @@ import tempfile
 import threading
 import time
 
+from vnetlab.procs import stop_pid
+
 ROUTES_PER_HOST = 8
 CLK = os.sysconf("SC_CLK_TCK")
 CLONE_NEWNET = 0x40000000
@@ -181,12 +183,7 @@ def run_size(vnetd: str, hosts: int, events: int, shows: int) -> dict:
         }
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_pid(proc, timeout=20)
         subprocess.run(["ip", "netns", "del", ns])
         shutil.rmtree(state, ignore_errors=True)
 

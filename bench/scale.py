@@ -20,7 +20,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from . import REPO
 from vnetlab.etcdlab import etcd_argv, grpc_proxy_argv
+from vnetlab.procs import stop_pid
 
 from .etcd import free_port, shm_dir
 from .machine import commit
@@ -68,13 +68,7 @@ class Etcd:
 def stop_child(proc: subprocess.Popen, log, workdir) -> None:
     """Ends a server this harness started (etcd or a proxy): SIGTERM, SIGKILL after 10 s; then
     its log is closed and its directory removed."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_pid(proc, timeout=10)
     log.close()
     shutil.rmtree(workdir, ignore_errors=True)
 
