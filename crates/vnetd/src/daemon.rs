@@ -1,8 +1,14 @@
 //! The daemon's state: the configuration model and the engine that realizes it, and the
 //! answers to control-language commands.
+//!
+//! A change holds the state lock while the engine works (netlink, BPF writes: seconds at
+//! worst for a device), so readers (`show`, `/metrics`) do not queue behind it: a change that
+//! reaches the engine first publishes what readers see ([`View`]), rendered from the state as
+//! it is (the last acknowledged one), and takes it back before it unlocks; a reader that finds
+//! the lock taken answers from it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, TryLockError};
 
 use vnet_agent::SyncReport;
 use vnet_cluster::{ClusterState, DerivedConfig};
@@ -28,6 +34,9 @@ pub struct State {
     /// changed since (the value of `local_changes` then): the agent's next delta applies to
     /// it as it is. None after a refused command, a restore, or before the first sync.
     pub derived_in_step: Option<u64>,
+    /// Called by a change that reaches the engine, before it does (tests: a slow change).
+    #[cfg(test)]
+    pub before_engine: Option<Box<dyn FnMut() + Send>>,
 }
 
 impl State {
@@ -80,6 +89,47 @@ pub struct Daemon {
     /// `teardown` was asked for on the control port: the daemon removes everything it made
     /// on its way out.
     pub teardown: AtomicBool,
+    /// What readers see while a change is in the engine (None otherwise): see the header.
+    published: Mutex<Option<Arc<View>>>,
+}
+
+/// Every answer a reader can ask for, rendered from one state.
+struct View {
+    stats: StatsReport,
+    links: Vec<LinkStatus>,
+    interfaces: Vec<Interface>,
+    interface_table: InterfaceTable,
+    routes: Vec<RouteStatus>,
+    listeners: ListenerTable,
+    derived: Vec<String>,
+    local_config: Config,
+    matrix: MatrixReport,
+}
+
+impl View {
+    fn of(st: &State) -> View {
+        View {
+            stats: stats_report(st, 0),
+            links: link_rows(st),
+            interfaces: st.cfg.interfaces.clone(),
+            interface_table: interface_rows(st),
+            routes: route_rows(st),
+            listeners: ListenerTable(st.cfg.listeners.clone()),
+            derived: derived_lines(st),
+            local_config: st.local_config(),
+            matrix: matrix_of(st),
+        }
+    }
+}
+
+/// Takes the published view back when the change is done (before its lock is released: the
+/// guard is declared after the lock's guard, or dropped explicitly before it).
+struct Published<'a>(&'a Mutex<Option<Arc<View>>>);
+
+impl Drop for Published<'_> {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
 }
 
 /// What the state directory gets after a change of the local configuration.
@@ -98,6 +148,8 @@ impl Daemon {
                 engine,
                 derived: DerivedConfig::default(),
                 derived_in_step: None,
+                #[cfg(test)]
+                before_engine: None,
             }),
             control_errors: AtomicU64::new(0),
             local_changes: AtomicU64::new(0),
@@ -106,6 +158,40 @@ impl Daemon {
             saver,
             generation: AtomicU64::new(0),
             teardown: AtomicBool::new(false),
+            published: Mutex::new(None),
+        }
+    }
+
+    /// Before a change that reaches the engine (`slow`: any command but routes, whose
+    /// changes are brief): publishes the view of the state as it is, for the readers meanwhile.
+    fn publish_before<'a>(&'a self, st: &State, slow: bool) -> Option<Published<'a>> {
+        if !slow {
+            return None;
+        }
+        let view = Arc::new(View::of(st));
+        *self.published.lock().unwrap_or_else(|p| p.into_inner()) = Some(view);
+        Some(Published(&self.published))
+    }
+
+    /// A reader's answer: from the state when the lock is free, else from the view a change
+    /// in progress published; a brief holder (another reader, a route change) is waited for
+    /// by trying again, not in the lock's queue, where a change could pass ahead of it.
+    fn read<T>(&self, live: impl FnOnce(&State) -> T, published: impl FnOnce(&View) -> T) -> T {
+        loop {
+            match self.state.try_lock() {
+                Ok(st) => return live(&st),
+                Err(TryLockError::Poisoned(p)) => return live(&p.into_inner()),
+                Err(TryLockError::WouldBlock) => {}
+            }
+            let view = self
+                .published
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(v) = view {
+                return published(&v);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
         }
     }
 
@@ -187,6 +273,7 @@ impl Daemon {
         let mut notes = Vec::new();
         let mut st = self.lock();
         let whole = parse_script(&local.to_script()).map_err(|e| e.to_string())?;
+        let published = self.publish_before(&st, true);
         if apply_in(&mut st, &whole).is_err() {
             let file = parse_script(&file_part.to_script()).map_err(|e| e.to_string())?;
             apply_in(&mut st, &file).map_err(|e| format!("config file: {e}"))?;
@@ -215,6 +302,7 @@ impl Daemon {
         }
         let local_snap = self.local_snapshot(&st);
         let derived_snap = self.derived_snapshot(&st);
+        drop(published);
         drop(st);
         self.save_local(local_snap);
         self.save_derived(derived_snap);
@@ -261,9 +349,11 @@ impl Daemon {
     /// A change of the local configuration (config file, control port).
     fn apply_commands(&self, cmds: Vec<(usize, Command)>) -> Result<String, String> {
         let mut st = self.lock();
+        let published = self.publish_before(&st, !cmds.iter().all(|(_, c)| is_route(c)));
         apply_in(&mut st, &cmds)?;
         self.local_changes.fetch_add(1, Relaxed);
         let snap = self.local_snapshot(&st);
+        drop(published);
         drop(st);
         // On disk before the change is acknowledged.
         self.save_local(snap);
@@ -340,6 +430,7 @@ impl Daemon {
             st.derived_in_step = Some(local_now);
             return report;
         }
+        let published = self.publish_before(&st, !cmds.iter().all(is_route));
         let text =
             |c: &Command| vnet_cluster::render_command(c).unwrap_or_else(|| format!("{c:?}"));
         let mut rest: &[Command] = &cmds;
@@ -378,6 +469,7 @@ impl Daemon {
         }
         // A refused command is not in the record: the next sync compares the whole sets.
         st.derived_in_step = report.failed.is_empty().then_some(local_now);
+        drop(published);
         drop(st);
         // Rendered by the writer when it writes (not here, under the lock, on every change).
         if let Some(saver) = &self.saver {
@@ -393,28 +485,35 @@ impl Daemon {
 
     /// `show stats json`.
     pub fn stats(&self) -> StatsReport {
-        stats_report(&self.lock(), self.control_errors.load(Relaxed))
+        let control_errors = self.control_errors.load(Relaxed);
+        self.read(
+            |st| stats_report(st, control_errors),
+            |v| {
+                let mut s = v.stats.clone();
+                s.daemon.control_errors = control_errors;
+                s
+            },
+        )
     }
 
     /// `show links json`.
     pub fn links(&self) -> Vec<LinkStatus> {
-        link_rows(&self.lock())
+        self.read(link_rows, |v| v.links.clone())
     }
 
     /// The running configuration's interfaces.
     pub fn interfaces(&self) -> Vec<Interface> {
-        self.lock().cfg.interfaces.clone()
+        self.read(|st| st.cfg.interfaces.clone(), |v| v.interfaces.clone())
     }
 
     /// `show matrix json`.
     pub fn matrix_report(&self) -> MatrixReport {
-        let (pairs, overflow) = self.lock().engine.matrix();
-        MatrixReport { pairs, overflow }
+        self.read(matrix_of, |v| v.matrix.clone())
     }
 
     /// The traffic matrix of this host.
     pub fn matrix(&self) -> Vec<vnet_core::MatrixEntry> {
-        self.lock().engine.matrix().0
+        self.read(|st| st.engine.matrix().0, |v| v.matrix.pairs.clone())
     }
 
     /// Sends frames into the overlay as if the guest behind interface `name` had sent them.
@@ -429,50 +528,66 @@ impl Daemon {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let st = self.lock();
         ClusterReport {
             agent,
-            derived: st
-                .derived
-                .commands()
-                .iter()
-                .filter_map(vnet_cluster::render_command)
-                .collect(),
+            derived: self.read(derived_lines, |v| v.derived.clone()),
         }
     }
 
     /// `show interfaces`: the configuration of each interface, and which data path serves it.
     pub fn interface_table(&self) -> InterfaceTable {
-        let st = self.lock();
-        InterfaceTable(
-            st.cfg
-                .interfaces
-                .iter()
-                .map(|i| InterfaceStatus {
-                    interface: i.clone(),
-                    path: st
-                        .engine
-                        .port_status(DestKind::Interface, &i.name)
-                        .map(|p| p.path),
-                })
-                .collect(),
-        )
+        self.read(interface_rows, |v| v.interface_table.clone())
     }
 
     /// `show routes`.
     pub fn routes(&self) -> Vec<RouteStatus> {
-        let st = self.lock();
-        st.cfg
-            .routes
-            .iter()
-            .map(|r| RouteStatus::new(r, &st.cfg))
-            .collect()
+        self.read(route_rows, |v| v.routes.clone())
     }
 
     /// `show listeners`.
     pub fn listeners(&self) -> ListenerTable {
-        ListenerTable(self.lock().cfg.listeners.clone())
+        self.read(
+            |st| ListenerTable(st.cfg.listeners.clone()),
+            |v| v.listeners.clone(),
+        )
     }
+}
+
+fn interface_rows(st: &State) -> InterfaceTable {
+    InterfaceTable(
+        st.cfg
+            .interfaces
+            .iter()
+            .map(|i| InterfaceStatus {
+                interface: i.clone(),
+                path: st
+                    .engine
+                    .port_status(DestKind::Interface, &i.name)
+                    .map(|p| p.path),
+            })
+            .collect(),
+    )
+}
+
+fn route_rows(st: &State) -> Vec<RouteStatus> {
+    st.cfg
+        .routes
+        .iter()
+        .map(|r| RouteStatus::new(r, &st.cfg))
+        .collect()
+}
+
+fn derived_lines(st: &State) -> Vec<String> {
+    st.derived
+        .commands()
+        .iter()
+        .filter_map(vnet_cluster::render_command)
+        .collect()
+}
+
+fn matrix_of(st: &State) -> MatrixReport {
+    let (pairs, overflow) = st.engine.matrix();
+    MatrixReport { pairs, overflow }
 }
 
 fn to_json_line<T: serde::Serialize>(v: &T) -> String {
@@ -535,7 +650,7 @@ fn apply_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), String> {
 
 /// [`apply_in`], saying which command (its index in `cmds`) was refused.
 fn apply_in_at(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), (usize, String)> {
-    if cmds.iter().all(|(_, c)| matches!(c, Command::Route(..))) {
+    if cmds.iter().all(|(_, c)| is_route(c)) {
         return apply_routes_in(st, cmds);
     }
     let mut cfg = st.cfg.clone();
@@ -546,6 +661,10 @@ fn apply_in_at(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), (usize, 
             Ok(ch) => changes.extend(ch.into_iter().map(|c| (i, *line, c))),
             Err(e) => return Err((i, at(*line, e.to_string()))),
         }
+    }
+    #[cfg(test)]
+    if let Some(hook) = st.before_engine.as_mut() {
+        hook();
     }
     for (k, (i, line, ch)) in changes.iter().enumerate() {
         if let Err(e) = st.engine.apply(ch) {
@@ -564,6 +683,10 @@ fn apply_in_at(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), (usize, 
     let State { cfg, engine, .. } = &mut *st;
     engine.rebuild(cfg);
     Ok(())
+}
+
+fn is_route(c: &Command) -> bool {
+    matches!(c, Command::Route(..))
 }
 
 /// Route commands alone, the common case (the etcd agent's moves, joins and leaves): the
@@ -610,7 +733,9 @@ impl Daemon {
         let json = *json;
         let mut out = match what {
             // The local configuration only; derived objects are in `show cluster`.
-            ShowWhat::Config => self.local_config().to_script(),
+            ShowWhat::Config => self
+                .read(State::local_config, |v| v.local_config.clone())
+                .to_script(),
             ShowWhat::Interfaces => shown(&self.interface_table(), json),
             ShowWhat::Links => shown(&LinkTable(self.links()), json),
             ShowWhat::Routes => shown(&RouteTable(self.routes()), json),

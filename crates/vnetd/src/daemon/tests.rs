@@ -250,3 +250,56 @@ fn show_cluster_without_an_agent() {
     assert!(j["agent"].is_null());
     d.shutdown(Leave::Remove);
 }
+
+/// `show` and what `/metrics` renders (`stats`, `links`, `interfaces`, `matrix_report`) answer
+/// while a change is inside the engine (netlink, BPF writes: seconds at worst), with the state
+/// as it was before the change; the change shows once it is done.
+#[test]
+fn show_and_the_metrics_do_not_wait_for_a_change_in_progress() {
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+    let d = Arc::new(daemon());
+    d.execute_script("link add up udp 10.0.0.2\n").unwrap();
+    let (entered_tx, entered_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    d.lock().before_engine = Some(Box::new(move || {
+        let _ = entered_tx.send(());
+        let _ = release_rx.recv();
+    }));
+    let writer = {
+        let d = d.clone();
+        std::thread::spawn(move || d.execute_script("link add slow udp 10.0.0.3\n"))
+    };
+    entered_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the change reached the engine");
+    let (tx, rx) = mpsc::channel();
+    let reader = {
+        let d = d.clone();
+        std::thread::spawn(move || {
+            let shown: Vec<String> = ["show links", "show stats", "show routes", "show config"]
+                .iter()
+                .map(|l| d.execute_line(l).unwrap())
+                .collect();
+            let links = d.links().len();
+            let _ = (d.stats(), d.interfaces(), d.matrix_report());
+            let _ = tx.send((shown, links));
+        })
+    };
+    let answered = rx.recv_timeout(Duration::from_secs(5));
+    release_tx.send(()).unwrap();
+    writer.join().unwrap().unwrap();
+    reader.join().unwrap();
+    let (shown, links) = answered.expect("show waited for the change in progress");
+    // The state before the change: the link being added is not there yet.
+    assert!(
+        shown[0].contains("up") && !shown[0].contains("slow"),
+        "{}",
+        shown[0]
+    );
+    assert!(!shown[3].contains("slow"), "{}", shown[3]);
+    assert_eq!(links, 1);
+    // Once the change is done, it shows (no stale answer after it).
+    assert!(d.execute_line("show links").unwrap().contains("slow"));
+    assert_eq!(d.links().len(), 2);
+}
