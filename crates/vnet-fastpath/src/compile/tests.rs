@@ -161,6 +161,15 @@ type Case = (
     Vec<(u32, MacMatch, MacMatch, u32)>,
 );
 
+/// The ports of a case, numbered in order.
+fn case_ports(pspecs: &[(u32, Egress, PortKind)]) -> Vec<CompilePort> {
+    pspecs
+        .iter()
+        .enumerate()
+        .map(|(i, (vni, e, _))| port(i as u32, *vni, *e))
+        .collect()
+}
+
 fn arb_case() -> impl Strategy<Value = Case> {
     (
         prop::collection::vec(
@@ -181,11 +190,7 @@ proptest! {
         capacity in prop_oneof![Just(10_000usize), 0usize..6],
     ) {
         let (pspecs, rspecs) = case;
-        let ports: Vec<CompilePort> = pspecs
-            .iter()
-            .enumerate()
-            .map(|(i, (vni, e, _))| port(i as u32, *vni, *e))
-            .collect();
+        let ports = case_ports(&pspecs);
         let rules: Vec<RouteRule> = rspecs
             .iter()
             .map(|(vni, s, d, dest)| rule(*vni, *s, *d, *dest))
@@ -233,11 +238,7 @@ proptest! {
         ops in prop::collection::vec((any::<bool>(), 0usize..14, (1u32..3, arb_match(), arb_match(), 0u32..8)), 0..30),
     ) {
         let (pspecs, rspecs) = case;
-        let ports: Vec<CompilePort> = pspecs
-            .iter()
-            .enumerate()
-            .map(|(i, (vni, e, _))| port(i as u32, *vni, *e))
-            .collect();
+        let ports = case_ports(&pspecs);
         let infos = pspecs.iter().enumerate().map(|(i, (vni, _, k))| {
             (PortId(i as u32), PortInfo { vni: *vni, kind: *k })
         });
