@@ -99,6 +99,32 @@ struct Pending {
     handshake: HandshakeState,
     index: u32,
     version: Version,
+    /// Whether this initiation offered [`CAP_PARTIAL_CHECKSUMS`].
+    offered_partial: bool,
+}
+
+/// A bit of a v2 initiation's capabilities byte (beside the ciphers' bits, [`Ciphers`]) and of
+/// a v2 response's choice byte (beside the cipher's number): "this host delivers data whose
+/// inner TCP/UDP checksum the sender left partial" (marked partial for the guest, completed
+/// before it goes to a network). A responder sets it only when the initiation did and it does
+/// too, so a host before it (which reads only the cipher number there) never sees it; a
+/// session on which both said so lets its senders skip the checksum (see [`crate::wire`]).
+pub const CAP_PARTIAL_CHECKSUMS: u8 = 0x80;
+
+/// A v2 response's choice byte: the cipher and whether both hosts take partial checksums.
+/// Refused: a cipher this host did not offer, or partial checksums it did not offer.
+pub(crate) fn parse_choice(
+    b: u8,
+    offered: Ciphers,
+    offered_partial: bool,
+) -> Result<(Cipher, bool), CryptoError> {
+    let partial = b & CAP_PARTIAL_CHECKSUMS != 0;
+    match Cipher::from_wire_id(b & !CAP_PARTIAL_CHECKSUMS) {
+        _ if partial && !offered_partial => Err(CryptoError::BadHandshake),
+        Some(Cipher::Aes256Gcm) if !offered.aes_256_gcm => Err(CryptoError::BadHandshake),
+        Some(c) => Ok((c, partial)),
+        None => Err(CryptoError::BadHandshake),
+    }
 }
 
 /// The handshake state machine of one link.
@@ -108,6 +134,8 @@ pub struct Peer {
     vni: u32,
     /// The ciphers this host offers in v2 initiations and accepts in v2 responses.
     ciphers: Ciphers,
+    /// Whether this host offers (and accepts) [`CAP_PARTIAL_CHECKSUMS`].
+    partial_checksums: bool,
     timers: Timers,
     pending: Option<Pending>,
     /// The session data is sent on.
@@ -203,6 +231,7 @@ impl Peer {
             remote,
             vni,
             ciphers: Ciphers::detect(),
+            partial_checksums: true,
             timers,
             pending: None,
             current: None,
@@ -228,6 +257,13 @@ impl Peer {
 
     pub fn ciphers(&self) -> Ciphers {
         self.ciphers
+    }
+
+    /// Without [`CAP_PARTIAL_CHECKSUMS`]: plays a v2 host from before it (tests of rolling
+    /// upgrades).
+    pub fn without_partial_checksums(mut self) -> Peer {
+        self.partial_checksums = false;
+        self
     }
 
     pub fn remote(&self) -> PublicKey {
@@ -328,7 +364,11 @@ impl Peer {
         let mut hs = self.handshake_state(version, true)?;
         let mut payload = [0u8; wire::INITIATION_V2_PAYLOAD_LEN];
         payload[..8].copy_from_slice(&now.wall_ns.to_le_bytes());
-        payload[8] = self.ciphers.to_wire();
+        let partial = match self.partial_checksums {
+            true => CAP_PARTIAL_CHECKSUMS,
+            false => 0,
+        };
+        payload[8] = self.ciphers.to_wire() | partial;
         let payload = match version {
             Version::V1 => &payload[..8],
             Version::V2 => &payload[..],
@@ -343,6 +383,7 @@ impl Peer {
             handshake: hs,
             index,
             version,
+            offered_partial: version == Version::V2 && self.partial_checksums,
         });
         self.stats.initiations_sent += 1;
         Ok(msg)
@@ -417,11 +458,12 @@ impl Peer {
         let n = hs
             .read_message(noise, &mut payload)
             .map_err(|_| CryptoError::BadHandshake)?;
-        let cipher = match (version, n) {
-            (Version::V1, 8) => Cipher::ChaCha20Poly1305,
-            (Version::V2, wire::INITIATION_V2_PAYLOAD_LEN) => {
-                self.ciphers.choose(Ciphers::from_wire(payload[8]))
-            }
+        let (cipher, partial) = match (version, n) {
+            (Version::V1, 8) => (Cipher::ChaCha20Poly1305, false),
+            (Version::V2, wire::INITIATION_V2_PAYLOAD_LEN) => (
+                self.ciphers.choose(Ciphers::from_wire(payload[8])),
+                self.partial_checksums && payload[8] & CAP_PARTIAL_CHECKSUMS != 0,
+            ),
             _ => return Err(CryptoError::BadHandshake),
         };
         let mut ts = [0u8; 8];
@@ -437,7 +479,11 @@ impl Peer {
         out.extend_from_slice(&wire::header(kind, self.vni));
         out.extend_from_slice(&index.to_le_bytes());
         out.extend_from_slice(&sender.to_le_bytes());
-        let choice = [cipher.wire_id()];
+        let choice = [cipher.wire_id()
+            | match partial {
+                true => CAP_PARTIAL_CHECKSUMS,
+                false => 0,
+            }];
         let payload: &[u8] = match version {
             Version::V1 => &[],
             Version::V2 => &choice,
@@ -445,8 +491,7 @@ impl Peer {
         write_noise(&mut hs, payload, noise_len, &mut out)?;
         let (to_responder, to_initiator) = split(&mut hs)?;
         let s = self.session(
-            version,
-            cipher,
+            (version, cipher, partial),
             (to_initiator, to_responder),
             index,
             sender,
@@ -479,27 +524,25 @@ impl Peer {
             .handshake
             .read_message(noise, &mut payload)
             .map_err(|_| CryptoError::BadHandshake)?;
-        let Some(Pending { mut handshake, .. }) = self.pending.take() else {
+        let Some(Pending {
+            mut handshake,
+            offered_partial,
+            ..
+        }) = self.pending.take()
+        else {
             return Err(CryptoError::BadHandshake);
         };
         // An authentic response names a cipher this host offered (v1: ChaCha20-Poly1305).
-        let cipher = match (version, n) {
-            (Version::V1, 0) => Cipher::ChaCha20Poly1305,
+        let (cipher, partial) = match (version, n) {
+            (Version::V1, 0) => (Cipher::ChaCha20Poly1305, false),
             (Version::V2, wire::RESPONSE_V2_PAYLOAD_LEN) => {
-                match Cipher::from_wire_id(payload[0]) {
-                    Some(Cipher::Aes256Gcm) if !self.ciphers.aes_256_gcm => {
-                        return Err(CryptoError::BadHandshake)
-                    }
-                    Some(c) => c,
-                    None => return Err(CryptoError::BadHandshake),
-                }
+                parse_choice(payload[0], self.ciphers, offered_partial)?
             }
             _ => return Err(CryptoError::BadHandshake),
         };
         let (to_responder, to_initiator) = split(&mut handshake)?;
         let s = Arc::new(self.session(
-            version,
-            cipher,
+            (version, cipher, partial),
             (to_responder, to_initiator),
             receiver,
             sender,
@@ -516,12 +559,11 @@ impl Peer {
         Ok(keepalive)
     }
 
-    /// A session with `keys` = (sending, receiving).
-    #[allow(clippy::too_many_arguments)]
+    /// A session of what the handshake agreed (`version`, `cipher`, whether both hosts take
+    /// partial checksums), with `keys` = (sending, receiving).
     fn session(
         &self,
-        version: Version,
-        cipher: Cipher,
+        (version, cipher, partial_checksums): (Version, Cipher, bool),
         keys: ([u8; 32], [u8; 32]),
         local_index: u32,
         remote_index: u32,
@@ -531,6 +573,7 @@ impl Peer {
         Session::new(SessionInit {
             version,
             cipher,
+            partial_checksums,
             send_key: keys.0,
             recv_key: keys.1,
             vni: self.vni,

@@ -22,6 +22,7 @@ use crate::CryptoError;
 pub struct Session {
     version: Version,
     cipher: Cipher,
+    partial_checksums: bool,
     send: DataKey,
     recv: DataKey,
     vni: u32,
@@ -58,6 +59,7 @@ impl std::fmt::Debug for Session {
 pub(crate) struct SessionInit {
     pub version: Version,
     pub cipher: Cipher,
+    pub partial_checksums: bool,
     pub send_key: [u8; 32],
     pub recv_key: [u8; 32],
     pub vni: u32,
@@ -73,6 +75,7 @@ impl Session {
         Ok(Session {
             version: i.version,
             cipher: i.cipher,
+            partial_checksums: i.partial_checksums,
             send: DataKey::new(i.cipher, &i.send_key)?,
             recv: DataKey::new(i.cipher, &i.recv_key)?,
             vni: i.vni,
@@ -98,6 +101,13 @@ impl Session {
     /// The data cipher the two hosts agreed on.
     pub fn cipher(&self) -> Cipher {
         self.cipher
+    }
+
+    /// Whether both hosts said in the handshake that they deliver data whose inner TCP/UDP
+    /// checksum was left partial (`peer::CAP_PARTIAL_CHECKSUMS`): a sender on this session may
+    /// then skip the checksum of the segments it cuts, as the AEAD covers every byte.
+    pub fn partial_checksums(&self) -> bool {
+        self.partial_checksums
     }
 
     /// Counters handed out so far (messages sealed, or about to be).

@@ -28,6 +28,17 @@
 //! only if both offered it). Both travel encrypted and authenticated inside the Noise
 //! messages. A v1 session always uses ChaCha20-Poly1305.
 //!
+//! Partial checksums: bit 0x80 of `ciphers` says the initiator delivers data whose inner
+//! TCP/UDP checksum was left partial (the field holds only the pseudo-header sum, as a
+//! virtio-net device passes a TSO segment on), and the responder ORs 0x80 into `cipher` when
+//! the initiation had it and it does too (only then: a host from before reads `cipher` as a
+//! number). On a session where both said so, a sender that cuts a guest's TSO frame into
+//! segments skips their checksums; the receiver recognises such a segment by its field (equal
+//! to the pseudo-header sum), merges it unverified and hands it to the guest marked partial,
+//! or completes the checksum before the frame leaves toward a network. The AEAD authenticates
+//! every byte, so the checksum guards nothing here that the tag does not; elsewhere the
+//! checksums stay complete.
+//!
 //! Rolling upgrades: a host before v2 reads types 1 to 3 only (it drops 4 and 5 as not
 //! VXLAN). A responder answers v1 with v1 and v2 with v2; an initiator alternates v2 and v1
 //! on its retransmissions until a response arrives, and starts again with v2 at the next

@@ -25,6 +25,11 @@ const TICK: Duration = Duration::from_millis(100);
 /// test sees several rekeys under load in seconds. Not an operator setting (README, Security).
 pub const REKEY_ENV: &str = "VNET_TEST_REKEY_AFTER_MS";
 
+/// vnetd's link timers: the defaults, or the rekey time of [`REKEY_ENV`] in its environment.
+pub fn timers_from_env() -> Timers {
+    timers_from(std::env::var(REKEY_ENV).ok().as_deref())
+}
+
 /// The link timers: the defaults, or the rekey time of [`REKEY_ENV`] when it holds a number of
 /// milliseconds from 500 on (anything else is ignored with a warning).
 fn timers_from(value: Option<&str>) -> Timers {
@@ -76,20 +81,9 @@ pub struct LinkCrypto {
 }
 
 impl LinkCrypto {
+    /// The crypto state of a link to `remote` with these handshake timers (vnetd's come from
+    /// [`timers_from_env`]; tests rekey fast).
     pub fn new(
-        name: &str,
-        local: PrivateKey,
-        remote: PublicKey,
-        vni: u32,
-        sock: Arc<VxlanSocket>,
-        to: SockAddr,
-    ) -> LinkCrypto {
-        let timers = timers_from(std::env::var(REKEY_ENV).ok().as_deref());
-        Self::with_timers(name, local, remote, vni, sock, to, timers)
-    }
-
-    /// As [`LinkCrypto::new`], with other rekey and retransmission times (tests rekey fast).
-    pub(crate) fn with_timers(
         name: &str,
         local: PrivateKey,
         remote: PublicKey,
@@ -134,6 +128,16 @@ impl LinkCrypto {
     pub fn sending_session(&self) -> Option<Arc<Session>> {
         let now = self.now().mono_ms;
         self.peer().sending_session(now)
+    }
+
+    /// Whether the segments of a guest's TSO frame may go out with their TCP/UDP checksums
+    /// left partial: the session to send on says both hosts deliver such data
+    /// ([`Session::partial_checksums`]). Asked once per frame; if a rekey changes the answer
+    /// before the frame is sealed, a receiver without it still delivers the segments intact,
+    /// one by one, marked partial.
+    pub fn partial_checksums(&self) -> bool {
+        self.sending_session()
+            .is_some_and(|s| s.partial_checksums())
     }
 
     fn send(&self, msg: &[u8]) {
@@ -267,8 +271,9 @@ pub(crate) fn established_pair(sock: Arc<VxlanSocket>) -> (Arc<LinkCrypto>, Arc<
         PrivateKey::generate().expect("key"),
     );
     let to = SockAddr::from(sock.local_addr());
-    let a = LinkCrypto::new("a", ka.clone(), kb.public(), 7, sock.clone(), to.clone());
-    let b = LinkCrypto::new("b", kb, ka.public(), 7, sock, to);
+    let t = Timers::default();
+    let a = LinkCrypto::new("a", ka.clone(), kb.public(), 7, sock.clone(), to.clone(), t);
+    let b = LinkCrypto::new("b", kb, ka.public(), 7, sock, to, t);
     let init = a.peer().tick(a.now()).expect("initiation");
     let resp = b
         .peer()

@@ -117,6 +117,17 @@ impl<'a> Arrival<'a> {
         }
     }
 
+    /// A frame an encrypted link's session authenticated and decrypted in place. Its sender
+    /// may have left its TCP/UDP checksum partial (the session's AEAD protects every byte;
+    /// see `ports::udp`): then the header says so (`NEEDS_CSUM`), so a guest gets the frame
+    /// marked partial and a port toward a network completes the checksum first.
+    pub fn authenticated(frame: &'a [u8], at: PayloadRef, bufs: &'a [Vec<u8>]) -> Self {
+        Arrival {
+            vh: vnet_offload::left_partial(frame).unwrap_or_default(),
+            ..Self::wire(frame, at, bufs)
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.head.len() + self.tail.map(|t| t.len()).unwrap_or(0)
     }

@@ -24,7 +24,9 @@ use crate::nic::GuestNic;
 pub enum Origin<'a> {
     /// A TAP, a direct link, a TCP link or a guest: the frame is in a buffer of its own.
     Local,
-    /// A UDP datagram at `at` inside the receive buffers `bufs`.
+    /// A UDP datagram at `at` inside the receive buffers `bufs`. Its checksums are whatever
+    /// the wire brought, unless the frame's header says `NEEDS_CSUM`: then an encrypted link
+    /// authenticated it and its sender left the checksum partial (`Arrival::authenticated`).
     Wire { at: PayloadRef, bufs: &'a [Vec<u8>] },
 }
 

@@ -22,19 +22,13 @@ use crate::netns;
 use crate::nic::GuestNic;
 use crate::sys::{self, IfReq};
 
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
-const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
-const IFF_TAP: i16 = 0x0002;
-const IFF_NO_PI: i16 = 0x1000;
-const IFF_VNET_HDR: i16 = 0x4000;
-const IFF_MULTI_QUEUE: i16 = 0x0100;
-const TUN_F_CSUM: u32 = 0x01;
-const TUN_F_TSO4: u32 = 0x02;
-const TUN_F_TSO6: u32 = 0x04;
-const TUN_F_TSO_ECN: u32 = 0x08;
-const TUN_F_USO4: u32 = 0x20;
-const TUN_F_USO6: u32 = 0x40;
+// linux/if_tun.h, as libc has it; `ifr_flags` is a short.
+use libc::{TUNSETIFF, TUNSETOFFLOAD, TUNSETPERSIST};
+use libc::{TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, TUN_F_TSO_ECN, TUN_F_USO4, TUN_F_USO6};
+const IFF_TAP: i16 = libc::IFF_TAP as i16;
+const IFF_NO_PI: i16 = libc::IFF_NO_PI as i16;
+const IFF_VNET_HDR: i16 = libc::IFF_VNET_HDR as i16;
+const IFF_MULTI_QUEUE: i16 = libc::IFF_MULTI_QUEUE as i16;
 
 static NO_USO_LOGGED: AtomicBool = AtomicBool::new(false);
 

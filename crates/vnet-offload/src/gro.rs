@@ -40,12 +40,16 @@ struct Run {
     payload: usize,
     psh: bool,
     ended: bool,
+    /// A segment of the run came with its checksum left partial (see [`Coalescer::offer`]).
+    partial: bool,
 }
 
 /// Merges TCP segments offered in order into runs; a run is handed to `emit` when the next
 /// frame does not continue it, when it is full or ends (short segment, PSH), or on `flush`.
 /// Only segments whose IPv4 and TCP checksums verify are merged (as the kernel's GRO does), so
-/// a merged frame can be delivered with the checksum marked as already handled.
+/// a merged frame can be delivered with the checksum marked as already handled; or segments
+/// the caller vouches for with their checksum left partial (an encrypted link's peer
+/// authenticated every byte and skipped the checksum), delivered as partial.
 #[derive(Debug, Default)]
 pub struct Coalescer {
     run: Option<Run>,
@@ -57,6 +61,7 @@ pub struct Coalescer {
 
 struct SegInfo {
     layout: Layout,
+    partial: bool,
     seq: u32,
     flags: u8,
     payload_len: usize,
@@ -95,14 +100,31 @@ fn check_l4(frame: &[u8], l: &Layout) -> Result<(), Option<VirtioNetHdr>> {
     }
     let p = fold(pseudo);
     if csum == p || (p == 0xffff && csum == 0) || (p == 0 && csum == 0xffff) {
-        return Err(Some(VirtioNetHdr {
-            flags: VirtioNetHdr::F_NEEDS_CSUM,
-            csum_start: l4 as u16,
-            csum_offset: l.csum_offset() as u16,
-            ..Default::default()
-        }));
+        return Err(Some(partial_header(l)));
     }
     Err(None)
+}
+
+/// The header that marks `frame`'s TCP/UDP checksum partial when its checksum field holds
+/// exactly the pseudo-header sum, as a sender that left the checksum to the receiver's device
+/// writes it; `None` otherwise. No pass over the payload: for frames whose every byte was
+/// authenticated (an encrypted link), where the sender skips the checksum. A complete checksum
+/// that happens to equal the pseudo-header sum (1 in 65,536) is called partial too, which is
+/// harmless: whoever completes it computes the same checksum.
+pub fn left_partial(frame: &[u8]) -> Option<VirtioNetHdr> {
+    let l = parse_l3l4(frame).ok()?;
+    let field = l.l4_off() + l.csum_offset();
+    let csum = u16::from_be_bytes([frame[field], frame[field + 1]]);
+    (csum == fold(l.pseudo_sum(frame, l.ip_end - l.l4_off()))).then(|| partial_header(&l))
+}
+
+fn partial_header(l: &Layout) -> VirtioNetHdr {
+    VirtioNetHdr {
+        flags: VirtioNetHdr::F_NEEDS_CSUM,
+        csum_start: l.l4_off() as u16,
+        csum_offset: l.csum_offset() as u16,
+        ..Default::default()
+    }
 }
 
 /// Whether a TCP/UDP frame's IPv4 header and L4 checksums are complete and correct.
@@ -123,20 +145,27 @@ pub fn partial_checksum_hint(frame: &[u8]) -> Option<VirtioNetHdr> {
     check_l4(frame, &l).err().flatten()
 }
 
-fn inspect(frame: &[u8]) -> Inspected {
+/// `partial`: the caller vouches that the frame's L4 checksum is left partial (not checked).
+fn inspect(frame: &[u8], partial: bool) -> Inspected {
     let Ok(l) = parse_l3l4(frame) else {
         return Inspected::Plain;
     };
+    let not_merged = || match partial {
+        true => Inspected::Partial(partial_header(&l)),
+        false => Inspected::Plain,
+    };
     if l.l3 == L3::V4 && checksum(&frame[l.l2_len..l.l4_off()]) != 0 {
-        return Inspected::Plain;
+        return not_merged();
     }
-    match check_l4(frame, &l) {
-        Ok(()) => {}
-        Err(Some(vh)) => return Inspected::Partial(vh),
-        Err(None) => return Inspected::Plain,
+    if !partial {
+        match check_l4(frame, &l) {
+            Ok(()) => {}
+            Err(Some(vh)) => return Inspected::Partial(vh),
+            Err(None) => return Inspected::Plain,
+        }
     }
     if l.l4 != L4::Tcp {
-        return Inspected::Plain;
+        return not_merged();
     }
     let t = &frame[l.l4_off()..];
     let flags = t[13];
@@ -146,10 +175,11 @@ fn inspect(frame: &[u8]) -> Inspected {
         || flags & TCP_ACK == 0
         || payload_len == 0
     {
-        return Inspected::Plain;
+        return not_merged();
     }
     Inspected::Mergeable(SegInfo {
         layout: l,
+        partial,
         seq: u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
         flags,
         payload_len,
@@ -194,13 +224,18 @@ impl Coalescer {
 
     /// Offers the frame at `at` (whose bytes are `frame`). Unless it is `Held`, any run has
     /// been emitted first and the caller delivers the frame itself, as the answer says.
+    /// `partial`: the caller vouches that the frame's TCP/UDP checksum is left partial (the
+    /// field holds the pseudo-header sum; see [`left_partial`]), because every byte of it was
+    /// authenticated on its way here; it is merged without a pass over its payload, and
+    /// whatever is not merged comes back `Partial`.
     pub fn offer(
         &mut self,
         frame: &[u8],
         at: PayloadRef,
+        partial: bool,
         emit: &mut dyn FnMut(GroOutput<'_>),
     ) -> Offered {
-        let seg = match inspect(frame) {
+        let seg = match inspect(frame, partial) {
             Inspected::Mergeable(s) => s,
             Inspected::Plain => {
                 self.flush(emit);
@@ -239,6 +274,7 @@ impl Coalescer {
                 payload: 0,
                 psh: false,
                 ended: false,
+                partial: false,
             });
         } else {
             self.merged += 1;
@@ -253,6 +289,7 @@ impl Coalescer {
             r.next_seq = seg.seq.wrapping_add(seg.payload_len as u32);
             r.payload += seg.payload_len;
             r.psh |= seg.flags & TCP_PSH != 0;
+            r.partial |= seg.partial;
             r.ended = r.psh || seg.payload_len < r.mss;
             if r.ended || r.payload + r.mss > MAX_GRO_PAYLOAD || self.payloads.len() >= MAX_SEGS {
                 self.flush(emit);
@@ -269,7 +306,10 @@ impl Coalescer {
         self.runs += 1;
         let l = r.layout;
         let (l3, l4, hl) = (l.l2_len, l.l4_off(), l.hdr_len());
-        let vhdr = if self.payloads.len() == 1 {
+        let vhdr = if self.payloads.len() == 1 && r.partial {
+            // A single segment keeps its own headers, its checksum still partial.
+            partial_header(&l)
+        } else if self.payloads.len() == 1 {
             // A single segment keeps its own (verified) headers.
             VirtioNetHdr {
                 flags: VirtioNetHdr::F_DATA_VALID,
@@ -320,7 +360,7 @@ impl Coalescer {
 mod tests {
     use super::*;
     use crate::gso::tests::{tso_frame, valid};
-    use crate::gso::{segment, SegmentList};
+    use crate::gso::{segment_with, L4Checksum, SegmentList};
 
     /// Segments a TSO frame into one buffer of wire frames and offers them all.
     fn run(
@@ -328,9 +368,20 @@ mod tests {
         v6: bool,
         corrupt: Option<usize>,
     ) -> (Vec<(VirtioNetHdr, Vec<u8>)>, Vec<u8>) {
+        run_with(payload, v6, corrupt, L4Checksum::Complete)
+    }
+
+    /// [`run`] with the segments' checksums as `l4` says; partial ones are offered as vouched
+    /// for (as an encrypted link's receiver offers them).
+    fn run_with(
+        payload: usize,
+        v6: bool,
+        corrupt: Option<usize>,
+        l4: L4Checksum,
+    ) -> (Vec<(VirtioNetHdr, Vec<u8>)>, Vec<u8>) {
         let (f, vh) = tso_frame(payload, v6);
         let mut segs = SegmentList::new();
-        segment(&f, &vh, &mut segs).unwrap();
+        segment_with(&f, &vh, &mut segs, l4).unwrap();
         let mut buf = Vec::new();
         let mut refs = Vec::new();
         for i in 0..segs.len() {
@@ -361,12 +412,15 @@ mod tests {
                         start: *off as u32,
                         end: (off + len) as u32,
                     },
+                    l4 == L4Checksum::Partial,
                     &mut emit,
                 );
-                if held != Offered::Held {
-                    out.borrow_mut()
-                        .push((VirtioNetHdr::default(), buf[*off..off + len].to_vec()));
-                }
+                let vh = match held {
+                    Offered::Held => continue,
+                    Offered::Plain => VirtioNetHdr::default(),
+                    Offered::Partial(vh) => vh,
+                };
+                out.borrow_mut().push((vh, buf[*off..off + len].to_vec()));
             }
             c.flush(&mut emit);
         }
@@ -412,6 +466,7 @@ mod tests {
                     start: 0,
                     end: 42
                 },
+                false,
                 &mut |_| panic!()
             ),
             Offered::Plain
@@ -440,6 +495,7 @@ mod tests {
                     start: 0,
                     end: f.len() as u32
                 },
+                false,
                 &mut |_| panic!()
             ),
             Offered::Partial(_)
@@ -451,5 +507,93 @@ mod tests {
         // corrupt, it is neither
         f[60] ^= 1;
         assert_eq!(partial_checksum_hint(&f), None);
+    }
+
+    /// Completes every delivered frame's checksum as the guest's device would (a frame marked
+    /// partial) and checks it, so that two deliveries can be compared byte for byte.
+    fn completed(out: &[(VirtioNetHdr, Vec<u8>)]) -> Vec<Vec<u8>> {
+        out.iter()
+            .map(|(vh, f)| {
+                let mut f = f.clone();
+                if vh.needs_csum() {
+                    crate::gso::complete_checksum(&mut f, vh).unwrap();
+                }
+                assert!(valid(&f), "a delivered frame does not verify");
+                f
+            })
+            .collect()
+    }
+
+    #[test]
+    fn partial_segments_vouched_for_merge_as_verified_ones_do() {
+        // An encrypted link's sender skips the payload pass; its receiver merges the segments
+        // without one. What reaches the guest must be what the checksummed path delivers.
+        for v6 in [false, true] {
+            for payload in [1, 1447, 1448, 1449, 5000, 20_000, 64_000] {
+                let (full, _) = run(payload, v6, None);
+                let (part, _) = run_with(payload, v6, None, L4Checksum::Partial);
+                assert_eq!(part.len(), full.len(), "payload {payload} v6={v6}");
+                for ((pv, _), (fv, _)) in part.iter().zip(&full) {
+                    // merged runs: the same header; a lone segment: partial instead of valid
+                    if fv.gso_type != VirtioNetHdr::GSO_NONE {
+                        assert_eq!(pv, fv);
+                    } else {
+                        assert!(
+                            pv.needs_csum(),
+                            "a lone partial segment is delivered partial"
+                        );
+                    }
+                }
+                assert_eq!(
+                    completed(&part),
+                    completed(&full),
+                    "payload {payload} v6={v6}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn partial_segments_are_recognised_without_a_payload_pass() {
+        let (f, vh) = tso_frame(5000, false);
+        let mut segs = SegmentList::new();
+        segment_with(&f, &vh, &mut segs, L4Checksum::Partial).unwrap();
+        for i in 0..segs.len() {
+            let mut s = segs.parts(&f, i).concat();
+            let hint = left_partial(&s).expect("partial");
+            assert_eq!((hint.csum_start, hint.csum_offset), (34, 16));
+            // the payload is not read: a changed byte is still called partial...
+            s[80] ^= 0xff;
+            assert!(left_partial(&s).is_some());
+            s[80] ^= 0xff;
+            // ...while a complete checksum is not
+            crate::gso::complete_checksum(&mut s, &hint).unwrap();
+            assert!(valid(&s));
+            assert_eq!(left_partial(&s), None);
+        }
+        assert_eq!(left_partial(&[0xffu8; 42]), None, "not TCP/UDP");
+        assert_eq!(left_partial(&f[..40]), None, "truncated");
+    }
+
+    #[test]
+    fn a_partial_segment_that_cannot_merge_comes_back_partial() {
+        // a SYN (never merged) vouched for as partial must not be delivered as a plain frame,
+        // whose guest would drop it for its checksum
+        let (f, vh) = tso_frame(100, false);
+        let mut segs = SegmentList::new();
+        segment_with(&f, &vh, &mut segs, L4Checksum::Partial).unwrap();
+        let mut s = segs.parts(&f, 0).concat();
+        s[14 + 20 + 13] |= TCP_SYN;
+        let at = PayloadRef {
+            buf: 0,
+            start: 0,
+            end: s.len() as u32,
+        };
+        let mut c = Coalescer::new();
+        let Offered::Partial(vh) = c.offer(&s, at, true, &mut |_| panic!()) else {
+            panic!("a SYN vouched for as partial must come back partial");
+        };
+        crate::gso::complete_checksum(&mut s, &vh).unwrap();
+        assert!(valid(&s));
     }
 }

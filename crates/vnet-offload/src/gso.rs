@@ -107,10 +107,33 @@ pub fn complete_checksum(frame: &mut [u8], vh: &VirtioNetHdr) -> Result<(), Offl
     Ok(())
 }
 
+/// What [`segment_with`] writes into each segment's TCP/UDP checksum field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L4Checksum {
+    /// The complete checksum: a pass over every payload byte. What a network needs.
+    Complete,
+    /// Only the pseudo-header sum (the CHECKSUM_PARTIAL convention, as a virtio-net device
+    /// hands a TSO segment on): no pass over the payload. For a peer that authenticates every
+    /// byte anyway and delivers the segments with the checksum marked partial (an encrypted
+    /// link whose peer said so in its handshake).
+    Partial,
+}
+
 /// Cuts a frame the guest handed over with a virtio-net header into wire frames, each with
 /// complete checksums. Headers are written into `out.headers`; payloads stay in `frame`.
 /// A frame that needs nothing gives one segment covering it.
 pub fn segment(frame: &[u8], vh: &VirtioNetHdr, out: &mut SegmentList) -> Result<(), OffloadError> {
+    segment_with(frame, vh, out, L4Checksum::Complete)
+}
+
+/// [`segment`], with the TCP/UDP checksum of a GSO frame's segments as `l4` says (the IPv4
+/// header checksum is always complete; a frame that is not GSO is handled as by [`segment`]).
+pub fn segment_with(
+    frame: &[u8],
+    vh: &VirtioNetHdr,
+    out: &mut SegmentList,
+    l4: L4Checksum,
+) -> Result<(), OffloadError> {
     out.headers.clear();
     out.segs.clear();
     let kind = vh.gso_kind();
@@ -204,13 +227,19 @@ pub fn segment(frame: &[u8], vh: &VirtioNetHdr, out: &mut SegmentList) -> Result
             }
         }
         let co = l4o + layout.csum_offset();
-        h[co..co + 2].copy_from_slice(&[0, 0]);
-        let s =
-            layout.pseudo_sum(h, l4_total) + sum(&h[l4o..hl], 0) + sum_at(&frame[p0..p1], false);
-        let mut c = !fold(s);
-        if c == 0 && layout.l4 == L4::Udp {
-            c = 0xffff;
-        }
+        let c = match l4 {
+            L4Checksum::Partial => fold(layout.pseudo_sum(h, l4_total)),
+            L4Checksum::Complete => {
+                h[co..co + 2].copy_from_slice(&[0, 0]);
+                let s = layout.pseudo_sum(h, l4_total)
+                    + sum(&h[l4o..hl], 0)
+                    + sum_at(&frame[p0..p1], false);
+                match !fold(s) {
+                    0 if layout.l4 == L4::Udp => 0xffff,
+                    c => c,
+                }
+            }
+        };
         h[co..co + 2].copy_from_slice(&c.to_be_bytes());
         out.segs.push(Segment {
             hdr: h0..h0 + hl,
@@ -251,6 +280,37 @@ pub(crate) mod tests {
                 payload.extend_from_slice(&s[l.hdr_len()..]);
             }
             assert_eq!(payload, f[f.len() - 10_000..]);
+        }
+    }
+
+    #[test]
+    fn partial_segments_complete_to_the_checksummed_ones() {
+        for v6 in [false, true] {
+            let (f, vh) = tso_frame(10_000, v6);
+            let (mut full, mut part) = (SegmentList::new(), SegmentList::new());
+            segment(&f, &vh, &mut full).unwrap();
+            segment_with(&f, &vh, &mut part, L4Checksum::Partial).unwrap();
+            assert_eq!(part.segs, full.segs);
+            for i in 0..full.len() {
+                let want = join(&full, &f, i);
+                let mut got = join(&part, &f, i);
+                assert!(
+                    !valid(&got),
+                    "segment {i}: a partial checksum does not verify"
+                );
+                let l = parse_l3l4(&got).unwrap();
+                let ps = fold(l.pseudo_sum(&got, l.ip_end - l.l4_off()));
+                let co = l.l4_off() + 16;
+                assert_eq!(got[co..co + 2], ps.to_be_bytes(), "the pseudo-header sum");
+                let pvh = VirtioNetHdr {
+                    flags: VirtioNetHdr::F_NEEDS_CSUM,
+                    csum_start: l.l4_off() as u16,
+                    csum_offset: 16,
+                    ..Default::default()
+                };
+                complete_checksum(&mut got, &pvh).unwrap();
+                assert_eq!(got, want, "segment {i} v6={v6}");
+            }
         }
     }
 

@@ -19,10 +19,13 @@ pub mod test_frames;
 
 pub use checksum::{checksum, fold, sum};
 pub use gro::{
-    l4_checksum_ok, partial_checksum_hint, Coalescer, GroOutput, Offered, PayloadRef,
+    l4_checksum_ok, left_partial, partial_checksum_hint, Coalescer, GroOutput, Offered, PayloadRef,
     MAX_GRO_PAYLOAD,
 };
-pub use gso::{as_partial_gso, complete_checksum, gso_header, segment, Segment, SegmentList};
+pub use gso::{
+    as_partial_gso, complete_checksum, gso_header, segment, segment_with, L4Checksum, Segment,
+    SegmentList,
+};
 pub use headers::{claimed_frame_len, parse_l3l4, Layout, L3, L4};
 pub use virtio::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 

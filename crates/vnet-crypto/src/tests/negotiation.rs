@@ -2,13 +2,18 @@
 
 use super::*;
 use crate::wire::{Version, MSG_INITIATION, MSG_INITIATION_V2, MSG_RESPONSE, MSG_RESPONSE_V2};
-use crate::{Cipher, PublicKey};
+use crate::{Cipher, PublicKey, Session};
+
+/// What `f` says of each side's current session.
+fn both<T>(a: &Peer, b: &Peer, f: impl Fn(&Session) -> T) -> (T, T) {
+    (
+        f(a.current().expect("a's session")),
+        f(b.current().expect("b's session")),
+    )
+}
 
 fn established_cipher(a: &Peer, b: &Peer) -> (Cipher, Cipher) {
-    (
-        a.current().expect("a's session").cipher(),
-        b.current().expect("b's session").cipher(),
-    )
+    both(a, b, Session::cipher)
 }
 
 #[test]
@@ -200,4 +205,89 @@ fn a_v2_initiation_on_the_v1_prologue_is_refused() {
         );
     }
     assert_eq!(b.stats.bad_handshakes, 2);
+}
+
+/// Whether each side's sending session lets it leave checksums partial.
+fn partial_both(a: &Peer, b: &Peer) -> (bool, bool) {
+    both(a, b, Session::partial_checksums)
+}
+
+#[test]
+fn current_hosts_agree_on_partial_checksums() {
+    let (mut a, mut b) = pair_with(Ciphers::ALL, Ciphers::ALL, Timers::default());
+    handshake(&mut a, &mut b, 0);
+    assert_eq!(partial_both(&a, &b), (true, true));
+    // the cipher is still negotiated as before
+    assert_eq!(
+        established_cipher(&a, &b),
+        (Cipher::Aes256Gcm, Cipher::Aes256Gcm)
+    );
+    assert_delivers(&a, &mut b, b"partial", 1);
+}
+
+#[test]
+fn a_host_without_partial_checksums_gets_complete_ones_both_ways() {
+    // An older v2 host on either side: neither sender may leave checksums partial, and the
+    // handshake completes (the older host never sees the bit in the response).
+    for older_initiates in [true, false] {
+        let (a, b) = pair_with(Ciphers::ALL, Ciphers::ALL, Timers::default());
+        let (mut a, mut b) = match older_initiates {
+            true => (a.without_partial_checksums(), b),
+            false => (a, b.without_partial_checksums()),
+        };
+        handshake(&mut a, &mut b, 0);
+        assert_eq!(
+            partial_both(&a, &b),
+            (false, false),
+            "older initiates: {older_initiates}"
+        );
+        assert_eq!(
+            established_cipher(&a, &b),
+            (Cipher::Aes256Gcm, Cipher::Aes256Gcm)
+        );
+        assert_delivers(&b, &mut a, b"complete", 1);
+    }
+}
+
+#[test]
+fn a_v1_session_never_takes_partial_checksums() {
+    let (mut a, mut b) = pair_with(Ciphers::ALL, Ciphers::ALL, Timers::default());
+    // the v2 initiation is lost; the v1 retransmission is answered
+    let _lost = a.tick(at(0)).expect("v2 initiation");
+    let init = a.tick(at(600)).expect("v1 retransmission");
+    assert_eq!(init[0], MSG_INITIATION);
+    let Got::Reply(resp) = receive(&mut b, init, 600).unwrap() else {
+        panic!("no response")
+    };
+    let Got::Reply(keepalive) = receive(&mut a, resp, 600).unwrap() else {
+        panic!("no keepalive")
+    };
+    receive(&mut b, keepalive, 600).unwrap();
+    assert_eq!(a.current().unwrap().version(), Version::V1);
+    assert_eq!(partial_both(&a, &b), (false, false));
+}
+
+#[test]
+fn a_response_choice_is_read_strictly() {
+    use crate::peer::{parse_choice as parse, CAP_PARTIAL_CHECKSUMS as P};
+    let (aes, chacha) = (Cipher::Aes256Gcm, Cipher::ChaCha20Poly1305);
+    assert_eq!(parse(2, Ciphers::ALL, true), Ok((aes, false)));
+    assert_eq!(parse(2 | P, Ciphers::ALL, true), Ok((aes, true)));
+    assert_eq!(parse(1 | P, Ciphers::CHACHA_ONLY, true), Ok((chacha, true)));
+    // partial checksums this host did not offer, a cipher it did not offer, or no cipher
+    assert_eq!(
+        parse(2 | P, Ciphers::ALL, false),
+        Err(CryptoError::BadHandshake)
+    );
+    assert_eq!(
+        parse(2, Ciphers::CHACHA_ONLY, true),
+        Err(CryptoError::BadHandshake)
+    );
+    for b in [0, P, 3, 3 | P, 0x7f, 0xff] {
+        assert_eq!(
+            parse(b, Ciphers::ALL, true),
+            Err(CryptoError::BadHandshake),
+            "{b:#x}"
+        );
+    }
 }

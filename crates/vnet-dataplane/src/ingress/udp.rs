@@ -302,7 +302,7 @@ fn receive_decrypted<'a>(
         snap,
         ctx,
         port,
-        Arrival::wire(&data[VXLAN_HEADER_LEN..], at, bufs),
+        Arrival::authenticated(&data[VXLAN_HEADER_LEN..], at, bufs),
         batch,
     );
 }

@@ -3,9 +3,10 @@
 //! From a guest with offloads, a 64 KB TCP segment stays whole on its way to another local
 //! guest. Frames from the wire to a guest with offloads go through the thread's
 //! [`Coalescer`] for that NIC, which verifies each TCP segment's checksums and merges
-//! consecutive segments of a flow; at the end of the receive batch (`gro::flush_coalescers`)
-//! each run goes to the guest as one frame with a GSO virtio-net header. A guest without
-//! offloads gets ordinary frames with complete checksums.
+//! consecutive segments of a flow (segments an encrypted link authenticated with their
+//! checksums left partial are merged unverified); at the end of the receive batch
+//! (`gro::flush_coalescers`) each run goes to the guest as one frame with a GSO virtio-net
+//! header. A guest without offloads gets ordinary frames with complete checksums.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -83,14 +84,17 @@ impl Port for NicPort {
                 let c = tx.coalescers.entry(tx.port).or_default();
                 let (offload, counters, queue) = (tx.offload, tx.counters, tx.queue);
                 let mut emit = |g: GroOutput<'_>| emit(offload, nic, queue, counters, g, bufs);
-                match c.offer(frame, at, &mut emit) {
+                match c.offer(frame, at, f.vh.needs_csum(), &mut emit) {
                     Offered::Held => Ok(()),
                     Offered::Plain => wire_to_nic(tx, nic, frame, None),
                     Offered::Partial(p) => wire_to_nic(tx, nic, frame, Some(p)),
                 }
             }
             Origin::Wire { .. } => {
-                let hint = vnet_offload::partial_checksum_hint(frame);
+                let hint = match f.vh.needs_csum() {
+                    true => Some(f.vh),
+                    false => vnet_offload::partial_checksum_hint(frame),
+                };
                 wire_to_nic(tx, nic, frame, hint)
             }
             Origin::Local => from_local(tx, nic, f, frame),

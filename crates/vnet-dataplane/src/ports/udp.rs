@@ -3,7 +3,8 @@
 //! copied, even from a guest's shared memory). A guest's 64 KB TSO frame is cut in user space
 //! (headers written to scratch, checksums computed, payloads left in place) and sent as runs of
 //! up to 64 datagrams in one `sendmsg` with `UDP_SEGMENT`. An encrypted link's datagrams are
-//! sealed when the batch is sent.
+//! sealed when the batch is sent, and the segments of a TSO frame keep their checksums
+//! partial when the peer takes them (the AEAD authenticates every byte).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use socket2::SockAddr;
 use vnet_control::Link;
 use vnet_core::{DropReason, PortCounters, PortKind};
-use vnet_offload::{segment, SegmentList, VirtioNetHdr};
+use vnet_offload::{segment, segment_with, L4Checksum, SegmentList, VirtioNetHdr};
 use vnet_wire::VxlanRepr;
 use vnet_wire::VXLAN_HEADER_LEN;
 
@@ -64,6 +65,7 @@ pub fn open(
                 l.vni,
                 sock.clone(),
                 SockAddr::from(to_sa),
+                crate::crypto::timers_from_env(),
             ));
             workers.push(c.start_timer()?);
             Some(c)
@@ -107,10 +109,16 @@ impl Port for UdpLinkTx {
             tx.batch.push(self, &[&f.macs, &f.head[12..]], rest);
             return Ok(());
         };
-        if gso && self.crypto.is_some() {
+        if let Some(c) = self.crypto.as_ref().filter(|_| gso) {
             // Encrypted: cut in user space; every segment is sealed on its own at flush
-            // (runs of equal-size segments still go as one UDP_SEGMENT send).
-            segment(frame, &f.vh, tx.seg).map_err(|_| DropReason::BadOffload)?;
+            // (runs of equal-size segments still go as one UDP_SEGMENT send). When the peer
+            // takes them, the segments' TCP/UDP checksums are left partial: the AEAD covers
+            // every byte, and no pass over the payload is spent on a checksum.
+            let l4 = match c.partial_checksums() {
+                true => L4Checksum::Partial,
+                false => L4Checksum::Complete,
+            };
+            segment_with(frame, &f.vh, tx.seg, l4).map_err(|_| DropReason::BadOffload)?;
             tx.seg.pin_macs(&f.macs);
             tx.offload.gso(tx.seg.len());
             for s in &tx.seg.segs {

@@ -208,7 +208,7 @@ fn encrypted_end(
     use std::sync::atomic::AtomicUsize;
     let sock = sh.snapshot.load().udp.clone();
     let to = socket2::SockAddr::from(peer.1);
-    let crypto = Arc::new(crate::crypto::LinkCrypto::with_timers(
+    let crypto = Arc::new(crate::crypto::LinkCrypto::new(
         name,
         key,
         peer.0,
@@ -235,6 +235,45 @@ fn encrypted_end(
     }
 }
 
+/// Two daemons' ends, on `sha`'s and `shb`'s sockets, of one encrypted link (fresh keys).
+fn encrypted_pair(
+    sha: Arc<crate::shared::Shared>,
+    shb: Arc<crate::shared::Shared>,
+    timers: vnet_crypto::Timers,
+) -> (End, End) {
+    let (ka, kb) = (
+        vnet_crypto::PrivateKey::generate().unwrap(),
+        vnet_crypto::PrivateKey::generate().unwrap(),
+    );
+    let (addr_a, addr_b) = (
+        sha.snapshot.load().udp.local_addr(),
+        shb.snapshot.load().udp.local_addr(),
+    );
+    let a = encrypted_end(sha, "a", ka.clone(), (kb.public(), addr_b), timers);
+    let b = encrypted_end(shb, "b", kb, (ka.public(), addr_a), timers);
+    (a, b)
+}
+
+/// Reads what arrived at `end`'s socket once.
+fn pump(end: &End, w: &mut RxWork) {
+    let snap = end.sh.snapshot.load_full();
+    end.reader.drain(w, &end.sh, &snap).unwrap();
+}
+
+/// A starts the handshake; both ends read until both are established.
+fn establish(a: &End, b: &End, wa: &mut RxWork, wb: &mut RxWork) {
+    a.crypto.tick();
+    for _ in 0..200 {
+        pump(a, wa);
+        pump(b, wb);
+        if a.crypto.established() && b.crypto.established() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("no session after 1 s");
+}
+
 /// Two daemons on loopback rekey every 150 ms while A sends B a batch of frames every
 /// millisecond through the batch path (sealed in place, opened in place): over several rekeys
 /// every frame sent once A had its first session arrives, none is dropped for want of a
@@ -245,35 +284,11 @@ fn encrypted_end(
 fn encrypted_link_over_ipv6() {
     use crate::batch::{Rest, TxBatch};
 
-    let (ka, kb) = (
-        vnet_crypto::PrivateKey::generate().unwrap(),
-        vnet_crypto::PrivateKey::generate().unwrap(),
-    );
     let (sha, shb) = (shared_on("[::1]:0"), shared_on("[::1]:0"));
-    let (addr_a, addr_b) = (
-        sha.snapshot.load().udp.local_addr(),
-        shb.snapshot.load().udp.local_addr(),
-    );
-    assert!(addr_a.is_ipv6());
-    let timers = vnet_crypto::Timers::default();
-    let a = encrypted_end(sha, "a", ka.clone(), (kb.public(), addr_b), timers);
-    let b = encrypted_end(shb, "b", kb, (ka.public(), addr_a), timers);
+    assert!(sha.snapshot.load().udp.local_addr().is_ipv6());
+    let (a, b) = encrypted_pair(sha, shb, vnet_crypto::Timers::default());
     let (mut wa, mut wb) = (RxWork::new(0), RxWork::new(0));
-    let pump = |wa: &mut RxWork, wb: &mut RxWork| {
-        for (end, w) in [(&a, wa), (&b, wb)] {
-            let snap = end.sh.snapshot.load_full();
-            end.reader.drain(w, &end.sh, &snap).unwrap();
-        }
-    };
-    a.crypto.tick();
-    for _ in 0..200 {
-        pump(&mut wa, &mut wb);
-        if a.crypto.established() && b.crypto.established() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!(a.crypto.established() && b.crypto.established());
+    establish(&a, &b, &mut wa, &mut wb);
     let frames: Vec<Vec<u8>> = (0..20).map(|k| frame(mac(2), mac(9), 200 + k)).collect();
     let mut batch = TxBatch::default();
     for f in &frames {
@@ -282,7 +297,8 @@ fn encrypted_link_over_ipv6() {
     batch.flush(&a.sh.offload, &a.sh.daemon, &a.sh.snapshot.load().udp);
     let mut got = Vec::new();
     for _ in 0..200 {
-        pump(&mut wa, &mut wb);
+        pump(&a, &mut wa);
+        pump(&b, &mut wb);
         got.extend(b.guest.take().into_iter().map(|s| s.bytes));
         if got.len() >= frames.len() {
             break;
@@ -303,17 +319,7 @@ fn rekeying_under_load_loses_nothing() {
         reject_after_ms: 1_000,
         ..Default::default()
     };
-    let (ka, kb) = (
-        vnet_crypto::PrivateKey::generate().unwrap(),
-        vnet_crypto::PrivateKey::generate().unwrap(),
-    );
-    let (sha, shb) = (shared(), shared());
-    let (addr_a, addr_b) = (
-        sha.snapshot.load().udp.local_addr(),
-        shb.snapshot.load().udp.local_addr(),
-    );
-    let a = encrypted_end(sha, "a", ka.clone(), (kb.public(), addr_b), timers);
-    let b = encrypted_end(shb, "b", kb, (ka.public(), addr_a), timers);
+    let (a, b) = encrypted_pair(shared(), shared(), timers);
     let f = frame(mac(2), mac(9), 900);
     let (mut wa, mut wb) = (RxWork::new(0), RxWork::new(0));
     let (mut sent, mut got) = (0u64, 0u64);
@@ -337,17 +343,14 @@ fn rekeying_under_load_loses_nothing() {
             batch.flush(&a.sh.offload, &a.sh.daemon, &a.sh.snapshot.load().udp);
             sent += 8;
         }
-        for (end, w) in [(&a, &mut wa), (&b, &mut wb)] {
-            let snap = end.sh.snapshot.load_full();
-            end.reader.drain(w, &end.sh, &snap).unwrap();
-        }
+        pump(&a, &mut wa);
+        pump(&b, &mut wb);
         got += b.guest.take().len() as u64;
         std::thread::sleep(Duration::from_millis(1));
     }
     // What is still on its way.
     for _ in 0..50 {
-        let snap = b.sh.snapshot.load_full();
-        b.reader.drain(&mut wb, &b.sh, &snap).unwrap();
+        pump(&b, &mut wb);
         got += b.guest.take().len() as u64;
         if got >= sent {
             break;
@@ -373,4 +376,118 @@ fn rekeying_under_load_loses_nothing() {
         sent - got,
         st.rekeys
     );
+}
+
+/// A guest's 64 KB TSO frame crosses an encrypted link between two daemons on loopback whose
+/// handshake agreed on partial checksums: A cuts it without summing the payload, B merges the
+/// segments unverified. B's guest (a NIC with offloads) gets frames marked partial that
+/// complete to exactly the original stream; the same frames forwarded by B to a plaintext link
+/// (a gateway toward a network) leave with complete, valid checksums.
+#[test]
+fn a_tso_frame_crosses_an_encrypted_link_with_partial_checksums() {
+    use crate::batch::TxBatch;
+    use crate::forward::{process, Arrival, FwdCtx};
+    use crate::ports::nic::NicPort;
+    use vnet_offload::test_frames::{tso_frame, valid};
+    use vnet_offload::{complete_checksum, parse_l3l4};
+
+    let (a, b) = encrypted_pair(shared(), shared(), vnet_crypto::Timers::default());
+    let (addr_a, addr_b) = (
+        a.sh.snapshot.load().udp.local_addr(),
+        b.sh.snapshot.load().udp.local_addr(),
+    );
+    let (mut wa, mut wb) = (RxWork::new(0), RxWork::new(0));
+    establish(&a, &b, &mut wa, &mut wb);
+    assert!(a.crypto.partial_checksums() && b.crypto.partial_checksums());
+
+    // The guest's frame: mac 1 (A's guest) to mac 2, 60,000 bytes of payload.
+    let (mut tso, vh) = tso_frame(60_000, false);
+    tso[..6].copy_from_slice(&mac(2).0);
+    tso[6..12].copy_from_slice(&mac(1).0);
+    let mut g = TestPort::interface(2, mac(1), Arc::new(Recorder::default()));
+    g.vni = 7;
+    let mut l = TestPort::link(3, a.link.clone());
+    l.vni = 7;
+    l.udp_peer = Some(addr_b.ip());
+    let mut r = route(mac(2), 3);
+    r.vni = 7;
+    publish(&a.sh, vec![g, l], vec![r]);
+    let send = || {
+        let snap = a.sh.snapshot.load_full();
+        let mut ctx = FwdCtx::new();
+        let mut batch = TxBatch::default();
+        process(
+            &a.sh,
+            &snap,
+            &mut ctx,
+            vnet_core::PortId(2),
+            Arrival::local(vh, &tso),
+            &mut batch,
+        );
+        batch.flush(&a.sh.offload, &a.sh.daemon, &snap.udp);
+    };
+
+    // B delivers to its guest, a NIC with offloads.
+    let nic = Arc::new(FakeNic::new(true, 1500));
+    let mut g = TestPort::interface(2, mac(2), Arc::new(NicPort(nic.clone())));
+    g.vni = 7;
+    let mut l = TestPort::link(3, b.link.clone());
+    l.vni = 7;
+    l.udp_peer = Some(addr_a.ip());
+    let mut r = route(mac(2), 2);
+    r.vni = 7;
+    publish(&b.sh, vec![g, l], vec![r]);
+    send();
+    let mut got: Vec<(vnet_offload::VirtioNetHdr, Vec<u8>)> = Vec::new();
+    for _ in 0..200 {
+        pump(&b, &mut wb);
+        got.extend(nic.take());
+        let bytes: usize = got.iter().map(|(_, f)| f.len() - 66).sum();
+        if bytes >= 60_000 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        got.len() < 10,
+        "{} frames: the segments were not merged",
+        got.len()
+    );
+    let mut payload = Vec::new();
+    for (vh, mut f) in got {
+        assert!(vh.needs_csum(), "delivered marked partial");
+        complete_checksum(&mut f, &vh).unwrap();
+        assert!(valid(&f), "completes to a valid frame");
+        payload.extend_from_slice(&f[parse_l3l4(&f).unwrap().hdr_len()..]);
+    }
+    assert_eq!(payload, tso[tso.len() - 60_000..]);
+    assert!(counters(&b.sh, 3).drops.is_empty());
+
+    // B as a gateway: the same frame on to a plaintext link, checksums completed.
+    let (plain, plain_rx) = udp_link(&b.sh, 7);
+    let mut l = TestPort::link(3, b.link.clone());
+    l.vni = 7;
+    l.udp_peer = Some(addr_a.ip());
+    let mut out = TestPort::link(4, plain);
+    out.vni = 7;
+    let mut r = route(mac(2), 4);
+    r.vni = 7;
+    publish(&b.sh, vec![l, out], vec![r]);
+    send();
+    let (mut segs, mut buf) = (0, vec![0u8; 65536]);
+    let mut payload = Vec::new();
+    while payload.len() < 60_000 {
+        pump(&b, &mut wb);
+        let Ok(n) = plain_rx.recv(&mut buf) else {
+            continue;
+        };
+        let inner = &buf[vnet_wire::VXLAN_HEADER_LEN..n];
+        assert!(
+            valid(inner),
+            "segment {segs} leaves with a complete checksum"
+        );
+        payload.extend_from_slice(&inner[parse_l3l4(inner).unwrap().hdr_len()..]);
+        segs += 1;
+    }
+    assert_eq!(payload, tso[tso.len() - 60_000..]);
 }
