@@ -3,8 +3,8 @@
 //! acknowledged (a CNI ADD that returned must survive a crash the next instant); the journal is
 //! folded into the whole `config.vnet` in the background once it outgrows the file, and at
 //! start and stop. The derived configuration and the host record are written in the
-//! background, at most every half second (they are recoverable: etcd has the former, the
-//! devices the latter). Every derived snapshot carries a generation taken under the daemon's
+//! background, half a second after they changed and at most every half second (they are
+//! recoverable: etcd has the former, the devices the latter). Every derived snapshot carries a generation taken under the daemon's
 //! lock, so a slower writer never puts an older snapshot over a newer one.
 //!
 //! Ordering: records are appended (written, not yet synced) under the daemon's state lock, so
@@ -396,15 +396,21 @@ fn background(s: &Shared) {
                 })
                 .unwrap_or_else(|p| p.into_inner());
         }
+        // Half a second after the first change before writing (a stop cuts the wait short,
+        // and `flush` writes): a burst of changes is written once, after it, rather than in
+        // its midst, where rendering and syncing would take the CPU from the burst itself (a
+        // move reaching hundreds of daemons on one machine, a cold start); and at most one
+        // write per interval.
+        {
+            let p = s.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let _unused = s
+                .wake
+                .wait_timeout_while(p, BACKGROUND_EVERY, |_| !s.stop.load(Relaxed))
+                .unwrap_or_else(|p| p.into_inner());
+        }
         if s.stop.load(Relaxed) {
             break;
         }
         write_pending(s);
-        // At most one write per interval; a stop cuts the wait short.
-        let p = s.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let _unused = s
-            .wake
-            .wait_timeout_while(p, BACKGROUND_EVERY, |_| !s.stop.load(Relaxed))
-            .unwrap_or_else(|p| p.into_inner());
     }
 }
