@@ -261,9 +261,22 @@ class Bench:
         return self.proxies[k % len(self.proxies)].endpoint if self.proxies else self.etcd.endpoint
 
     def cpu(self) -> dict:
-        """etcd's CPU and the proxies' (all of them), seconds so far."""
+        """etcd's CPU, the proxies' (all of them) and the daemons' (all of them, to the
+        nanosecond: each thread's run time from schedstat), seconds so far."""
         return {"etcd_cpu_s": proc_cpu(self.etcd.proc.pid),
-                "proxies_cpu_s": sum(proc_cpu(p.proc.pid) for p in self.proxies)}
+                "proxies_cpu_s": sum(proc_cpu(p.proc.pid) for p in self.proxies),
+                "daemons_cpu_s": sum(run_time(h.vnetd.pid) for h in self.hosts if h.vnetd)}
+
+    def idle(self, seconds: float = 2.0) -> dict:
+        """The daemons' CPU while nothing happens (cores): what every step pays beside its
+        own work on this machine (each daemon's dispatchers, agent loop, keep-alives)."""
+        c0, t0 = self.cpu(), time.monotonic()
+        time.sleep(seconds)
+        c1, t1 = self.cpu(), time.monotonic()
+        return {"step": "idle", "seconds": t1 - t0, "daemons": len(self.hosts),
+                "daemons_cores": (c1["daemons_cpu_s"] - c0["daemons_cpu_s"]) / (t1 - t0),
+                "etcd_cores": (c1["etcd_cpu_s"] - c0["etcd_cpu_s"]) / (t1 - t0),
+                "proxies_cores": (c1["proxies_cpu_s"] - c0["proxies_cpu_s"]) / (t1 - t0)}
 
     def start_host(self, h: netlab.Host, g: netlab.Guest, wait: bool) -> netlab.Host:
         config = "".join(f"{line}\n" for line in
@@ -446,6 +459,22 @@ def percentile(sorted_v: list[float], p: float):
     return sorted_v[k - 1]
 
 
+def run_time(pid: int) -> float:
+    """A process's CPU time in seconds, every thread's, to the nanosecond (schedstat)."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
+
+
 def summarize(step: str, seen: dict, rounds: list[float]) -> dict:
     done = sorted(v for v in seen.values() if v is not None)
     return {"step": step, "daemons": len(seen), "not_converged": len(seen) - len(done),
@@ -540,7 +569,13 @@ def report(doc: dict, out: Path) -> str:
     for s in doc["steps"]:
         if "etcd_cpu_s" in s:
             lines.append(f"- {s['step']}: etcd {s['etcd_cpu_s']:.2f} CPU-s"
-                         + (f", proxies {s['proxies_cpu_s']:.2f} CPU-s" if doc.get("proxies") else ""))
+                         + (f", proxies {s['proxies_cpu_s']:.2f} CPU-s" if doc.get("proxies") else "")
+                         + (f", the daemons {s['daemons_cpu_s']:.2f} CPU-s" if "daemons_cpu_s" in s else ""))
+    if doc.get("idle"):
+        i = doc["idle"]
+        lines += ["", f"Idle (nothing happening, {i['seconds']:.1f} s after the bring-up): the {i['daemons']} daemons "
+                  f"used {i['daemons_cores']:.2f} cores, etcd {i['etcd_cores']:.2f}, the proxies {i['proxies_cores']:.2f}: "
+                  "every step above paid that beside its own work."]
     r = doc["resources"]
     lines += ["", f"After the steps: the daemons used {r['daemons_cpu_s']:.1f} CPU-s in all and hold "
               f"{r['daemons_rss_bytes'] / 1e6:.0f} MB resident; etcd {r['etcd_cpu_s']:.1f} CPU-s, "
@@ -592,7 +627,7 @@ def run(n: int, out: Path, ttl: int = 10, wave: int = 20, interval: float = 0.05
             bench = Bench(lab, etcd, n, ttl, interval, grpc_proxies, extra_config, extra_args)
 
             def measured(step):
-                """The step, with etcd's CPU and the proxies' during it."""
+                """The step, with the CPU of etcd, the proxies and the daemons during it."""
                 c0 = bench.cpu()
                 s = step()
                 s.update({k: v - c0[k] for k, v in bench.cpu().items()})
@@ -602,6 +637,8 @@ def run(n: int, out: Path, ttl: int = 10, wave: int = 20, interval: float = 0.05
             doc["steps"].append(s)
             log(f"bring-up: all routed after {sig(s['all_routed_s'])} s (every process spawned in "
                 f"{sig(s['start_s'])} s), {s['not_converged']} not converged (polling round {sig(s['poll_round_s'])} s)")
+            doc["idle"] = bench.idle()
+            log(f"idle: the daemons use {doc['idle']['daemons_cores']:.2f} cores doing nothing")
             for step in (bench.join, bench.move):
                 s = measured(step)
                 doc["steps"].append(s)
