@@ -150,15 +150,7 @@ fn a_refused_command_does_not_make_the_batch_go_line_by_line() {
 
 #[test]
 fn the_derived_configuration_is_rendered_by_the_writer() {
-    let dir = std::env::temp_dir().join(format!("vnetd-derived-{}", std::process::id()));
-    let sd = crate::state::StateDir::open(&dir).expect("state dir");
-    let saver = Saver::new(sd, Default::default(), 0).expect("saver");
-    let engine = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
-    let d = std::sync::Arc::new(Daemon::new(engine, Some(saver)));
-    let weak = std::sync::Arc::downgrade(&d);
-    d.saver()
-        .unwrap()
-        .set_derived_source(Box::new(move || weak.upgrade()?.render_derived()));
+    let (d, dir) = daemon_with_state("derived");
     d.execute_script("link add up udp 10.0.0.2\n").unwrap();
     let host: HostId = "a".parse().unwrap();
     let state = state_with_route("route add any 52:54:00:00:00:09 link up");
@@ -316,10 +308,11 @@ fn daemon_with_state(tag: &str) -> (std::sync::Arc<Daemon>, std::path::PathBuf) 
     let saver = Saver::new(sd, Default::default(), 0).expect("saver");
     let engine = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
     let d = std::sync::Arc::new(Daemon::new(engine, Some(saver)));
+    let saver = d.saver().unwrap();
     let weak = std::sync::Arc::downgrade(&d);
-    d.saver()
-        .unwrap()
-        .set_local_source(Box::new(move || weak.upgrade()?.render_local()));
+    saver.set_derived_source(Box::new(move || weak.upgrade()?.render_derived()));
+    let weak = std::sync::Arc::downgrade(&d);
+    saver.set_local_source(Box::new(move || weak.upgrade()?.render_local()));
     d.restore(&Config::default(), &Config::default(), None)
         .expect("restore");
     (d, dir)
@@ -342,6 +335,12 @@ fn restored(d: &Daemon) -> (Config, Vec<String>) {
     let mut notes = replay.notes;
     notes.extend(plan.notes);
     (plan.local, notes)
+}
+
+/// `config.vnet` as it is on disk.
+fn saved_file(d: &Daemon) -> String {
+    let text = d.saver().unwrap().dir().read(crate::state::LOCAL);
+    text.unwrap().expect("config.vnet")
 }
 
 fn segments(d: &Daemon) -> usize {
@@ -368,13 +367,7 @@ fn acknowledged_changes_survive_a_crash_through_the_journal() {
     d.execute_line("set notify batch").unwrap(); // a setting: a snapshot record
     d.execute_line("link set l1 rate off").unwrap();
     // The file is as the start wrote it; the rest is in the journal.
-    let file = d
-        .saver()
-        .unwrap()
-        .dir()
-        .read(crate::state::LOCAL)
-        .unwrap()
-        .unwrap();
+    let file = saved_file(&d);
     assert!(!file.contains("02:00:00:00:01:00"), "{file}");
     assert!(segments(&d) >= 1);
     // A crash now: everything acknowledged comes back.
@@ -424,13 +417,7 @@ fn the_journal_is_compacted_in_the_background() {
     // Compacted within a few seconds: the file's header moved on, the older segments gone.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let text = d
-            .saver()
-            .unwrap()
-            .dir()
-            .read(crate::state::LOCAL)
-            .unwrap()
-            .unwrap();
+        let text = saved_file(&d);
         if crate::journal::file_sequence(&text) > 1000 {
             break;
         }
@@ -450,13 +437,7 @@ fn the_journal_is_compacted_in_the_background() {
         .unwrap();
     d.saver().unwrap().flush();
     assert_eq!(segments(&d), 0);
-    let text = d
-        .saver()
-        .unwrap()
-        .dir()
-        .read(crate::state::LOCAL)
-        .unwrap()
-        .unwrap();
+    let text = saved_file(&d);
     assert!(
         text.contains("route add any 02:00:00:00:ff:01 link l0"),
         "{text}"

@@ -209,6 +209,13 @@ proptest! {
     }
 }
 
+impl Model {
+    /// The record of one local command that the model accepts.
+    fn said(&mut self, line: &str) -> Option<String> {
+        self.local(&[line.to_string()]).expect("accepted")
+    }
+}
+
 #[test]
 fn a_change_says_what_it_did() {
     let mut m = Model {
@@ -217,48 +224,41 @@ fn a_change_says_what_it_did() {
         macs: 0,
     };
     // An interface given a random MAC: the record has the MAC it got.
-    let d = m.local(&["interface add a tap".into()]).unwrap().unwrap();
+    let d = m.said("interface add a tap").unwrap();
     let mac = m.cfg.interface("a").unwrap().mac;
     assert!(
         d.starts_with("interface add a tap") && d.contains(&mac.to_string()),
         "{d}"
     );
     // A route replace: the old route out, the new one in.
-    m.local(&["link add l udp 10.0.0.2 vni 1".into()]).unwrap();
-    m.local(&["route add any 02:00:00:00:00:07 interface a".into()])
-        .unwrap();
-    let d = m
-        .local(&["route replace any 02:00:00:00:00:07 link l".into()])
-        .unwrap()
-        .unwrap();
+    m.said("link add l udp 10.0.0.2 vni 1");
+    m.said("route add any 02:00:00:00:00:07 interface a");
     assert_eq!(
-        d,
+        m.said("route replace any 02:00:00:00:00:07 link l")
+            .unwrap(),
         "route del any 02:00:00:00:00:07 interface a\nroute add any 02:00:00:00:00:07 link l\n"
     );
     // An agent's route taken out by a local command: nothing for the local configuration.
     m.agent("link add d udp 10.1.0.1 vni 1");
     m.agent("route add any 02:00:00:00:00:08 link d");
-    let d = m
-        .local(&["route del any 02:00:00:00:00:08 link d".into()])
-        .unwrap()
-        .unwrap();
-    assert_eq!(d, "");
+    assert_eq!(
+        m.said("route del any 02:00:00:00:00:08 link d").unwrap(),
+        ""
+    );
     // An agent's route over a local link (a local link covers the derived one), replaced by
     // the same route locally: still the agent's, so not in the local configuration.
     m.agent("route add any 02:00:00:00:00:0a link l");
-    let d = m
-        .local(&["route replace any 02:00:00:00:00:0a link l".into()])
-        .unwrap()
-        .unwrap();
-    assert_eq!(d, "");
-    // A setting: a snapshot.
-    assert_eq!(m.local(&["set mode polling".into()]).unwrap(), None);
-    // `interface del` takes its routes along, each said.
-    m.local(&["route add any 02:00:00:00:00:09 interface a".into()])
-        .unwrap();
-    let d = m.local(&["interface del a".into()]).unwrap().unwrap();
     assert_eq!(
-        d,
+        m.said("route replace any 02:00:00:00:00:0a link l")
+            .unwrap(),
+        ""
+    );
+    // A setting: a snapshot.
+    assert_eq!(m.said("set mode polling"), None);
+    // `interface del` takes its routes along, each said.
+    m.said("route add any 02:00:00:00:00:09 interface a");
+    assert_eq!(
+        m.said("interface del a").unwrap(),
         "route del any 02:00:00:00:00:09 interface a\ninterface del a\n"
     );
 }

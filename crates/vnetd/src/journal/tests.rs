@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// The sequences a replay would apply.
+fn seqs(r: &Replay) -> Vec<u64> {
+    r.records.iter().map(|r| r.seq).collect()
+}
+
 fn records(seqs: std::ops::RangeInclusive<u64>) -> Vec<u8> {
     seqs.flat_map(|s| {
         encode(
@@ -120,10 +125,7 @@ fn a_start_replays_what_the_file_lacks_in_order() {
     // segment 7..=8, given out of order.
     let mut segs = vec![(7, records(7..=8)), (3, records(3..=6))];
     let r = replay(4, &mut segs);
-    assert_eq!(
-        r.records.iter().map(|r| r.seq).collect::<Vec<_>>(),
-        [5, 6, 7, 8]
-    );
+    assert_eq!(seqs(&r), [5, 6, 7, 8]);
     assert!(r.notes.is_empty(), "{:?}", r.notes);
     assert_eq!(r.highest, 8);
     // Nothing after the file: nothing to replay, and the segment's records are not new.
@@ -141,10 +143,7 @@ fn a_start_stops_at_a_missing_record_and_says_so() {
     // Record 6 lost: 7 and 8 cannot be applied without it.
     let mut segs = vec![(3, records(3..=5)), (7, records(7..=8))];
     let r = replay(2, &mut segs);
-    assert_eq!(
-        r.records.iter().map(|r| r.seq).collect::<Vec<_>>(),
-        [3, 4, 5]
-    );
+    assert_eq!(seqs(&r), [3, 4, 5]);
     assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
     assert!(r.notes[0].contains("record 7 where 6"), "{:?}", r.notes);
     assert_eq!(r.highest, 8);
