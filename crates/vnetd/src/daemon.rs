@@ -621,11 +621,26 @@ fn interface_rows(st: &State) -> InterfaceTable {
     )
 }
 
+/// Every route's row; the destinations' VNIs are looked up once (`show routes` is what a
+/// poller asks every daemon for: scanning the ports for each route made it quadratic).
 fn route_rows(st: &State) -> Vec<RouteStatus> {
-    st.cfg
-        .routes
+    let c = &st.cfg;
+    let vnis: std::collections::HashMap<(DestKind, &str), u32> = c
+        .interfaces
         .iter()
-        .map(|r| RouteStatus::new(r, &st.cfg))
+        .map(|i| ((DestKind::Interface, i.name.as_str()), i.vni))
+        .chain(
+            c.links
+                .iter()
+                .map(|l| ((DestKind::Link, l.name.as_str()), l.vni)),
+        )
+        .collect();
+    c.routes
+        .iter()
+        .map(|r| {
+            let vni = vnis.get(&(r.to.kind, r.to.name.as_str())).copied();
+            RouteStatus::at(r, vni.unwrap_or(0))
+        })
         .collect()
 }
 

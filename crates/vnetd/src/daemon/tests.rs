@@ -445,3 +445,31 @@ fn the_journal_is_compacted_in_the_background() {
     assert_eq!(restored(&d).0, d.local_config());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `show routes` with the VNIs looked up once says what the row of each route says alone.
+#[test]
+fn route_rows_give_each_route_its_destinations_vni() {
+    let d = daemon();
+    d.execute_script(
+        "link add a udp 10.0.0.2 vni 7\nlink add b udp 10.0.0.3 vni 9\n\
+         route add any 02:00:00:00:00:01 link a\nroute add any 02:00:00:00:00:02 link b\n\
+         route add not 02:00:00:00:00:01 any link b\n",
+    )
+    .unwrap();
+    let st = d.lock();
+    let want: Vec<String> = st
+        .cfg
+        .routes
+        .iter()
+        .map(|r| serde_json::to_string(&RouteStatus::new(r, &st.cfg)).unwrap())
+        .collect();
+    let got: Vec<String> = route_rows(&st)
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap())
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        route_rows(&st).iter().map(|r| r.vni).collect::<Vec<_>>(),
+        [7, 9, 9]
+    );
+}
