@@ -428,7 +428,11 @@ class Bench:
         others = list(range(1, len(self.hosts)))  # every daemon but the source (host 1)
         self.rounds.clear()
         t0, t0_wall = time.monotonic(), time.time()
-        moved = self.etcd.ctl("move", 1, g.mac, dst.role, "vmig")
+        # vnetctl joins etcd's namespace with nsenter (what `ip netns exec` adds, a mount
+        # namespace and /sys mounted again, would be counted as the move's).
+        moved = netlab.sh("nsenter", f"--net=/run/netns/{self.etcd.ns.name}", netlab.VNETCTL, "--etcd",
+                          self.etcd.endpoint, "--overlay", OVERLAY, "--timeout", self.etcd.timeout,
+                          "move", 1, g.mac, dst.role, "vmig", timeout=60).stdout
         issued = time.monotonic() - t0
         seen = self.poll(others, lambda i, line: route_to(line, g.mac) == (want_dst if i == 1 else want),
                          timeout=60, t0=t0, what="move")
