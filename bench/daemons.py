@@ -21,15 +21,27 @@ Steps:
   to the new host (goal <= 1 s): this includes the new daemon's own start-up and registration;
 - move: host 1's guest moves to host 2 (as ``test_etcd.py`` does it: host 2 gets a second NIC
   with the guest's MAC, ``vnetctl --etcd move`` rewrites the placement in one transaction, host
-  1 drops its NIC); for every daemon but host 1, the time from starting the ``vnetctl`` process
-  until it routes the MAC the new way (goal <= 0.5 s): this includes vnetctl's own run
-  (``vnetctl_move_s``), so it overstates the propagation by up to that much.
+  1 drops its NIC); for every daemon but host 1, the time until it routes the MAC the new way
+  (goal <= 0.5 s). The transaction is issued inside the ``vnetctl`` process, after its start-up
+  and its read of the overlay, and committed before it exits: the times are given from the
+  process's start (the judged figure: it bounds the propagation from above) and from its exit
+  (``after vnetctl``: from below), and vnetctl's run apart (``vnetctl_move_s``).
 
 The times are taken twice: from each daemon's ``show routes json`` over its control port
-(persistent connections, 8 threads polling: "seen by polling", from outside, good to one
-polling round, ``poll_round_s``; the goals are judged on these, p100: the slowest daemon), and
+("seen by polling", from outside; the goals are judged on these, p100: the slowest daemon), and
 from each daemon's own log, where its agent logs every route it applies with a UTC timestamp
 ("applied", exact to the clock, kept beside them: it says how much of a figure is the polling).
+Polling is one thread over persistent connections: each round sends the query to every daemon
+not yet seen and reads the answers as they come (``selectors``), so a round lasts about what the
+daemons take to answer; rounds start at least ``--poll-interval`` apart (default 0.05 s) so that
+the polling itself does not take the cores from what it measures. A daemon's time is when the
+first answer that shows the change arrived (good to one round, ``poll_round_s``, the mean round).
+
+Where the bring-up's time goes (``anatomy``): for every daemon, from its log, when its process
+ran (its first line), loaded the kernel fast path, answered on its control port ("vnetd
+ready") and was watching the overlay after its first read ("etcd: watching"), from the first
+spawn; and the CPU each party used in the bring-up: the daemons (all of it, from their start),
+the harness itself (spawning, polling), etcd and its proxies.
 Output: ``daemons.json``, ``daemons.md`` and ``daemons.png``
 (the distribution over daemons) in the output directory. Run as root; it is a benchmark,
 not a test (200 daemons take several minutes on 2 cores). Everything it made is removed at
@@ -39,14 +51,15 @@ the end, whatever happens (netlab's cleanup).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import datetime
 import json
 import os
 import re
+import selectors
 import shutil
+import socket
+import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -61,6 +74,11 @@ from .report import pyplot, save, sig
 OVERLAY = "bench"
 # A line of vnetd's log (tracing's format without colours): UTC time, level, target, message.
 LOG_LINE = re.compile(r"^(\S+Z)\s+INFO\s+\S+: etcd: (.*)$")
+# The phases of a daemon's start (its log's messages), in order, for the bring-up's anatomy.
+PHASES = [("process ran", re.compile(r"^(\S+Z)\s")),
+          ("fast path loaded", re.compile(r"^(\S+Z)\s.*(kernel fast path loaded|kernel fast path is not available)")),
+          ("control port ready", re.compile(r"^(\S+Z)\s.*vnetd ready")),
+          ("watching etcd", re.compile(r"^(\S+Z)\s.*etcd: watching the overlay"))]
 # Issue #19's goals, judged on the slowest daemon as seen by polling (from outside); bring-up
 # only with --at-once (every daemon started at once).
 GOALS = {"bring-up": 15.0, "join": 1.0, "move": 0.5}
@@ -118,15 +136,116 @@ class Control:
             self.client = None
 
 
+class Poller:
+    """Polls many daemons' control ports from one thread: a round sends the query on every
+    connection at once, then reads the answers as they come, so it lasts about what the
+    daemons take to answer rather than the sum of the round trips; a connection that fails
+    (a daemon not yet listening) is opened again at the next round."""
+
+    QUERY = b"show routes json\n"
+
+    def __init__(self, hosts: list):
+        self.hosts = hosts
+        self.socks: dict[int, socket.socket] = {}
+
+    def _sock(self, i: int):
+        s = self.socks.get(i)
+        if s is None:
+            h = self.hosts[i]
+            addr, port = h.control.rsplit(":", 1)
+            s = h.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.settimeout(1.0)
+            try:
+                s.connect((addr, int(port)))
+            except OSError:
+                s.close()
+                return None
+            s.setblocking(False)
+            self.socks[i] = s
+        return s
+
+    def _drop(self, i: int) -> None:
+        s = self.socks.pop(i, None)
+        if s is not None:
+            s.close()
+
+    def round(self, which: list[int], timeout: float = 5.0) -> dict:
+        """Index -> (monotonic time the answer was complete, the answer's JSON line as bytes),
+        for the daemons that answered within ``timeout``."""
+        sel = selectors.DefaultSelector()
+        bufs: dict[int, bytearray] = {}
+        for i in which:
+            s = self._sock(i)
+            if s is None:
+                continue
+            try:
+                s.send(self.QUERY)
+            except OSError:
+                self._drop(i)
+                continue
+            bufs[i] = bytearray()
+            sel.register(s, selectors.EVENT_READ, i)
+        out = {}
+        deadline = time.monotonic() + timeout
+        while bufs.keys() - out.keys() and time.monotonic() < deadline:
+            for key, _ in sel.select(max(0.0, deadline - time.monotonic())):
+                i = key.data
+                try:
+                    chunk = key.fileobj.recv(1 << 20)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    self._drop(i)
+                    bufs.pop(i)
+                    continue
+                b = bufs[i]
+                b += chunk
+                # `ok 1` and the JSON line: complete at the second newline.
+                if b.count(b"\n") >= 2:
+                    sel.unregister(key.fileobj)
+                    head, line = bytes(b).split(b"\n", 2)[:2]
+                    out[i] = (time.monotonic(), line if head.startswith(b"ok") else b"")
+        for key in list(sel.get_map().values()):
+            sel.unregister(key.fileobj)
+            self._drop(key.data)  # no answer in time: its late answer must not be read as the next
+        sel.close()
+        return out
+
+    def close(self) -> None:
+        for i in list(self.socks):
+            self._drop(i)
+
+
+def routes_of(line: bytes) -> dict:
+    """MAC -> (kind, name) from a ``show routes json`` answer."""
+    try:
+        return {r["dst"].lower(): (r["to"], r["name"]) for r in json.loads(line)}
+    except ValueError:
+        return {}
+
+
+def route_to(line: bytes, mac: str):
+    """(kind, name) of the route to ``mac`` in a ``show routes json`` answer, without parsing
+    the whole answer (a round reads hundreds of them); None when there is none."""
+    m = re.search(rb'"dst":"' + mac.lower().encode() + rb'","to":"(\w+)","name":"([^"]*)"', line)
+    return (m.group(1).decode(), m.group(2).decode()) if m else None
+
+
 class Bench:
-    def __init__(self, lab: netlab.Lab, etcd: Etcd, n: int, ttl: int, threads: int,
-                 proxies: list[GrpcProxy] | None = None):
+    def __init__(self, lab: netlab.Lab, etcd: Etcd, n: int, ttl: int, interval: float,
+                 proxies: list[GrpcProxy] | None = None, extra_config: list[str] | None = None,
+                 extra_args: list[str] | None = None):
         self.lab, self.etcd, self.n, self.ttl = lab, etcd, n, ttl
+        self.extra_config, self.extra_args = extra_config or [], extra_args or []
         self.proxies = proxies or []
         self.hosts: list[netlab.Host] = []
         self.guests: list[netlab.Guest] = []
         self.controls: list[Control] = []
-        self.pool = concurrent.futures.ThreadPoolExecutor(threads)
+        self.poller = Poller(self.hosts)
+        self.interval = interval
         self.rounds: list[float] = []
 
     def add_host(self, i: int, wait: bool) -> netlab.Host:
@@ -142,14 +261,29 @@ class Bench:
         return self.proxies[k % len(self.proxies)].endpoint if self.proxies else self.etcd.endpoint
 
     def cpu(self) -> dict:
-        """etcd's CPU and the proxies' (all of them), seconds so far."""
+        """etcd's CPU, the proxies' (all of them) and the daemons' (all of them, to the
+        nanosecond: each thread's run time from schedstat), seconds so far."""
         return {"etcd_cpu_s": proc_cpu(self.etcd.proc.pid),
-                "proxies_cpu_s": sum(proc_cpu(p.proc.pid) for p in self.proxies)}
+                "proxies_cpu_s": sum(proc_cpu(p.proc.pid) for p in self.proxies),
+                "daemons_cpu_s": sum(run_time(h.vnetd.pid) for h in self.hosts if h.vnetd)}
+
+    def idle(self, seconds: float = 2.0) -> dict:
+        """The daemons' CPU while nothing happens (cores): what every step pays beside its
+        own work on this machine (each daemon's dispatchers, agent loop, keep-alives)."""
+        c0, t0 = self.cpu(), time.monotonic()
+        time.sleep(seconds)
+        c1, t1 = self.cpu(), time.monotonic()
+        return {"step": "idle", "seconds": t1 - t0, "daemons": len(self.hosts),
+                "daemons_cores": (c1["daemons_cpu_s"] - c0["daemons_cpu_s"]) / (t1 - t0),
+                "etcd_cores": (c1["etcd_cpu_s"] - c0["etcd_cpu_s"]) / (t1 - t0),
+                "proxies_cores": (c1["proxies_cpu_s"] - c0["proxies_cpu_s"]) / (t1 - t0)}
 
     def start_host(self, h: netlab.Host, g: netlab.Guest, wait: bool) -> netlab.Host:
-        h.start_vnetd(config=f"interface add vm tap mac {g.mac} netns {g.name} vni 1\n",
+        config = "".join(f"{line}\n" for line in
+                         [f"interface add vm tap mac {g.mac} netns {g.name} vni 1", *self.extra_config])
+        h.start_vnetd(config=config,
                       args=["--etcd", self.endpoint(len(self.hosts)), "--overlay", OVERLAY, "--host-id", h.role,
-                            "--advertise-addr", h.underlay_ip, "--etcd-lease-ttl", self.ttl],
+                            "--advertise-addr", h.underlay_ip, "--etcd-lease-ttl", self.ttl, *self.extra_args],
                       wait=wait)
         self.hosts.append(h)
         self.guests.append(g)
@@ -157,59 +291,65 @@ class Bench:
         return h
 
     def poll(self, which: list[int], pred, timeout: float, t0: float, what: str) -> dict:
-        """Polls the daemons `which` until pred(routes) holds on each; returns index -> seconds
-        since t0 at the first round that saw it (None: not within the timeout)."""
+        """Polls the daemons `which` until pred(i, answer) holds on each (answer: the bytes of
+        its ``show routes json``); returns index -> seconds since t0 when the first answer
+        that showed it arrived (None: not within the timeout)."""
         seen: dict[int, float | None] = {i: None for i in which}
-        lock = threading.Lock()
         deadline = t0 + timeout
         last_report = time.monotonic()
-
-        def check(i: int) -> None:
-            try:
-                ok = pred(i, self.controls[i].routes())
-            except Exception:
-                ok = False
-            if ok:
-                with lock:
-                    if seen[i] is None:
-                        seen[i] = time.monotonic() - t0
-
         while True:
             left = [i for i, v in seen.items() if v is None]
             if not left or time.monotonic() > deadline:
                 break
             r0 = time.monotonic()
-            list(self.pool.map(check, left))
-            self.rounds.append(time.monotonic() - r0)
-            if time.monotonic() - last_report > 2:
+            for i, (at, line) in self.poller.round(left).items():
+                if pred(i, line):
+                    seen[i] = at - t0
+            r1 = time.monotonic()
+            self.rounds.append(r1 - r0)
+            if r1 - last_report > 2:
                 done = sum(v is not None for v in seen.values())
                 log(f"{what}: {done} of {len(seen)} daemons")
-                last_report = time.monotonic()
+                last_report = r1
+            time.sleep(max(0.0, self.interval - (r1 - r0)))
         return seen
 
     def bring_up(self, wave: int, at_once: bool = False) -> dict:
+        c0, h0 = self.cpu(), os.times()
+        t0_wall = time.time()
+        spawned: list[float] = []
         if at_once:
             # The namespaces first (a real host exists before its daemon), then every process
             # spawned back to back; nothing waits for a control port: polling sees them come.
             prepared = [self.prepare_host(i) for i in range(1, self.n + 1)]
             log(f"bring-up: {self.n} hosts' namespaces made; starting every daemon at once")
-            t0 = time.monotonic()
+            c0, h0 = self.cpu(), os.times()
+            t0, t0_wall = time.monotonic(), time.time()
             for h, g in prepared:
                 self.start_host(h, g, wait=False)
+                spawned.append(time.monotonic() - t0)
             log(f"bring-up: {self.n} daemons spawned ({time.monotonic() - t0:.1f} s)")
         else:
             t0 = time.monotonic()
             for i in range(1, self.n + 1):
                 self.add_host(i, wait=False)
+                spawned.append(time.monotonic() - t0)
                 if i % wave == 0 or i == self.n:
                     for h in self.hosts[(i - 1) // wave * wave:i]:
                         h.wait_ready(timeout=60)
                     log(f"bring-up: {i} of {self.n} daemons started ({time.monotonic() - t0:.0f} s)")
-        macs = {g.mac for g in self.guests}
+        macs = {g.mac.lower() for g in self.guests}
+        n = len(macs)
         started = time.monotonic() - t0
         self.rounds.clear()
-        seen = self.poll(list(range(self.n)), lambda i, r: macs <= r.keys(),
+
+        def routes_all(i: int, line: bytes) -> bool:
+            # Counting first: the whole answer is parsed only once it can hold every guest.
+            return line.count(b'"dst":"') >= n and macs <= routes_of(line).keys()
+
+        seen = self.poll(list(range(self.n)), routes_all,
                          timeout=max(300, self.n * 3), t0=t0, what="bring-up: routing every guest")
+        c1, h1 = self.cpu(), os.times()
         for i, h in enumerate(self.hosts):
             if seen[i] is None and not h.vnetd.alive():
                 log(f"bring-up: {h.role}'s vnetd exited (rc={h.vnetd.proc.returncode}): "
@@ -217,7 +357,13 @@ class Bench:
         out = summarize("bring-up", seen, self.rounds)
         done = out["times_s"]
         out.update({"at_once": at_once, "start_s": started,
-                    "all_routed_s": max(done) if len(done) == self.n else None})
+                    "all_routed_s": max(done) if len(done) == self.n else None,
+                    "anatomy": anatomy([h.vnetd for h in self.hosts], spawned, seen, t0_wall),
+                    "cpu_s": {"daemons": sum(proc_cpu(h.vnetd.pid) for h in self.hosts if h.vnetd.alive()),
+                              "harness": (h1.user - h0.user) + (h1.system - h0.system)
+                              + (h1.children_user - h0.children_user) + (h1.children_system - h0.children_system),
+                              "etcd": c1["etcd_cpu_s"] - c0["etcd_cpu_s"],
+                              "proxies": c1["proxies_cpu_s"] - c0["proxies_cpu_s"]}})
         return out
 
     def applied_at(self, which: list[int], mac: str, target, t0_wall: float, grace: float = 2.0) -> dict:
@@ -263,9 +409,11 @@ class Bench:
         self.rounds.clear()
         t0, t0_wall = time.monotonic(), time.time()
         self.start_host(h, g, wait=False)
-        seen = self.poll(others, lambda i, r: r.get(mac) == want, timeout=60, t0=t0, what="join")
+        seen = self.poll(others, lambda i, line: route_to(line, mac) == want, timeout=60, t0=t0, what="join")
         out = summarize("join", seen, self.rounds)
         out["applied"] = summarize("join", self.applied_at(others, mac, want, t0_wall), [])
+        # Where the joining daemon's own start-up went (from the same origin).
+        out["joiner"] = anatomy([h.vnetd], [0.0], {0: None}, t0_wall)
         return out
 
     def move(self) -> dict:
@@ -273,22 +421,31 @@ class Bench:
         g = self.guests[0]
         dst.ctl("interface", "add", "vmig", "tap", "mac", g.mac, "netns", g.name, "vni", 1)
         # h2 routes the MAC to h1 until the move (its local NIC is not the placement yet).
-        netlab.wait_until(lambda: self.controls[1].routes().get(g.mac) == ("link", "c-h1-v1"), 20, 0.1,
+        netlab.wait_until(lambda: self.controls[1].routes().get(g.mac.lower()) == ("link", "c-h1-v1"), 20, 0.1,
                           what="h2 to keep routing the guest to h1 before the move")
         want_dst = ("interface", "vmig")
         want = ("link", f"c-{dst.role}-v1")
         others = list(range(1, len(self.hosts)))  # every daemon but the source (host 1)
         self.rounds.clear()
         t0, t0_wall = time.monotonic(), time.time()
-        moved = self.etcd.ctl("move", 1, g.mac, dst.role, "vmig")
+        # vnetctl joins etcd's namespace with nsenter (what `ip netns exec` adds, a mount
+        # namespace and /sys mounted again, would be counted as the move's).
+        moved = netlab.sh("nsenter", f"--net=/run/netns/{self.etcd.ns.name}", netlab.VNETCTL, "--etcd",
+                          self.etcd.endpoint, "--overlay", OVERLAY, "--timeout", self.etcd.timeout,
+                          "move", 1, g.mac, dst.role, "vmig", timeout=60).stdout
         issued = time.monotonic() - t0
-        seen = self.poll(others, lambda i, r: r.get(g.mac) == (want_dst if i == 1 else want),
+        seen = self.poll(others, lambda i, line: route_to(line, g.mac) == (want_dst if i == 1 else want),
                          timeout=60, t0=t0, what="move")
         src.ctl("interface", "del", "vm")  # the VM is gone from the source host
         out = summarize("move", seen, self.rounds)
         applied = self.applied_at([i for i in others if i != 1], g.mac, want, t0_wall)
         applied.update(self.applied_at([1], g.mac, want_dst, t0_wall))
         out["applied"] = summarize("move", applied, [])
+        # From vnetctl's exit (the transaction committed before it): a bound from below.
+        after = {i: None if v is None else v - issued for i, v in seen.items()}
+        out["after_vnetctl"] = summarize("move", after, self.rounds)
+        out["applied_after_vnetctl"] = summarize(
+            "move", {i: None if v is None else v - issued for i, v in applied.items()}, [])
         out["vnetctl_move_s"] = issued
         out["vnetctl_output"] = moved.strip()
         return out
@@ -296,7 +453,7 @@ class Bench:
     def close(self) -> None:
         for c in self.controls:
             c.close()
-        self.pool.shutdown()
+        self.poller.close()
 
 
 def percentile(sorted_v: list[float], p: float):
@@ -306,11 +463,46 @@ def percentile(sorted_v: list[float], p: float):
     return sorted_v[k - 1]
 
 
+def run_time(pid: int) -> float:
+    """A process's CPU time in seconds, every thread's, to the nanosecond (schedstat)."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
+
+
 def summarize(step: str, seen: dict, rounds: list[float]) -> dict:
     done = sorted(v for v in seen.values() if v is not None)
     return {"step": step, "daemons": len(seen), "not_converged": len(seen) - len(done),
             "p50_s": percentile(done, 50), "p99_s": percentile(done, 99), "max_s": done[-1] if done else None,
             "poll_round_s": (sum(rounds) / len(rounds)) if rounds else None, "times_s": done}
+
+
+def anatomy(daemons: list, spawned: list[float], seen: dict, t0_wall: float) -> dict:
+    """Where a start's time went: per phase (spawned by the harness, the phases of the
+    daemon's log, routing every guest as polling saw it), the median and the slowest daemon,
+    in seconds from the first spawn; and how many daemons' logs showed each phase."""
+    rows: dict[str, list[float]] = {"spawned": list(spawned)}
+    for d in daemons:
+        text = d.log_text()
+        for name, pat in PHASES:
+            for line in text.splitlines():
+                m = pat.match(line)
+                if m:
+                    at = datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+                    rows.setdefault(name, []).append(at - t0_wall)
+                    break
+    rows["routing every guest (polling)"] = [v for v in seen.values() if v is not None]
+    return {k: {"daemons": len(v), "p50_s": statistics.median(v) if v else None, "max_s": max(v, default=None)}
+            for k, v in rows.items()}
 
 
 def resources(bench: Bench, etcd: Etcd) -> dict:
@@ -330,6 +522,8 @@ def report(doc: dict, out: Path) -> str:
              f"Each daemon in its own host namespace with one guest TAP, lease TTL {doc['lease_ttl']} s, "
              f"etcd 3.4 in a namespace of its own (data in /dev/shm)"
              + (f", {doc['proxies']} gRPC proxies beside it (daemon i on proxy i % {doc['proxies']})" if doc.get("proxies") else "")
+             + (f"; NOT the defaults: every daemon's config also has {doc['extra_config']}" if doc.get("extra_config") else "")
+             + (f"; NOT the defaults: every vnetd also runs with {doc['extra_args']}" if doc.get("extra_args") else "")
              + f"; commit {doc['commit']}; "
              f"{os.cpu_count()} cores shared by etcd and every daemon. \"Applied\": when each daemon's agent "
              "applied the route, from the daemon's log; \"seen by polling\": when `show routes json` first showed it "
@@ -351,13 +545,41 @@ def report(doc: dict, out: Path) -> str:
         a = s.get("applied") or {}
         lines.append(f"| {s['step']}, applied (daemons' logs) | {a.get('daemons', '-')} | {sig(a.get('p50_s'))} | {sig(a.get('p99_s'))} | "
                      f"{sig(a.get('max_s'))} | {a.get('not_converged', '-')} | | |")
+        for key, what in (("after_vnetctl", "seen by polling, from vnetctl's exit"),
+                          ("applied_after_vnetctl", "applied, from vnetctl's exit")):
+            b = s.get(key)
+            if b:
+                lines.append(f"| {s['step']}, {what} | {b['daemons']} | {sig(b['p50_s'])} | {sig(b['p99_s'])} | "
+                             f"{sig(b['max_s'])} | {b['not_converged']} | | |")
+    for s in doc["steps"]:
+        if s["step"] == "move":
+            lines += ["", f"The move: vnetctl ran {sig(s['vnetctl_move_s'])} s (its start-up, its read of the overlay, "
+                      "the transaction); the judged row counts from its start, the \"from vnetctl's exit\" rows from "
+                      "after the transaction had committed."]
+    for s in doc["steps"]:
+        if s.get("anatomy"):
+            c = s["cpu_s"]
+            lines += ["", f"Where the {s['step']}'s time went (seconds from the first spawn; CPU: daemons "
+                      f"{c['daemons']:.1f} s, harness {c['harness']:.1f} s, etcd {c['etcd']:.1f} s, proxies {c['proxies']:.1f} s):", "",
+                      "| phase | daemons | median s | slowest s |", "| --- | --- | --- | --- |"]
+            for k, v in s["anatomy"].items():
+                lines.append(f"| {k} | {v['daemons']} | {sig(v['p50_s'])} | {sig(v['max_s'])} |")
+        if s.get("joiner"):
+            j = ", ".join(f"{k} {sig(v['p50_s'])} s" for k, v in s["joiner"].items() if v["daemons"] and k != "spawned")
+            lines += ["", f"The joining daemon's own start (from its spawn): {j}."]
     lines += ["", "The goals are judged on the polling rows' max (p100: the slowest daemon, seen from outside; "
               "bring-up from the first spawn). etcd's CPU in each step"
               + (" and its proxies'" if doc.get("proxies") else "") + ":", ""]
     for s in doc["steps"]:
         if "etcd_cpu_s" in s:
             lines.append(f"- {s['step']}: etcd {s['etcd_cpu_s']:.2f} CPU-s"
-                         + (f", proxies {s['proxies_cpu_s']:.2f} CPU-s" if doc.get("proxies") else ""))
+                         + (f", proxies {s['proxies_cpu_s']:.2f} CPU-s" if doc.get("proxies") else "")
+                         + (f", the daemons {s['daemons_cpu_s']:.2f} CPU-s" if "daemons_cpu_s" in s else ""))
+    if doc.get("idle"):
+        i = doc["idle"]
+        lines += ["", f"Idle (nothing happening, {i['seconds']:.1f} s after the bring-up): the {i['daemons']} daemons "
+                  f"used {i['daemons_cores']:.2f} cores, etcd {i['etcd_cores']:.2f}, the proxies {i['proxies_cores']:.2f}: "
+                  "every step above paid that beside its own work."]
     r = doc["resources"]
     lines += ["", f"After the steps: the daemons used {r['daemons_cpu_s']:.1f} CPU-s in all and hold "
               f"{r['daemons_rss_bytes'] / 1e6:.0f} MB resident; etcd {r['etcd_cpu_s']:.1f} CPU-s, "
@@ -386,8 +608,8 @@ def plot(doc: dict, out: Path) -> None:
     save(fig, out / "daemons.png")
 
 
-def run(n: int, out: Path, ttl: int = 10, wave: int = 20, threads: int = 8, proxies: int = 0,
-        at_once: bool = False) -> dict:
+def run(n: int, out: Path, ttl: int = 10, wave: int = 20, interval: float = 0.05, proxies: int = 0,
+        at_once: bool = False, extra_config: list[str] | None = None, extra_args: list[str] | None = None) -> dict:
     if n < 3 or n > 250:
         raise SystemExit("--daemons must be 3 to 250 (one /24 underlay)")
     if proxies < 0 or proxies > 32:
@@ -396,7 +618,8 @@ def run(n: int, out: Path, ttl: int = 10, wave: int = 20, threads: int = 8, prox
     netlab.install_signal_cleanup()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     doc = {"daemons": n, "lease_ttl": ttl, "commit": commit() or "?", "time": stamp, "proxies": proxies,
-           "at_once": at_once, "goals_s": GOALS, "steps": []}
+           "at_once": at_once, "poll_interval_s": interval, "goals_s": GOALS, "steps": [],
+           "extra_config": extra_config or [], "extra_args": extra_args or []}
     with netlab.Lab(tag="daemons") as lab:
         etcd = Etcd(lab)
         grpc_proxies: list[GrpcProxy] = []
@@ -405,10 +628,10 @@ def run(n: int, out: Path, ttl: int = 10, wave: int = 20, threads: int = 8, prox
             for k in range(proxies):
                 grpc_proxies.append(GrpcProxy(etcd, port=23790 + k))
                 grpc_proxies[-1].start(wait=30)
-            bench = Bench(lab, etcd, n, ttl, threads, grpc_proxies)
+            bench = Bench(lab, etcd, n, ttl, interval, grpc_proxies, extra_config, extra_args)
 
             def measured(step):
-                """The step, with etcd's CPU and the proxies' during it."""
+                """The step, with the CPU of etcd, the proxies and the daemons during it."""
                 c0 = bench.cpu()
                 s = step()
                 s.update({k: v - c0[k] for k, v in bench.cpu().items()})
@@ -418,6 +641,8 @@ def run(n: int, out: Path, ttl: int = 10, wave: int = 20, threads: int = 8, prox
             doc["steps"].append(s)
             log(f"bring-up: all routed after {sig(s['all_routed_s'])} s (every process spawned in "
                 f"{sig(s['start_s'])} s), {s['not_converged']} not converged (polling round {sig(s['poll_round_s'])} s)")
+            doc["idle"] = bench.idle()
+            log(f"idle: the daemons use {doc['idle']['daemons_cores']:.2f} cores doing nothing")
             for step in (bench.join, bench.move):
                 s = measured(step)
                 doc["steps"].append(s)
@@ -445,11 +670,18 @@ def main() -> int:
                     help="etcd gRPC proxies in front of etcd, daemon i on proxy i %% P (default 0: straight to etcd)")
     ap.add_argument("--at-once", action="store_true",
                     help="start every daemon's process at once (no waves); bring-up timed from the first spawn")
+    ap.add_argument("--poll-interval", type=float, default=0.05,
+                    help="seconds from the start of one polling round to the next at least (default 0.05)")
+    ap.add_argument("--extra-config", action="append", default=[], metavar="LINE",
+                    help="a line added to every daemon's config file (an experiment, said in the report)")
+    ap.add_argument("--vnetd-arg", action="append", default=[], metavar="ARG",
+                    help="an argument added to every daemon's command line (an experiment, said in the report)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or REPO / "results" / f"daemons-{stamp}"
-    doc = run(args.daemons, out, args.lease_ttl, args.wave, proxies=args.proxies, at_once=args.at_once)
+    doc = run(args.daemons, out, args.lease_ttl, args.wave, args.poll_interval, proxies=args.proxies,
+              at_once=args.at_once, extra_config=args.extra_config, extra_args=args.vnetd_arg)
     print(report(doc, out))
     print(f"results: {out}", file=sys.stderr)
     ok = all(s["not_converged"] == 0 for s in doc["steps"])

@@ -13,11 +13,17 @@ line and answer (`route replace any MAC link hK`: a guest moving to another host
   configuration is written whole before each change is acknowledged), the dispatchers' idle
   polling, which the `idle` figure, measured for as long as the storm lasted with no events,
   subtracts out);
-- show latency: a second storm of E events with a second connection sending `show links` in
-  a loop beside it, and for comparison the same number of requests with no storm first;
-  p50/p99/max in ms. (`show links` renders every link: its own cost grows with H.)
+- show and /metrics latency: a second storm of E events with a second connection sending
+  `show links` in a loop beside it and a third client fetching `/metrics` (vnetd's `--http`
+  listener) in a loop, and for comparison the same requests with no storm first; p50/p99/max
+  in ms. (`show links` renders every link, `/metrics` every port's counters: their own cost
+  grows with H.)
 
-Run as root on a quiet machine: `python3 -m bench.route_event_cpu --vnetd PATH --out DIR`.
+The state directory is in /dev/shm (no disk in the figure) unless `--state-parent DIR` puts it
+on a file system of one's choice, where each change's sync then costs what that disk costs
+(`events_per_s` shows it).
+
+Run as root on a quiet machine: `python3 -m bench.route_event_cpu --vnetd PATH --out FILE`.
 It removes the namespace and state directory it made at the end, whatever happens.
 """
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import http.client
 import json
 import os
 import shutil
@@ -78,9 +85,28 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else 0.0
 
 
-def run_size(vnetd: str, hosts: int, events: int, shows: int) -> dict:
+def metrics(port: int) -> int:
+    """One GET /metrics (the listener answers one request per connection); its size."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        c.request("GET", "/metrics")
+        r = c.getresponse()
+        body = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"/metrics: {r.status}")
+        return len(body)
+    finally:
+        c.close()
+
+
+def latency(xs: list[float]) -> dict:
+    return {"n": len(xs), "p50": round(1e3 * pct(xs, 0.5), 3), "p99": round(1e3 * pct(xs, 0.99), 3),
+            "max": round(1e3 * max(xs), 3) if xs else None}
+
+
+def run_size(vnetd: str, hosts: int, events: int, shows: int, state_parent: str = "/dev/shm") -> dict:
     ns = f"vnbench{os.getpid()}"
-    state = tempfile.mkdtemp(prefix="vnet-bench-", dir="/dev/shm")
+    state = tempfile.mkdtemp(prefix="vnet-bench-", dir=state_parent)
     cfg = os.path.join(state, "config.vnet.in")
     lines = []
     for h in range(hosts):
@@ -89,7 +115,7 @@ def run_size(vnetd: str, hosts: int, events: int, shows: int) -> dict:
             lines.append(f"route add any {mac(h, g)} link h{h}\n")
     with open(cfg, "w") as f:
         f.writelines(lines)
-    port = 7600
+    port, http_port = 7600, 7680
     subprocess.run(["ip", "netns", "add", ns], check=True)
     proc = None
     try:
@@ -97,7 +123,8 @@ def run_size(vnetd: str, hosts: int, events: int, shows: int) -> dict:
         log = open(os.path.join(state, "vnetd.log"), "w")
         proc = subprocess.Popen(
             ["ip", "netns", "exec", ns, vnetd, "--config", cfg, "--state-dir",
-             os.path.join(state, "s"), "--control", f"127.0.0.1:{port}"],
+             os.path.join(state, "s"), "--control", f"127.0.0.1:{port}", "--http",
+             f"127.0.0.1:{http_port}"],
             stdout=log, stderr=subprocess.STDOUT)
         # `ip netns exec` execs vnetd: same pid.
         deadline = time.time() + 120
@@ -121,11 +148,15 @@ def run_size(vnetd: str, hosts: int, events: int, shows: int) -> dict:
             c, s = Conn(port), Conn(port)
             assert len(c.cmd("show routes")) >= hosts * ROUTES_PER_HOST
             # Idle: show latency with no storm, and the daemon's CPU while idle.
-            idle_lat = []
+            idle_lat, idle_metrics = [], []
             for _ in range(shows):
                 t = time.perf_counter()
                 s.cmd("show links")
                 idle_lat.append(time.perf_counter() - t)
+            for _ in range(shows):
+                t = time.perf_counter()
+                metrics(http_port)
+                idle_metrics.append(time.perf_counter() - t)
             # The storm: guest g of host h moves to host h+1 (then the next event moves the
             # next guest), E events in all; first alone (the CPU per event), then again with
             # `show links` in a loop beside it (the latency).
@@ -144,6 +175,7 @@ def run_size(vnetd: str, hosts: int, events: int, shows: int) -> dict:
             c2 = cpu_s(proc.pid)
             idle_rate = (c2 - c1) / min(wall, 30)
             storm_lat: list[float] = []
+            storm_metrics: list[float] = []
             stop = threading.Event()
 
             def shower():
@@ -152,12 +184,20 @@ def run_size(vnetd: str, hosts: int, events: int, shows: int) -> dict:
                     s.cmd("show links")
                     storm_lat.append(time.perf_counter() - t)
 
-            th = threading.Thread(target=shower)
+            def scraper():
+                while not stop.is_set():
+                    t = time.perf_counter()
+                    metrics(http_port)
+                    storm_metrics.append(time.perf_counter() - t)
+
+            ths = [threading.Thread(target=shower), threading.Thread(target=scraper)]
             t2 = time.perf_counter()
-            th.start()
+            for th in ths:
+                th.start()
             storm(events)
             stop.set()
-            th.join()
+            for th in ths:
+                th.join()
             wall_with_shows = time.perf_counter() - t2
         finally:
             setns(host_ns)
@@ -173,13 +213,10 @@ def run_size(vnetd: str, hosts: int, events: int, shows: int) -> dict:
             "cpu_per_event_us": round(1e6 * storm_cpu / events, 1),
             "cpu_per_event_minus_idle_us": round(1e6 * (storm_cpu - idle_rate * wall) / events, 1),
             "idle_cpu_per_s": round(idle_rate, 4),
-            "show_idle_ms": {"p50": round(1e3 * pct(idle_lat, 0.5), 3),
-                             "p99": round(1e3 * pct(idle_lat, 0.99), 3),
-                             "max": round(1e3 * max(idle_lat), 3)},
-            "show_storm_ms": {"n": len(storm_lat),
-                              "p50": round(1e3 * pct(storm_lat, 0.5), 3),
-                              "p99": round(1e3 * pct(storm_lat, 0.99), 3),
-                              "max": round(1e3 * max(storm_lat), 3) if storm_lat else None},
+            "show_idle_ms": latency(idle_lat),
+            "show_storm_ms": latency(storm_lat),
+            "metrics_idle_ms": latency(idle_metrics),
+            "metrics_storm_ms": latency(storm_metrics),
         }
     finally:
         if proc is not None:
@@ -196,10 +233,12 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=2000)
     ap.add_argument("--shows", type=int, default=200)
     ap.add_argument("--label", default="")
+    ap.add_argument("--state-parent", default="/dev/shm",
+                    help="where the state directory is made (default /dev/shm: no disk in the figures)")
     a = ap.parse_args()
     rows = []
     for h in [int(x) for x in a.sizes.split(",")]:
-        r = run_size(a.vnetd, h, a.events, a.shows)
+        r = run_size(a.vnetd, h, a.events, a.shows, a.state_parent)
         r["label"] = a.label
         print(json.dumps(r), flush=True)
         rows.append(r)

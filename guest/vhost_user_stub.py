@@ -154,27 +154,29 @@ class Backend:
         return self.rings[i]
 
     # -- control plane --
+    def recv_exact(self, n: int, fds: list):
+        """``n`` bytes of the connection (None if it closed first); the file descriptors that
+        came with them are appended to ``fds``."""
+        got = b""
+        while len(got) < n:
+            data, anc, _flags, _ = self.conn.recvmsg(n - len(got), socket.CMSG_SPACE(8 * 4))
+            if not data:
+                return None
+            got += data
+            for level, typ, cdata in anc:
+                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+                    fds += list(struct.unpack(f"<{len(cdata) // 4}i", cdata[: len(cdata) // 4 * 4]))
+        return got
+
     def recv_msg(self):
         fds = []
-        hdr = b""
-        while len(hdr) < 12:
-            data, anc, _flags, _ = self.conn.recvmsg(12 - len(hdr), socket.CMSG_SPACE(8 * 4))
-            if not data:
-                return None
-            hdr += data
-            for level, typ, cdata in anc:
-                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                    fds += list(struct.unpack(f"<{len(cdata) // 4}i", cdata[: len(cdata) // 4 * 4]))
+        hdr = self.recv_exact(12, fds)
+        if hdr is None:
+            return None
         req, flags, size = struct.unpack("<III", hdr)
-        payload = b""
-        while len(payload) < size:
-            data, anc, _f, _ = self.conn.recvmsg(size - len(payload), socket.CMSG_SPACE(8 * 4))
-            if not data:
-                return None
-            payload += data
-            for level, typ, cdata in anc:
-                if level == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
-                    fds += list(struct.unpack(f"<{len(cdata) // 4}i", cdata[: len(cdata) // 4 * 4]))
+        payload = self.recv_exact(size, fds)
+        if payload is None:
+            return None
         return req, flags, payload, fds
 
     def reply(self, req: int, payload: bytes):

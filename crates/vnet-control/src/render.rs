@@ -1,7 +1,7 @@
 //! Rendering the configuration back into the control language: the script `show config`
 //! prints and the state directory keeps, and the single lines `diff` builds its scripts of.
 
-use std::fmt::Write as _;
+use std::fmt::{Display, Write as _};
 
 use vnet_core::MacMatch;
 use vnet_wire::MacAddr;
@@ -48,75 +48,79 @@ impl Config {
 
 /// The `set` lines that take settings `base` to `c` (nothing where they agree).
 pub(crate) fn settings_lines(base: &DataPathSettings, c: &DataPathSettings) -> String {
-    let mut s = String::new();
-    let d = base;
-    if c.mode != d.mode {
-        let _ = writeln!(s, "set mode {}", c.mode);
-    }
-    if c.dispatchers != d.dispatchers {
-        let _ = writeln!(s, "set dispatchers {}", c.dispatchers);
-    }
-    if c.yield_strategy != d.yield_strategy {
-        let _ = writeln!(s, "set yield {}", c.yield_strategy);
-    }
-    if c.yield_sleep_us != d.yield_sleep_us {
-        let _ = writeln!(s, "set yield-sleep-us {}", c.yield_sleep_us);
-    }
-    if c.yield_nowork_us != d.yield_nowork_us {
-        let _ = writeln!(s, "set yield-nowork-us {}", c.yield_nowork_us);
-    }
-    // Order the pair so every line keeps adaptive-low <= adaptive-high: lowering alpha_l
-    // first always works unless the new alpha_l exceeds the old alpha_u.
-    let low = (c.adaptive_low != d.adaptive_low)
-        .then(|| format!("set adaptive-low {}\n", c.adaptive_low));
-    let high = (c.adaptive_high != d.adaptive_high)
-        .then(|| format!("set adaptive-high {}\n", c.adaptive_high));
-    let pair = if c.adaptive_low <= d.adaptive_high {
-        [low, high]
-    } else {
-        [high, low]
+    let mut w = SetLines {
+        s: String::new(),
+        before: base,
+        after: c,
     };
-    for line in pair.into_iter().flatten() {
-        s.push_str(&line);
-    }
-    if c.adaptive_window_ms != d.adaptive_window_ms {
-        let _ = writeln!(s, "set adaptive-window-ms {}", c.adaptive_window_ms);
-    }
-    if c.cut_through != d.cut_through {
-        let _ = writeln!(
-            s,
-            "set cut-through {}",
-            if c.cut_through { "on" } else { "off" }
-        );
-    }
-    // The same ordering for the notification thresholds (alpha <= beta on every line).
-    let alpha = (c.notify_alpha_mbps != d.notify_alpha_mbps)
-        .then(|| format!("set notify-alpha-mbps {}\n", c.notify_alpha_mbps));
-    let beta = (c.notify_beta_mbps != d.notify_beta_mbps)
-        .then(|| format!("set notify-beta-mbps {}\n", c.notify_beta_mbps));
-    if c.notify != d.notify {
-        let _ = writeln!(s, "set notify {}", c.notify);
-    }
-    let pair = if c.notify_alpha_mbps <= d.notify_beta_mbps {
-        [alpha, beta]
-    } else {
-        [beta, alpha]
-    };
-    for line in pair.into_iter().flatten() {
-        s.push_str(&line);
-    }
-    if c.cpus != d.cpus {
-        if c.cpus.is_empty() {
-            s.push_str("set cpus none\n");
-        } else {
-            let list: Vec<String> = c.cpus.iter().map(|c| c.to_string()).collect();
-            let _ = writeln!(s, "set cpus {}", list.join(","));
+    w.line("mode", |x| x.mode);
+    w.line("dispatchers", |x| x.dispatchers);
+    w.line("yield", |x| x.yield_strategy);
+    w.line("yield-sleep-us", |x| x.yield_sleep_us);
+    w.line("yield-nowork-us", |x| x.yield_nowork_us);
+    w.ordered_pair(
+        ("adaptive-low", |x| x.adaptive_low),
+        ("adaptive-high", |x| x.adaptive_high),
+    );
+    w.line("adaptive-window-ms", |x| x.adaptive_window_ms);
+    w.line("cut-through", |x| if x.cut_through { "on" } else { "off" });
+    w.line("notify", |x| x.notify);
+    w.ordered_pair(
+        ("notify-alpha-mbps", |x| x.notify_alpha_mbps),
+        ("notify-beta-mbps", |x| x.notify_beta_mbps),
+    );
+    w.line("cpus", |x| cpu_list(&x.cpus));
+    w.line("fastpath", |x| x.fastpath);
+    w.s
+}
+
+/// The `set` lines from settings `before` to `after`: a line for each setting that differs.
+struct SetLines<'a> {
+    s: String,
+    before: &'a DataPathSettings,
+    after: &'a DataPathSettings,
+}
+
+/// A setting of a pair that must keep `low <= high`: its keyword and its field.
+type Bound = (&'static str, fn(&DataPathSettings) -> u32);
+
+impl SetLines<'_> {
+    /// `set KEYWORD VALUE` when the setting `field` reads has a new value.
+    fn line<T: PartialEq + Display>(
+        &mut self,
+        keyword: &str,
+        field: impl Fn(&DataPathSettings) -> T,
+    ) {
+        let new = field(self.after);
+        if new != field(self.before) {
+            let _ = writeln!(self.s, "set {keyword} {new}");
         }
     }
-    if c.fastpath != d.fastpath {
-        let _ = writeln!(s, "set fastpath {}", c.fastpath);
+
+    /// The lines of two settings that must keep `low <= high` after every line
+    /// (adaptive-low/-high, notify-alpha/-beta-mbps), ordered so the pair stays valid in
+    /// between: `low` first always works unless the new `low` is above the old `high`; then
+    /// `high` goes first.
+    fn ordered_pair(&mut self, low: Bound, high: Bound) {
+        let pair = if low.1(self.after) <= high.1(self.before) {
+            [low, high]
+        } else {
+            [high, low]
+        };
+        for (keyword, field) in pair {
+            self.line(keyword, field);
+        }
     }
-    s
+}
+
+/// `set cpus`'s value: the CPUs, comma-separated, or `none`.
+fn cpu_list(cpus: &[u32]) -> String {
+    if cpus.is_empty() {
+        "none".to_string()
+    } else {
+        let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
+        list.join(",")
+    }
 }
 
 /// The `interface add` line of `i`, newline included.

@@ -385,12 +385,18 @@ pub struct RouteStatus {
 impl RouteStatus {
     /// The row of route `r` of configuration `cfg` (its VNI is its destination's).
     pub fn new(r: &Route, cfg: &Config) -> RouteStatus {
+        RouteStatus::at(r, cfg.dest_vni(&r.to).unwrap_or(0))
+    }
+
+    /// The row of route `r` whose destination is in `vni` (a caller rendering every route
+    /// looks the VNIs up once, not by scanning the ports for each route).
+    pub fn at(r: &Route, vni: u32) -> RouteStatus {
         RouteStatus {
             src: r.src.to_string(),
             dst: r.dst.to_string(),
             to: r.to.kind.to_string(),
             name: r.to.name.clone(),
-            vni: cfg.dest_vni(&r.to).unwrap_or(0),
+            vni,
         }
     }
 }

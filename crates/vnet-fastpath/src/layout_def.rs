@@ -1,7 +1,7 @@
 // The one definition of the interface between the BPF programs and the loader: the maps' keys
 // and values, the load-time settings, the flags and kinds in them, and the counter indexes.
-// Two expansions read it: src/layout.rs makes Rust types of it (`#[repr(C)]`, no implicit
-// padding), and build.rs writes it as the C header fastpath_layout.h that bpf/fastpath.bpf.c
+// One macro in src/layout.rs expands it into both sides: Rust types (`#[repr(C)]`, no implicit
+// padding) and the C header fastpath_layout.h that build.rs writes and bpf/fastpath.bpf.c
 // includes. To change a field, change it here; `cargo test` (no root) checks the compiled
 // object's BTF against the Rust types (src/maps.rs).
 //

@@ -8,17 +8,18 @@
 //! - [`FastPath`] (I/O): loads and verifies the programs (`bpf/fastpath.bpf.c`, built by
 //!   clang in build.rs), attaches them with tcx, and keeps the maps in step.
 //! - [`layout`] (pure): the maps' keys and values, the settings, flags and counter indexes,
-//!   defined once in `src/layout_def.rs`, from which build.rs also writes the programs' C
-//!   header; a test checks the compiled object's BTF against them, without root.
+//!   defined once in `src/layout_def.rs` and expanded once into the Rust types and the
+//!   programs' C header (`layout_c`: its C spelling), which build.rs writes; a test checks the
+//!   compiled object's BTF against them, without root.
 //!
 //! The kernel side (the programs, their libbpf skeleton, the loader) is the cargo feature
 //! `kernel` (on by default; vnetd's `kernel-fastpath`). Without it nothing needs clang or
 //! libbpf: [`compile()`], [`layout`] and the plain types build, and [`FastPath::open`] says
 //! the kernel fast path is not built in.
 //!
-//! Modules, bottom up: `spec`, `layout`, `sysctl`, `error`, `compile`, `pin` (pure); with the
-//! feature `maps` (skeleton and typed maps), `progs`, `takeover`, `fastpath` (the struct),
-//! then one job each on it: `load`, `attach`, `slots`, `table`, `readout`.
+//! Modules, bottom up: `spec`, `layout_c`, `layout`, `sysctl`, `error`, `compile`, `pin`
+//! (pure); with the feature `maps` (skeleton and typed maps), `progs`, `takeover`, `fastpath`
+//! (the struct), then one job each on it: `load`, `attach`, `slots`, `table`, `readout`.
 //!
 //! The call sequence of an engine:
 //!
@@ -63,6 +64,7 @@
 pub mod compile;
 mod error;
 pub mod layout;
+mod layout_c;
 pub mod pin;
 mod spec;
 mod sysctl;

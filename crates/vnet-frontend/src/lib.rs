@@ -30,6 +30,11 @@
 //! Modules: [`proto`] wire format, [`conn`] the socket, [`mem`] guest memory, [`ring`] split
 //! rings and EVENT_IDX, [`frame`] test frames and checksums, [`device`] bring-up, [`bench`],
 //! [`hostile`] and [`isolation`] the modes.
+//!
+//! It depends on no vnet crate, on purpose: it is the other side of the vhost-user and virtio
+//! contracts that `vnet-vhost` and `vnet-offload` implement, written again from the
+//! specifications (request codes, ring layouts, the virtio-net header), so that a mistake in
+//! the backend's reading of a specification cannot hide on both sides of the tests.
 
 pub mod bench;
 pub mod conn;

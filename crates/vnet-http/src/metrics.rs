@@ -14,7 +14,7 @@
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::{Registry, Unit};
-use vnet_core::DropReason;
+use vnet_core::{DropReason, PortCountersSnapshot};
 
 use crate::server::{HttpCounters, Refusal};
 use crate::source::HostSnapshot;
@@ -25,7 +25,7 @@ mod datapath;
 #[cfg(test)]
 mod tests;
 
-use builder::{gset, port_labels, set, with, Builder};
+use builder::{gset, port_labels, set, with, Builder, Field, FieldCounters};
 
 /// The content type of the exposition.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -37,6 +37,34 @@ pub struct BuildInfo {
     /// Seconds since the Unix epoch when the daemon started.
     pub start_time: f64,
 }
+
+/// A port's traffic, by its [`PortCountersSnapshot`] field.
+const PORT_TRAFFIC: &[Field<PortCountersSnapshot>] = &[
+    (
+        "port_receive_frames",
+        "Frames vnet received from the port (from the guest, or from the link's peer).",
+        None,
+        |c| c.rx_frames,
+    ),
+    (
+        "port_receive",
+        "Bytes vnet received from the port.",
+        Some(Unit::Bytes),
+        |c| c.rx_bytes,
+    ),
+    (
+        "port_transmit_frames",
+        "Frames vnet sent to the port.",
+        None,
+        |c| c.tx_frames,
+    ),
+    (
+        "port_transmit",
+        "Bytes vnet sent to the port.",
+        Some(Unit::Bytes),
+        |c| c.tx_bytes,
+    ),
+];
 
 /// The whole exposition for one snapshot.
 pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> String {
@@ -54,26 +82,7 @@ pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> Str
     );
 
     // Ports: interfaces (frames from and to a guest) and links (from and to a peer host).
-    let rx_frames = b.counter(
-        "port_receive_frames",
-        "Frames vnet received from the port (from the guest, or from the link's peer).",
-        None,
-    );
-    let rx_bytes = b.counter(
-        "port_receive",
-        "Bytes vnet received from the port.",
-        Some(Unit::Bytes),
-    );
-    let tx_frames = b.counter(
-        "port_transmit_frames",
-        "Frames vnet sent to the port.",
-        None,
-    );
-    let tx_bytes = b.counter(
-        "port_transmit",
-        "Bytes vnet sent to the port.",
-        Some(Unit::Bytes),
-    );
+    let traffic = FieldCounters::new(&mut b, PORT_TRAFFIC);
     let drops = b.counter(
         "port_drops",
         "Frames dropped at the port, by reason (docs/control-language.md, show stats).",
@@ -91,10 +100,7 @@ pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> Str
     );
     for p in &snap.stats.ports {
         let l = port_labels(p);
-        set(&rx_frames, l.clone(), p.counters.rx_frames);
-        set(&rx_bytes, l.clone(), p.counters.rx_bytes);
-        set(&tx_frames, l.clone(), p.counters.tx_frames);
-        set(&tx_bytes, l.clone(), p.counters.tx_bytes);
+        traffic.set(&l, &p.counters);
         // Every reason, zeros included, so that rate() sees a drop's first occurrence.
         for r in DropReason::ALL {
             let n = p.counters.drops.get(r.as_str()).copied().unwrap_or(0);

@@ -38,15 +38,19 @@ impl DataPlane for Daemon {
         Daemon::cluster_synced(self, state)
     }
 
+    /// Called on every pass of the agent's loop (ten times a second when idle), so the host
+    /// record is touched only when the lease changed.
     fn set_cluster_status(&self, status: ClusterStatus) {
-        // The lease outlives a restart: the next vnetd renews it.
-        if let Some(saver) = self.saver() {
+        let mut current = self
+            .cluster_status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let lease_changed = current.as_ref().is_none_or(|c| c.lease != status.lease);
+        if let (true, Some(saver)) = (lease_changed, self.saver()) {
+            // The lease outlives a restart: the next vnetd renews it.
             let lease = status.lease.clone();
             saver.update_resources(|r| r.etcd_lease = lease);
         }
-        *self
-            .cluster_status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(status);
+        *current = Some(status);
     }
 }

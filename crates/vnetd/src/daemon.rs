@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, TryLockError};
 
 use vnet_agent::SyncReport;
-use vnet_cluster::{ClusterState, DerivedConfig};
+use vnet_cluster::ClusterState;
 use vnet_control::status::{
     ClusterReport, ClusterStatus, DaemonCounters, InterfaceStatus, InterfaceTable, LinkStatus,
     LinkTable, ListenerTable, MatrixReport, RouteStatus, RouteTable, StatsReport,
@@ -21,7 +21,10 @@ use vnet_control::{parse_line, parse_script, Change, Command, Config, DestKind, 
 use vnet_dataplane::{Engine, Leave};
 use vnet_wire::MacAddr;
 
-use crate::persist::Saver;
+use crate::delta::local_delta;
+use crate::derived::DerivedRecord;
+use crate::journal::Kind;
+use crate::persist::{Appended, Saver};
 
 pub struct State {
     /// The running configuration: the local one (config file and control port) plus the
@@ -29,7 +32,7 @@ pub struct State {
     pub cfg: Config,
     pub engine: Engine,
     /// What the etcd agent applied to `cfg` and has not taken back (empty without `--etcd`).
-    pub derived: DerivedConfig,
+    pub derived: DerivedRecord,
     /// `derived` is exactly the agent's last derivation, and the local configuration has not
     /// changed since (the value of `local_changes` then): the agent's next delta applies to
     /// it as it is. None after a refused command, a restore, or before the first sync.
@@ -42,32 +45,13 @@ pub struct State {
 impl State {
     /// The local configuration alone: the running one without the derived objects.
     pub fn local_config(&self) -> Config {
-        let mut local = self.cfg.clone();
-        local.links.retain(|l| !self.derived.links.contains(l));
-        let derived = self.derived_routes();
-        local.routes.retain(|r| !derived.contains(&route_key(r)));
-        local
+        self.derived.local_config(&self.cfg)
     }
 
     /// The local configuration's script, rendered from the running one (no copy of it).
     pub fn local_script(&self) -> String {
-        let derived = self.derived_routes();
-        self.cfg.script_where(
-            |l| !self.derived.links.contains(l),
-            |r| !derived.contains(&route_key(r)),
-        )
+        self.derived.local_script(&self.cfg)
     }
-
-    /// A set of the derived routes: scanning the list for each route is quadratic.
-    fn derived_routes(&self) -> std::collections::HashSet<RouteKey<'_>> {
-        self.derived.routes.iter().map(route_key).collect()
-    }
-}
-
-type RouteKey<'a> = (DestKind, &'a str, vnet_core::MacMatch, vnet_core::MacMatch);
-
-fn route_key(r: &vnet_control::Route) -> RouteKey<'_> {
-    (r.to.kind, r.to.name.as_str(), r.src, r.dst)
 }
 
 pub struct Daemon {
@@ -132,12 +116,34 @@ impl Drop for Published<'_> {
     }
 }
 
-/// What the state directory gets after a change of the local configuration.
-struct LocalSnapshot {
-    generation: u64,
-    script: String,
+/// What is left to do for the state directory after a change of the local configuration,
+/// once the lock is released: its journal record synced (before the change is acknowledged),
+/// and the devices made for it recorded when ports changed.
+struct Saving {
+    appended: Option<Appended>,
+    ports: Option<Ports>,
+}
+
+/// The devices vnetd made and the forwarding values it changed (for `host.json`).
+struct Ports {
     made: Vec<vnet_dataplane::made::MadeDevice>,
     forwarding: Vec<vnet_fastpath::ForwardingOriginal>,
+}
+
+impl Ports {
+    fn of(st: &State) -> Ports {
+        Ports {
+            made: st.engine.made_devices(),
+            forwarding: st.engine.kernel_forwarding_originals(),
+        }
+    }
+}
+
+/// The whole local configuration with the journal cut at `seq` (a start, a compaction).
+struct Whole {
+    seq: u64,
+    script: String,
+    ports: Ports,
 }
 
 impl Daemon {
@@ -146,7 +152,7 @@ impl Daemon {
             state: Mutex::new(State {
                 cfg: Config::default(),
                 engine,
-                derived: DerivedConfig::default(),
+                derived: DerivedRecord::default(),
                 derived_in_step: None,
                 #[cfg(test)]
                 before_engine: None,
@@ -199,28 +205,66 @@ impl Daemon {
         self.saver.as_ref()
     }
 
-    /// Hands the local configuration (and the devices made for it) to the saver: called with
-    /// the state locked, right after a change; the write itself happens after the unlock.
-    fn local_snapshot(&self, st: &State) -> Option<LocalSnapshot> {
-        self.saver.as_ref()?;
-        let g = self.generation.fetch_add(1, Relaxed) + 1;
-        Some(LocalSnapshot {
-            generation: g,
-            script: st.local_script(),
-            made: st.engine.made_devices(),
-            forwarding: st.engine.kernel_forwarding_originals(),
+    /// Appends a change of the local configuration to the journal (called with the state
+    /// locked, right after the change: records go in the order of the changes); the sync
+    /// happens after the unlock, in [`Daemon::saved`]. `ports`: the change made or removed
+    /// devices.
+    fn journal(&self, st: &State, changes: &[Change], ports: bool) -> Option<Saving> {
+        let saver = self.saver.as_ref()?;
+        let delta = local_delta(changes, &|r| st.derived.has_route(r), &|l| {
+            st.derived.has_link(l)
+        });
+        let appended = match delta {
+            Some(text) if text.is_empty() => None,
+            Some(text) => Some(saver.append(Kind::Delta, &text)),
+            None => Some(saver.append(Kind::Snapshot, &st.local_script())),
+        };
+        Some(Saving {
+            appended,
+            ports: ports.then(|| Ports::of(st)),
         })
     }
 
-    fn save_local(&self, snap: Option<LocalSnapshot>) {
-        let (Some(saver), Some(s)) = (&self.saver, snap) else {
+    /// The change's record on disk (then it may be acknowledged), and its devices recorded.
+    fn saved(&self, saving: Option<Saving>) {
+        let (Some(saver), Some(s)) = (&self.saver, saving) else {
             return;
         };
-        saver.local(s.generation, &s.script);
-        saver.update_resources(|r| {
-            r.made = s.made.into_iter().map(|d| (d.netns, d.ifname)).collect();
-            r.set_forwarding(&s.forwarding);
-        });
+        if let Some(a) = s.appended {
+            saver.sync(a);
+        }
+        if let Some(p) = s.ports {
+            record_ports(saver, p);
+        }
+    }
+
+    /// The whole local configuration, the journal cut where it is (called with the state
+    /// locked).
+    fn whole(&self, st: &State) -> Option<Whole> {
+        let saver = self.saver.as_ref()?;
+        let script = st.local_script();
+        Some(Whole {
+            seq: saver.cut(script.len()),
+            script,
+            ports: Ports::of(st),
+        })
+    }
+
+    fn save_whole(&self, w: Option<Whole>) {
+        let (Some(saver), Some(w)) = (&self.saver, w) else {
+            return;
+        };
+        saver.whole(w.seq, &w.script);
+        record_ports(saver, w.ports);
+    }
+
+    /// The local configuration rendered for a compaction of the journal (the state
+    /// directory's writer calls this).
+    pub fn render_local(&self) -> Option<(u64, String)> {
+        let st = self.lock();
+        let saver = self.saver.as_ref()?;
+        let script = st.local_script();
+        Some((saver.cut(script.len()), script))
     }
 
     /// Ends the takeover of an earlier vnetd's kernel fast path (after `restore`), and records
@@ -228,9 +272,9 @@ impl Daemon {
     pub fn commit_takeover(&self) {
         let mut st = self.lock();
         st.engine.commit_kernel_takeover();
-        let snap = self.local_snapshot(&st);
+        let w = self.whole(&st);
         drop(st);
-        self.save_local(snap);
+        self.save_whole(w);
     }
 
     fn derived_snapshot(&self, st: &State) -> Option<(u64, String)> {
@@ -292,7 +336,7 @@ impl Daemon {
                 continue;
             };
             match apply_in(&mut st, &[(0, cmd.clone())]) {
-                Ok(()) => {
+                Ok(_) => {
                     if let Err(e) = st.derived.apply(&cmd) {
                         tracing::warn!("derived record out of step at {line}: {e}");
                     }
@@ -300,11 +344,11 @@ impl Daemon {
                 Err(e) => notes.push(format!("derived link or route not restored: {line}: {e}")),
             }
         }
-        let local_snap = self.local_snapshot(&st);
+        let whole = self.whole(&st);
         let derived_snap = self.derived_snapshot(&st);
         drop(published);
         drop(st);
-        self.save_local(local_snap);
+        self.save_whole(whole);
         self.save_derived(derived_snap);
         Ok(notes)
     }
@@ -349,14 +393,15 @@ impl Daemon {
     /// A change of the local configuration (config file, control port).
     fn apply_commands(&self, cmds: Vec<(usize, Command)>) -> Result<String, String> {
         let mut st = self.lock();
-        let published = self.publish_before(&st, !cmds.iter().all(|(_, c)| is_route(c)));
-        apply_in(&mut st, &cmds)?;
+        let routes_only = cmds.iter().all(|(_, c)| is_route(c));
+        let published = self.publish_before(&st, !routes_only);
+        let changes = apply_in(&mut st, &cmds)?;
         self.local_changes.fetch_add(1, Relaxed);
-        let snap = self.local_snapshot(&st);
+        let saving = self.journal(&st, &changes, !routes_only);
         drop(published);
         drop(st);
         // On disk before the change is acknowledged.
-        self.save_local(snap);
+        self.saved(saving);
         Ok(String::new())
     }
 
@@ -423,7 +468,7 @@ impl Daemon {
             _ => {
                 let State { cfg, derived, .. } = &mut *st;
                 derived.retain_present(cfg);
-                vnet_cluster::diff(derived, &derivation.config)
+                vnet_cluster::diff(derived.config(), &derivation.config)
             }
         };
         if cmds.is_empty() {
@@ -437,12 +482,12 @@ impl Daemon {
         while !rest.is_empty() {
             let numbered: Vec<(usize, Command)> = rest.iter().cloned().map(|c| (0, c)).collect();
             let (ok, failed) = match apply_in_at(&mut st, &numbered) {
-                Ok(()) => (rest, None),
+                Ok(_) => (rest, None),
                 Err((i, e)) => {
                     // Everything before the refused command, as one script.
                     let before: Vec<(usize, Command)> = numbered[..i].to_vec();
                     match apply_in_at(&mut st, &before) {
-                        Ok(()) => (&rest[..i], Some((i, e))),
+                        Ok(_) => (&rest[..i], Some((i, e))),
                         Err((j, e2)) => {
                             // Not expected (they went before it); report the first, go on after.
                             report.failed.push(format!("{}: {e2}", text(&rest[j])));
@@ -553,6 +598,13 @@ impl Daemon {
     }
 }
 
+fn record_ports(saver: &Saver, p: Ports) {
+    saver.update_resources(|r| {
+        r.made = p.made.into_iter().map(|d| (d.netns, d.ifname)).collect();
+        r.set_forwarding(&p.forwarding);
+    });
+}
+
 fn interface_rows(st: &State) -> InterfaceTable {
     InterfaceTable(
         st.cfg
@@ -569,11 +621,26 @@ fn interface_rows(st: &State) -> InterfaceTable {
     )
 }
 
+/// Every route's row; the destinations' VNIs are looked up once (`show routes` is what a
+/// poller asks every daemon for: scanning the ports for each route made it quadratic).
 fn route_rows(st: &State) -> Vec<RouteStatus> {
-    st.cfg
-        .routes
+    let c = &st.cfg;
+    let vnis: std::collections::HashMap<(DestKind, &str), u32> = c
+        .interfaces
         .iter()
-        .map(|r| RouteStatus::new(r, &st.cfg))
+        .map(|i| ((DestKind::Interface, i.name.as_str()), i.vni))
+        .chain(
+            c.links
+                .iter()
+                .map(|l| ((DestKind::Link, l.name.as_str()), l.vni)),
+        )
+        .collect();
+    c.routes
+        .iter()
+        .map(|r| {
+            let vni = vnis.get(&(r.to.kind, r.to.name.as_str())).copied();
+            RouteStatus::at(r, vni.unwrap_or(0))
+        })
         .collect()
 }
 
@@ -642,14 +709,14 @@ fn at(line: usize, msg: String) -> String {
     }
 }
 
-/// Applies commands to the running configuration and the engine atomically: all or none.
-/// `line` 0 means a single command (no line number in errors).
-fn apply_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), String> {
+/// Applies commands to the running configuration and the engine atomically: all or none;
+/// returns what changed. `line` 0 means a single command (no line number in errors).
+fn apply_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<Vec<Change>, String> {
     apply_in_at(st, cmds).map_err(|(_, e)| e)
 }
 
 /// [`apply_in`], saying which command (its index in `cmds`) was refused.
-fn apply_in_at(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), (usize, String)> {
+fn apply_in_at(st: &mut State, cmds: &[(usize, Command)]) -> Result<Vec<Change>, (usize, String)> {
     if cmds.iter().all(|(_, c)| is_route(c)) {
         return apply_routes_in(st, cmds);
     }
@@ -682,7 +749,7 @@ fn apply_in_at(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), (usize, 
     st.cfg = cfg;
     let State { cfg, engine, .. } = &mut *st;
     engine.rebuild(cfg);
-    Ok(())
+    Ok(changes.into_iter().map(|(_, _, c)| c).collect())
 }
 
 fn is_route(c: &Command) -> bool {
@@ -693,7 +760,10 @@ fn is_route(c: &Command) -> bool {
 /// configuration changes in place and a refused line takes back the lines before it (no copy
 /// of the configuration), and the engine applies the typed changes to the destinations they
 /// touch (no rebuild). Route changes cannot fail in the engine.
-fn apply_routes_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), (usize, String)> {
+fn apply_routes_in(
+    st: &mut State,
+    cmds: &[(usize, Command)],
+) -> Result<Vec<Change>, (usize, String)> {
     let mut done: Vec<vnet_control::RouteChange> = Vec::new();
     let mut gen = MacAddr::random;
     for (i, (line, cmd)) in cmds.iter().enumerate() {
@@ -708,13 +778,14 @@ fn apply_routes_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<(), (usi
             }
         }
     }
-    for rc in done {
-        if let Err(e) = st.engine.apply(&Change::Route(rc)) {
+    let changes: Vec<Change> = done.into_iter().map(Change::Route).collect();
+    for c in &changes {
+        if let Err(e) = st.engine.apply(c) {
             tracing::error!("a route change failed in the engine: {e}");
         }
     }
     st.engine.publish_routes();
-    Ok(())
+    Ok(changes)
 }
 
 impl Daemon {

@@ -6,6 +6,9 @@ mod agent;
 mod autodetect;
 mod control;
 mod daemon;
+mod delta;
+mod derived;
+mod journal;
 mod observe;
 mod persist;
 mod restore;
@@ -384,8 +387,19 @@ fn run(args: Args) -> Result<()> {
         .map(|p| std::fs::read_to_string(p).with_context(|| format!("config {}", p.display())))
         .transpose()?;
     let saved_local = state.read(state::LOCAL)?;
+    let journal = journal::replay(
+        saved_local.as_deref().map_or(0, journal::file_sequence),
+        &mut state.read_segments()?,
+    );
+    let saved = match (&saved_local, journal.records.is_empty()) {
+        (None, true) => None,
+        (text, _) => Some(restore::Saved {
+            text: text.as_deref().unwrap_or_default(),
+            journal: &journal.records,
+        }),
+    };
     let plan = restore::plan(
-        saved_local.as_deref(),
+        saved,
         state.read(state::FILE)?.as_deref(),
         file_text.as_deref(),
         &cni_deleted,
@@ -438,13 +452,21 @@ fn run(args: Args) -> Result<()> {
             Err(why) => tracing::warn!("the kernel fast path is not available, so everything runs in user space (veth interfaces become TAPs): {why}"),
         }
     }
-    let saver = Saver::new(state, resources).context("state writer")?;
+    let saver = Saver::new(state, resources, journal.highest).context("state writer")?;
     let daemon = Arc::new(Daemon::new(engine, Some(saver)));
     if let Some(saver) = daemon.saver() {
         let weak = Arc::downgrade(&daemon);
         saver.set_derived_source(Box::new(move || weak.upgrade()?.render_derived()));
+        let weak = Arc::downgrade(&daemon);
+        saver.set_local_source(Box::new(move || weak.upgrade()?.render_local()));
     }
-    for n in &plan.notes {
+    if !journal.records.is_empty() {
+        info!(
+            records = journal.records.len(),
+            "restore: the journal's changes since config.vnet was last written replayed"
+        );
+    }
+    for n in journal.notes.iter().chain(&plan.notes) {
         info!("restore: {n}");
     }
     match daemon.restore(&plan.local, &plan.file_part, saved_derived.as_deref()) {
@@ -469,7 +491,7 @@ fn run(args: Args) -> Result<()> {
         if let Some(f) = &plan.file_applied {
             s.dir().write(state::FILE, f)?;
         }
-        if saved_local.is_some() {
+        if saved.is_some() {
             info!(state_dir = %args.state_dir.display(), "state restored");
         } else if args.config.is_some() {
             info!("configuration applied");

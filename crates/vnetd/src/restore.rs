@@ -1,6 +1,6 @@
 //! The configuration a starting vnetd realizes (pure; `state.rs` reads the files): the saved
 //! local configuration when there is one (the config file plus every runtime change of the
-//! runs before), with an edited config file applied as the difference between the file as it
+//! runs before: `config.vnet` with the journal's records after it replayed), with an edited config file applied as the difference between the file as it
 //! was last applied and as it is now, and the interfaces the CNI plugin deleted while no
 //! vnetd ran taken out. On a first start (no saved state) the config file alone.
 //!
@@ -9,6 +9,43 @@
 
 use vnet_control::{parse_line, parse_script, Command, Config};
 use vnet_wire::MacAddr;
+
+use crate::journal::{Kind, Record};
+
+/// The saved local configuration: `config.vnet`'s text and the journal's records after it
+/// (`journal::replay`).
+#[derive(Debug, Clone, Copy)]
+pub struct Saved<'a> {
+    pub text: &'a str,
+    pub journal: &'a [Record],
+}
+
+#[cfg(test)]
+impl<'a> Saved<'a> {
+    /// A saved configuration with no journal after it.
+    pub fn whole(text: &'a str) -> Saved<'a> {
+        Saved { text, journal: &[] }
+    }
+}
+
+/// The saved local configuration as a configuration: the file, then each record replayed on
+/// it line by line (a snapshot record replaces what came before), as the daemon's journal
+/// says its changes (`delta.rs`).
+pub fn saved_config(
+    saved: &Saved<'_>,
+    gen: &mut dyn FnMut() -> MacAddr,
+    notes: &mut Vec<String>,
+) -> Config {
+    let mut cfg = lenient(saved.text, "saved configuration", gen, notes);
+    for r in saved.journal {
+        let what = format!("journal record {}", r.seq);
+        match r.kind {
+            Kind::Delta => apply_lenient(&mut cfg, &r.text, &what, gen, notes),
+            Kind::Snapshot => cfg = lenient(&r.text, &what, gen, notes),
+        }
+    }
+    cfg
+}
 
 /// What to realize at start.
 #[derive(Debug, Default)]
@@ -111,7 +148,7 @@ fn common(file: &Config, local: &Config) -> Config {
 /// Plans the start: `saved_local` / `saved_file` from the state directory, `file` the config
 /// file's text now, `cni_deleted` the CNI deletion queue. An error is a bad config file.
 pub fn plan(
-    saved_local: Option<&str>,
+    saved_local: Option<Saved<'_>>,
     saved_file: Option<&str>,
     file: Option<&str>,
     cni_deleted: &[String],
@@ -126,13 +163,13 @@ pub fn plan(
             r.file_part = r.local.clone();
         }
         (Some(saved), None) => {
-            r.local = lenient(saved, "saved configuration", gen, &mut r.notes);
+            r.local = saved_config(&saved, gen, &mut r.notes);
             if let Some(t) = saved_file {
                 r.file_part = lenient(t, "saved config file", gen, &mut r.notes);
             }
         }
         (Some(saved), Some(text)) => {
-            r.local = lenient(saved, "saved configuration", gen, &mut r.notes);
+            r.local = saved_config(&saved, gen, &mut r.notes);
             let before = saved_file
                 .map(|t| lenient(t, "saved config file", gen, &mut r.notes))
                 .unwrap_or_default();
@@ -207,7 +244,7 @@ mod tests {
         let saved = local.to_script();
         // Run 2, the file unchanged: the state as it was, a MAC never drawn again.
         let r2 = plan(
-            Some(&saved),
+            Some(Saved::whole(&saved)),
             r1.file_applied.as_deref(),
             Some(file),
             &[],
@@ -235,7 +272,7 @@ mod tests {
         // The operator removes b and adds d; c was a runtime change and stays; a keeps its MAC.
         let file2 = "interface add a tap\ninterface add d tap mtu 9000\n";
         let r2 = plan(
-            Some(&local.to_script()),
+            Some(Saved::whole(&local.to_script())),
             r1.file_applied.as_deref(),
             Some(file2),
             &[],
@@ -253,7 +290,7 @@ mod tests {
         assert_eq!(f, ["a", "d"]);
         // A bad edit refuses the start.
         assert!(plan(
-            Some(&local.to_script()),
+            Some(Saved::whole(&local.to_script())),
             r1.file_applied.as_deref(),
             Some("route add\n"),
             &[],
@@ -265,7 +302,7 @@ mod tests {
     #[test]
     fn what_no_longer_fits_is_left_out_and_said() {
         let saved = "interface add a tap mac 02:00:00:00:00:01\nno such command\n";
-        let r = plan(Some(saved), None, None, &[], &mut gen()).unwrap();
+        let r = plan(Some(Saved::whole(saved)), None, None, &[], &mut gen()).unwrap();
         assert_eq!(names(&r.local), ["a"]);
         assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
     }
@@ -274,7 +311,7 @@ mod tests {
     fn the_cni_deletion_queue_is_honoured() {
         let saved = "interface add cni-x veth mac 02:00:00:00:00:01\nroute add any 02:00:00:00:00:01 interface cni-x\ninterface add b tap mac 02:00:00:00:00:02\n";
         let r = plan(
-            Some(saved),
+            Some(Saved::whole(saved)),
             None,
             None,
             &["cni-x".into(), "cni-gone".into()],

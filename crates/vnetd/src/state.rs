@@ -3,11 +3,16 @@
 //! any guest off (issue #17), and the lock that makes one vnetd per state directory.
 //!
 //! Files, each replaced atomically (written beside, fsynced, renamed, the directory fsynced),
-//! so a crash at any instant leaves the old or the new version, never half of one:
+//! so a crash at any instant leaves the old or the new version, never half of one (except the
+//! journal's segments, below):
 //!
 //! - `config.vnet`: the local configuration in the control language (the config file plus
-//!   every runtime change, a CNI container's interface included), written before a change is
-//!   acknowledged;
+//!   every runtime change, a CNI container's interface included), with a first line that says
+//!   how much of the journal it includes;
+//! - `config.journal.<sequence>`: the journal's segments: each change of the local
+//!   configuration since `config.vnet` was written, appended and synced before the change is
+//!   acknowledged, folded into `config.vnet` in the background (`journal.rs`, `persist.rs`);
+//!   not replaced but appended to, and a torn last record is ignored;
 //! - `config-file.vnet`: the config file as it was last applied (rendered, with the MACs its
 //!   interfaces got), so an edited file is applied as a difference on top of the state;
 //! - `derived.vnet`: what the etcd agent applied (links and routes to other hosts), so the
@@ -136,6 +141,60 @@ impl StateDir {
         write_atomic(&self.dir, name, text.as_bytes())
     }
 
+    /// Starts a journal segment (appended to; an earlier file of that name, which can only
+    /// hold a record whose write failed, is emptied).
+    pub fn create_segment(&self, name: &str) -> std::io::Result<File> {
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(self.dir.join(name))
+            .and_then(|f| f.set_len(0).map(|()| f))
+    }
+
+    /// Makes the directory's entries (a new segment) durable.
+    pub fn sync_dir(&self) -> std::io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// The journal's segments: (first sequence, bytes), in no order.
+    pub fn read_segments(&self) -> Result<Vec<(u64, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for (first, path) in self.segments()? {
+            let bytes = fs::read(&path).with_context(|| format!("{}", path.display()))?;
+            out.push((first, bytes));
+        }
+        Ok(out)
+    }
+
+    /// Removes the segments whose records `config.vnet` includes (those starting at or
+    /// before `seq`: a segment is started at each compaction's cut, after the records the
+    /// compacted file includes).
+    pub fn remove_segments_through(&self, seq: u64) -> Result<()> {
+        for (first, path) in self.segments()? {
+            if first <= seq {
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e).with_context(|| format!("{}", path.display())),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn segments(&self) -> Result<Vec<(u64, PathBuf)>> {
+        let entries = fs::read_dir(&self.dir).with_context(|| format!("{}", self.dir.display()))?;
+        Ok(entries
+            .flatten()
+            .filter_map(|e| {
+                let first = crate::journal::segment_first(e.file_name().to_str()?)?;
+                Some((first, e.path()))
+            })
+            .collect())
+    }
+
     pub fn resources(&self) -> Result<Resources> {
         match self.read(RESOURCES)? {
             None => Ok(Resources::default()),
@@ -178,6 +237,7 @@ impl StateDir {
                 Err(e) => return Err(e).with_context(|| format!("removing {name}")),
             }
         }
+        self.remove_segments_through(u64::MAX)?;
         let _ = fs::remove_dir_all(self.dir.join(CNI_DELETED));
         Ok(())
     }

@@ -150,15 +150,7 @@ fn a_refused_command_does_not_make_the_batch_go_line_by_line() {
 
 #[test]
 fn the_derived_configuration_is_rendered_by_the_writer() {
-    let dir = std::env::temp_dir().join(format!("vnetd-derived-{}", std::process::id()));
-    let sd = crate::state::StateDir::open(&dir).expect("state dir");
-    let saver = Saver::new(sd, Default::default()).expect("saver");
-    let engine = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
-    let d = std::sync::Arc::new(Daemon::new(engine, Some(saver)));
-    let weak = std::sync::Arc::downgrade(&d);
-    d.saver()
-        .unwrap()
-        .set_derived_source(Box::new(move || weak.upgrade()?.render_derived()));
+    let (d, dir) = daemon_with_state("derived");
     d.execute_script("link add up udp 10.0.0.2\n").unwrap();
     let host: HostId = "a".parse().unwrap();
     let state = state_with_route("route add any 52:54:00:00:00:09 link up");
@@ -302,4 +294,182 @@ fn show_and_the_metrics_do_not_wait_for_a_change_in_progress() {
     // Once the change is done, it shows (no stale answer after it).
     assert!(d.execute_line("show links").unwrap().contains("slow"));
     assert_eq!(d.links().len(), 2);
+}
+
+/// A daemon with a state directory in a fresh temporary directory (its writer's sources set
+/// as `main` sets them), started from nothing.
+fn daemon_with_state(tag: &str) -> (std::sync::Arc<Daemon>, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "vnetd-{tag}-{}-{:?}",
+        std::process::id(),
+        std::time::SystemTime::now()
+    ));
+    let sd = crate::state::StateDir::open(&dir).expect("state dir");
+    let saver = Saver::new(sd, Default::default(), 0).expect("saver");
+    let engine = Engine::new("127.0.0.1:0".parse().unwrap()).expect("engine");
+    let d = std::sync::Arc::new(Daemon::new(engine, Some(saver)));
+    let saver = d.saver().unwrap();
+    let weak = std::sync::Arc::downgrade(&d);
+    saver.set_derived_source(Box::new(move || weak.upgrade()?.render_derived()));
+    let weak = std::sync::Arc::downgrade(&d);
+    saver.set_local_source(Box::new(move || weak.upgrade()?.render_local()));
+    d.restore(&Config::default(), &Config::default(), None)
+        .expect("restore");
+    (d, dir)
+}
+
+/// What a start would restore from the state directory as it is now (as `main` reads it).
+fn restored(d: &Daemon) -> (Config, Vec<String>) {
+    let sd = d.saver().unwrap().dir();
+    let text = sd.read(crate::state::LOCAL).unwrap();
+    let replay = crate::journal::replay(
+        text.as_deref().map_or(0, crate::journal::file_sequence),
+        &mut sd.read_segments().unwrap(),
+    );
+    let saved = crate::restore::Saved {
+        text: text.as_deref().unwrap_or_default(),
+        journal: &replay.records,
+    };
+    let plan =
+        crate::restore::plan(Some(saved), None, None, &[], &mut MacAddr::random).expect("plan");
+    let mut notes = replay.notes;
+    notes.extend(plan.notes);
+    (plan.local, notes)
+}
+
+/// `config.vnet` as it is on disk.
+fn saved_file(d: &Daemon) -> String {
+    let text = d.saver().unwrap().dir().read(crate::state::LOCAL);
+    text.unwrap().expect("config.vnet")
+}
+
+fn segments(d: &Daemon) -> usize {
+    d.saver().unwrap().dir().read_segments().unwrap().len()
+}
+
+/// Every acknowledged change is in the journal at once (a crash right after it loses
+/// nothing), a torn record at the end is ignored, the journal is folded into the file once it
+/// outgrows it, and a stop folds in the rest.
+#[test]
+fn acknowledged_changes_survive_a_crash_through_the_journal() {
+    let (d, dir) = daemon_with_state("journal");
+    d.execute_script("link add l0 udp 10.0.0.2\nlink add l1 udp 10.0.0.3 vni 1 rate 10\n")
+        .unwrap();
+    for g in 0..20 {
+        d.execute_line(&format!("route add any 02:00:00:00:01:{g:02x} link l0"))
+            .unwrap();
+    }
+    d.execute_line("route replace any 02:00:00:00:01:03 link l1")
+        .unwrap();
+    d.execute_line("route del any 02:00:00:00:01:04 link l0")
+        .unwrap();
+    d.execute_line("set learn on").unwrap();
+    d.execute_line("set notify batch").unwrap(); // a setting: a snapshot record
+    d.execute_line("link set l1 rate off").unwrap();
+    // The file is as the start wrote it; the rest is in the journal.
+    let file = saved_file(&d);
+    assert!(!file.contains("02:00:00:00:01:00"), "{file}");
+    assert!(segments(&d) >= 1);
+    // A crash now: everything acknowledged comes back.
+    let want = d.local_config();
+    let (got, notes) = restored(&d);
+    assert_eq!(got, want);
+    assert!(notes.is_empty(), "{notes:?}");
+    // A record torn by a crash at the end of the last segment is ignored, and said.
+    let sd = d.saver().unwrap().dir();
+    let mut segs = sd.read_segments().unwrap();
+    segs.sort();
+    let (first, _) = segs.last().unwrap();
+    let path = dir.join(crate::journal::segment_name(*first));
+    let torn = crate::journal::encode(u64::MAX, Kind::Delta, "route del any any link l0\n");
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(&torn[..torn.len() - 5]).unwrap();
+    }
+    let (got, notes) = restored(&d);
+    assert_eq!(got, want);
+    assert!(notes.iter().any(|n| n.contains("torn")), "{notes:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The journal is folded into the file in the background once it holds more than the file
+/// (and 64 KiB), and what a start restores stays the same throughout.
+#[test]
+fn the_journal_is_compacted_in_the_background() {
+    let (d, dir) = daemon_with_state("compact");
+    d.execute_line("link add l0 udp 10.0.0.2").unwrap();
+    d.execute_line("link add l1 udp 10.0.0.3").unwrap();
+    // About 120 bytes a record: 2,000 changes are well past the 64 KiB floor.
+    for e in 0..2000u32 {
+        let to = if e % 2 == 0 { "l1" } else { "l0" };
+        d.execute_line(&format!(
+            "route replace any 02:00:00:00:{:02x}:{:02x} link {to}",
+            (e / 7) % 256,
+            e % 7
+        ))
+        .unwrap();
+    }
+    let want = d.local_config();
+    // Compacted within a few seconds: the file's header moved on, the older segments gone.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = saved_file(&d);
+        if crate::journal::file_sequence(&text) > 1000 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not compacted: {}",
+            text.lines().next().unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(segments(&d) <= 2, "{} segments", segments(&d));
+    let (got, notes) = restored(&d);
+    assert_eq!(got, want);
+    assert!(notes.is_empty(), "{notes:?}");
+    // A stop folds in the rest: the file alone says everything.
+    d.execute_line("route add any 02:00:00:00:ff:01 link l0")
+        .unwrap();
+    d.saver().unwrap().flush();
+    assert_eq!(segments(&d), 0);
+    let text = saved_file(&d);
+    assert!(
+        text.contains("route add any 02:00:00:00:ff:01 link l0"),
+        "{text}"
+    );
+    assert_eq!(restored(&d).0, d.local_config());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `show routes` with the VNIs looked up once says what the row of each route says alone.
+#[test]
+fn route_rows_give_each_route_its_destinations_vni() {
+    let d = daemon();
+    d.execute_script(
+        "link add a udp 10.0.0.2 vni 7\nlink add b udp 10.0.0.3 vni 9\n\
+         route add any 02:00:00:00:00:01 link a\nroute add any 02:00:00:00:00:02 link b\n\
+         route add not 02:00:00:00:00:01 any link b\n",
+    )
+    .unwrap();
+    let st = d.lock();
+    let want: Vec<String> = st
+        .cfg
+        .routes
+        .iter()
+        .map(|r| serde_json::to_string(&RouteStatus::new(r, &st.cfg)).unwrap())
+        .collect();
+    let got: Vec<String> = route_rows(&st)
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap())
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        route_rows(&st).iter().map(|r| r.vni).collect::<Vec<_>>(),
+        [7, 9, 9]
+    );
 }
