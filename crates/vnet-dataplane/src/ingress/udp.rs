@@ -93,8 +93,13 @@ impl Reader for VxlanReader {
                 }
             }
         }
-        let bufs: &[Vec<u8>] = &w.bufs;
-        let mut batch = TxBatch::default();
+        let mut pass = Pass {
+            shared,
+            snap,
+            ctx: &mut w.ctx,
+            bufs: &w.bufs,
+            batch: TxBatch::default(),
+        };
         for item in &w.plan {
             match *item {
                 RxItem::Vxlan {
@@ -103,93 +108,106 @@ impl Reader for VxlanReader {
                     end,
                     mss,
                     from,
-                } => receive_datagram(
-                    shared,
-                    snap,
-                    &mut w.ctx,
-                    bufs,
-                    i,
-                    (off, end),
-                    from,
-                    mss,
-                    &mut batch,
-                ),
+                } => pass.datagram(i, (off, end), from, mss),
                 RxItem::Decrypted {
                     i,
                     start,
                     end,
                     port,
-                } => receive_decrypted(
-                    shared,
-                    snap,
-                    &mut w.ctx,
-                    bufs,
-                    i,
-                    (start, end),
-                    port,
-                    &mut batch,
-                ),
+                } => pass.decrypted(i, (start, end), port),
             }
         }
-        flush_coalescers(shared, snap, &mut w.ctx, bufs);
+        let Pass {
+            ctx,
+            bufs,
+            mut batch,
+            ..
+        } = pass;
+        flush_coalescers(shared, snap, ctx, bufs);
         batch.flush(&shared.offload, &shared.daemon, &snap.udp);
         snap.end_of_burst();
         Ok(frames)
     }
 }
 
-/// One VXLAN datagram: only from a link's peer, only with a VNI that peer has a link for.
-#[allow(clippy::too_many_arguments)]
-fn receive_datagram<'a>(
-    shared: &Shared,
+/// The second pass over a receive batch: what forwarding its datagrams needs, and the
+/// batch of datagrams they make for udp links.
+struct Pass<'a, 'w> {
+    shared: &'a Shared,
     snap: &'a Snapshot,
-    ctx: &mut FwdCtx,
+    ctx: &'w mut FwdCtx,
     bufs: &'a [Vec<u8>],
-    i: usize,
-    (off, end): (usize, usize),
-    from: std::net::SocketAddr,
-    tunnel_mss: Option<usize>,
-    batch: &mut TxBatch<'a>,
-) {
-    let data = &bufs[i][off..end];
-    shared.daemon.rx(data.len());
-    let ip = from.ip().to_canonical();
-    if !snap.udp_ips.contains(&ip) {
-        return shared.daemon.count_drop(DropReason::UnknownPeer);
-    }
-    let pkt = match VxlanPacket::new_checked(data) {
-        Ok(p) => p,
-        Err(_) => return shared.daemon.count_drop(DropReason::BadVxlan),
-    };
-    let Some(&port) = snap.udp_peers.get(&(ip, pkt.vni())) else {
-        return shared.daemon.count_drop(DropReason::UnknownVni);
-    };
-    if link_crypto(snap, port).is_some() {
-        // Plaintext claiming to come from an encrypted link's peer: unauthenticated.
-        return snap.count_rx_drop(port, data.len(), DropReason::BadAuth);
-    }
-    let at = PayloadRef {
-        buf: i as u32,
-        start: (off + VXLAN_HEADER_LEN) as u32,
-        end: end as u32,
-    };
-    let frame = &data[VXLAN_HEADER_LEN..];
-    if let Some(mss) = tunnel_mss {
-        // A large frame with a partial checksum: forward it as a guest's TSO frame would go.
-        let Some(vh) = gso_header(frame, mss.min(u16::MAX as usize) as u16) else {
-            return snap.count_rx_drop(port, frame.len(), DropReason::BadOffload);
+    batch: TxBatch<'a>,
+}
+
+impl<'a> Pass<'a, '_> {
+    /// One VXLAN datagram at `off..end` of buffer `i`: only from a link's peer, only with a
+    /// VNI that peer has a link for.
+    fn datagram(
+        &mut self,
+        i: usize,
+        (off, end): (usize, usize),
+        from: std::net::SocketAddr,
+        tunnel_mss: Option<usize>,
+    ) {
+        let (shared, snap, bufs) = (self.shared, self.snap, self.bufs);
+        let data = &bufs[i][off..end];
+        shared.daemon.rx(data.len());
+        let ip = from.ip().to_canonical();
+        if !snap.udp_ips.contains(&ip) {
+            return shared.daemon.count_drop(DropReason::UnknownPeer);
+        }
+        let pkt = match VxlanPacket::new_checked(data) {
+            Ok(p) => p,
+            Err(_) => return shared.daemon.count_drop(DropReason::BadVxlan),
         };
-        shared.offload.tunnel_gso.fetch_add(1, Relaxed);
-        return process(shared, snap, ctx, port, Arrival::local(vh, frame), batch);
+        let Some(&port) = snap.udp_peers.get(&(ip, pkt.vni())) else {
+            return shared.daemon.count_drop(DropReason::UnknownVni);
+        };
+        if link_crypto(snap, port).is_some() {
+            // Plaintext claiming to come from an encrypted link's peer: unauthenticated.
+            return snap.count_rx_drop(port, data.len(), DropReason::BadAuth);
+        }
+        let at = PayloadRef {
+            buf: i as u32,
+            start: (off + VXLAN_HEADER_LEN) as u32,
+            end: end as u32,
+        };
+        let frame = &data[VXLAN_HEADER_LEN..];
+        let arrival = match tunnel_mss {
+            // A large frame with a partial checksum: forward it as a guest's TSO frame would go.
+            Some(mss) => {
+                let Some(vh) = gso_header(frame, mss.min(u16::MAX as usize) as u16) else {
+                    return snap.count_rx_drop(port, frame.len(), DropReason::BadOffload);
+                };
+                shared.offload.tunnel_gso.fetch_add(1, Relaxed);
+                Arrival::local(vh, frame)
+            }
+            None => Arrival::wire(frame, at, bufs),
+        };
+        process(shared, snap, self.ctx, port, arrival, &mut self.batch);
     }
-    process(
-        shared,
-        snap,
-        ctx,
-        port,
-        Arrival::wire(frame, at, bufs),
-        batch,
-    );
+
+    /// A datagram of encrypted link `port`, decrypted at `start..end` of buffer `i`: VXLAN
+    /// whose VNI must be the link's.
+    fn decrypted(&mut self, i: usize, (start, end): (usize, usize), port: PortId) {
+        let (snap, bufs) = (self.snap, self.bufs);
+        let data = &bufs[i][start..end];
+        let Some(entry) = snap.ports.get(&port) else {
+            return;
+        };
+        match VxlanPacket::new_checked(data) {
+            Ok(p) if p.vni() == entry.info.vni => {}
+            _ => return snap.count_rx_drop(port, data.len(), DropReason::BadVxlan),
+        }
+        let at = PayloadRef {
+            buf: i as u32,
+            start: (start + VXLAN_HEADER_LEN) as u32,
+            end: end as u32,
+        };
+        let arrival = Arrival::authenticated(&data[VXLAN_HEADER_LEN..], at, bufs);
+        process(self.shared, snap, self.ctx, port, arrival, &mut self.batch);
+    }
 }
 
 /// A datagram of a receive batch, ready to forward.
@@ -270,41 +288,6 @@ fn open_datagram(
             None
         }
     }
-}
-
-/// A datagram of encrypted link `port`, decrypted: VXLAN whose VNI must be the link's.
-#[allow(clippy::too_many_arguments)]
-fn receive_decrypted<'a>(
-    shared: &Shared,
-    snap: &'a Snapshot,
-    ctx: &mut FwdCtx,
-    bufs: &'a [Vec<u8>],
-    i: usize,
-    (start, end): (usize, usize),
-    port: PortId,
-    batch: &mut TxBatch<'a>,
-) {
-    let data = &bufs[i][start..end];
-    let Some(entry) = snap.ports.get(&port) else {
-        return;
-    };
-    match VxlanPacket::new_checked(data) {
-        Ok(p) if p.vni() == entry.info.vni => {}
-        _ => return snap.count_rx_drop(port, data.len(), DropReason::BadVxlan),
-    }
-    let at = PayloadRef {
-        buf: i as u32,
-        start: (start + VXLAN_HEADER_LEN) as u32,
-        end: end as u32,
-    };
-    process(
-        shared,
-        snap,
-        ctx,
-        port,
-        Arrival::authenticated(&data[VXLAN_HEADER_LEN..], at, bufs),
-        batch,
-    );
 }
 
 /// Whether a received message with a GRO segment size is really one VXLAN datagram carrying
