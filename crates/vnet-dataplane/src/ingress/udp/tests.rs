@@ -378,6 +378,21 @@ fn rekeying_under_load_loses_nothing() {
     );
 }
 
+/// Publishes on `end` its encrypted link (port 3, from `peer`) and `others`, with mac 2 routed
+/// to port `to`, all in VNI 7.
+fn publish_vni7(end: &End, peer: std::net::IpAddr, others: Vec<TestPort>, to: u32) {
+    let mut link = TestPort::link(3, end.link.clone());
+    link.udp_peer = Some(peer);
+    let mut ports = vec![link];
+    ports.extend(others);
+    for p in &mut ports {
+        p.vni = 7;
+    }
+    let mut r = route(mac(2), to);
+    r.vni = 7;
+    publish(&end.sh, ports, vec![r]);
+}
+
 /// A guest's 64 KB TSO frame crosses an encrypted link between two daemons on loopback whose
 /// handshake agreed on partial checksums: A cuts it without summing the payload, B merges the
 /// segments unverified. B's guest (a NIC with offloads) gets frames marked partial that
@@ -404,14 +419,8 @@ fn a_tso_frame_crosses_an_encrypted_link_with_partial_checksums() {
     let (mut tso, vh) = tso_frame(60_000, false);
     tso[..6].copy_from_slice(&mac(2).0);
     tso[6..12].copy_from_slice(&mac(1).0);
-    let mut g = TestPort::interface(2, mac(1), Arc::new(Recorder::default()));
-    g.vni = 7;
-    let mut l = TestPort::link(3, a.link.clone());
-    l.vni = 7;
-    l.udp_peer = Some(addr_b.ip());
-    let mut r = route(mac(2), 3);
-    r.vni = 7;
-    publish(&a.sh, vec![g, l], vec![r]);
+    let guest = TestPort::interface(2, mac(1), Arc::new(Recorder::default()));
+    publish_vni7(&a, addr_b.ip(), vec![guest], 3);
     let send = || {
         let snap = a.sh.snapshot.load_full();
         let mut ctx = FwdCtx::new();
@@ -429,14 +438,8 @@ fn a_tso_frame_crosses_an_encrypted_link_with_partial_checksums() {
 
     // B delivers to its guest, a NIC with offloads.
     let nic = Arc::new(FakeNic::new(true, 1500));
-    let mut g = TestPort::interface(2, mac(2), Arc::new(NicPort(nic.clone())));
-    g.vni = 7;
-    let mut l = TestPort::link(3, b.link.clone());
-    l.vni = 7;
-    l.udp_peer = Some(addr_a.ip());
-    let mut r = route(mac(2), 2);
-    r.vni = 7;
-    publish(&b.sh, vec![g, l], vec![r]);
+    let guest = TestPort::interface(2, mac(2), Arc::new(NicPort(nic.clone())));
+    publish_vni7(&b, addr_a.ip(), vec![guest], 2);
     send();
     let mut got: Vec<(vnet_offload::VirtioNetHdr, Vec<u8>)> = Vec::new();
     for _ in 0..200 {
@@ -465,14 +468,7 @@ fn a_tso_frame_crosses_an_encrypted_link_with_partial_checksums() {
 
     // B as a gateway: the same frame on to a plaintext link, checksums completed.
     let (plain, plain_rx) = udp_link(&b.sh, 7);
-    let mut l = TestPort::link(3, b.link.clone());
-    l.vni = 7;
-    l.udp_peer = Some(addr_a.ip());
-    let mut out = TestPort::link(4, plain);
-    out.vni = 7;
-    let mut r = route(mac(2), 4);
-    r.vni = 7;
-    publish(&b.sh, vec![l, out], vec![r]);
+    publish_vni7(&b, addr_a.ip(), vec![TestPort::link(4, plain)], 4);
     send();
     let (mut segs, mut buf) = (0, vec![0u8; 65536]);
     let mut payload = Vec::new();
