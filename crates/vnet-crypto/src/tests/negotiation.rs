@@ -213,39 +213,30 @@ fn partial_both(a: &Peer, b: &Peer) -> (bool, bool) {
 }
 
 #[test]
-fn current_hosts_agree_on_partial_checksums() {
-    let (mut a, mut b) = pair_with(Ciphers::ALL, Ciphers::ALL, Timers::default());
-    handshake(&mut a, &mut b, 0);
-    assert_eq!(partial_both(&a, &b), (true, true));
-    // the cipher is still negotiated as before
-    assert_eq!(
-        established_cipher(&a, &b),
-        (Cipher::Aes256Gcm, Cipher::Aes256Gcm)
-    );
-    assert_delivers(&a, &mut b, b"partial", 1);
-}
-
-#[test]
-fn a_host_without_partial_checksums_gets_complete_ones_both_ways() {
-    // An older v2 host on either side: neither sender may leave checksums partial, and the
-    // handshake completes (the older host never sees the bit in the response).
-    for older_initiates in [true, false] {
+fn partial_checksums_only_when_both_hosts_take_them() {
+    // (initiator takes them, responder takes them): a host without them plays an older v2
+    // host; the handshake completes either way (the older host never sees the bit in the
+    // response), the cipher is negotiated as before, and neither sender may leave checksums
+    // partial unless both said so.
+    for (ta, tb) in [(true, true), (false, true), (true, false)] {
         let (a, b) = pair_with(Ciphers::ALL, Ciphers::ALL, Timers::default());
-        let (mut a, mut b) = match older_initiates {
-            true => (a.without_partial_checksums(), b),
-            false => (a, b.without_partial_checksums()),
+        let older = |p: Peer, takes: bool| {
+            if takes {
+                p
+            } else {
+                p.without_partial_checksums()
+            }
         };
+        let (mut a, mut b) = (older(a, ta), older(b, tb));
         handshake(&mut a, &mut b, 0);
-        assert_eq!(
-            partial_both(&a, &b),
-            (false, false),
-            "older initiates: {older_initiates}"
-        );
+        let both_take = ta && tb;
+        assert_eq!(partial_both(&a, &b), (both_take, both_take), "{ta} {tb}");
         assert_eq!(
             established_cipher(&a, &b),
             (Cipher::Aes256Gcm, Cipher::Aes256Gcm)
         );
-        assert_delivers(&b, &mut a, b"complete", 1);
+        assert_delivers(&a, &mut b, b"there", 1);
+        assert_delivers(&b, &mut a, b"and back", 1);
     }
 }
 
