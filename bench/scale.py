@@ -195,8 +195,8 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
     lines += ["", "Load per step: agent CPU per event (µs of this process's CPU above its idle rate, per agent "
               "receiving, per store event), etcd's CPU (cores = CPU-seconds / wall-seconds of the step; ms per "
               "store event) and bytes its gRPC server sent per event, and the proxies' CPU (all of them).", "",
-              "| N | step | agent µs/event | agents CPU s | etcd CPU s | etcd cores | etcd ms/event | etcd bytes/event | proxies CPU s | etcd RSS MB |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| N | step | agent µs/event | agents CPU s | etcd CPU s | etcd cores | etcd ms/event | etcd bytes/event | proxies CPU s | etcd RSS MB | etcd watchers |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         for s in STEPS:
             st = step(r, s)
@@ -205,7 +205,25 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
                 lines.append(f"| {label(r)} | {s} | {sig(st.get('agent_cpu_us_per_event'))} | {sig(st.get('agents_cpu_s'))} | "
                              f"{sig(st.get('etcd_cpu_s'))} | {sig(st.get('etcd_cores'))} | {sig(per_event)} | "
                              f"{sig(st.get('etcd_sent_bytes_per_event'))} | {sig(st.get('proxies_cpu_s'))} | "
-                             f"{sig(st.get('etcd_rss_bytes', 0) / 1e6)} |")
+                             f"{sig(st.get('etcd_rss_bytes', 0) / 1e6)} | {sig(st.get('etcd_watchers'))} |")
+    lines += ["", "What a host read to start (issue #19): per host, its first whole read of the overlay (keys; bytes "
+              "as sent, the polls of the host count included), the polls and the wait for the registrations to "
+              "settle (median / max); every read of the bring-up together (more than N: some read again); what etcd "
+              "sent in the bring-up, per host, its CPU, the ranges its store served (through proxies: those their "
+              "cache did not answer) and the watchers it held after the bring-up.", "",
+              "| N | keys per host | KB per host | polls | settle s | reads | etcd KB sent per host | etcd CPU s | etcd ranges served | etcd watchers |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        b = step(r, "bring-up")
+        sr = b.get("start_reads")
+        if not sr:
+            continue
+
+        def pair(k: str, scale: float = 1.0) -> str:
+            return " / ".join(sig(v * scale if v is not None else None) for v in (sr[k]["p50"], sr[k]["max"]))
+        lines.append(f"| {label(r)} | {pair('keys_per_host')} | {pair('bytes_per_host', 1e-3)} | {pair('polls_per_host')} | "
+                     f"{pair('settle_s')} | {sr['reads']} | {sig(b.get('etcd_sent_bytes', 0) / 1e3 / max(r['hosts'], 1))} | "
+                     f"{sig(b.get('etcd_cpu_s'))} | {sig(b.get('etcd_ranges'))} | {sig(b.get('etcd_watchers'))} |")
     lines += ["", "| N | agents' threads | agents' RSS MB (after bring-up) | per agent MB | idle agents cores | idle etcd cores |",
               "| --- | --- | --- | --- | --- | --- |"]
     for r in runs:
