@@ -305,7 +305,7 @@ def main() -> int:
     ap.add_argument("--lease-ttl", type=int, default=10)
     ap.add_argument("--storm", type=int, default=100)
     ap.add_argument("--timeout", type=int, default=60, help="longest wait for one step, seconds")
-    ap.add_argument("--read-page", type=int, default=1000, help="keys per page of the agents' first read")
+    ap.add_argument("--read-page", type=int, default=10000, help="keys per page of the agents' first read")
     ap.add_argument("--ramp", type=float, default=0.0, help="spread the agents' starts over this many seconds (default: all within about 2 s)")
     ap.add_argument("--proxies", default="0",
                     help="comma-separated P: run each N with the agents spread over P of etcd's gRPC proxies "

@@ -56,8 +56,10 @@ pub struct AgentConfig {
     pub read_page: i64,
 }
 
-/// Keys per page of the first read (about 300 KB of the gateway's JSON).
-pub const READ_PAGE: i64 = 1000;
+/// Keys per page of the first read (about 1.5 MB over gRPC). etcd 3.4 walks its index over the
+/// rest of the range for every page, so small pages cost it: a 9,000-key overlay read in pages
+/// of 1,000 took etcd 16 ms of CPU, in one page 10.5 ms.
+pub const READ_PAGE: i64 = 10_000;
 
 struct Agent {
     daemon: Arc<dyn DataPlane>,

@@ -3,7 +3,7 @@
 //! comparisons.
 
 use crate::{codec, pb, prefix_end, Client, Compare, CompareTarget, Error, RangeResponse, TxnOp};
-use crate::{MAX_ANSWER_LEN, PAGE_TIMEOUT_STEPS};
+use crate::{MAX_ANSWER_LEN, PAGE_TIMEOUT, PAGE_TIMEOUT_STEPS};
 use std::time::Duration;
 use tracing::debug;
 
@@ -46,12 +46,13 @@ impl Client {
     /// Every key starting with `prefix`, as one snapshot read in pages of at most `page` keys
     /// (each page at the first page's revision, continuing after the last key read).
     ///
-    /// Why: a thousand hosts' overlay is megabytes; in one answer, under load, that is what
-    /// exceeds a call timeout and makes an agent read it all again. A page is small enough to
-    /// finish, etcd serves other calls between pages, and a page that times out is asked
-    /// again with twice the timeout (up to [`PAGE_TIMEOUT_STEPS`] times) instead of starting
-    /// over. A snapshot revision compacted away meanwhile is an error (read again from the
-    /// start).
+    /// Why: a large overlay is megabytes; in one answer, under load, that is what exceeds a
+    /// timeout and makes an agent read it all again. A page is small enough to finish, etcd
+    /// serves other calls between pages, and a page that times out (after at least
+    /// [`PAGE_TIMEOUT`]) is asked again with twice the timeout (up to [`PAGE_TIMEOUT_STEPS`]
+    /// times) instead of starting over. A snapshot revision compacted away meanwhile is an
+    /// error (read again from the start). Pages cost etcd too (3.4 walks its index over the
+    /// rest of the range for each), so they should not be small.
     pub fn get_prefix_paged(&self, prefix: &[u8], page: i64) -> Result<RangeResponse, Error> {
         let mut all = RangeResponse::default();
         self.read_pages(
@@ -153,9 +154,9 @@ impl Client {
     }
 
     /// One page: a range that times out is asked again with twice the timeout, up to
-    /// [`PAGE_TIMEOUT_STEPS`] times.
+    /// [`PAGE_TIMEOUT_STEPS`] times; the first wait is at least [`PAGE_TIMEOUT`].
     fn page(&self, request: &pb::RangeRequest) -> Result<RangeResponse, Error> {
-        let mut timeout = self.call_timeout();
+        let mut timeout = self.call_timeout().max(PAGE_TIMEOUT);
         let mut attempt = 1;
         loop {
             match self.range_within(request, timeout) {
