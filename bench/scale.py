@@ -207,12 +207,12 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
                              f"{sig(st.get('etcd_sent_bytes_per_event'))} | {sig(st.get('proxies_cpu_s'))} | "
                              f"{sig(st.get('etcd_rss_bytes', 0) / 1e6)} | {sig(st.get('etcd_watchers'))} |")
     lines += ["", "What a host read to start (issue #19): per host, its first whole read of the overlay (keys; bytes "
-              "as sent, the polls of the host count included), the polls and the wait for the registrations to "
-              "settle (median / max); every read of the bring-up together (more than N: some read again); what etcd "
+              "as sent, the polls of the host count included), the polls, how long it waited before reading and, "
+              "of that, its part of the spread of the reads of the hosts starting with it (median / max); every read of the bring-up together (more than N: some read again); what etcd "
               "sent in the bring-up, per host, its CPU, the ranges its store served (through proxies: those their "
               "cache did not answer) and the watchers it held after the bring-up.", "",
-              "| N | keys per host | KB per host | polls | settle s | reads | etcd KB sent per host | etcd CPU s | etcd ranges served | etcd watchers |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| N | keys per host | KB per host | polls | waited s | spread s | reads | etcd KB sent per host | etcd CPU s | etcd ranges served | etcd watchers |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         b = step(r, "bring-up")
         sr = b.get("start_reads")
@@ -222,7 +222,7 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
         def pair(k: str, scale: float = 1.0) -> str:
             return " / ".join(sig(v * scale if v is not None else None) for v in (sr[k]["p50"], sr[k]["max"]))
         lines.append(f"| {label(r)} | {pair('keys_per_host')} | {pair('bytes_per_host', 1e-3)} | {pair('polls_per_host')} | "
-                     f"{pair('settle_s')} | {sr['reads']} | {sig(b.get('etcd_sent_bytes', 0) / 1e3 / max(r['hosts'], 1))} | "
+                     f"{pair('settle_s')} | {pair('read_spread_s') if 'read_spread_s' in sr else ''} | {sr['reads']} | {sig(b.get('etcd_sent_bytes', 0) / 1e3 / max(r['hosts'], 1))} | "
                      f"{sig(b.get('etcd_cpu_s'))} | {sig(b.get('etcd_ranges'))} | {sig(b.get('etcd_watchers'))} |")
     lines += ["", "| N | agents' threads | agents' RSS MB (after bring-up) | per agent MB | idle agents cores | idle etcd cores |",
               "| --- | --- | --- | --- | --- | --- |"]

@@ -325,7 +325,7 @@ impl Agent {
         let hosts_end = prefix_end(&hosts);
         let mut settle = Settle::new(started);
         let mut bytes = 0;
-        let floor = loop {
+        let (floor, spread) = loop {
             let answer = self.client.count(&hosts, Some(&hosts_end))?;
             bytes += answer.bytes;
             match settle.polled(
@@ -335,12 +335,16 @@ impl Agent {
                 &mut self.jitter,
             ) {
                 Next::Poll(wait) => self.sleep(wait),
-                Next::Read { floor } => break floor,
+                Next::Read { floor, after } => break (floor, after),
             }
             if self.stop.load(Relaxed) {
                 bail!("stopping");
             }
         };
+        self.sleep(spread);
+        if self.stop.load(Relaxed) {
+            bail!("stopping");
+        }
         let settled = started.elapsed();
         let read = self.client.snapshot_paged(
             &overlay_ranges(&self.cfg.overlay),
@@ -350,6 +354,7 @@ impl Agent {
         let start = StartRead {
             polls: settle.polls(),
             settle: settled,
+            spread,
             keys: read.kvs.len() as u64,
             bytes: bytes + read.bytes,
             revision: read.revision,
@@ -359,7 +364,8 @@ impl Agent {
             bytes = start.bytes,
             revision = start.revision,
             polls = start.polls,
-            settled_in = ?start.settle,
+            waited = ?start.settle,
+            spread = ?start.spread,
             "etcd: read the overlay"
         );
         self.daemon.read_at_start(&start);

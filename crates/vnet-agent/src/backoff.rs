@@ -12,8 +12,8 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest whole-call timeout an agent lets its calls grow to under load.
 pub const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Random factors in [0.5, 1) for the agent's waits, so that agents that fail or start
-/// together do not retry or poll together. xorshift: no need for good randomness.
+/// Random factors for the agent's waits, so that agents that fail or start together do not
+/// retry, poll or read together. xorshift: no need for good randomness.
 #[derive(Debug, Clone)]
 pub struct Jitter {
     /// Never 0 (xorshift would stay there).
@@ -26,12 +26,22 @@ impl Jitter {
         Jitter { state: seed | 1 }
     }
 
-    /// `d` scaled by a random factor in [0.5, 1).
-    pub fn scale(&mut self, d: Duration) -> Duration {
+    /// A random fraction in [0, 1), in steps of 1/1000.
+    fn fraction(&mut self) -> f64 {
         self.state ^= self.state << 13;
         self.state ^= self.state >> 7;
         self.state ^= self.state << 17;
-        d.mul_f64(0.5 + (self.state % 1000) as f64 / 2000.0)
+        (self.state % 1000) as f64 / 1000.0
+    }
+
+    /// `d` scaled by a random factor in [0.5, 1).
+    pub fn scale(&mut self, d: Duration) -> Duration {
+        d.mul_f64(0.5 + self.fraction() / 2.0)
+    }
+
+    /// A random part of `d`: scaled by a factor in [0, 1).
+    pub fn part(&mut self, d: Duration) -> Duration {
+        d.mul_f64(self.fraction())
     }
 }
 
@@ -109,6 +119,22 @@ mod tests {
             full = (full * 2).min(MAX_BACKOFF);
         }
         assert!(halves < 8, "no jitter");
+    }
+
+    #[test]
+    fn parts_cover_the_whole_range() {
+        let mut j = Jitter::new(9);
+        let d = Duration::from_secs(10);
+        let parts: Vec<Duration> = (0..1000).map(|_| j.part(d)).collect();
+        assert!(parts.iter().all(|p| *p < d));
+        // Spread over the range, not bunched: some in each tenth.
+        for tenth in 0..10 {
+            let (lo, hi) = (d * tenth / 10, d * (tenth + 1) / 10);
+            assert!(
+                parts.iter().any(|p| *p >= lo && *p < hi),
+                "none in tenth {tenth}"
+            );
+        }
     }
 
     #[test]

@@ -44,8 +44,11 @@ pub struct SyncReport {
 pub struct StartRead {
     /// Polls of the host count while waiting for the registrations to settle.
     pub polls: u32,
-    /// How long that wait took.
+    /// How long the agent waited before reading (the wait for the registrations to settle
+    /// and its part of the spread).
     pub settle: Duration,
+    /// Its part of the spread of the reads of the agents that started with it.
+    pub spread: Duration,
     /// Keys in the snapshot read.
     pub keys: u64,
     /// Bytes of every answer of the read, polls and pages, as etcd (or its proxy) sent them.

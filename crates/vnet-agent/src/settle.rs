@@ -15,6 +15,16 @@
 //! overlay where hosts keep joining, the agent reads anyway. The first poll's revision is the
 //! floor of the snapshot: a cached one older than that (older than this host's own
 //! registration) is not taken.
+//!
+//! Settling lines the agents that start together up: without more, they would all read at
+//! once, the stampede this is meant to prevent (at 1,000 hosts straight to etcd, 1,000 reads
+//! of 9,000 keys each in flight together, each slow; through a proxy, 1,000 agents decoding
+//! and deriving together). So each spreads its read over a window as long as etcd would take
+//! to serve all of them, as far as the agent can tell: the hosts that registered while it
+//! waited (those starting with it), times the hosts it will read, times etcd's cost per host
+//! of a read ([`READ_COST_PER_HOST`]), at most [`MAX_READ_SPREAD`]; it reads at a random
+//! point of it. A host starting alone into a quiet overlay saw nobody register and reads at
+//! once.
 
 use std::time::{Duration, Instant};
 
@@ -27,22 +37,28 @@ pub const FIRST_POLL: Duration = Duration::from_millis(500);
 pub const MAX_POLL: Duration = Duration::from_secs(2);
 /// The longest an agent waits for the registrations to settle before it reads anyway.
 pub const MAX_SETTLE: Duration = Duration::from_secs(10);
+/// etcd's CPU for one host's keys (a host record and 8 placements) in a snapshot read: 10.5 ms
+/// for 1,000 hosts in one page, measured on the 2-core machine of `bench/README.md`.
+pub const READ_COST_PER_HOST: Duration = Duration::from_micros(10);
+/// The longest window an agent spreads its read over.
+pub const MAX_READ_SPREAD: Duration = Duration::from_secs(30);
 
 /// What to do after a poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Next {
     /// Poll again after this long.
     Poll(Duration),
-    /// Read the snapshot: at least as recent as revision `floor`.
-    Read { floor: i64 },
+    /// Read the snapshot, at least as recent as revision `floor`, after waiting `after` (the
+    /// agent's part of the spread of the reads of those starting with it).
+    Read { floor: i64, after: Duration },
 }
 
 /// The wait of one start for the registrations to settle.
 #[derive(Debug, Clone)]
 pub struct Settle {
     started: Instant,
-    /// The first poll's revision.
-    floor: Option<i64>,
+    /// The first poll's revision and host count.
+    first: Option<(i64, i64)>,
     /// The host count of the last poll.
     last: Option<i64>,
     /// The next interval, before jitter.
@@ -55,7 +71,7 @@ impl Settle {
     pub fn new(now: Instant) -> Settle {
         Settle {
             started: now,
-            floor: None,
+            first: None,
             last: None,
             next: FIRST_POLL,
             polls: 0,
@@ -66,12 +82,14 @@ impl Settle {
     /// jittered interval, or read.
     pub fn polled(&mut self, hosts: i64, revision: i64, now: Instant, jitter: &mut Jitter) -> Next {
         self.polls += 1;
-        let floor = *self.floor.get_or_insert(revision);
+        let (floor, first_hosts) = *self.first.get_or_insert((revision, hosts));
         let settled = self.last == Some(hosts);
         self.last = Some(hosts);
         let waited = now.saturating_duration_since(self.started);
         if settled || waited >= MAX_SETTLE {
-            return Next::Read { floor };
+            let joined = (hosts - first_hosts).max(0);
+            let after = jitter.part(read_spread(joined, hosts));
+            return Next::Read { floor, after };
         }
         let wait = jitter.scale(self.next).min(MAX_SETTLE - waited);
         self.next = (self.next * 2).min(MAX_POLL);
@@ -82,6 +100,15 @@ impl Settle {
     pub fn polls(&self) -> u32 {
         self.polls
     }
+}
+
+/// The window the reads of `joined` agents starting together are spread over, each reading
+/// `hosts` hosts: as long as etcd takes to serve them all, at most [`MAX_READ_SPREAD`].
+pub fn read_spread(joined: i64, hosts: i64) -> Duration {
+    let host_reads = u32::try_from(joined.max(0).saturating_mul(hosts.max(0))).unwrap_or(u32::MAX);
+    READ_COST_PER_HOST
+        .checked_mul(host_reads)
+        .map_or(MAX_READ_SPREAD, |d| d.min(MAX_READ_SPREAD))
 }
 
 #[cfg(test)]
@@ -109,7 +136,14 @@ mod tests {
     #[test]
     fn a_quiet_overlay_is_read_after_one_short_wait() {
         let (waits, next) = run(&[5, 5], 7);
-        assert_eq!(next, Some(Next::Read { floor: 10 }));
+        // Nobody registered meanwhile: no spread.
+        assert_eq!(
+            next,
+            Some(Next::Read {
+                floor: 10,
+                after: Duration::ZERO
+            })
+        );
         assert_eq!(waits.len(), 1);
         assert!(waits[0] >= FIRST_POLL / 2 && waits[0] < FIRST_POLL);
     }
@@ -120,7 +154,12 @@ mod tests {
         let (waits, next) = run(&[3, 40, 200, 700, 1000, 1000], 3);
         // The floor is the first poll's revision, not the last one's: a snapshot between the
         // two is as good, and the agents that settled first may have cached it.
-        assert_eq!(next, Some(Next::Read { floor: 10 }));
+        let Some(Next::Read { floor, after }) = next else {
+            panic!("{next:?}")
+        };
+        assert_eq!(floor, 10);
+        // 997 hosts started with this one, each to read 1,000 hosts: spread over 10 s.
+        assert!(after < read_spread(997, 1000));
         assert_eq!(waits.len(), 5);
         let mut full = FIRST_POLL;
         for w in &waits {
@@ -136,10 +175,31 @@ mod tests {
     fn a_count_that_never_settles_is_read_after_the_bound() {
         let counts: Vec<i64> = (1..100).collect();
         let (waits, next) = run(&counts, 11);
-        assert!(matches!(next, Some(Next::Read { floor: 10 })));
+        assert!(matches!(next, Some(Next::Read { floor: 10, .. })));
         let total: Duration = waits.iter().sum();
         // The last wait is cut to end at the bound exactly; the poll there reads.
         assert_eq!(total, MAX_SETTLE);
+    }
+
+    #[test]
+    fn reads_are_spread_over_what_etcd_needs_to_serve_them_within_a_bound() {
+        assert_eq!(read_spread(0, 1000), Duration::ZERO);
+        assert_eq!(read_spread(1000, 1000), Duration::from_secs(10));
+        assert_eq!(read_spread(1, 1000), Duration::from_millis(10));
+        assert_eq!(read_spread(10_000, 10_000), MAX_READ_SPREAD);
+        assert_eq!(read_spread(i64::MAX, i64::MAX), MAX_READ_SPREAD);
+        // Hosts that left while this one waited are no reads.
+        assert_eq!(read_spread(-5, 1000), Duration::ZERO);
+        // Agents settling together read at points spread over the window.
+        let reads: Vec<Duration> = (1..200)
+            .filter_map(|seed| match run(&[1, 1000, 1000], seed).1 {
+                Some(Next::Read { after, .. }) => Some(after),
+                _ => None,
+            })
+            .collect();
+        let window = read_spread(999, 1000);
+        assert!(reads.iter().all(|a| *a < window));
+        assert!(reads.iter().any(|a| *a < window / 4) && reads.iter().any(|a| *a > window * 3 / 4));
     }
 
     #[test]

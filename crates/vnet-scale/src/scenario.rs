@@ -43,6 +43,7 @@ pub(crate) fn start_reads(reads: &[Vec<StartRead>]) -> Value {
         "bytes_per_host": spread(firsts.iter().map(|r| r.bytes as f64).collect()),
         "polls_per_host": spread(firsts.iter().map(|r| f64::from(r.polls)).collect()),
         "settle_s": spread(firsts.iter().map(|r| r.settle.as_secs_f64()).collect()),
+        "read_spread_s": spread(firsts.iter().map(|r| r.spread.as_secs_f64()).collect()),
         "reads": all.clone().count(),
         "keys": all.clone().map(|r| r.keys).sum::<u64>(),
         "bytes": all.map(|r| r.bytes).sum::<u64>(),
@@ -322,6 +323,7 @@ mod tests {
         StartRead {
             polls,
             settle: Duration::from_millis(u64::from(polls) * 500),
+            spread: Duration::ZERO,
             keys,
             bytes,
             revision: 1,
