@@ -176,10 +176,7 @@ impl Agent {
         let from = match self.m.start(lease) {
             Start::Resume { from } => from,
             Start::ReadAll { register_first } => {
-                if register_first {
-                    self.register_at_once(lease)?;
-                }
-                self.read_all()? + 1
+                self.read_all(register_first.then_some(lease))? + 1
             }
         };
         self.m.local_seen(self.daemon.local_changes());
@@ -317,14 +314,23 @@ impl Agent {
         Ok(true)
     }
 
-    /// Reads the whole overlay once the registrations have settled (see
-    /// [`settle`](crate::settle)), as one snapshot; returns its revision.
-    fn read_all(&mut self) -> Result<i64> {
+    /// Registers this host under `register` (a host new to the store), then reads the whole
+    /// overlay once the registrations have settled (see [`settle`](crate::settle)), as one
+    /// snapshot; returns its revision. The hosts are counted before the registration too, so
+    /// that every agent of a mass start knows how many start with it.
+    fn read_all(&mut self, register: Option<i64>) -> Result<i64> {
         let started = Instant::now();
         let hosts = hosts_prefix(&self.cfg.overlay).into_bytes();
         let hosts_end = prefix_end(&hosts);
-        let mut settle = Settle::new(started);
         let mut bytes = 0;
+        let mut before = None;
+        if let Some(lease) = register {
+            let answer = self.client.count(&hosts, Some(&hosts_end))?;
+            bytes += answer.bytes;
+            before = Some(answer.count);
+            self.register_at_once(lease)?;
+        }
+        let mut settle = Settle::new(started, before);
         let (floor, spread) = loop {
             let answer = self.client.count(&hosts, Some(&hosts_end))?;
             bytes += answer.bytes;
@@ -352,7 +358,7 @@ impl Agent {
             floor,
         )?;
         let start = StartRead {
-            polls: settle.polls(),
+            polls: settle.polls() + u32::from(register.is_some()),
             settle: settled,
             spread,
             keys: read.kvs.len() as u64,

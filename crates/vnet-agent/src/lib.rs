@@ -42,7 +42,8 @@ pub struct SyncReport {
 /// What a session's first read of the overlay took (issue #19: what a starting host reads).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StartRead {
-    /// Polls of the host count while waiting for the registrations to settle.
+    /// Polls of the host count (one before registering, the others while waiting for the
+    /// registrations to settle).
     pub polls: u32,
     /// How long the agent waited before reading (the wait for the registrations to settle
     /// and its part of the spread).

@@ -20,11 +20,12 @@
 //! once, the stampede this is meant to prevent (at 1,000 hosts straight to etcd, 1,000 reads
 //! of 9,000 keys each in flight together, each slow; through a proxy, 1,000 agents decoding
 //! and deriving together). So each spreads its read over a window as long as etcd would take
-//! to serve all of them, as far as the agent can tell: the hosts that registered while it
-//! waited (those starting with it), times the hosts it will read, times etcd's cost per host
-//! of a read ([`READ_COST_PER_HOST`]), at most [`MAX_READ_SPREAD`]; it reads at a random
-//! point of it. A host starting alone into a quiet overlay saw nobody register and reads at
-//! once.
+//! to serve all of them, as far as the agent can tell: the hosts that registered from just
+//! before its own registration until it settled (those starting with it, itself included),
+//! times the hosts it will read, times etcd's cost per host of a read
+//! ([`READ_COST_PER_HOST`]), at most [`MAX_READ_SPREAD`]; it reads at a random point of it. A
+//! host starting alone into a quiet overlay counts itself only and reads at once (10 ms of
+//! spread at most at 1,000 hosts).
 
 use std::time::{Duration, Instant};
 
@@ -57,6 +58,8 @@ pub enum Next {
 #[derive(Debug, Clone)]
 pub struct Settle {
     started: Instant,
+    /// The host count before this host registered (when it did).
+    before: Option<i64>,
     /// The first poll's revision and host count.
     first: Option<(i64, i64)>,
     /// The host count of the last poll.
@@ -67,10 +70,12 @@ pub struct Settle {
 }
 
 impl Settle {
-    /// A wait starting at `now` (before the first poll).
-    pub fn new(now: Instant) -> Settle {
+    /// A wait starting at `now` (before the first poll); `before`: the host count just before
+    /// this host registered, if it did.
+    pub fn new(now: Instant, before: Option<i64>) -> Settle {
         Settle {
             started: now,
+            before,
             first: None,
             last: None,
             next: FIRST_POLL,
@@ -87,7 +92,7 @@ impl Settle {
         self.last = Some(hosts);
         let waited = now.saturating_duration_since(self.started);
         if settled || waited >= MAX_SETTLE {
-            let joined = (hosts - first_hosts).max(0);
+            let joined = (hosts - self.before.unwrap_or(first_hosts)).max(0);
             let after = jitter.part(read_spread(joined, hosts));
             return Next::Read { floor, after };
         }
@@ -118,8 +123,13 @@ mod tests {
     /// Polls answered with `counts` at revisions 10, 11, ..., each as soon as the previous
     /// answer says: the waits asked for, and the final answer.
     fn run(counts: &[i64], seed: u64) -> (Vec<Duration>, Option<Next>) {
+        run_from(None, counts, seed)
+    }
+
+    /// [`run`] by an agent that counted `before` hosts before it registered.
+    fn run_from(before: Option<i64>, counts: &[i64], seed: u64) -> (Vec<Duration>, Option<Next>) {
         let start = Instant::now();
-        let (mut s, mut jitter) = (Settle::new(start), Jitter::new(seed));
+        let (mut s, mut jitter) = (Settle::new(start, before), Jitter::new(seed));
         let (mut now, mut waits) = (start, Vec::new());
         for (i, &c) in counts.iter().enumerate() {
             match s.polled(c, 10 + i as i64, now, &mut jitter) {
@@ -203,6 +213,25 @@ mod tests {
     }
 
     #[test]
+    fn an_agent_that_registered_counts_the_hosts_registering_around_it() {
+        // It registered as the 600th of a mass start: by its first poll the others were
+        // done, yet it spreads its read as one of 1,000.
+        let (_, next) = run_from(Some(599), &[1000, 1000], 5);
+        let Some(Next::Read { after, .. }) = next else {
+            panic!("{next:?}")
+        };
+        assert!(after < read_spread(401, 1000));
+        let spread_of = |seed| match run_from(Some(599), &[1000, 1000], seed).1 {
+            Some(Next::Read { after, .. }) => after,
+            n => panic!("{n:?}"),
+        };
+        assert!((1..50).any(|seed| spread_of(seed) > read_spread(200, 1000)));
+        // Alone into a quiet overlay: itself only.
+        let (_, next) = run_from(Some(999), &[1000, 1000], 5);
+        assert!(matches!(next, Some(Next::Read { after, .. }) if after < read_spread(1, 1000)));
+    }
+
+    #[test]
     fn agents_seeded_apart_poll_apart() {
         let (a, _) = run(&[1, 2, 3, 4, 5], 3);
         let (b, _) = run(&[1, 2, 3, 4, 5], 5);
@@ -212,7 +241,7 @@ mod tests {
     #[test]
     fn polls_are_counted() {
         let start = Instant::now();
-        let mut s = Settle::new(start);
+        let mut s = Settle::new(start, None);
         let mut j = Jitter::new(1);
         assert_eq!(s.polls(), 0);
         s.polled(1, 5, start, &mut j);
