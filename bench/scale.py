@@ -195,8 +195,8 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
     lines += ["", "Load per step: agent CPU per event (µs of this process's CPU above its idle rate, per agent "
               "receiving, per store event), etcd's CPU (cores = CPU-seconds / wall-seconds of the step; ms per "
               "store event) and bytes its gRPC server sent per event, and the proxies' CPU (all of them).", "",
-              "| N | step | agent µs/event | agents CPU s | etcd CPU s | etcd cores | etcd ms/event | etcd bytes/event | proxies CPU s | etcd RSS MB |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| N | step | agent µs/event | agents CPU s | etcd CPU s | etcd cores | etcd ms/event | etcd bytes/event | proxies CPU s | etcd RSS MB | etcd watchers |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         for s in STEPS:
             st = step(r, s)
@@ -205,7 +205,25 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
                 lines.append(f"| {label(r)} | {s} | {sig(st.get('agent_cpu_us_per_event'))} | {sig(st.get('agents_cpu_s'))} | "
                              f"{sig(st.get('etcd_cpu_s'))} | {sig(st.get('etcd_cores'))} | {sig(per_event)} | "
                              f"{sig(st.get('etcd_sent_bytes_per_event'))} | {sig(st.get('proxies_cpu_s'))} | "
-                             f"{sig(st.get('etcd_rss_bytes', 0) / 1e6)} |")
+                             f"{sig(st.get('etcd_rss_bytes', 0) / 1e6)} | {sig(st.get('etcd_watchers'))} |")
+    lines += ["", "What a host read to start (issue #19): per host, its first whole read of the overlay (keys; bytes "
+              "as sent, the polls of the host count included), the polls, how long it waited before reading and, "
+              "of that, its part of the spread of the reads of the hosts starting with it (median / max); every read of the bring-up together (more than N: some read again); what etcd "
+              "sent in the bring-up, per host, its CPU, the ranges its store served (through proxies: those their "
+              "cache did not answer) and the watchers it held after the bring-up.", "",
+              "| N | keys per host | KB per host | polls | waited s | spread s | reads | etcd KB sent per host | etcd CPU s | etcd ranges served | etcd watchers |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        b = step(r, "bring-up")
+        sr = b.get("start_reads")
+        if not sr:
+            continue
+
+        def pair(k: str, scale: float = 1.0) -> str:
+            return " / ".join(sig(v * scale if v is not None else None) for v in (sr[k]["p50"], sr[k]["max"]))
+        lines.append(f"| {label(r)} | {pair('keys_per_host')} | {pair('bytes_per_host', 1e-3)} | {pair('polls_per_host')} | "
+                     f"{pair('settle_s')} | {pair('read_spread_s') if 'read_spread_s' in sr else ''} | {sr['reads']} | {sig(b.get('etcd_sent_bytes', 0) / 1e3 / max(r['hosts'], 1))} | "
+                     f"{sig(b.get('etcd_cpu_s'))} | {sig(b.get('etcd_ranges'))} | {sig(b.get('etcd_watchers'))} |")
     lines += ["", "| N | agents' threads | agents' RSS MB (after bring-up) | per agent MB | idle agents cores | idle etcd cores |",
               "| --- | --- | --- | --- | --- | --- |"]
     for r in runs:
@@ -287,7 +305,7 @@ def main() -> int:
     ap.add_argument("--lease-ttl", type=int, default=10)
     ap.add_argument("--storm", type=int, default=100)
     ap.add_argument("--timeout", type=int, default=60, help="longest wait for one step, seconds")
-    ap.add_argument("--read-page", type=int, default=1000, help="keys per page of the agents' first read")
+    ap.add_argument("--read-page", type=int, default=10000, help="keys per page of the agents' first read")
     ap.add_argument("--ramp", type=float, default=0.0, help="spread the agents' starts over this many seconds (default: all within about 2 s)")
     ap.add_argument("--proxies", default="0",
                     help="comma-separated P: run each N with the agents spread over P of etcd's gRPC proxies "

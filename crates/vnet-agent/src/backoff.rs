@@ -1,5 +1,6 @@
 //! How long the agent waits between sessions, and how long its etcd calls may take: pure, so
 //! the timing that keeps many agents from hammering an overloaded etcd together is tested.
+//! The jitter every wait of the agent is drawn with is here too.
 
 use std::time::Duration;
 
@@ -11,21 +12,53 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest whole-call timeout an agent lets its calls grow to under load.
 pub const MAX_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Random factors for the agent's waits, so that agents that fail or start together do not
+/// retry, poll or read together. xorshift: no need for good randomness.
+#[derive(Debug, Clone)]
+pub struct Jitter {
+    /// Never 0 (xorshift would stay there).
+    state: u64,
+}
+
+impl Jitter {
+    /// Jitter from `seed` (made odd, so never 0).
+    pub fn new(seed: u64) -> Jitter {
+        Jitter { state: seed | 1 }
+    }
+
+    /// A random fraction in [0, 1), in steps of 1/1000.
+    fn fraction(&mut self) -> f64 {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        (self.state % 1000) as f64 / 1000.0
+    }
+
+    /// `d` scaled by a random factor in [0.5, 1).
+    pub fn scale(&mut self, d: Duration) -> Duration {
+        d.mul_f64(0.5 + self.fraction() / 2.0)
+    }
+
+    /// A random part of `d`: scaled by a factor in [0, 1).
+    pub fn part(&mut self, d: Duration) -> Duration {
+        d.mul_f64(self.fraction())
+    }
+}
+
 /// The wait before the next session: doubling from [`FIRST_BACKOFF`] up to [`MAX_BACKOFF`],
 /// each wait scaled by a random factor in [0.5, 1).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     next: Duration,
-    /// State of the jitter (xorshift; no need for good randomness). Never 0.
-    jitter: u64,
+    jitter: Jitter,
 }
 
 impl Backoff {
-    /// A backoff whose jitter starts from `seed` (made odd, so never 0).
+    /// A backoff whose jitter starts from `seed`.
     pub fn new(seed: u64) -> Backoff {
         Backoff {
             next: FIRST_BACKOFF,
-            jitter: seed | 1,
+            jitter: Jitter::new(seed),
         }
     }
 
@@ -37,17 +70,9 @@ impl Backoff {
     /// The wait before the next attempt; the one after will be twice as long (up to the
     /// maximum).
     pub fn wait(&mut self) -> Duration {
-        let w = self.jittered(self.next);
+        let w = self.jitter.scale(self.next);
         self.next = (self.next * 2).min(MAX_BACKOFF);
         w
-    }
-
-    /// `d` scaled by a random factor in [0.5, 1).
-    fn jittered(&mut self, d: Duration) -> Duration {
-        self.jitter ^= self.jitter << 13;
-        self.jitter ^= self.jitter >> 7;
-        self.jitter ^= self.jitter << 17;
-        d.mul_f64(0.5 + (self.jitter % 1000) as f64 / 2000.0)
     }
 }
 
@@ -94,6 +119,22 @@ mod tests {
             full = (full * 2).min(MAX_BACKOFF);
         }
         assert!(halves < 8, "no jitter");
+    }
+
+    #[test]
+    fn parts_cover_the_whole_range() {
+        let mut j = Jitter::new(9);
+        let d = Duration::from_secs(10);
+        let parts: Vec<Duration> = (0..1000).map(|_| j.part(d)).collect();
+        assert!(parts.iter().all(|p| *p < d));
+        // Spread over the range, not bunched: some in each tenth.
+        for tenth in 0..10 {
+            let (lo, hi) = (d * tenth / 10, d * (tenth + 1) / 10);
+            assert!(
+                parts.iter().any(|p| *p >= lo && *p < hi),
+                "none in tenth {tenth}"
+            );
+        }
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //!
 //! Inside, the decisions are a state machine without I/O (`machine`: what to publish, claim,
 //! derive, announce, and what etcd's answers and events mean; `backoff`: the timing between
-//! sessions), driven by the I/O loop (`agent`: sessions, the watch thread) and the lease's
-//! keep-alive thread (`keepalive`).
+//! sessions; `settle`: the wait for registrations to settle before a first read), driven by
+//! the I/O loop (`agent`: sessions, the watch thread) and the lease's keep-alive thread
+//! (`keepalive`).
 
 #![forbid(unsafe_code)]
 
@@ -17,8 +18,11 @@ mod agent;
 mod backoff;
 mod keepalive;
 mod machine;
+mod settle;
 
 pub use agent::{spawn, AgentConfig, READ_PAGE};
+
+use std::time::Duration;
 
 use vnet_cluster::Derivation;
 use vnet_control::status::ClusterStatus;
@@ -33,6 +37,25 @@ pub struct SyncReport {
     pub failed: Vec<String>,
     /// What the derivation skipped (vnet_cluster::Conflict), as text.
     pub conflicts: Vec<String>,
+}
+
+/// What a session's first read of the overlay took (issue #19: what a starting host reads).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StartRead {
+    /// Polls of the host count (one before registering, the others while waiting for the
+    /// registrations to settle).
+    pub polls: u32,
+    /// How long the agent waited before reading (the wait for the registrations to settle
+    /// and its part of the spread).
+    pub settle: Duration,
+    /// Its part of the spread of the reads of the agents that started with it.
+    pub spread: Duration,
+    /// Keys in the snapshot read.
+    pub keys: u64,
+    /// Bytes of every answer of the read, polls and pages, as etcd (or its proxy) sent them.
+    pub bytes: u64,
+    /// The snapshot's revision.
+    pub revision: i64,
 }
 
 /// Where the agent's decisions land: the host's data plane and its local configuration.
@@ -58,4 +81,7 @@ pub trait DataPlane: Send + Sync {
     fn synced(&self, _state: Option<&vnet_cluster::ClusterState>) {}
     /// The agent's status, for `show cluster`.
     fn set_cluster_status(&self, status: ClusterStatus);
+    /// A session read the overlay whole (the first one, or after its revision was compacted
+    /// away): what the read took. For measurements; the agent logs it too.
+    fn read_at_start(&self, _read: &StartRead) {}
 }

@@ -16,8 +16,8 @@ mod records;
 mod tests;
 
 pub use keys::{
-    key_for_host, key_for_interface, key_for_matrix, key_for_policy, key_for_route, matrix_prefix,
-    overlay_prefix, parse_key, ClusterKey,
+    hosts_prefix, key_for_host, key_for_interface, key_for_matrix, key_for_policy, key_for_route,
+    matrix_prefix, overlay_prefix, parse_key, ClusterKey,
 };
 pub use names::{HostId, OverlayName, RouteId};
 pub(crate) use records::mac_text;

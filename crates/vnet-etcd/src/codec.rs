@@ -56,6 +56,9 @@ pub struct RangeResponse {
     pub kvs: Vec<KeyValue>,
     pub more: bool,
     pub count: i64,
+    /// The size of the answer as etcd sent it (its protobuf encoding; of a read in pages, of
+    /// every page answered, a first page asked again included).
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,19 +131,32 @@ pub enum TxnOp {
 
 /// A range of keys from `key` up to `range_end` (or `key` alone): at most `limit` keys (0: no
 /// limit), read at `revision` (0: the current one), so that the pages of one read are one
-/// consistent snapshot.
+/// consistent snapshot. `serializable`: whatever the member holds, without asking the leader
+/// whether it is current (and what etcd's gRPC proxy answers from its cache; see
+/// [`crate::Client::snapshot_paged`]).
 pub(crate) fn range_request(
     key: &[u8],
     range_end: Option<&[u8]>,
     limit: i64,
     revision: i64,
+    serializable: bool,
 ) -> pb::RangeRequest {
     pb::RangeRequest {
         key: key.to_vec(),
         range_end: range_end.map(<[u8]>::to_vec).unwrap_or_default(),
         limit: limit.max(0),
         revision: revision.max(0),
+        serializable,
         ..Default::default()
+    }
+}
+
+/// How many keys there are from `key` up to `range_end`, linearizable: etcd counts them in its
+/// index and reads no value.
+pub(crate) fn count_request(key: &[u8], range_end: Option<&[u8]>) -> pb::RangeRequest {
+    pb::RangeRequest {
+        count_only: true,
+        ..range_request(key, range_end, 0, 0, false)
     }
 }
 
@@ -239,7 +255,9 @@ fn key_value(kv: pb::KeyValue) -> KeyValue {
 }
 
 pub(crate) fn range_response(r: pb::RangeResponse) -> RangeResponse {
+    use prost::Message as _;
     RangeResponse {
+        bytes: r.encoded_len() as u64,
         revision: header_revision(r.header.as_ref()),
         kvs: r.kvs.into_iter().map(key_value).collect(),
         more: r.more,
@@ -326,12 +344,16 @@ mod tests {
 
     #[test]
     fn requests() {
-        let r = range_request(b"/a", Some(b"/b"), 500, 42);
+        let r = range_request(b"/a", Some(b"/b"), 500, 42, true);
         assert_eq!((&r.key[..], &r.range_end[..]), (&b"/a"[..], &b"/b"[..]));
-        assert_eq!((r.limit, r.revision), (500, 42));
-        let r = range_request(b"/a", None, -1, -1);
+        assert_eq!((r.limit, r.revision, r.serializable), (500, 42, true));
+        let r = range_request(b"/a", None, -1, -1, false);
         assert!(r.range_end.is_empty());
-        assert_eq!((r.limit, r.revision), (0, 0));
+        assert_eq!((r.limit, r.revision, r.serializable), (0, 0, false));
+        // A count asks the leader (linearizable) and for no key or value.
+        let c = count_request(b"/a", Some(b"/b"));
+        assert!(c.count_only && !c.serializable && !c.keys_only);
+        assert_eq!((c.limit, c.revision, &c.range_end[..]), (0, 0, &b"/b"[..]));
         let p = put_request(b"k", b"v", 7);
         assert_eq!((p.key, p.value, p.lease), (b"k".to_vec(), b"v".to_vec(), 7));
         let t = txn_request(
@@ -395,7 +417,7 @@ mod tests {
 
     #[test]
     fn answers() {
-        let r = range_response(pb::RangeResponse {
+        let wire = pb::RangeResponse {
             header: Some(pb::ResponseHeader {
                 revision: 12,
                 ..Default::default()
@@ -410,9 +432,14 @@ mod tests {
             }],
             more: true,
             count: 1,
-        });
+        };
+        let sent = wire.encode_to_vec().len() as u64;
+        let r = range_response(wire);
         assert_eq!((r.revision, r.count, r.more), (12, 1, true));
         assert_eq!(r.kvs[0].key, b"/a");
+        // The size of the answer as it came: header (4) + key-value (2 + 15) + more + count.
+        assert_eq!(r.bytes, 4 + 17 + 2 + 2);
+        assert_eq!(r.bytes, sent);
         assert_eq!((r.kvs[0].lease, r.kvs[0].version), (99, 2));
         // No header: revision 0 (protobuf's default), not an error.
         assert_eq!(range_response(pb::RangeResponse::default()).revision, 0);

@@ -145,6 +145,69 @@ fn kv_txn_lease_watch_through_the_grpc_proxy() {
     );
 }
 
+/// Snapshots read in pages through etcd's gRPC proxy: an agent's read after another's is the
+/// proxy's cached answer (a write straight to etcd, which the proxy does not see, is not in
+/// it) unless that is older than the floor the agent asks for; then a current one, which the
+/// proxy serves from then on. Straight to etcd, a snapshot is current; a count is too.
+#[test]
+fn snapshots_through_the_grpc_proxy_come_from_its_cache_within_a_floor() {
+    let Some((etcd, proxy)) = start_etcd_and_proxy() else {
+        return;
+    };
+    let direct = Client::new(&ClientConfig::new(&etcd.endpoint)).unwrap();
+    let via = Client::new(&ClientConfig::new(&proxy)).unwrap();
+    for k in ["/s/a0", "/s/a1", "/s/a2", "/s/a3", "/s/a4", "/s/m", "/s/z"] {
+        direct.put(k.as_bytes(), b"v", 0).unwrap();
+    }
+    // Everything under /s/ but /s/m (as the agent leaves out the traffic matrices).
+    let ranges = vec![
+        (b"/s/".to_vec(), Some(b"/s/m".to_vec())),
+        (b"/s/m\0".to_vec(), Some(b"/s0".to_vec())),
+    ];
+    let keys = |r: &vnet_etcd::RangeResponse| {
+        r.kvs
+            .iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+            .collect::<Vec<_>>()
+    };
+    let want: Vec<String> = ["/s/a0", "/s/a1", "/s/a2", "/s/a3", "/s/a4", "/s/z"]
+        .map(String::from)
+        .to_vec();
+    // Pages of 2 keys: three pages of the first range at one revision, then the second range.
+    let first = via.snapshot_paged(&ranges, 2, 0).unwrap();
+    assert_eq!(keys(&first), want);
+    assert_eq!(first.count, 6);
+    assert!(first.bytes > 0);
+
+    let rev = direct.put(b"/s/a9", b"v", 0).unwrap();
+    let cached = via.snapshot_paged(&ranges, 2, first.revision).unwrap();
+    assert_eq!(
+        cached.revision, first.revision,
+        "not the proxy's cached snapshot"
+    );
+    assert_eq!(keys(&cached), want);
+
+    let fresh = via.snapshot_paged(&ranges, 2, rev).unwrap();
+    assert!(fresh.revision >= rev);
+    assert!(keys(&fresh).contains(&"/s/a9".to_string()));
+    // The stale first page, then the current pages: more read than the snapshot holds.
+    assert!(fresh.bytes > cached.bytes);
+    let again = via.snapshot_paged(&ranges, 2, 0).unwrap();
+    assert_eq!(
+        again.revision, fresh.revision,
+        "the proxy kept the stale snapshot"
+    );
+
+    let straight = direct.snapshot_paged(&ranges, 2, 0).unwrap();
+    assert_eq!(straight.revision, rev);
+    assert_eq!(keys(&straight), keys(&fresh));
+    let count = direct.count(b"/s/", Some(b"/s0")).unwrap();
+    assert_eq!((count.count, count.revision, count.kvs.len()), (8, rev, 0));
+    // A paged read of a prefix: every key, at one revision.
+    let paged = via.get_prefix_paged(b"/s/", 3).unwrap();
+    assert_eq!((paged.kvs.len(), paged.count, paged.revision), (8, 8, rev));
+}
+
 /// etcd's auth tokens expire (here after 1 s): a call with an expired token gets a fresh one
 /// and is answered; a wrong password is refused with etcd's message.
 #[test]

@@ -95,6 +95,12 @@ pub(crate) struct Sample {
     pub(crate) etcd_sent: f64,
     /// The proxies' CPU seconds, all together.
     pub(crate) proxies_cpu: f64,
+    /// The watchers etcd holds (each agent's two ranges straight to it, or each proxy's
+    /// broadcasts: a proxy coalesces the watchers of one range into one only when they start
+    /// from the same revision or later).
+    pub(crate) etcd_watchers: f64,
+    /// The range calls etcd answered (with proxies: those their cache did not answer).
+    pub(crate) etcd_ranges: f64,
 }
 
 impl Harness {
@@ -127,6 +133,12 @@ impl Harness {
                 .filter_map(|&p| stats::proc_usage(p))
                 .map(|u| u.0)
                 .sum(),
+            etcd_watchers: stats::metric_sum(&page, "etcd_debugging_mvcc_watcher_total"),
+            etcd_ranges: stats::metric_sum_with(
+                &page,
+                "grpc_server_handled_total",
+                "grpc_method=\"Range\"",
+            ),
         }
     }
 
@@ -336,6 +348,7 @@ impl Harness {
             "etcd_sent_bytes": after.etcd_sent - before.etcd_sent,
             "etcd_sent_bytes_per_event": (after.etcd_sent - before.etcd_sent) / events.max(1) as f64,
             "proxies_cpu_s": after.proxies_cpu - before.proxies_cpu,
+            "etcd_watchers": after.etcd_watchers,
             "agents_wrong_after": wrong,
         });
         self.progress(&format!(

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use vnet_agent::{DataPlane, SyncReport};
+use vnet_agent::{DataPlane, StartRead, SyncReport};
 use vnet_cluster::{Derivation, DerivedConfig};
 use vnet_control::status::ClusterStatus;
 use vnet_control::{Command, Config, Route};
@@ -126,6 +126,9 @@ pub struct Recorder {
     pub connected: std::sync::atomic::AtomicBool,
     /// The agent's leases: the one it holds and how many it lost (see [`LeaseCount`]).
     leases: Mutex<LeaseCount>,
+    /// What each of the agent's whole reads of the overlay took (one per start, unless its
+    /// revision was compacted away).
+    reads: Mutex<Vec<StartRead>>,
 }
 
 /// The leases an agent went through, from the lease its status shows: every lease after the
@@ -160,7 +163,13 @@ impl Recorder {
             commands: AtomicU64::new(0),
             connected: Default::default(),
             leases: Mutex::new(LeaseCount::default()),
+            reads: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The agent's whole reads of the overlay so far.
+    pub fn reads(&self) -> Vec<StartRead> {
+        lock(&self.reads).clone()
     }
 
     /// How many leases the agent lost so far.
@@ -276,6 +285,10 @@ impl DataPlane for Recorder {
     fn set_cluster_status(&self, status: ClusterStatus) {
         self.connected.store(status.connected, Relaxed);
         lock(&self.leases).saw(status.lease.as_deref());
+    }
+
+    fn read_at_start(&self, read: &StartRead) {
+        lock(&self.reads).push(read.clone());
     }
 }
 

@@ -11,6 +11,7 @@ use vnet_cluster::key_for_host;
 use crate::harness::*;
 use crate::recorder::Probe;
 use crate::stats;
+use vnet_agent::StartRead;
 
 /// Agents that hold every link and route of a complete bring-up.
 pub(crate) fn ready_at_end(hosts: &[Host], per_vni: usize, routes: usize) -> usize {
@@ -18,6 +19,35 @@ pub(crate) fn ready_at_end(hosts: &[Host], per_vni: usize, routes: usize) -> usi
         .iter()
         .filter(|h| h.recorder.counts() == (per_vni - 1, routes))
         .count()
+}
+
+/// What the agents read to start, from each agent's reads of the whole overlay: per host, its
+/// first read (keys, bytes as sent, polls of the host count and the wait for registrations to
+/// settle: median, mean, max), and every read together (more reads than hosts: some read
+/// again, their revision compacted away).
+pub(crate) fn start_reads(reads: &[Vec<StartRead>]) -> Value {
+    let firsts: Vec<&StartRead> = reads.iter().filter_map(|r| r.first()).collect();
+    let spread = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let mean = (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        json!({
+            "p50": stats::percentile(&v, 50.0),
+            "mean": mean,
+            "max": v.last(),
+        })
+    };
+    let all = reads.iter().flatten();
+    json!({
+        "hosts": firsts.len(),
+        "keys_per_host": spread(firsts.iter().map(|r| r.keys as f64).collect()),
+        "bytes_per_host": spread(firsts.iter().map(|r| r.bytes as f64).collect()),
+        "polls_per_host": spread(firsts.iter().map(|r| f64::from(r.polls)).collect()),
+        "settle_s": spread(firsts.iter().map(|r| r.settle.as_secs_f64()).collect()),
+        "read_spread_s": spread(firsts.iter().map(|r| r.spread.as_secs_f64()).collect()),
+        "reads": all.clone().count(),
+        "keys": all.clone().map(|r| r.keys).sum::<u64>(),
+        "bytes": all.map(|r| r.bytes).sum::<u64>(),
+    })
 }
 
 impl Harness {
@@ -111,6 +141,7 @@ impl Harness {
         let after = self.sample();
         let wrong = self.check()?;
         self.progress(&format!("bring-up {bringup:.1} s, {wrong} agents wrong"));
+        let reads: Vec<Vec<StartRead>> = self.hosts.iter().map(|h| h.recorder.reads()).collect();
         let rss = stats::proc_usage(std::process::id()).map_or(0, |u| u.1);
         let threads = stats::threads(std::process::id()).unwrap_or(0);
         steps.push(json!({
@@ -125,6 +156,9 @@ impl Harness {
             "etcd_sent_bytes": after.etcd_sent - before.etcd_sent,
             "etcd_rss_bytes": after.etcd_rss,
             "proxies_cpu_s": after.proxies_cpu - before.proxies_cpu,
+            "etcd_ranges": after.etcd_ranges - before.etcd_ranges,
+            "etcd_watchers": after.etcd_watchers,
+            "start_reads": start_reads(&reads),
             "agents_wrong_after": wrong,
         }));
 
@@ -278,5 +312,45 @@ impl Harness {
             "idle_etcd_cores": etcd_idle,
             "steps": steps,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(keys: u64, bytes: u64, polls: u32) -> StartRead {
+        StartRead {
+            polls,
+            settle: Duration::from_millis(u64::from(polls) * 500),
+            spread: Duration::ZERO,
+            keys,
+            bytes,
+            revision: 1,
+        }
+    }
+
+    #[test]
+    fn start_reads_per_host_count_the_first_read_and_all_reads_together() {
+        let reads = vec![
+            vec![read(10, 1000, 2)],
+            // Read again (compacted): the second read counts in the totals only.
+            vec![read(30, 3000, 4), read(90, 9000, 2)],
+            vec![],
+        ];
+        let v = start_reads(&reads);
+        assert_eq!(v["hosts"], 2);
+        assert_eq!(v["keys_per_host"]["max"], 30.0);
+        assert_eq!(v["keys_per_host"]["mean"], 20.0);
+        assert_eq!(v["bytes_per_host"]["p50"], 1000.0);
+        assert_eq!(v["polls_per_host"]["max"], 4.0);
+        assert_eq!(v["settle_s"]["max"], 2.0);
+        assert_eq!(
+            (v["reads"].as_u64(), v["keys"].as_u64()),
+            (Some(3), Some(130))
+        );
+        assert_eq!(v["bytes"], 13000);
+        let none = start_reads(&[]);
+        assert!(none["keys_per_host"]["mean"].is_null());
     }
 }

@@ -28,11 +28,17 @@ pub fn threads(pid: u32) -> Option<u64> {
 
 /// The sum of a counter (all label sets) on a Prometheus text page.
 pub fn metric_sum(page: &str, name: &str) -> f64 {
+    metric_sum_with(page, name, "")
+}
+
+/// The sum of a counter over the label sets that contain `label` (`key="value"`).
+pub fn metric_sum_with(page: &str, name: &str, label: &str) -> f64 {
     page.lines()
         .filter(|l| {
             l.strip_prefix(name)
                 .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
         })
+        .filter(|l| l.contains(label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -80,6 +86,7 @@ mod tests {
         let page = "# HELP x\nfoo_total{a=\"1\"} 2\nfoo_total{a=\"2\"} 3.5\nfoo_total_other 9\nfoo_total 1\n";
         assert_eq!(metric_sum(page, "foo_total"), 6.5);
         assert_eq!(metric_sum(page, "bar"), 0.0);
+        assert_eq!(metric_sum_with(page, "foo_total", "a=\"2\""), 3.5);
     }
 
     #[test]

@@ -31,8 +31,13 @@ pub fn overlay_prefix(overlay: &OverlayName) -> String {
     format!("{KEY_ROOT}/{overlay}/")
 }
 
+/// The prefix of every host record (what a starting agent counts to see registrations settle).
+pub fn hosts_prefix(overlay: &OverlayName) -> String {
+    format!("{KEY_ROOT}/{overlay}/hosts/")
+}
+
 pub fn key_for_host(overlay: &OverlayName, host: &HostId) -> String {
-    format!("{KEY_ROOT}/{overlay}/hosts/{host}")
+    format!("{}{host}", hosts_prefix(overlay))
 }
 
 /// The placement key of a guest NIC: one per (VNI, MAC), so a move rewrites a single key.

@@ -68,6 +68,7 @@ fn keys_round_trip() {
         "/vnet/lab/interfaces/7/52:54:00:00:0a:01"
     );
     assert_eq!(key_for_host(&o, &h("a")), "/vnet/lab/hosts/a");
+    assert!(key_for_host(&o, &h("a")).starts_with(&hosts_prefix(&o)));
     assert_eq!(key_for_policy(&o), "/vnet/lab/policy");
 }
 
