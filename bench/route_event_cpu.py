@@ -9,10 +9,12 @@ directory in /dev/shm. Then a storm of E route events over the control port, one
 line and answer (`route replace any MAC link hK`: a guest moving to another host), and:
 
 - CPU per event: the daemon's utime+stime (/proc/PID/stat) over the storm, divided by E (the
-  whole process: control thread, the apply, the state directory's writes (the local
-  configuration is written whole before each change is acknowledged), the dispatchers' idle
-  polling, which the `idle` figure, measured for as long as the storm lasted with no events,
-  subtracts out);
+  whole process: control thread, the apply, the state directory's journal, the dispatchers'
+  idle wake-ups, which the `idle` figure, measured for as long as the storm lasted with no
+  events, subtracts out). utime+stime come in ticks (10 ms: +-5 us per event over 2,000
+  events), so `run_per_event_us` gives the same from the run time the scheduler counts in ns
+  (the sum of /proc/PID/task/*/schedstat), `run_per_event_minus_idle_us` less the idle run
+  time;
 - show and /metrics latency: a second storm of E events with a second connection sending
   `show links` in a loop beside it and a third client fetching `/metrics` (vnetd's `--http`
   listener) in a loop, and for comparison the same requests with no storm first; p50/p99/max
@@ -64,6 +66,18 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def run_s(pid: int) -> float:
+    """The run time of the process's live threads, in seconds (ns resolution)."""
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total / 1e9
 
 
 class Conn:
@@ -166,14 +180,16 @@ def run_size(vnetd: str, hosts: int, events: int, shows: int, state_parent: str 
                     to = (h + 1 + e // (hosts * ROUTES_PER_HOST)) % hosts
                     c.cmd(f"route replace any {mac(h, g)} link h{to}")
 
-            c0, t0 = cpu_s(proc.pid), time.perf_counter()
+            c0, r0, t0 = cpu_s(proc.pid), run_s(proc.pid), time.perf_counter()
             storm(0)
-            c1, t1 = cpu_s(proc.pid), time.perf_counter()
+            c1, r1, t1 = cpu_s(proc.pid), run_s(proc.pid), time.perf_counter()
             wall = t1 - t0
-            # Idle CPU over as long as the storm took.
-            time.sleep(min(wall, 30))
-            c2 = cpu_s(proc.pid)
-            idle_rate = (c2 - c1) / min(wall, 30)
+            # Idle CPU over as long as the storm took (at least a second).
+            idle_wall = min(max(wall, 1.0), 30)
+            time.sleep(idle_wall)
+            c2, r2 = cpu_s(proc.pid), run_s(proc.pid)
+            idle_rate = (c2 - c1) / idle_wall
+            idle_run_rate = (r2 - r1) / idle_wall
             storm_lat: list[float] = []
             storm_metrics: list[float] = []
             stop = threading.Event()
@@ -213,6 +229,9 @@ def run_size(vnetd: str, hosts: int, events: int, shows: int, state_parent: str 
             "cpu_per_event_us": round(1e6 * storm_cpu / events, 1),
             "cpu_per_event_minus_idle_us": round(1e6 * (storm_cpu - idle_rate * wall) / events, 1),
             "idle_cpu_per_s": round(idle_rate, 4),
+            "run_per_event_us": round(1e6 * (r1 - r0) / events, 2),
+            "run_per_event_minus_idle_us": round(1e6 * (r1 - r0 - idle_run_rate * wall) / events, 2),
+            "idle_run_per_s": round(idle_run_rate, 5),
             "show_idle_ms": latency(idle_lat),
             "show_storm_ms": latency(storm_lat),
             "metrics_idle_ms": latency(idle_metrics),

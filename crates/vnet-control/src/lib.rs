@@ -8,7 +8,9 @@
 mod command;
 mod diff;
 mod model;
+mod names;
 mod render;
+mod routes;
 pub mod status;
 
 pub use command::{
@@ -18,5 +20,6 @@ pub use command::{
     MAX_LINE_LEN, MAX_SCRIPT_LINES,
 };
 pub use model::{
-    Change, Config, ConfigError, DataPathSettings, Interface, Link, PortPolicy, Route, RouteChange,
+    Change, Config, ConfigError, DataPathSettings, Interface, Link, PortPolicy, RouteChange,
 };
+pub use routes::{Route, Routes};

@@ -6,13 +6,14 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use vnet_core::MacMatch;
 use vnet_wire::MacAddr;
 
 use crate::command::{
     Command, DestKind, DestRef, DispatchMode, FastPathMode, InterfaceKind, InterfaceSpec, LinkKind,
     LinkSpec, NotifyMode, PolicyUpdate, RateLimit, RouteOp, RouteSpec, Setting, YieldStrategy,
 };
+use crate::names::NameHints;
+use crate::routes::{Route, Routes};
 
 const DEFAULT_VNI: u32 = 1;
 const DEFAULT_MTU: u32 = 1500;
@@ -118,14 +119,6 @@ pub struct Link {
     pub vni: u32,
     /// The peer's static public key when the link is encrypted (udp links only).
     pub encrypt: Option<vnet_crypto::PublicKey>,
-}
-
-/// A configured route; its VNI is its destination's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub src: MacMatch,
-    pub dst: MacMatch,
-    pub to: DestRef,
 }
 
 fn ser_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
@@ -249,21 +242,27 @@ pub struct Config {
     pub interfaces: Vec<Interface>,
     pub links: Vec<Link>,
     pub listeners: Vec<SocketAddr>,
-    pub routes: Vec<Route>,
+    /// In order, indexed by (source, destination) and by destination (see [`Routes`]).
+    pub routes: Routes,
     pub learn: bool,
     pub settings: DataPathSettings,
     /// Rate limits of links, by link name (kept beside [`Link`] so a link's identity, which
     /// the cluster layer compares, does not include it).
     pub link_rates: BTreeMap<String, RateLimit>,
+    /// Where each interface and each link sits in its list (checked hints, see
+    /// [`NameHints`]), so that a lookup by name does not scan the list.
+    interface_hints: NameHints,
+    link_hints: NameHints,
 }
 
 impl Config {
     pub fn interface(&self, name: &str) -> Option<&Interface> {
-        self.interfaces.iter().find(|i| i.name == name)
+        self.interface_hints
+            .find(&self.interfaces, name, |i| &i.name)
     }
 
     pub fn link(&self, name: &str) -> Option<&Link> {
-        self.links.iter().find(|l| l.name == name)
+        self.link_hints.find(&self.links, name, |l| &l.name)
     }
 
     /// The policy of a link (only its rate applies).
@@ -582,17 +581,15 @@ impl Config {
     }
 
     fn drop_routes_to(&mut self, kind: DestKind, name: &str) -> Vec<Change> {
-        let mut ch = Vec::new();
-        let mut i = 0;
-        while i < self.routes.len() {
-            if self.routes[i].to.kind == kind && self.routes[i].to.name == name {
-                let route = self.routes.remove(i);
-                ch.push(Change::Route(RouteChange::Removed { route, at: i }));
-            } else {
-                i += 1;
-            }
-        }
-        ch
+        let to = DestRef {
+            kind,
+            name: name.to_string(),
+        };
+        self.routes
+            .remove_to(&to)
+            .into_iter()
+            .map(|(at, route)| Change::Route(RouteChange::Removed { route, at }))
+            .collect()
     }
 
     /// Undoes route changes this configuration made, newest first (a script refused half-way
@@ -601,7 +598,7 @@ impl Config {
         for c in changes.iter().rev() {
             match c {
                 RouteChange::Added(r) => {
-                    if let Some(p) = self.routes.iter().rposition(|x| x == r) {
+                    if let Some(p) = self.routes.rposition(r) {
                         self.routes.remove(p);
                     }
                 }
@@ -610,7 +607,7 @@ impl Config {
                     self.routes.insert(at, route.clone());
                 }
                 RouteChange::Replaced { old, at, new } => {
-                    if let Some(p) = self.routes.iter().rposition(|x| x == new) {
+                    if let Some(p) = self.routes.rposition(new) {
                         self.routes.remove(p);
                     }
                     let at = (*at).min(self.routes.len());
@@ -642,13 +639,12 @@ impl Config {
             }
             RouteOp::Replace => {
                 // The routes with the same key (source, destination, VNI), in order.
-                let olds: Vec<usize> = (0..self.routes.len())
-                    .filter(|&i| {
-                        let r = &self.routes[i];
-                        r.src == route.src
-                            && r.dst == route.dst
-                            && self.dest_vni(&r.to) == Some(vni)
-                    })
+                let olds: Vec<usize> = self
+                    .routes
+                    .with_key(route.src, route.dst)
+                    .into_iter()
+                    .filter(|(_, r)| self.dest_vni(&r.to) == Some(vni))
+                    .map(|(at, _)| at)
                     .collect();
                 if self.routes.len() - olds.len() >= MAX_ROUTES {
                     return refuse(format!("at most {MAX_ROUTES} routes"));
@@ -674,7 +670,7 @@ impl Config {
                 Ok(ch)
             }
             RouteOp::Del => {
-                let Some(at) = self.routes.iter().position(|r| *r == route) else {
+                let Some(at) = self.routes.position(&route) else {
                     return refuse(format!("no route {spec}"));
                 };
                 let route = self.routes.remove(at);

@@ -7,7 +7,8 @@ use vnet_core::MacMatch;
 use vnet_wire::MacAddr;
 
 use crate::command::{DestKind, InterfaceKind, RateLimit};
-use crate::model::{Config, DataPathSettings, Interface, Link, Route};
+use crate::model::{Config, DataPathSettings, Interface, Link};
+use crate::routes::Route;
 
 impl Config {
     /// The configuration as a script of the control language, which `apply` accepts back.

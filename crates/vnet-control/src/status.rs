@@ -12,7 +12,8 @@ use serde::{Serialize, Serializer};
 use vnet_core::{MatrixEntry, PortCountersSnapshot};
 
 use crate::command::{LinkKind, RateLimit};
-use crate::model::{Config, DataPathSettings, Interface, Link, Route};
+use crate::model::{Config, DataPathSettings, Interface, Link};
+use crate::routes::Route;
 
 mod columns;
 mod render;

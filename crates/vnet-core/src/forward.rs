@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use vnet_wire::MacAddr;
 
 use crate::{DropReason, FastMap, PortId, RouteRule, RouteTable};
@@ -34,8 +36,10 @@ pub enum Decision {
 #[derive(Debug, Clone, Default)]
 pub struct ForwardingTable {
     generation: u64,
-    ports: FastMap<PortId, PortInfo>,
-    vni_ports: FastMap<u32, Vec<PortId>>,
+    /// The ports, shared between copies of the table: a copy that changes routes only (a
+    /// route event's publication) does not copy them.
+    ports: Arc<FastMap<PortId, PortInfo>>,
+    vni_ports: Arc<FastMap<u32, Vec<PortId>>>,
     routes: RouteTable,
 }
 
@@ -45,17 +49,21 @@ impl ForwardingTable {
         ports: impl IntoIterator<Item = (PortId, PortInfo)>,
         rules: impl IntoIterator<Item = RouteRule>,
     ) -> Self {
-        let mut t = ForwardingTable {
-            generation,
-            ..Default::default()
-        };
+        let mut by_id: FastMap<PortId, PortInfo> = FastMap::default();
+        let mut by_vni: FastMap<u32, Vec<PortId>> = FastMap::default();
         for (id, info) in ports {
-            t.ports.insert(id, info);
-            t.vni_ports.entry(info.vni).or_default().push(id);
+            by_id.insert(id, info);
+            by_vni.entry(info.vni).or_default().push(id);
         }
-        for v in t.vni_ports.values_mut() {
+        for v in by_vni.values_mut() {
             v.sort();
         }
+        let mut t = ForwardingTable {
+            generation,
+            ports: Arc::new(by_id),
+            vni_ports: Arc::new(by_vni),
+            routes: RouteTable::default(),
+        };
         for r in rules {
             // A rule whose destination is not a port of its VNI can never be used.
             if t.ports.get(&r.dest).map(|p| p.vni) == Some(r.vni) {

@@ -1,4 +1,5 @@
 use std::fmt;
+use std::sync::Arc;
 
 use vnet_wire::MacAddr;
 
@@ -63,10 +64,12 @@ const SHARDS: usize = 64;
 
 /// The rules of one VNI, indexed by destination: those for one exact MAC, and the wildcards
 /// (`any`, `not MAC`) that can match any destination. Each keeps its rules in the order they
-/// were added, which is the configuration's order.
+/// were added, which is the configuration's order. A destination's rules are shared too
+/// (`Arc<[RouteRule]>`), so that copying a shard copies no rule list (one allocation for
+/// the shard's table, none per destination).
 #[derive(Debug, Clone, Default)]
 struct VniRules {
-    exact: Vec<std::sync::Arc<crate::FastMap<MacAddr, Vec<RouteRule>>>>,
+    exact: Vec<Arc<crate::FastMap<MacAddr, Arc<[RouteRule]>>>>,
     wild: Vec<RouteRule>,
     len: usize,
 }
@@ -81,7 +84,7 @@ impl VniRules {
         self.exact
             .get(shard(dst))
             .and_then(|s| s.get(&dst))
-            .map_or(&[], Vec::as_slice)
+            .map_or(&[], |rs| &rs[..])
     }
 }
 
@@ -109,10 +112,8 @@ impl RouteTable {
                 if v.exact.is_empty() {
                     v.exact = (0..SHARDS).map(|_| Default::default()).collect();
                 }
-                std::sync::Arc::make_mut(&mut v.exact[shard(d)])
-                    .entry(d)
-                    .or_default()
-                    .push(rule);
+                let rs = Arc::make_mut(&mut v.exact[shard(d)]).entry(d).or_default();
+                *rs = rs.iter().copied().chain([rule]).collect();
             }
             _ => v.wild.push(rule),
         }
@@ -132,10 +133,12 @@ impl RouteTable {
                     .and_then(|s| s.get(&d))
                     .is_some_and(|rs| rs.contains(rule));
                 if present {
-                    let s = std::sync::Arc::make_mut(&mut v.exact[i]);
+                    let s = Arc::make_mut(&mut v.exact[i]);
                     if let Some(rs) = s.get_mut(&d) {
                         if let Some(p) = rs.iter().position(|r| r == rule) {
-                            rs.remove(p);
+                            let mut left = rs.to_vec();
+                            left.remove(p);
+                            *rs = left.into();
                         }
                         if rs.is_empty() {
                             s.remove(&d);
@@ -185,7 +188,7 @@ impl RouteTable {
             .get(&vni)
             .into_iter()
             .flat_map(|v| v.exact.iter())
-            .flat_map(|s| s.iter().map(|(d, rs)| (*d, rs.as_slice())))
+            .flat_map(|s| s.iter().map(|(d, rs)| (*d, &rs[..])))
     }
 
     /// Every rule, per VNI and destination (`None`: the wildcards), each group in order.
@@ -197,7 +200,7 @@ impl RouteTable {
             }
             for s in &v.exact {
                 for (d, rs) in s.iter() {
-                    out.insert((*vni, Some(*d)), rs.clone());
+                    out.insert((*vni, Some(*d)), rs.to_vec());
                 }
             }
         }

@@ -6,7 +6,8 @@
 //!   the core as the yield strategy says (immediate `sched_yield`, timed sleep, or adaptive:
 //!   immediate until idle for T_nowork, then timed);
 //! - adaptive: measure the frame rate over a window ω and switch with hysteresis, to polling
-//!   above α_u and back below α_l.
+//!   above α_u and back below α_l; guest-driven and idle (no frame in the window), it blocks
+//!   as guest-driven does (see [`ModeSwitch`]).
 //!
 //! A panic in a dispatcher's loop (a bug in a reader or in forwarding) must not stop
 //! forwarding, and must not abort vnetd: it is caught, counted (`restarts`), logged, and the
@@ -39,6 +40,13 @@ const PANIC_PAUSE: Duration = Duration::from_millis(10);
 
 /// The adaptive mode's switch (VNET/P section 4.5): the frame rate over a window of ω, with
 /// hysteresis between α_l and α_u. Pure: the caller passes the time.
+///
+/// A window measures a rate, so a window that saw no frame at all has nothing to decide while
+/// the dispatcher is guest-driven (a rate of zero never crosses α_u): an idle dispatcher
+/// blocks for its idle tick ([`ModeSwitch::wait`]) rather than waking at every ω, and the
+/// next frames start a window of their own, so the switch reacts to traffic after a quiet
+/// spell within one ω of its first frames, as it does within one ω of a window's start.
+/// While polling, every window is judged, empty ones included (that is how polling ends).
 #[derive(Debug, Clone)]
 pub struct ModeSwitch {
     polling: bool,
@@ -76,8 +84,17 @@ impl ModeSwitch {
         low: u32,
         high: u32,
     ) -> bool {
-        self.window_frames = self.window_frames.saturating_add(frames);
         let el = now.saturating_duration_since(self.window_start);
+        if !self.polling && self.window_frames == 0 && el >= window {
+            // The windows since the last frame were empty: nothing to decide. Frames now
+            // start the next window.
+            if frames > 0 {
+                self.window_start = now;
+                self.window_frames = frames;
+            }
+            return false;
+        }
+        self.window_frames = self.window_frames.saturating_add(frames);
         if el < window || el.is_zero() {
             return false;
         }
@@ -92,6 +109,25 @@ impl ModeSwitch {
         self.window_frames = 0;
         was != self.polling
     }
+
+    /// How long a guest-driven dispatcher may block before it must [`ModeSwitch::observe`]
+    /// again: until the end of the window when the window has seen frames (its rate is judged
+    /// then), else `idle` (a frame wakes it anyway). Zero while polling (it never blocks).
+    pub fn wait(&self, now: Instant, window: Duration, idle: Duration) -> Duration {
+        if self.polling {
+            Duration::ZERO
+        } else if self.window_frames > 0 {
+            (self.window_start + window).saturating_duration_since(now)
+        } else {
+            idle
+        }
+    }
+}
+
+/// A wait as `epoll_wait` takes it: whole milliseconds, rounded up (a window that ends in
+/// 0.3 ms is judged after it has ended, not 0.3 ms early by a busy loop of zero timeouts).
+fn wait_ms(d: Duration) -> i32 {
+    i32::try_from(d.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
 }
 
 /// One dispatcher's shared state: its sources, and counters for `show stats`.
@@ -480,11 +516,12 @@ fn serve(st: &DState, shared: &Arc<Shared>, settings: &ArcSwap<DataPathSettings>
             }
         } else {
             let timeout = if s.mode == DispatchMode::Adaptive {
-                s.adaptive_window_ms as i32
+                let window = Duration::from_millis(s.adaptive_window_ms as u64);
+                mode.wait(Instant::now(), window, IDLE_TICK)
             } else {
-                IDLE_TICK.as_millis() as i32
+                IDLE_TICK
             };
-            let k = sys::epoll_wait(&st.epoll, timeout, &mut events).unwrap_or(0);
+            let k = sys::epoll_wait(&st.epoll, wait_ms(timeout), &mut events).unwrap_or(0);
             for ev in &events[..k] {
                 let token = ev.data();
                 if token == WAKE_TOKEN {
@@ -596,6 +633,7 @@ mod tests {
             (DispatchMode::GuestDriven, u32::MAX),
             (DispatchMode::Polling, u32::MAX),
             (DispatchMode::GuestDriven, 3),
+            (DispatchMode::Adaptive, 3),
         ] {
             let mut d = one_dispatcher(mode);
             let buggy = TestReader::new(panics);
@@ -708,6 +746,77 @@ mod tests {
         // 4k/s again: stays guest-driven (below the upper threshold).
         assert!(!m.observe(20, t0 + 4 * W, W, 1_000, 10_000));
         assert!(!m.polling());
+    }
+
+    const IDLE: Duration = Duration::from_millis(100);
+
+    /// Idle and guest-driven, the switch has nothing to decide: the dispatcher may block for
+    /// its idle tick, however many empty windows go by.
+    #[test]
+    fn an_idle_switch_waits_for_the_idle_tick() {
+        let t0 = Instant::now();
+        let mut m = ModeSwitch::new(false, t0);
+        assert_eq!(m.wait(t0, W, IDLE), IDLE);
+        for k in 1..=100u32 {
+            let t = t0 + k * IDLE;
+            assert!(!m.observe(0, t, W, 1_000, 10_000));
+            assert_eq!(m.wait(t, W, IDLE), IDLE, "after {k} idle ticks");
+        }
+        assert!(!m.polling());
+    }
+
+    /// Traffic after a quiet spell starts a window of its own: the dispatcher waits only for
+    /// that window's end, and a rate above α_u switches to polling one ω after the first
+    /// frames, as it would have with a wake-up every ω (the quiet spell does not dilute it).
+    #[test]
+    fn traffic_after_a_quiet_spell_is_judged_within_one_window() {
+        let t0 = Instant::now();
+        let mut m = ModeSwitch::new(false, t0);
+        let t1 = t0 + Duration::from_secs(10);
+        assert!(!m.observe(40, t1, W, 1_000, 10_000), "a window starts");
+        assert_eq!(m.wait(t1, W, IDLE), W);
+        let t2 = t1 + Duration::from_millis(2);
+        assert!(!m.observe(40, t2, W, 1_000, 10_000));
+        assert_eq!(
+            m.wait(t2, W, IDLE),
+            Duration::from_millis(3),
+            "until the window's end"
+        );
+        // 80 frames in 5 ms = 16k/s > 10k.
+        assert!(m.observe(0, t1 + W, W, 1_000, 10_000));
+        assert!(m.polling());
+        assert_eq!(
+            m.wait(t1 + W, W, IDLE),
+            Duration::ZERO,
+            "polling never blocks"
+        );
+        // Polling, an empty window is judged (0/s < 1k): back to guest-driven.
+        assert!(m.observe(0, t1 + 2 * W, W, 1_000, 10_000));
+        assert!(!m.polling());
+        assert_eq!(m.wait(t1 + 2 * W, W, IDLE), IDLE);
+    }
+
+    /// A trickle (one frame now and then) is judged one window per frame and never switches;
+    /// a window's end that comes late (a busy machine) divides by the time that really passed.
+    #[test]
+    fn a_trickle_stays_guest_driven_and_late_windows_use_the_real_time() {
+        let t0 = Instant::now();
+        let mut m = ModeSwitch::new(false, t0);
+        for k in 1..=50u32 {
+            let t = t0 + k * Duration::from_millis(250);
+            assert!(!m.observe(1, t, W, 1_000, 10_000));
+            assert_eq!(m.wait(t, W, IDLE), W);
+            assert!(!m.observe(0, t + W, W, 1_000, 10_000), "200/s: stays");
+            assert_eq!(m.wait(t + W, W, IDLE), IDLE, "judged: idle again");
+        }
+        // 60 frames seen over 5 ms but judged 10 ms after the window began: 6k/s, stays.
+        let t = t0 + Duration::from_secs(60);
+        assert!(!m.observe(60, t, W, 1_000, 10_000));
+        assert!(!m.observe(0, t + 2 * W, W, 1_000, 10_000));
+        assert!(!m.polling());
+        assert_eq!(wait_ms(Duration::from_micros(300)), 1, "rounded up");
+        assert_eq!(wait_ms(Duration::ZERO), 0);
+        assert_eq!(wait_ms(IDLE), 100);
     }
 
     #[test]

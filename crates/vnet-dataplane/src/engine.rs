@@ -18,8 +18,8 @@ use vnet_control::{
     Change, Config, DestKind, FastPathMode, Interface, InterfaceKind, Link, LinkKind, RouteChange,
 };
 use vnet_core::{
-    ForwardingTable, MacMatch, MatrixEntry, PortCountersSnapshot, PortId, PortInfo, PortKind,
-    RouteRule,
+    FastMap, FastSet, ForwardingTable, MacMatch, MatrixEntry, PortCountersSnapshot, PortId,
+    PortInfo, PortKind, RouteRule,
 };
 use vnet_fastpath::{FastPathConfig, Touched};
 use vnet_offload::VirtioNetHdr;
@@ -382,20 +382,21 @@ impl Engine {
             self.dispatchers.remove(s);
         }
         let old = self.shared.snapshot.load_full();
-        let mut ports = old.ports.clone();
+        let mut snap = old.with_table(old.table.clone());
+        let mut ports = (*old.ports).clone();
         ports.remove(&rt.id);
-        let mut udp_peers = old.udp_peers.clone();
-        udp_peers.retain(|_, p| *p != rt.id);
-        let mut tcp_accept = old.tcp_accept.clone();
-        tcp_accept.retain(|_, p| *p != rt.id);
-        self.shared.snapshot.store(Arc::new(Snapshot {
-            table: old.table.clone(),
-            ports,
-            udp_peers,
-            udp_ips: old.udp_ips.clone(),
-            tcp_accept,
-            udp: self.udp.clone(),
-        }));
+        snap.ports = Arc::new(ports);
+        if old.udp_peers.values().any(|p| *p == rt.id) {
+            let mut udp_peers = (*old.udp_peers).clone();
+            udp_peers.retain(|_, p| *p != rt.id);
+            snap.udp_peers = Arc::new(udp_peers);
+        }
+        if old.tcp_accept.values().any(|p| *p == rt.id) {
+            let mut tcp_accept = (*old.tcp_accept).clone();
+            tcp_accept.retain(|_, p| *p != rt.id);
+            snap.tcp_accept = Arc::new(tcp_accept);
+        }
+        self.shared.snapshot.store(Arc::new(snap));
         for w in rt.workers.iter_mut() {
             w.stop();
         }
@@ -472,15 +473,8 @@ impl Engine {
         if let Some(k) = &mut self.kernel {
             k.apply_routes(&table, &touched, learning);
         }
-        let old = self.shared.snapshot.load_full();
-        self.shared.snapshot.store(Arc::new(Snapshot {
-            table,
-            ports: old.ports.clone(),
-            udp_peers: old.udp_peers.clone(),
-            udp_ips: old.udp_ips.clone(),
-            tcp_accept: old.tcp_accept.clone(),
-            udp: self.udp.clone(),
-        }));
+        let snap = self.shared.snapshot.load().with_table(table);
+        self.shared.snapshot.store(Arc::new(snap));
     }
 
     /// Publishes a new forwarding table for `cfg` (ports that exist, and the routes to them),
@@ -489,29 +483,38 @@ impl Engine {
         self.pending = None;
         self.touched.clear();
         self.generation += 1;
-        let mut snap = Snapshot::empty(self.udp.clone());
+        let mut ports: FastMap<PortId, PortEntry> = FastMap::default();
+        let mut udp_peers: FastMap<(IpAddr, u32), PortId> = FastMap::default();
+        let mut udp_ips: FastSet<IpAddr> = FastSet::default();
+        let mut tcp_accept: FastMap<(IpAddr, u32), PortId> = FastMap::default();
         for rt in self.ports.values() {
-            snap.ports.insert(rt.id, rt.entry.clone());
+            ports.insert(rt.id, rt.entry.clone());
             if let Some(ip) = rt.udp_peer {
-                snap.udp_peers.insert((ip, rt.entry.info.vni), rt.id);
-                snap.udp_ips.insert(ip);
+                udp_peers.insert((ip, rt.entry.info.vni), rt.id);
+                udp_ips.insert(ip);
             }
             if let Some(ip) = rt.tcp_accept_peer {
-                snap.tcp_accept.insert((ip, rt.entry.info.vni), rt.id);
+                tcp_accept.insert((ip, rt.entry.info.vni), rt.id);
             }
         }
         let rules: Vec<RouteRule> = cfg.routes.iter().filter_map(|r| self.rule(r)).collect();
         if let Some(k) = &mut self.kernel {
-            let ports: Vec<(PortId, u32)> =
-                snap.ports.iter().map(|(id, e)| (*id, e.info.vni)).collect();
+            let ports: Vec<(PortId, u32)> = ports.iter().map(|(id, e)| (*id, e.info.vni)).collect();
             k.apply(&ports, &rules, self.shared.learning());
         }
-        snap.table = ForwardingTable::new(
+        let table = ForwardingTable::new(
             self.generation,
-            snap.ports.iter().map(|(id, e)| (*id, e.info)),
+            ports.iter().map(|(id, e)| (*id, e.info)),
             rules,
         );
-        self.shared.snapshot.store(Arc::new(snap));
+        self.shared.snapshot.store(Arc::new(Snapshot {
+            table,
+            ports: Arc::new(ports),
+            udp_peers: Arc::new(udp_peers),
+            udp_ips: Arc::new(udp_ips),
+            tcp_accept: Arc::new(tcp_accept),
+            udp: self.udp.clone(),
+        }));
         for rt in self.ports.values() {
             for s in &rt.sources {
                 if !self.dispatchers.contains(s) {
@@ -629,13 +632,15 @@ impl Engine {
         true
     }
 
-    /// The traffic matrix: vnetd's own, with the kernel's share merged in.
+    /// The traffic matrix: vnetd's own, with the kernel's share merged in; and the frames of
+    /// pairs either had no room for.
     pub fn matrix(&self) -> (Vec<MatrixEntry>, u64) {
         let m = self.shared.matrix.lock().unwrap_or_else(|p| p.into_inner());
-        let (mut entries, overflow) = (m.entries(), m.overflow());
+        let (mut entries, mut overflow) = (m.entries(), m.overflow());
         drop(m);
         if let Some(k) = &self.kernel {
             merge_matrix(&mut entries, k.matrix());
+            overflow += k.global().map_or(0, |g| g.matrix_full);
         }
         (entries, overflow)
     }

@@ -32,16 +32,19 @@ pub struct PortEntry {
     pub guard: Arc<PortGuard>,
 }
 
-/// An immutable view of the ports and routes, swapped whole on every change.
+/// An immutable view of the ports and routes, swapped whole on every change. The maps of
+/// ports are shared (`Arc`) between snapshots: a publication of route changes alone
+/// ([`Snapshot::with_table`]) copies none of them, so its cost is the routes that changed and
+/// not the number of ports.
 pub struct Snapshot {
     pub table: ForwardingTable,
-    pub ports: FastMap<PortId, PortEntry>,
+    pub ports: Arc<FastMap<PortId, PortEntry>>,
     /// UDP links by (peer address, VNI): how a datagram finds its ingress port.
-    pub udp_peers: FastMap<(IpAddr, u32), PortId>,
+    pub udp_peers: Arc<FastMap<(IpAddr, u32), PortId>>,
     /// Every UDP link peer's address (datagrams from elsewhere are `unknown_peer`).
-    pub udp_ips: FastSet<IpAddr>,
+    pub udp_ips: Arc<FastSet<IpAddr>>,
     /// `tcp accept` links by (peer address, VNI), for the listeners.
-    pub tcp_accept: FastMap<(IpAddr, u32), PortId>,
+    pub tcp_accept: Arc<FastMap<(IpAddr, u32), PortId>>,
     pub udp: Arc<VxlanSocket>,
 }
 
@@ -49,11 +52,24 @@ impl Snapshot {
     pub fn empty(udp: Arc<VxlanSocket>) -> Snapshot {
         Snapshot {
             table: ForwardingTable::default(),
-            ports: FastMap::default(),
-            udp_peers: FastMap::default(),
-            udp_ips: FastSet::default(),
-            tcp_accept: FastMap::default(),
+            ports: Default::default(),
+            udp_peers: Default::default(),
+            udp_ips: Default::default(),
+            tcp_accept: Default::default(),
             udp,
+        }
+    }
+
+    /// This snapshot's ports with another forwarding table: the port maps are shared, not
+    /// copied.
+    pub fn with_table(&self, table: ForwardingTable) -> Snapshot {
+        Snapshot {
+            table,
+            ports: self.ports.clone(),
+            udp_peers: self.udp_peers.clone(),
+            udp_ips: self.udp_ips.clone(),
+            tcp_accept: self.tcp_accept.clone(),
+            udp: self.udp.clone(),
         }
     }
 

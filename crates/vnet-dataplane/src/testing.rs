@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use socket2::SockAddr;
 use vnet_control::PortPolicy;
-use vnet_core::{DropReason, ForwardingTable, MacMatch, PortId, PortInfo, PortKind, RouteRule};
+use vnet_core::{
+    DropReason, FastMap, FastSet, ForwardingTable, MacMatch, PortId, PortInfo, PortKind, RouteRule,
+};
 use vnet_offload::VirtioNetHdr;
 use vnet_wire::MacAddr;
 use vnet_wire::VxlanRepr;
@@ -208,12 +210,14 @@ pub fn route(dst: MacAddr, to: u32) -> RouteRule {
 pub fn publish(shared: &Shared, ports: Vec<TestPort>, rules: Vec<RouteRule>) {
     let udp = shared.snapshot.load().udp.clone();
     let mut snap = Snapshot::empty(udp);
+    let (mut entries, mut udp_peers, mut udp_ips) =
+        (FastMap::default(), FastMap::default(), FastSet::default());
     for p in ports {
         let guard = match p.mac {
             Some(m) => PortGuard::interface(m, &p.policy),
             None => PortGuard::link(&p.policy),
         };
-        snap.ports.insert(
+        entries.insert(
             p.id,
             PortEntry {
                 info: PortInfo {
@@ -226,16 +230,19 @@ pub fn publish(shared: &Shared, ports: Vec<TestPort>, rules: Vec<RouteRule>) {
             },
         );
         if let Some(ip) = p.udp_peer {
-            snap.udp_peers.insert((ip, p.vni), p.id);
-            snap.udp_ips.insert(ip);
+            udp_peers.insert((ip, p.vni), p.id);
+            udp_ips.insert(ip);
         }
     }
     let generation = shared.snapshot.load().table.generation() + 1;
     snap.table = ForwardingTable::new(
         generation,
-        snap.ports.iter().map(|(id, e)| (*id, e.info)),
+        entries.iter().map(|(id, e)| (*id, e.info)),
         rules,
     );
+    snap.ports = Arc::new(entries);
+    snap.udp_peers = Arc::new(udp_peers);
+    snap.udp_ips = Arc::new(udp_ips);
     shared.snapshot.store(Arc::new(snap));
 }
 

@@ -85,7 +85,20 @@ FP_MAP(BPF_MAP_TYPE_ARRAY, 512, __u32, struct rate_val) rates SEC(".maps");
 /* by port slot, or max_ports + link slot */
 FP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 512, __u32, __u64[C_COUNT]) counters SEC(".maps");
 FP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 1, __u32, __u64[G_COUNT]) global SEC(".maps");
-FP_MAP(BPF_MAP_TYPE_LRU_PERCPU_HASH, 65536, struct matrix_key, struct matrix_val) matrix SEC(".maps");
+/* The traffic matrix: per CPU (no CPU writes another's counts: nothing shared on the hot
+ * path), one entry per (VNI, source, destination) pair, allocated when the pair first appears
+ * (BPF_F_NO_PREALLOC). Preallocated, a per-CPU map costs one per-CPU allocation per entry at
+ * creation, all under the kernel's one per-CPU allocator lock (65,536 entries: tens of ms per
+ * vnetd start, seconds when many start at once). Not an LRU: an evicted pair would take its
+ * counts with it unseen. When it is full, the frames of new pairs are counted
+ * (G_MATRIX_FULL), as vnet_core::TrafficMatrix counts its overflow. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, struct matrix_key);
+	__type(value, struct matrix_val);
+} matrix SEC(".maps");
 
 /* CO-RE views of the kernel's skb, for the GSO type (not in __sk_buff). */
 struct sk_buff___fp {
@@ -174,6 +187,11 @@ static __always_inline int rate_admit(__u32 idx, __u64 len)
 	return ok;
 }
 
+/* Counts a frame of (vni, src, dst) in this CPU's traffic matrix. A pair that is not there
+ * yet is inserted (this CPU's value set, the others' zero), and if another CPU inserted it
+ * first (EEXIST) added to. A frame whose pair finds no room (the map is full, or the kernel
+ * had no memory for the entry) is counted in G_MATRIX_FULL, so the readout says what it
+ * lacks. */
 static __always_inline void matrix_count(__u32 vni, const __u8 *src, const __u8 *dst, __u64 len)
 {
 	struct matrix_key k = { .vni = vni };
@@ -182,12 +200,19 @@ static __always_inline void matrix_count(__u32 vni, const __u8 *src, const __u8 
 	mac_copy(k.src, src);
 	mac_copy(k.dst, dst);
 	v = bpf_map_lookup_elem(&matrix, &k);
-	if (v) {
-		v->frames += 1;
-		v->bytes += len;
-	} else {
-		bpf_map_update_elem(&matrix, &k, &nv, BPF_NOEXIST);
+	if (!v) {
+		long rc = bpf_map_update_elem(&matrix, &k, &nv, BPF_NOEXIST);
+
+		if (!rc)
+			return;
+		v = rc == -17 /* EEXIST */ ? bpf_map_lookup_elem(&matrix, &k) : 0;
+		if (!v) {
+			count_global(G_MATRIX_FULL);
+			return;
+		}
 	}
+	v->frames += 1;
+	v->bytes += len;
 }
 
 /* Counts a frame of `len` bytes forwarded from counters `from` to counters `to`, and in the

@@ -206,7 +206,7 @@ fn write_stats(fp: &FastPath, names: &[(&str, PortId)], path: &PathBuf) -> Resul
     let doc = serde_json::json!({
         "ports": ports,
         "global": {"unknown_port": g.unknown_port, "not_vxlan": g.not_vxlan,
-                   "unknown_link": g.unknown_link, "fib_fail": g.fib_fail, "table_full": g.table_full},
+                   "unknown_link": g.unknown_link, "fib_fail": g.fib_fail, "table_full": g.table_full, "matrix_full": g.matrix_full},
         "matrix": fp.matrix()?.iter().map(|e| serde_json::json!({
             "vni": e.vni, "src": e.src.to_string(), "dst": e.dst.to_string(),
             "frames": e.frames, "bytes": e.bytes})).collect::<Vec<_>>(),

@@ -85,7 +85,9 @@ bpf_layout! {
             FIB_FAIL = 3,
             /// A table decision into another VNI (a bug): punted / passed, not followed.
             VNI_MISMATCH = 4,
-            SPARE5 = 5,
+            /// Frames of a (VNI, source, destination) pair the traffic matrix had no room
+            /// for (its map full): not in the matrix, counted here.
+            MATRIX_FULL = 5,
             SPARE6 = 6,
             SPARE7 = 7,
             /// A power of two: indexes are masked with COUNT - 1.

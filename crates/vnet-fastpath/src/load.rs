@@ -140,7 +140,8 @@ impl FastPath {
                 let same = h.map_type() == m.map_type()
                     && h.key_size() == m.key_size()
                     && h.value_size() == m.value_size()
-                    && h.max_entries() == m.max_entries();
+                    && h.max_entries() == m.max_entries()
+                    && h.info().is_ok_and(|i| i.info.map_flags == m.map_flags());
                 found.push((*name, h, same));
             }
             if found.len() == maps.len() && found.iter().all(|(_, _, same)| *same) {

@@ -201,7 +201,7 @@ maps! {
     counters: u32 => [u64; counter::COUNT] = |c| Some(c.max_ports + c.max_links);
     /// The global counters (per CPU).
     global: u32 => [u64; global::COUNT] = |_| None;
-    /// The traffic matrix (an LRU, per CPU).
+    /// The traffic matrix (per CPU, entries allocated as pairs appear).
     matrix: MatrixKey => MatrixVal = |c| Some(c.max_matrix);
 }
 

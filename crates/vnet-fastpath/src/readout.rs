@@ -87,14 +87,16 @@ impl FastPath {
             fib_fail: sum[global::FIB_FAIL],
             vni_mismatch: sum[global::VNI_MISMATCH],
             table_full: self.table_full,
+            matrix_full: sum[global::MATRIX_FULL],
         })
     }
 
-    /// The kernel's traffic matrix (what it forwarded), summed over CPUs.
+    /// The kernel's traffic matrix (what it forwarded), summed over CPUs. Pairs it had no
+    /// room for are counted in [`GlobalCounters::matrix_full`].
     pub fn matrix(&self) -> Result<Vec<MatrixEntry>, Error> {
         let mut out = Vec::new();
         for key in self.maps.matrix.keys() {
-            // An LRU entry may be evicted between the key walk and the lookup.
+            // Entries are never removed (not an LRU); a key without a value is skipped all the same.
             let Some(per_cpu) = self.maps.matrix.lookup_percpu(&key)? else {
                 continue;
             };

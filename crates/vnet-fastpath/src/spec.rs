@@ -21,7 +21,10 @@ pub struct FastPathConfig {
     pub max_links: u32,
     /// Entries of the forwarding table; beyond it destinations stay slow (counted).
     pub max_table: u32,
-    /// (VNI, source, destination) pairs of the traffic matrix (an LRU: old pairs make room).
+    /// (VNI, source, destination) pairs the traffic matrix holds. Entries are allocated as
+    /// pairs appear, so an unused size costs nothing; once it is full, the frames of further
+    /// pairs are counted (`GlobalCounters::matrix_full`), as vnetd's own matrix counts its
+    /// overflow.
     pub max_matrix: u32,
     /// The UDP port VXLAN arrives on and is decapsulated from (vnetd's `--udp-port`).
     pub vxlan_port: u16,
@@ -146,6 +149,9 @@ pub struct GlobalCounters {
     /// Forwarding-table entries left out because the map was full (those destinations stay
     /// on the slow path), over the life of this `FastPath`.
     pub table_full: u64,
+    /// Frames forwarded whose (VNI, source, destination) pair found no room in the traffic
+    /// matrix (its map full): forwarded, but missing from [`crate::FastPath::matrix`].
+    pub matrix_full: u64,
 }
 
 /// What one [`crate::FastPath::apply_table`] did.

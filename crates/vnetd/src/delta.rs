@@ -25,23 +25,19 @@ pub fn local_delta(
     let mut s = String::new();
     for c in changes {
         match c {
-            Change::AddInterface(i) => s.push_str(
-                &Config {
-                    interfaces: vec![i.clone()],
-                    ..Config::default()
-                }
-                .to_script(),
-            ),
+            Change::AddInterface(i) => {
+                let mut one = Config::default();
+                one.interfaces.push(i.clone());
+                s.push_str(&one.to_script());
+            }
             Change::DelInterface(i) => {
                 let _ = writeln!(s, "interface del {}", i.name);
             }
-            Change::AddLink(l) if !derived_link(l) => s.push_str(
-                &Config {
-                    links: vec![l.clone()],
-                    ..Config::default()
-                }
-                .to_script(),
-            ),
+            Change::AddLink(l) if !derived_link(l) => {
+                let mut one = Config::default();
+                one.links.push(l.clone());
+                s.push_str(&one.to_script());
+            }
             Change::DelLink(l) if !derived_link(l) => {
                 let _ = writeln!(s, "link del {}", l.name);
             }

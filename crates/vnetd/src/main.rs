@@ -101,8 +101,8 @@ struct Args {
     /// Entries of the kernel's forwarding map (destinations beyond it go through vnetd).
     #[arg(long, default_value_t = 16384, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     fastpath_table_size: u32,
-    /// (VNI, source, destination) pairs the kernel's traffic matrix keeps (least recently
-    /// used ones make room).
+    /// (VNI, source, destination) pairs the kernel's traffic matrix holds (allocated as they
+    /// appear; once it is full, the frames of further pairs are counted as its overflow).
     #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
     fastpath_matrix_size: u32,
     /// Interfaces the kernel fast path can serve.

@@ -126,11 +126,9 @@ fn kept<T: Clone>(items: &[T], keep: impl Fn(&T) -> bool) -> Vec<T> {
 /// What of the config file's configuration the local one still has (an object deleted at run
 /// time is not the file's to bring up any more); settings are the local ones.
 fn common(file: &Config, local: &Config) -> Config {
-    let mut c = Config {
-        learn: local.learn,
-        settings: local.settings.clone(),
-        ..Config::default()
-    };
+    let mut c = Config::default();
+    c.learn = local.learn;
+    c.settings = local.settings.clone();
     c.interfaces = kept(&file.interfaces, |i| local.interface(&i.name) == Some(i));
     c.links = kept(&file.links, |l| local.link(&l.name) == Some(l));
     for l in &c.links {
@@ -139,9 +137,12 @@ fn common(file: &Config, local: &Config) -> Config {
         }
     }
     c.listeners = kept(&file.listeners, |a| local.listeners.contains(a));
-    c.routes = kept(&file.routes, |r| {
-        local.routes.contains(r) && c.dest_vni(&r.to).is_some()
-    });
+    c.routes = file
+        .routes
+        .iter()
+        .filter(|r| local.routes.contains(r) && c.dest_vni(&r.to).is_some())
+        .cloned()
+        .collect();
     c
 }
 

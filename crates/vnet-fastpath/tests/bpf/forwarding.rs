@@ -24,6 +24,37 @@ fn known_unicast_between_ports_is_redirected_and_counted() {
     assert_eq!((m[0].vni, m[0].src, m[0].dst, m[0].frames), (1, A, B, 1));
 }
 
+/// A full matrix keeps counting the pairs it holds, and counts the frames of the pairs it has
+/// no room for instead of dropping older pairs' counts.
+#[test]
+fn a_full_matrix_counts_what_it_has_no_room_for() {
+    let Some(l) = lab_with(FastPathConfig {
+        max_matrix: 2,
+        ..FastPathConfig::default()
+    }) else {
+        return;
+    };
+    let ab = frame(B, A, 100);
+    assert_eq!(l.run_from_a(&ab).verdict, TCX_REDIRECT);
+    // From link C to port A: the inner source may be any MAC, so pairs can be made at will.
+    let from = |src: u8| frame(A, MacAddr([0x52, 0x54, 0, 0, 1, src]), 60);
+    for src in 1..=3u8 {
+        let r = l.run_from_underlay(&vxlan(REMOTE, 1, 0x08, &from(src)));
+        assert_eq!(r.verdict, TCX_REDIRECT, "forwarded, matrix or not");
+    }
+    assert_eq!(l.run_from_a(&ab).verdict, TCX_REDIRECT);
+    let m = l.fp.matrix().unwrap();
+    let pairs: Vec<_> = m.iter().map(|e| (e.src, e.dst, e.frames)).collect();
+    assert_eq!(
+        pairs,
+        vec![(A, B, 2), (MacAddr([0x52, 0x54, 0, 0, 1, 1]), A, 1)],
+        "the first two pairs, still counted"
+    );
+    assert_eq!(m[0].bytes, 2 * ab.len() as u64);
+    assert_eq!(l.fp.global_counters().unwrap().matrix_full, 2);
+    assert_eq!(l.fp.link_counters(LINK_C).unwrap().rx_frames, 3);
+}
+
 #[test]
 fn frames_for_a_link_are_encapsulated_in_vxlan() {
     let Some(l) = lab() else { return };
