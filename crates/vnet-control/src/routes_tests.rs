@@ -12,7 +12,7 @@ fn route(src: u8, dst: u8, to: u8) -> Route {
         src: if src == 0 { MacMatch::Any } else { mac(src) },
         dst: mac(dst),
         to: DestRef {
-            kind: if to % 2 == 0 {
+            kind: if to.is_multiple_of(2) {
                 DestKind::Link
             } else {
                 DestKind::Interface

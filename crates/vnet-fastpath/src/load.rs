@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapHandle, PrintLevel};
@@ -241,18 +242,42 @@ impl FastPath {
         ifindex: u32,
         gso_size: u32,
     ) -> Result<TestRun, Error> {
+        let (verdict, data, _) = self.run_repeated(prog, frame, ifindex, gso_size, 1)?;
+        Ok(TestRun { verdict, data })
+    }
+
+    /// Runs one program `repeat` times on `frame` in the kernel, as [`FastPath::test_run`]
+    /// does once, and returns the kernel's mean time of one run: what a measurement of the
+    /// programs' own cost needs (the ignored timing tests of `tests/bpf`).
+    pub fn time_runs(
+        &self,
+        prog: Program,
+        frame: &[u8],
+        ifindex: u32,
+        repeat: u32,
+    ) -> Result<Duration, Error> {
+        let (_, _, ns) = self.run_repeated(prog, frame, ifindex, 0, repeat.max(1))?;
+        Ok(Duration::from_nanos(ns.into()))
+    }
+
+    fn run_repeated(
+        &self,
+        prog: Program,
+        frame: &[u8],
+        ifindex: u32,
+        gso_size: u32,
+        repeat: u32,
+    ) -> Result<(i32, Vec<u8>, u32), Error> {
         // struct __sk_buff (the kernel's UAPI): ifindex at 40, gso_size at 176 (192 bytes).
         let mut ctx = [0u8; 192];
         ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
         if gso_size > 0 {
             ctx[176..180].copy_from_slice(&gso_size.to_ne_bytes());
         }
-        let (verdict, data) =
-            progs::test_run(self.progs.fd(prog), frame, &ctx).map_err(|e| Error::Map {
-                map: "test_run",
-                source: e.into(),
-            })?;
-        Ok(TestRun { verdict, data })
+        progs::test_run(self.progs.fd(prog), frame, &ctx, repeat).map_err(|e| Error::Map {
+            map: "test_run",
+            source: e.into(),
+        })
     }
 }
 

@@ -1,6 +1,6 @@
 //! The loaded programs, held by descriptors of their own (the object is closed after load;
 //! a program lives while a descriptor or a tcx link refers to it): attached with tcx, swapped
-//! into pinned links, and run once on a frame for tests (`BPF_PROG_TEST_RUN`).
+//! into pinned links, and run on a frame for tests (`BPF_PROG_TEST_RUN`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -59,13 +59,14 @@ pub(crate) fn tcx_attach(prog: BorrowedFd<'_>, ifindex: u32) -> io::Result<Owned
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Runs `prog` once on `frame` with the context `ctx` (a `struct __sk_buff`): its return
-/// value and the frame as it left it.
+/// Runs `prog` `repeat` times on `frame` with the context `ctx` (a `struct __sk_buff`): its
+/// return value, the frame as it left it, and the kernel's mean time of one run in ns.
 pub(crate) fn test_run(
     prog: BorrowedFd<'_>,
     frame: &[u8],
     ctx: &[u8],
-) -> io::Result<(i32, Vec<u8>)> {
+    repeat: u32,
+) -> io::Result<(i32, Vec<u8>, u32)> {
     let mut out = vec![0u8; frame.len() + 256];
     let len = |n: usize| u32::try_from(n).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
     let mut opts = libbpf_sys::bpf_test_run_opts {
@@ -76,6 +77,7 @@ pub(crate) fn test_run(
         data_size_out: len(out.len())?,
         ctx_in: ctx.as_ptr().cast(),
         ctx_size_in: len(ctx.len())?,
+        repeat: repeat as _,
         ..Default::default()
     };
     // SAFETY: `prog` is a valid program fd for the call; the input pointers and sizes
@@ -87,5 +89,5 @@ pub(crate) fn test_run(
         return Err(io::Error::from_raw_os_error(-rc));
     }
     out.truncate(opts.data_size_out as usize);
-    Ok((opts.retval as i32, out))
+    Ok((opts.retval as i32, out, opts.duration))
 }

@@ -85,6 +85,16 @@ impl FastPath {
         match *self {}
     }
 
+    pub fn time_runs(
+        &self,
+        _prog: Program,
+        _frame: &[u8],
+        _ifindex: u32,
+        _repeat: u32,
+    ) -> Result<std::time::Duration, Error> {
+        match *self {}
+    }
+
     pub fn attach_underlay(&mut self, _ifindex: u32) -> Result<(), Error> {
         match *self {}
     }

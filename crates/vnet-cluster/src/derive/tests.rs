@@ -579,9 +579,9 @@ fn arb_local() -> impl Strategy<Value = Config> {
         })
 }
 
-fn route_set(routes: &[Route]) -> Vec<String> {
+fn route_set<'a>(routes: impl IntoIterator<Item = &'a Route>) -> Vec<String> {
     let mut v: Vec<String> = routes
-        .iter()
+        .into_iter()
         .map(|r| format!("{} {} {} {}", r.src, r.dst, r.to.kind, r.to.name))
         .collect();
     v.sort();
@@ -655,7 +655,7 @@ proptest! {
         run(&mut running, &cmds);
         let mut want_links = local.links.clone();
         want_links.extend(d2.links.iter().cloned());
-        let mut want_routes = local.routes.clone();
+        let mut want_routes = local.routes.to_vec();
         want_routes.extend(d2.routes.iter().cloned());
         prop_assert_eq!(link_set(&running.links), link_set(&want_links));
         prop_assert_eq!(route_set(&running.routes), route_set(&want_routes));

@@ -15,4 +15,5 @@ mod forwarding;
 mod helpers;
 mod lifecycle;
 mod tables;
+mod timing;
 mod vxlan;
