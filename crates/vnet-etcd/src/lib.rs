@@ -12,7 +12,7 @@
 //! Sync on top of async: each client has a small tokio runtime (current-thread: no thread of
 //! its own; whichever caller waits drives the connections) and one lazily connected HTTP/2
 //! channel per endpoint; every call blocks on its future with a deadline. The gRPC code is
-//! generated from `proto/etcd.proto` ([`pb`]); [`codec`] converts between its messages and
+//! generated from `third_party/etcd/etcd.proto` ([`pb`]); [`codec`] converts between its messages and
 //! this crate's types, and is pure; this module only moves messages: the client, its
 //! channels and the call machinery (endpoint failover, deadlines, the auth token), with the
 //! calls themselves by family in [`kv`], [`lease`] and [`watch`]; [`config`] says how to reach
