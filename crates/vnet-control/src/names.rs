@@ -38,12 +38,11 @@ impl NameHints {
         let x = items.iter().find(|x| name_of(x) == name)?;
         // Found where the hints did not say: they are stale (the list changed), all of them.
         at.clear();
-        at.extend(
-            items
-                .iter()
-                .enumerate()
-                .map(|(i, x)| (name_of(x).to_string(), i)),
-        );
+        // The first of each name, as a scan finds it (names are unique, but the lists are
+        // public).
+        for (i, x) in items.iter().enumerate() {
+            at.entry(name_of(x).to_string()).or_insert(i);
+        }
         Some(x)
     }
 }
@@ -92,5 +91,11 @@ mod tests {
             assert_eq!(h.find(&v, n, by), v.iter().find(|x| x.as_str() == n), "{n}");
         }
         assert_eq!(h.clone().find(&v, "c", by).map(String::as_str), Some("c"));
+        // A name twice (the lists are public): the first, as a scan finds it, also once the
+        // hints were rebuilt by another lookup.
+        let v = names(&["a", "b", "a"]);
+        let h = NameHints::default();
+        assert!(h.find(&v, "b", by).is_some_and(|x| std::ptr::eq(x, &v[1])));
+        assert!(h.find(&v, "a", by).is_some_and(|x| std::ptr::eq(x, &v[0])));
     }
 }

@@ -33,6 +33,15 @@ impl Error {
     pub fn is_unreachable(&self) -> bool {
         matches!(self, Error::Unreachable(_) | Error::WatchEnded(_))
     }
+
+    /// Whether a member refused a read at a revision it has not applied yet (etcd's
+    /// `ErrFutureRev`): a serializable read does not wait for the member to catch up, so a
+    /// snapshot's later pages, pinned at the revision another member answered the first one
+    /// at, can meet this on a lagging member.
+    pub fn is_future_revision(&self) -> bool {
+        matches!(self, Error::Codec(CodecError::Server { message, .. })
+            if message.contains("required revision is a future revision"))
+    }
 }
 
 /// Whether a gRPC status means the member was not reached or did not answer in time (try
@@ -69,6 +78,13 @@ mod tests {
         for code in [Code::Unavailable, Code::DeadlineExceeded, Code::Cancelled] {
             assert!(status_error("e", &Status::new(code, "x")).is_unreachable());
         }
+        // A lagging member's answer to a read pinned beyond what it has applied.
+        let future = status_error(
+            "e",
+            &Status::out_of_range("etcdserver: mvcc: required revision is a future revision"),
+        );
+        assert!(future.is_future_revision() && !future.is_unreachable());
+        assert!(!status_error("e", &Status::out_of_range("x")).is_future_revision());
         // An answer: the same from every member.
         let e = status_error(
             "e",

@@ -165,6 +165,19 @@ impl Client {
                     timeout *= 2;
                     attempt += 1;
                 }
+                Err(e) if request.serializable && e.is_future_revision() => {
+                    // A member behind the snapshot's revision (the pages of one snapshot may
+                    // reach different members): asked linearizable, it first catches up.
+                    debug!(
+                        revision = request.revision,
+                        "etcd: {e}; asking linearizable"
+                    );
+                    let linearizable = pb::RangeRequest {
+                        serializable: false,
+                        ..request.clone()
+                    };
+                    return self.page(&linearizable);
+                }
                 r => return r,
             }
         }
