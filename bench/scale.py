@@ -194,9 +194,11 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
         lines.append(f"| {label(r)} | {up} | " + " | ".join(cells) + f" | {nc} | {wrong} |")
     lines += ["", "Load per step: agent CPU per event (µs of this process's CPU above its idle rate, per agent "
               "receiving, per store event), etcd's CPU (cores = CPU-seconds / wall-seconds of the step; ms per "
-              "store event) and bytes its gRPC server sent per event, and the proxies' CPU (all of them).", "",
-              "| N | step | agent µs/event | agents CPU s | etcd CPU s | etcd cores | etcd ms/event | etcd bytes/event | proxies CPU s | etcd RSS MB | etcd watchers |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "store event) and bytes its gRPC server sent per event, each also above etcd's idle rate (what it spends "
+              "renewing every host's lease while nothing changes: a cost per host, not per event), and the proxies' "
+              "CPU (all of them).", "",
+              "| N | step | agent µs/event | agents CPU s | etcd CPU s | etcd cores | etcd ms/event | above idle | etcd bytes/event | above idle | proxies CPU s | etcd RSS MB | etcd watchers |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         for s in STEPS:
             st = step(r, s)
@@ -204,7 +206,9 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
                 per_event = st["etcd_cpu_s"] * 1e3 / max(st.get("events", 1), 1) if "etcd_cpu_s" in st else None
                 lines.append(f"| {label(r)} | {s} | {sig(st.get('agent_cpu_us_per_event'))} | {sig(st.get('agents_cpu_s'))} | "
                              f"{sig(st.get('etcd_cpu_s'))} | {sig(st.get('etcd_cores'))} | {sig(per_event)} | "
-                             f"{sig(st.get('etcd_sent_bytes_per_event'))} | {sig(st.get('proxies_cpu_s'))} | "
+                             f"{sig(st.get('etcd_cpu_ms_per_event_above_idle'))} | "
+                             f"{sig(st.get('etcd_sent_bytes_per_event'))} | "
+                             f"{sig(st.get('etcd_sent_bytes_per_event_above_idle'))} | {sig(st.get('proxies_cpu_s'))} | "
                              f"{sig(st.get('etcd_rss_bytes', 0) / 1e6)} | {sig(st.get('etcd_watchers'))} |")
     lines += ["", "What a host read to start (issue #19): per host, its first whole read of the overlay (keys; bytes "
               "as sent, the polls of the host count included), the polls, how long it waited before reading and, "
@@ -267,7 +271,7 @@ def plots(runs: list[dict], baseline: list[dict] | None, out: Path) -> list[str]
     except ImportError:
         return ["plots skipped: matplotlib is not importable"]
     ok = [r for r in runs if "error" not in r]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     series = [(f"{p} proxies, " if p else "", [r for r in ok if r.get("proxies", 0) == p], "-o")
               for p in sorted({r.get("proxies", 0) for r in ok})]
     series.append(("baseline ", [b for b in (baseline or []) if "error" not in b], "--x"))
@@ -291,6 +295,17 @@ def plots(runs: list[dict], baseline: list[dict] | None, out: Path) -> list[str]
                              alpha=0.5, label=f"{name}agent ms/event, {s}")
     axes[1].set(xscale="log", yscale="log", xlabel="hosts (N)", title="etcd cores; agent CPU per event (ms)")
     axes[1].legend(fontsize=7)
+    # Issue #19's flatness goal: etcd's cost per event above its idle rate against N.
+    for name, runs_, style in series:
+        for s, key, scale, unit in (("storm", "etcd_cpu_ms_per_event_above_idle", 1, "ms"),
+                                    ("storm", "etcd_sent_bytes_per_event_above_idle", 1e-3, "KB")):
+            pts = [(r["hosts"], step(r, s).get(key)) for r in runs_ if step(r, s).get(key) is not None]
+            if pts:
+                axes[2].plot([x for x, _ in pts], [max(y * scale, 1e-3) for _, y in pts], style,
+                             label=f"{name}etcd {unit}/event, {s}")
+    axes[2].set(xscale="log", yscale="log", xlabel="hosts (N)",
+                title="etcd per event above idle (flat = independent of N)")
+    axes[2].legend(fontsize=7)
     save(fig, out / "scale.png")
     return []
 

@@ -9,6 +9,7 @@ no route to the underlay). Measured times go to results/system-tests.json; the a
 only sane bounds."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -426,6 +427,58 @@ def test_host_cut_off_from_etcd(lab, etcd, record):
     record("cut_off_host_rejoin_s", round(time.monotonic() - t0, 2))
     assert json.loads(h3.ctl("show", "cluster", "json"))["agent"]["lease"] != lease0
     assert_all_ping(lab, ov.all_pairs())
+
+
+def test_late_keepalive_answers_keep_the_lease(lab, etcd, record):
+    """A host whose lease renewals reach etcd but whose answers come back later than the lease's
+    TTL (a busy gRPC proxy, a congested path; here a relay that holds etcd's answers back for
+    3 TTLs): it ends its session, but keeps the lease that etcd kept alive and asks the store
+    about it once answers flow again, so no other host ever drops it. Before, it registered
+    again under a new lease while the old one still held its keys, and every other host saw it
+    leave and come back (issue #19: 1,000 agents through 4 proxies)."""
+    relay_port = 23790
+    h1, h2 = lab.host("h1"), lab.host("h2")
+    g1 = lab.guest("g1", ip="192.168.60.1", mac=netlab.mac(1, 1, 1))
+    g2 = lab.guest("g2", ip="192.168.60.2", mac=netlab.mac(1, 2, 1))
+    relay = h2.popen("python3", Path(__file__).resolve().parents[2] / "vnetlab" / "relay.py",
+                     f"127.0.0.1:{relay_port}", etcd.endpoint, stdout=subprocess.PIPE, text=True)
+    assert relay.stdout is not None and relay.stdout.readline().strip() == "ready"
+    for h, g, endpoint in ((h1, g1, etcd.endpoint), (h2, g2, f"127.0.0.1:{relay_port}")):
+        args = ["--etcd", endpoint, "--overlay", OVERLAY, "--host-id", h.role,
+                "--advertise-addr", h.underlay_ip, "--etcd-lease-ttl", TTL, "--etcd-matrix-interval", 0]
+        h.start_vnetd(config=f"interface add vm tap mac {g.mac} netns {g.name} vni 1\n", args=args)
+        g.configure(h.interface("vm")["ifname"])
+
+    def h1_has_h2():
+        return "c-h2-v1" in {l["name"] for l in h1.ctl_json("show", "links", "json")}
+
+    def agent(h):
+        return json.loads(h.ctl("show", "cluster", "json"))["agent"]
+
+    netlab.wait_until(h1_has_h2, 30, 0.1, what="h1 to link to h2")
+    lease0 = agent(h2)["lease"]
+    os.kill(relay.pid, signal.SIGUSR1)
+    t0 = time.monotonic()
+    noticed, lost_at = False, None
+    try:
+        while time.monotonic() - t0 < 3 * TTL:
+            if not h1_has_h2():
+                lost_at = time.monotonic() - t0
+                break
+            noticed |= not agent(h2)["connected"]
+            time.sleep(0.1)
+    finally:
+        os.kill(relay.pid, signal.SIGUSR2)
+    assert lost_at is None, f"h1 dropped h2 {lost_at:.1f}s after h2's answers were held back"
+    assert noticed, "h2 never noticed that its renewals went unanswered (the relay held nothing back?)"
+    netlab.wait_until(lambda: agent(h2)["connected"], 20, 0.1, what="h2 to reconnect")
+    assert agent(h2)["lease"] == lease0, "h2 registered again under a new lease"
+    # And it stays: a second lease of this host would let the first expire now.
+    time.sleep(TTL + 1)
+    assert h1_has_h2(), "h1 dropped h2 after the answers came again"
+    assert agent(h2)["lease"] == lease0
+    record("late_keepalive_answers_held_s", 3 * TTL)
+    assert_all_ping(lab, [(g1, g2.ip_addr), (g2, g1.ip_addr)])
 
 
 def test_etcd_outage_and_resync(lab, etcd, record):

@@ -256,8 +256,7 @@ impl Agent {
             self.show(false);
             let now = Instant::now();
             let ka = &self.keepalive;
-            self.m
-                .check_lease(ka.expired.load(Relaxed), ka.member_silent.load(Relaxed))?;
+            self.m.check_lease(ka.findings())?;
             if self.m.matrix_due(now) {
                 self.publish_matrix(lease)?;
                 self.m.matrix_done(now);

@@ -3,16 +3,19 @@
 //! that serves the watch, with a deadline of the interval: a member that does not answer
 //! (frozen, partitioned) while another one does is reported so the agent watches through
 //! that one; the renewal is retried at once through any member that answers. When no renewal
-//! has been answered for the lease's whole TTL, the lease has lapsed at etcd whatever the
+//! has been answered for the lease's whole TTL, the lease may have lapsed at etcd whatever the
 //! transport says (a cut-off host's streams can stay open for half a minute), so the session
-//! ends as for an expired lease, as etcd's own client does. What the answers mean is decided by
-//! pure functions below.
+//! ends, as etcd's own client ends its keep-alive; the next session asks the store whether the
+//! lease lives before it registers again (renewals through a busy gRPC proxy arrive late
+//! rather than never). What the answers mean is decided by pure functions below.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 use vnet_etcd::Client;
+
+use crate::machine::LeaseFindings;
 
 /// What the agent and its keep-alive thread share.
 pub struct KeepAlive {
@@ -24,6 +27,8 @@ pub struct KeepAlive {
     pub watch_endpoint: AtomicUsize,
     /// The store said the lease is gone.
     pub expired: AtomicBool,
+    /// No renewal was answered for the lease's whole TTL.
+    pub lapsed: AtomicBool,
     /// The watch's member did not answer a keep-alive in time.
     pub member_silent: AtomicBool,
 }
@@ -35,6 +40,7 @@ impl Default for KeepAlive {
             every_ms: AtomicI64::new(1000),
             watch_endpoint: AtomicUsize::new(usize::MAX),
             expired: AtomicBool::new(false),
+            lapsed: AtomicBool::new(false),
             member_silent: AtomicBool::new(false),
         }
     }
@@ -46,8 +52,18 @@ impl KeepAlive {
         self.every_ms.store(every_ms, Relaxed);
         self.watch_endpoint.store(usize::MAX, Relaxed);
         self.expired.store(false, Relaxed);
+        self.lapsed.store(false, Relaxed);
         self.member_silent.store(false, Relaxed);
         self.lease.store(lease, Relaxed);
+    }
+
+    /// What the thread found since the session started.
+    pub fn findings(&self) -> LeaseFindings {
+        LeaseFindings {
+            expired: self.expired.load(Relaxed),
+            lapsed: self.lapsed.load(Relaxed),
+            member_silent: self.member_silent.load(Relaxed),
+        }
     }
 }
 
@@ -155,8 +171,9 @@ pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
                     debug!("etcd: lease keep-alive failed: {e}");
                 }
                 if tracked.is_some_and(|(_, until)| lapsed(until, Instant::now())) {
-                    warn!("etcd: no keep-alive answered for the lease's whole TTL; it has lapsed");
-                    ka.expired.store(true, Relaxed);
+                    if !ka.lapsed.swap(true, Relaxed) {
+                        warn!("etcd: no keep-alive answered for the lease's whole TTL; it may have lapsed");
+                    }
                 }
                 next = Instant::now() + every / 4;
             }

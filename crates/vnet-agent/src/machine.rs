@@ -35,6 +35,18 @@ const MAX_TXN_OPS: usize = 128;
 /// The state is handed to the data plane's views at most this often.
 const SHOW_EVERY: Duration = Duration::from_secs(1);
 
+/// What the lease keep-alive thread found since the session started (see
+/// [`Machine::check_lease`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeaseFindings {
+    /// A renewal was answered with no TTL left: the lease is gone.
+    pub expired: bool,
+    /// No renewal was answered for the lease's whole TTL: it may be gone.
+    pub lapsed: bool,
+    /// The member serving the watch did not answer a renewal that another member answered.
+    pub member_silent: bool,
+}
+
 /// Where a session's watch starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Start {
@@ -690,15 +702,24 @@ impl Machine {
         changed
     }
 
-    /// The keep-alive thread's findings: the store said the lease is gone (`expired`), or the
-    /// member serving the watch did not answer while another did (`member_silent`). Either
-    /// ends the session.
-    pub fn check_lease(&mut self, expired: bool, member_silent: bool) -> Result<()> {
-        if expired {
+    /// The keep-alive thread's findings end the session: the store said the lease is gone
+    /// (`expired`: this host registers again under a new one), no renewal was answered for its
+    /// whole TTL (`lapsed`), or the member serving the watch did not answer while another did
+    /// (`member_silent`). A lapse keeps the lease: unanswered renewals may still have reached
+    /// etcd (through a busy gRPC proxy they arrive late rather than never), and the next
+    /// session asks the store first. Dropping it here made each host whose answers were late
+    /// register again under a second lease while the first still held its keys: "host id
+    /// held by another daemon's lease" until it expired, and every other host saw it leave
+    /// and come back.
+    pub fn check_lease(&mut self, findings: LeaseFindings) -> Result<()> {
+        if findings.expired {
             self.lease = None;
             bail!("lease expired");
         }
-        if member_silent {
+        if findings.lapsed {
+            bail!("no lease keep-alive answered for the lease's whole TTL; asking the store whether it lives");
+        }
+        if findings.member_silent {
             bail!("the etcd member serving the watch did not answer a lease keep-alive; watching through another");
         }
         Ok(())

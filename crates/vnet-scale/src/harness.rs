@@ -103,6 +103,40 @@ pub(crate) struct Sample {
     pub(crate) etcd_ranges: f64,
 }
 
+/// What the agents and etcd spend while nothing changes (ticks; the lease keep-alives, which
+/// etcd answers per host, through proxies or not), per second: a step's cost per event is
+/// what it spends above this, so that the per-host cost of holding leases does not pass for
+/// a cost of the events.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct IdleRates {
+    /// The agents' CPU, cores.
+    pub(crate) agents_cpu: f64,
+    /// etcd's CPU, cores.
+    pub(crate) etcd_cpu: f64,
+    /// What etcd's gRPC server sends, bytes per second.
+    pub(crate) etcd_sent: f64,
+}
+
+impl IdleRates {
+    /// The rates between two samples taken while nothing changed.
+    pub(crate) fn between(a: &Sample, b: &Sample) -> IdleRates {
+        let secs = b.at.duration_since(a.at).as_secs_f64();
+        if secs <= 0.0 {
+            return IdleRates::default();
+        }
+        IdleRates {
+            agents_cpu: (b.own_cpu - a.own_cpu).max(0.0) / secs,
+            etcd_cpu: (b.etcd_cpu - a.etcd_cpu).max(0.0) / secs,
+            etcd_sent: (b.etcd_sent - a.etcd_sent).max(0.0) / secs,
+        }
+    }
+
+    /// `spent` over `wall` seconds, less what idling would have spent (never below 0).
+    pub(crate) fn above(rate: f64, spent: f64, wall: f64) -> f64 {
+        (spent - rate * wall).max(0.0)
+    }
+}
+
 impl Harness {
     pub(crate) fn progress(&self, msg: &str) {
         eprintln!(
@@ -316,7 +350,7 @@ impl Harness {
         probed: &[usize],
         before: Sample,
         events: usize,
-        baseline_cpu_rate: f64,
+        idle: &IdleRates,
     ) -> Result<Value> {
         let times = self.wait_probes(probed);
         // Let the tail of the work (and etcd's) finish inside the measured interval.
@@ -327,9 +361,14 @@ impl Harness {
         done.sort_by(f64::total_cmp);
         let missing = times.len() - done.len();
         let own_cpu = after.own_cpu - before.own_cpu;
-        let agent_cpu = (own_cpu - baseline_cpu_rate * wall).max(0.0);
+        let agent_cpu = IdleRates::above(idle.agents_cpu, own_cpu, wall);
+        let etcd_cpu = after.etcd_cpu - before.etcd_cpu;
+        let etcd_sent = after.etcd_sent - before.etcd_sent;
+        let etcd_cpu_above = IdleRates::above(idle.etcd_cpu, etcd_cpu, wall);
+        let etcd_sent_above = IdleRates::above(idle.etcd_sent, etcd_sent, wall);
         let receivers = self.hosts.iter().filter(|h| h.alive).count().max(1);
         let wrong = self.check()?;
+        let per_event = events.max(1) as f64;
         let v = json!({
             "step": name,
             "agents_probed": probed.len(),
@@ -341,12 +380,15 @@ impl Harness {
             "wall_s": wall,
             "agents_cpu_s": own_cpu,
             "agents_cpu_s_above_idle": agent_cpu,
-            "agent_cpu_us_per_event": agent_cpu * 1e6 / (receivers * events.max(1)) as f64,
-            "etcd_cpu_s": after.etcd_cpu - before.etcd_cpu,
-            "etcd_cores": (after.etcd_cpu - before.etcd_cpu) / wall,
+            "agent_cpu_us_per_event": agent_cpu * 1e6 / (receivers as f64 * per_event),
+            "etcd_cpu_s": etcd_cpu,
+            "etcd_cores": etcd_cpu / wall,
+            "etcd_cpu_s_above_idle": etcd_cpu_above,
+            "etcd_cpu_ms_per_event_above_idle": etcd_cpu_above * 1e3 / per_event,
             "etcd_rss_bytes": after.etcd_rss,
-            "etcd_sent_bytes": after.etcd_sent - before.etcd_sent,
-            "etcd_sent_bytes_per_event": (after.etcd_sent - before.etcd_sent) / events.max(1) as f64,
+            "etcd_sent_bytes": etcd_sent,
+            "etcd_sent_bytes_per_event": etcd_sent / per_event,
+            "etcd_sent_bytes_per_event_above_idle": etcd_sent_above / per_event,
             "proxies_cpu_s": after.proxies_cpu - before.proxies_cpu,
             "etcd_watchers": after.etcd_watchers,
             "agents_wrong_after": wrong,
@@ -375,5 +417,41 @@ impl Harness {
             prefix.as_bytes(),
             Some(&vnet_etcd::prefix_end(prefix.as_bytes())),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(at: Instant, own_cpu: f64, etcd_cpu: f64, etcd_sent: f64) -> Sample {
+        Sample {
+            at,
+            own_cpu,
+            etcd_cpu,
+            etcd_rss: 0,
+            etcd_sent,
+            proxies_cpu: 0.0,
+            etcd_watchers: 0.0,
+            etcd_ranges: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_step_costs_what_it_spends_above_idling() {
+        let t0 = Instant::now();
+        let a = sample(t0, 10.0, 4.0, 1000.0);
+        let b = sample(t0 + Duration::from_secs(4), 12.0, 4.4, 9000.0);
+        let idle = IdleRates::between(&a, &b);
+        assert!((idle.agents_cpu - 0.5).abs() < 1e-9);
+        assert!((idle.etcd_cpu - 0.1).abs() < 1e-9);
+        assert!((idle.etcd_sent - 2000.0).abs() < 1e-9);
+        // 10 s of a step that spent 1.5 CPU-s of etcd's: 0.5 above its idle rate.
+        assert!((IdleRates::above(idle.etcd_cpu, 1.5, 10.0) - 0.5).abs() < 1e-9);
+        // Less than idling (noise) is no cost, never a negative one.
+        assert_eq!(IdleRates::above(idle.etcd_cpu, 0.2, 10.0), 0.0);
+        // Samples at the same instant (or counters that went back) give no rate.
+        assert_eq!(IdleRates::between(&b, &b), IdleRates::default());
+        assert_eq!(IdleRates::between(&b, &a), IdleRates::default());
     }
 }

@@ -164,14 +164,12 @@ impl Harness {
 
         // The idle cost of the agents (ticks, lease keep-alives), subtracted from the steps.
         let idle0 = self.sample();
-        std::thread::sleep(Duration::from_secs(3));
+        std::thread::sleep(Duration::from_secs(5));
         let idle1 = self.sample();
-        let idle_rate =
-            (idle1.own_cpu - idle0.own_cpu) / idle1.at.duration_since(idle0.at).as_secs_f64();
-        let etcd_idle =
-            (idle1.etcd_cpu - idle0.etcd_cpu) / idle1.at.duration_since(idle0.at).as_secs_f64();
+        let idle = IdleRates::between(&idle0, &idle1);
         self.progress(&format!(
-            "idle: agents {idle_rate:.3} cores, etcd {etcd_idle:.3} cores"
+            "idle: agents {:.3} cores, etcd {:.3} cores, etcd sends {:.0} B/s",
+            idle.agents_cpu, idle.etcd_cpu, idle.etcd_sent
         ));
 
         // Join: host n registers with its guests; every host of its VNI must route to them.
@@ -181,7 +179,7 @@ impl Harness {
         let probed = self.probe_host_routes(vni_j, j, t0, true);
         let before = self.sample();
         self.start_host(j)?;
-        steps.push(self.step("join", &probed, before, 1 + g as usize, idle_rate)?);
+        steps.push(self.step("join", &probed, before, 1 + g as usize, &idle)?);
 
         // Move: guest 0 of host 0 to the next host of its VNI.
         let (from, to) = (0usize, self.args.vnis);
@@ -195,7 +193,7 @@ impl Harness {
         let moves = vec![(mac, vni, from, to, name.clone())];
         let probed = self.move_probes(&moves, t0, &mut MoveTags::new());
         self.move_txn(&state, mac, vni, to, &name)?;
-        steps.push(self.step("move", &probed, before, 1, idle_rate)?);
+        steps.push(self.step("move", &probed, before, 1, &idle)?);
 
         // Storm: many guests (guest 1.. of hosts 1..) each to the next host of its VNI.
         let mut moves = Vec::new();
@@ -246,7 +244,7 @@ impl Harness {
             Ok(sent)
         })?;
         let issued = t0.elapsed().as_secs_f64();
-        let mut storm = self.step("storm", &probed, before, moves.len(), idle_rate)?;
+        let mut storm = self.step("storm", &probed, before, moves.len(), &idle)?;
         let mut per_move: Vec<f64> = Vec::new();
         let mut per_move_missing = 0;
         for t in self.per_move_times(&tags, &sent) {
@@ -295,7 +293,7 @@ impl Harness {
         let probed = self.probe_host_routes(vni_j, victim, t0, false);
         let before = self.sample();
         self.client.lease_revoke(lease)?;
-        steps.push(self.step("death", &probed, before, 1 + g as usize, idle_rate)?);
+        steps.push(self.step("death", &probed, before, 1 + g as usize, &idle)?);
 
         let rss_end = stats::proc_usage(std::process::id()).map_or(0, |u| u.1);
         Ok(json!({
@@ -308,8 +306,9 @@ impl Harness {
             "agents_rss_bytes": rss,
             "agents_rss_bytes_end": rss_end,
             "rss_bytes_per_agent": rss as f64 / n as f64,
-            "idle_agents_cores": idle_rate,
-            "idle_etcd_cores": etcd_idle,
+            "idle_agents_cores": idle.agents_cpu,
+            "idle_etcd_cores": idle.etcd_cpu,
+            "idle_etcd_sent_bytes_per_s": idle.etcd_sent,
             "steps": steps,
         }))
     }

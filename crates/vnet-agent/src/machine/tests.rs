@@ -528,14 +528,25 @@ fn the_lease_is_renewed_or_registered_again() {
     assert_eq!(m.lease(), Some(LEASE));
     assert_eq!(m.keepalive_every_ms(), 3000);
     // The keep-alive thread's findings end the session.
-    assert!(m.check_lease(false, false).is_ok());
-    assert!(m.check_lease(false, true).is_err());
+    let found = |expired, lapsed, member_silent| LeaseFindings {
+        expired,
+        lapsed,
+        member_silent,
+    };
+    assert!(m.check_lease(LeaseFindings::default()).is_ok());
+    assert!(m.check_lease(found(false, false, true)).is_err());
     assert_eq!(
         m.lease(),
         Some(LEASE),
         "a silent member is not a lost lease"
     );
-    assert!(m.check_lease(true, false).is_err());
+    // Renewals unanswered for a TTL: the session ends, but the lease is kept for the next
+    // session to ask the store about (it may still live).
+    assert!(m.check_lease(found(false, true, false)).is_err());
+    assert_eq!(m.lease(), Some(LEASE), "a lapse is not an expiry");
+    m.lease_renewed(4);
+    assert_eq!(m.lease(), Some(LEASE), "it lived after all: kept");
+    assert!(m.check_lease(found(true, true, false)).is_err());
     assert_eq!(m.lease(), None);
     assert_eq!(
         machine_with(0, Duration::ZERO, None, t0).keepalive_every_ms(),
