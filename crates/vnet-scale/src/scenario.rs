@@ -179,7 +179,20 @@ impl Harness {
         let probed = self.probe_host_routes(vni_j, j, t0, true);
         let before = self.sample();
         self.start_host(j)?;
-        steps.push(self.step("join", &probed, before, 1 + g as usize, &idle)?);
+        let mut join = self.step("join", &probed, before, 1 + g as usize, &idle)?;
+        // The joiner's own first read of the overlay is O(N) by nature (it needs every host's
+        // records) and etcd serves it even through a proxy: the joiner's registration through
+        // that proxy clears its cached overlay. What the join costs etcd for everyone else is
+        // the rest.
+        let joiner_read: u64 = self.hosts[j].recorder.reads().iter().map(|r| r.bytes).sum();
+        let above = join["etcd_sent_bytes_per_event_above_idle"]
+            .as_f64()
+            .unwrap_or(0.0);
+        let events = (1 + g as usize) as f64;
+        join["joiner_read_bytes"] = json!(joiner_read);
+        join["etcd_sent_bytes_per_event_above_idle_less_joiner_read"] =
+            json!((above * events - joiner_read as f64).max(0.0) / events);
+        steps.push(join);
 
         // Move: guest 0 of host 0 to the next host of its VNI.
         let (from, to) = (0usize, self.args.vnis);
