@@ -170,10 +170,10 @@ pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
                 if let Err(e) = &answer {
                     debug!("etcd: lease keep-alive failed: {e}");
                 }
-                if tracked.is_some_and(|(_, until)| lapsed(until, Instant::now())) {
-                    if !ka.lapsed.swap(true, Relaxed) {
-                        warn!("etcd: no keep-alive answered for the lease's whole TTL; it may have lapsed");
-                    }
+                if tracked.is_some_and(|(_, until)| lapsed(until, Instant::now()))
+                    && !ka.lapsed.swap(true, Relaxed)
+                {
+                    warn!("etcd: no keep-alive answered for the lease's whole TTL; it may have lapsed");
                 }
                 next = Instant::now() + every / 4;
             }
