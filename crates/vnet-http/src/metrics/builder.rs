@@ -1,17 +1,100 @@
 //! The registry a scrape fills, and the few calls every part of the exposition makes: register
 //! a family with its help text and unit, set a labelled value, build the labels of a port.
+//!
+//! A family's samples are a list in the order they were set, encoded by `prometheus-client`'s
+//! own encoder: a scrape sets each series once, so `prometheus-client`'s `Family` (a hash map
+//! behind a lock, one `Arc`'d metric per series, made for metrics that live and change) was
+//! two thirds of a scrape at 1,000 links and 1,000 guests (50,000 lines, 4 MB: 70 ms against
+//! 24 ms now, `render_time` in the tests), and its output came in hash order.
 
+use std::fmt;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Metric, Registry, Unit};
 use vnet_control::status::PortStatus;
 
 pub(super) type Labels = Vec<(&'static str, String)>;
-pub(super) type Counters = Family<Labels, Counter<u64>>;
-pub(super) type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
+pub(super) type Counters = Samples<u64>;
+pub(super) type Gauges = Samples<f64>;
+
+/// A value one sample holds, and how it is encoded.
+pub(super) trait SampleValue: fmt::Debug + Send + Sync + 'static {
+    const TYPE: MetricType;
+    fn encode(&self, encoder: MetricEncoder) -> fmt::Result;
+}
+
+impl SampleValue for u64 {
+    const TYPE: MetricType = MetricType::Counter;
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        encoder.encode_counter::<NoLabelSet, _, u64>(self, None)
+    }
+}
+
+impl SampleValue for f64 {
+    const TYPE: MetricType = MetricType::Gauge;
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        encoder.encode_gauge(self)
+    }
+}
+
+/// One family's samples: the registry holds one handle, the scrape the other.
+#[derive(Debug)]
+pub(super) struct Samples<V> {
+    rows: Arc<Mutex<Vec<(Labels, V)>>>,
+}
+
+impl<V> Clone for Samples<V> {
+    fn clone(&self) -> Self {
+        Samples {
+            rows: self.rows.clone(),
+        }
+    }
+}
+
+impl<V> Default for Samples<V> {
+    fn default() -> Self {
+        Samples {
+            rows: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+}
+
+impl<V: SampleValue> Samples<V> {
+    fn push(&self, labels: Labels, v: V) {
+        // A scrape's own lists: a poisoned lock only means a panic elsewhere in this scrape.
+        self.rows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((labels, v));
+    }
+}
+
+impl<V: SampleValue> EncodeMetric for Samples<V> {
+    fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
+        let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        for (labels, v) in rows.iter() {
+            v.encode(encoder.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        V::TYPE
+    }
+
+    // A family without samples (no encrypted link, no kernel fast path) is left out whole.
+    fn is_empty(&self) -> bool {
+        self.rows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+}
 
 pub(super) struct Builder {
     pub(super) reg: Registry,
@@ -58,12 +141,14 @@ impl Builder {
     }
 }
 
+/// Sets a counter's series (each series once per scrape).
 pub(super) fn set(f: &Counters, labels: Labels, v: u64) {
-    f.get_or_create(&labels).inc_by(v);
+    f.push(labels, v);
 }
 
+/// Sets a gauge's series (each series once per scrape).
 pub(super) fn gset(f: &Gauges, labels: Labels, v: f64) {
-    f.get_or_create(&labels).set(v);
+    f.push(labels, v);
 }
 
 pub(super) fn port_labels(p: &PortStatus) -> Labels {

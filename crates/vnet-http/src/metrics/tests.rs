@@ -107,5 +107,78 @@ fn the_exposition() {
     assert!(!text.contains(".."), "a help text ends in two periods");
     // No etcd agent: no etcd metrics; no guest MAC anywhere.
     assert!(!text.contains("vnet_etcd_"));
+    // No encrypted link: no crypto family at all, not even its help text.
+    assert!(!text.contains("vnet_crypto_"));
     assert!(!text.contains("52:54"));
+}
+
+/// A host of `links` links and as many guests, for the size of the exposition.
+fn host_with_links(links: usize) -> HostSnapshot {
+    let mut snap = snapshot();
+    let template = snap.stats.ports[1].clone();
+    let link = snap.links[0].clone();
+    snap.stats.ports.clear();
+    snap.links.clear();
+    for i in 0..links {
+        let mut p = template.clone();
+        p.name = format!("c-h{i:05}-v1");
+        p.kind = PortRole::Link;
+        snap.stats.ports.push(p.clone());
+        p.name = format!("vm{i}");
+        p.kind = PortRole::Interface;
+        snap.stats.ports.push(p);
+        let mut l = link.clone();
+        l.name = format!("c-h{i:05}-v1");
+        snap.links.push(l);
+    }
+    snap
+}
+
+#[test]
+fn every_series_once_in_the_order_set() {
+    let text = render(
+        &host_with_links(3),
+        &HttpCounters::default(),
+        &BuildInfo {
+            version: "9.9".into(),
+            start_time: 1.0,
+        },
+    );
+    let samples: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.rsplit_once(' ').map_or(l, |(series, _)| series))
+        .collect();
+    let unique: std::collections::BTreeSet<&&str> = samples.iter().collect();
+    assert_eq!(unique.len(), samples.len(), "a series appears twice");
+    let at = |s: &str| text.find(s).unwrap_or_else(|| panic!("{s} missing"));
+    assert!(
+        at(r#"vnet_link_state{link="c-h00000-v1",state="up"}"#)
+            < at(r#"vnet_link_state{link="c-h00002-v1",state="up"}"#)
+    );
+}
+
+/// `cargo test --release -p vnet-http -- --ignored --nocapture render_time`: how long a scrape
+/// of 1,000 links and 1,000 guests takes to render (median of 15).
+#[test]
+#[ignore]
+fn render_time() {
+    let snap = host_with_links(1000);
+    let http = HttpCounters::default();
+    let info = BuildInfo {
+        version: "9.9".into(),
+        start_time: 1.0,
+    };
+    let mut times = Vec::new();
+    let mut len = 0;
+    for _ in 0..15 {
+        let t = std::time::Instant::now();
+        len = render(&snap, &http, &info).len();
+        times.push(t.elapsed());
+    }
+    times.sort();
+    println!(
+        "render of 1,000 links: {:?} median ({:?}-{:?}), {len} bytes",
+        times[7], times[0], times[14]
+    );
 }
