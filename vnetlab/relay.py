@@ -44,6 +44,7 @@ def pump(src: socket.socket, dst: socket.socket, held: bool) -> None:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            s.close()
 
 
 def serve(listen: str, server: str) -> None:

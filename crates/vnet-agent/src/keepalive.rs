@@ -9,7 +9,8 @@
 //! lease lives before it registers again (renewals through a busy gRPC proxy arrive late
 //! rather than never). What the answers mean is decided by pure functions below.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -25,12 +26,16 @@ pub struct KeepAlive {
     pub every_ms: AtomicI64,
     /// The endpoint serving the session's watch (usize::MAX: none); keep-alives go there.
     pub watch_endpoint: AtomicUsize,
-    /// The store said the lease is gone.
-    pub expired: AtomicBool,
-    /// No renewal was answered for the lease's whole TTL.
-    pub lapsed: AtomicBool,
-    /// The watch's member did not answer a keep-alive in time.
-    pub member_silent: AtomicBool,
+    /// The session (see `session`) in which the store said the lease is gone (0: none).
+    pub expired: AtomicU64,
+    /// The session in which no renewal was answered for the lease's whole TTL (0: none).
+    pub lapsed: AtomicU64,
+    /// The session in which the watch's member did not answer a keep-alive in time (0: none).
+    pub member_silent: AtomicU64,
+    /// Bumped by each session's start (the first session is 2): a renewal sent before it is
+    /// not about this session (its lease may be the one just given up; its lapse clock starts
+    /// over), and a finding is about the session it names.
+    pub session: AtomicU64,
 }
 
 impl Default for KeepAlive {
@@ -39,9 +44,10 @@ impl Default for KeepAlive {
             lease: AtomicI64::new(0),
             every_ms: AtomicI64::new(1000),
             watch_endpoint: AtomicUsize::new(usize::MAX),
-            expired: AtomicBool::new(false),
-            lapsed: AtomicBool::new(false),
-            member_silent: AtomicBool::new(false),
+            expired: AtomicU64::new(0),
+            lapsed: AtomicU64::new(0),
+            member_silent: AtomicU64::new(0),
+            session: AtomicU64::new(1),
         }
     }
 }
@@ -51,18 +57,17 @@ impl KeepAlive {
     pub fn start(&self, lease: i64, every_ms: i64) {
         self.every_ms.store(every_ms, Relaxed);
         self.watch_endpoint.store(usize::MAX, Relaxed);
-        self.expired.store(false, Relaxed);
-        self.lapsed.store(false, Relaxed);
-        self.member_silent.store(false, Relaxed);
         self.lease.store(lease, Relaxed);
+        self.session.fetch_add(1, Ordering::Release);
     }
 
     /// What the thread found since the session started.
     pub fn findings(&self) -> LeaseFindings {
+        let session = self.session.load(Ordering::Acquire);
         LeaseFindings {
-            expired: self.expired.load(Relaxed),
-            lapsed: self.lapsed.load(Relaxed),
-            member_silent: self.member_silent.load(Relaxed),
+            expired: self.expired.load(Relaxed) == session,
+            lapsed: self.lapsed.load(Relaxed) == session,
+            member_silent: self.member_silent.load(Relaxed) == session,
         }
     }
 }
@@ -121,25 +126,28 @@ impl Renewal {
 /// The thread's loop, until `stop`.
 pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
     let mut next = Instant::now();
-    // The lease being renewed and until when it surely lives (from its last answered renewal;
-    // for a new lease, from when this thread first saw it, a TTL being three intervals).
-    let mut tracked: Option<(i64, Instant)> = None;
+    // The session and lease being renewed, and until when the lease surely lives (from its
+    // last answered renewal; at a session's start, which renewed or granted it just before,
+    // from when this thread first saw it, a TTL being three intervals).
+    let mut tracked: Option<(u64, i64, Instant)> = None;
     while !stop.load(Relaxed) {
         // Short enough to notice a new lease or a stop soon, long enough that a thousand
         // idle agents in one harness process cost little.
         let wait = next.saturating_duration_since(Instant::now());
         std::thread::sleep(wait.clamp(Duration::from_millis(10), Duration::from_millis(100)));
+        let session = ka.session.load(Ordering::Acquire);
         let lease = ka.lease.load(Relaxed);
         let (every, patience) = timing(ka.every_ms.load(Relaxed));
         if lease == 0 || Instant::now() < next {
             continue;
         }
         let sent = Instant::now();
-        if tracked.map(|(l, _)| l) != Some(lease) {
-            tracked = Some((lease, sent + every * 3));
+        if tracked.map(|(s, l, _)| (s, l)) != Some((session, lease)) {
+            tracked = Some((session, lease, sent + every * 3));
         }
         next = sent + every;
         let endpoint = ka.watch_endpoint.load(Relaxed);
+        let mut silent = None;
         let answer = if endpoint == usize::MAX || client.endpoints().len() == 1 {
             client.lease_keepalive_within(lease, patience)
         } else {
@@ -148,30 +156,42 @@ pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
                     client.avoid_endpoint(endpoint);
                     let r = client.lease_keepalive_within(lease, patience);
                     if member_silent(r.is_ok(), client.current_endpoint(), endpoint) {
-                        warn!(
-                            endpoint = client.endpoints().get(endpoint).map(String::as_str),
-                            "etcd: the watch's member did not answer a keep-alive: {e}"
-                        );
-                        ka.member_silent.store(true, Relaxed);
+                        silent = Some(e);
                     }
                     r
                 }
                 r => r,
             }
         };
+        if ka.session.load(Ordering::Acquire) != session {
+            // A session started while this renewal was out: what it found is about the one
+            // before (perhaps a lease given up since); the next round renews the new one.
+            // (Findings name their session, so one stored just as a session starts is
+            // harmless.)
+            tracked = None;
+            next = Instant::now();
+            continue;
+        }
+        if let Some(e) = silent {
+            warn!(
+                endpoint = client.endpoints().get(endpoint).map(String::as_str),
+                "etcd: the watch's member did not answer a keep-alive: {e}"
+            );
+            ka.member_silent.store(session, Relaxed);
+        }
         match Renewal::of(&answer) {
-            Renewal::Expired => ka.expired.store(true, Relaxed),
+            Renewal::Expired => ka.expired.store(session, Relaxed),
             Renewal::Alive => {
                 if let Ok(ttl) = answer {
-                    tracked = Some((lease, alive_until(sent, ttl)));
+                    tracked = Some((session, lease, alive_until(sent, ttl)));
                 }
             }
             Renewal::Failed => {
                 if let Err(e) = &answer {
                     debug!("etcd: lease keep-alive failed: {e}");
                 }
-                if tracked.is_some_and(|(_, until)| lapsed(until, Instant::now()))
-                    && !ka.lapsed.swap(true, Relaxed)
+                if tracked.is_some_and(|(_, _, until)| lapsed(until, Instant::now()))
+                    && ka.lapsed.swap(session, Relaxed) != session
                 {
                     warn!("etcd: no keep-alive answered for the lease's whole TTL; it may have lapsed");
                 }
@@ -184,6 +204,25 @@ pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn findings_are_about_the_session_they_name() {
+        let ka = KeepAlive::default();
+        assert_eq!(ka.findings(), LeaseFindings::default(), "no session yet");
+        ka.start(7, 1000);
+        let first = ka.session.load(Relaxed);
+        assert_eq!(ka.findings(), LeaseFindings::default());
+        ka.lapsed.store(first, Relaxed);
+        assert!(ka.findings().lapsed);
+        // The next session keeps the lease: the lapse of the one before is not its own.
+        ka.start(7, 1000);
+        assert_eq!(ka.findings(), LeaseFindings::default());
+        // An answer about the session before (a lease given up since), stored late: not this
+        // session's either.
+        ka.expired.store(first, Relaxed);
+        ka.member_silent.store(first, Relaxed);
+        assert_eq!(ka.findings(), LeaseFindings::default());
+    }
 
     #[test]
     fn a_member_is_silent_only_if_another_answered_in_its_place() {

@@ -179,6 +179,12 @@ impl Harness {
         let probed = self.probe_host_routes(vni_j, j, t0, true);
         let before = self.sample();
         self.start_host(j)?;
+        // The joiner's own first read comes after its settle polls: wait for it, so that the
+        // step's measurement of etcd holds the read that is taken out of it below.
+        let read_by = Instant::now() + Duration::from_secs(self.args.timeout);
+        while self.hosts[j].recorder.reads().is_empty() && Instant::now() < read_by {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let mut join = self.step("join", &probed, before, 1 + g as usize, &idle)?;
         // The joiner's own first read of the overlay is O(N) by nature (it needs every host's
         // records) and etcd serves it even through a proxy: the joiner's registration through

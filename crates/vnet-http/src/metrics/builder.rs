@@ -141,7 +141,9 @@ impl Builder {
     }
 }
 
-/// Sets a counter's series (each series once per scrape).
+/// Sets a counter's series. Each series once per scrape: unlike a `Family`, the list does not
+/// merge a label set given twice (it would be a duplicate series; the tests check that every
+/// series of a scrape is unique).
 pub(super) fn set(f: &Counters, labels: Labels, v: u64) {
     f.push(labels, v);
 }
