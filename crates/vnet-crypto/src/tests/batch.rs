@@ -55,7 +55,9 @@ fn in_place_round_trip_for_both_ciphers() {
                 d[..DATA_HEADER_LEN],
                 data_header(5, tx.remote_index, counter)
             );
-            if !plain.is_empty() {
+            // Not for the 1-byte plaintext: its ciphertext equals it once in 256 keys (a CI
+            // run failed so).
+            if plain.len() >= 8 {
                 assert_ne!(&d[DATA_HEADER_LEN..d.len() - TAG_LEN], plain, "encrypted");
             }
             let r = rx.open_in_place(&mut d).unwrap();
