@@ -126,10 +126,11 @@ impl Renewal {
 /// The thread's loop, until `stop`.
 pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
     let mut next = Instant::now();
-    // The session and lease being renewed, and until when the lease surely lives (from its
-    // last answered renewal; at a session's start, which renewed or granted it just before,
-    // from when this thread first saw it, a TTL being three intervals).
-    let mut tracked: Option<(u64, i64, Instant)> = None;
+    // The session being renewed (a lease changes only with a session), and until when its
+    // lease surely lives (from its last answered renewal; at a session's start, which renewed
+    // or granted it just before, from when this thread first saw it, a TTL being three
+    // intervals).
+    let mut tracked: Option<(u64, Instant)> = None;
     while !stop.load(Relaxed) {
         // Short enough to notice a new lease or a stop soon, long enough that a thousand
         // idle agents in one harness process cost little.
@@ -142,8 +143,8 @@ pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
             continue;
         }
         let sent = Instant::now();
-        if tracked.map(|(s, l, _)| (s, l)) != Some((session, lease)) {
-            tracked = Some((session, lease, sent + every * 3));
+        if tracked.map(|(s, _)| s) != Some(session) {
+            tracked = Some((session, sent + every * 3));
         }
         next = sent + every;
         let endpoint = ka.watch_endpoint.load(Relaxed);
@@ -183,14 +184,14 @@ pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
             Renewal::Expired => ka.expired.store(session, Relaxed),
             Renewal::Alive => {
                 if let Ok(ttl) = answer {
-                    tracked = Some((session, lease, alive_until(sent, ttl)));
+                    tracked = Some((session, alive_until(sent, ttl)));
                 }
             }
             Renewal::Failed => {
                 if let Err(e) = &answer {
                     debug!("etcd: lease keep-alive failed: {e}");
                 }
-                if tracked.is_some_and(|(_, _, until)| lapsed(until, Instant::now()))
+                if tracked.is_some_and(|(_, until)| lapsed(until, Instant::now()))
                     && ka.lapsed.swap(session, Relaxed) != session
                 {
                     warn!("etcd: no keep-alive answered for the lease's whole TTL; it may have lapsed");

@@ -64,20 +64,20 @@ impl<V> Default for Samples<V> {
     }
 }
 
-impl<V: SampleValue> Samples<V> {
-    fn push(&self, labels: Labels, v: V) {
+impl<V> Samples<V> {
+    fn rows(&self) -> std::sync::MutexGuard<'_, Vec<(Labels, V)>> {
         // A scrape's own lists: a poisoned lock only means a panic elsewhere in this scrape.
-        self.rows
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((labels, v));
+        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, labels: Labels, v: V) {
+        self.rows().push((labels, v));
     }
 }
 
 impl<V: SampleValue> EncodeMetric for Samples<V> {
     fn encode(&self, mut encoder: MetricEncoder) -> fmt::Result {
-        let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
-        for (labels, v) in rows.iter() {
+        for (labels, v) in self.rows().iter() {
             v.encode(encoder.encode_family(labels)?)?;
         }
         Ok(())
@@ -89,10 +89,7 @@ impl<V: SampleValue> EncodeMetric for Samples<V> {
 
     // A family without samples (no encrypted link, no kernel fast path) is left out whole.
     fn is_empty(&self) -> bool {
-        self.rows
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+        self.rows().is_empty()
     }
 }
 
