@@ -8,12 +8,14 @@
 //! whole overlay (the first time: after registering, and after the registrations have
 //! settled, as one snapshot in pages that etcd's gRPC proxy can answer from its cache; see
 //! [`settle`](crate::settle)), publishes what is missing, applies the
-//! derived diff, then watches from the read's revision (a second thread reads the stream)
-//! while re-publishing after local changes and publishing the traffic matrix; a third thread
+//! derived diff, then watches (from now, with a short catch-up watch from the state's revision
+//! when that is older: [`splice`](crate::splice); threads read the streams,
+//! [`watches`](crate::watches)) while re-publishing after local changes and publishing the
+//! traffic matrix; a third thread
 //! renews the lease ([`keepalive`](crate::keepalive)). Any etcd error ends the session; the
 //! running configuration stays as it is (forwarding goes on with the last derived
-//! configuration, nothing is deleted) and the next session, after a jittered backoff, resumes
-//! the watch after the last revision it applied, so etcd replays only what it missed. Only
+//! configuration, nothing is deleted) and the next session, after a jittered backoff, catches
+//! up from the last revision it applied, so etcd replays only what it missed. Only
 //! the first session, or one whose revision was compacted away, reads everything again
 //! (issue #13: at a few hundred hosts, sessions that failed under load and re-read the whole
 //! overlay kept etcd saturated for minutes).
@@ -28,12 +30,13 @@ use tracing::{debug, info};
 use vnet_cluster::{
     hosts_prefix, key_for_matrix, matrix_prefix, overlay_prefix, HostId, HostRecord, OverlayName,
 };
-use vnet_etcd::{prefix_end, Client, CompareTarget, WatchMessage};
+use vnet_etcd::{prefix_end, Client, CompareTarget};
 
 use crate::backoff::{grown_timeout, Backoff, Jitter};
 use crate::keepalive::{self, KeepAlive};
 use crate::machine::{Machine, Show, Start};
 use crate::settle::{Next, Settle};
+use crate::watches::{self, Heard};
 use crate::{DataPlane, StartRead};
 
 /// Who this host is in which overlay, and the agent's timing.
@@ -183,34 +186,22 @@ impl Agent {
         self.publish(lease)?;
         self.sync();
 
-        // The watch: a thread reads the stream and hands the messages over.
+        // The watches: threads read the streams and hand the messages over (see `watches`).
         let (tx, rx) = mpsc::channel();
         let watch_stop = Arc::new(AtomicBool::new(false));
-        {
-            let (client, stop) = (client.clone(), watch_stop.clone());
-            let ranges = overlay_ranges(&self.cfg.overlay);
-            let endpoint = self.keepalive.clone();
-            std::thread::Builder::new()
-                .name("etcd-watch".into())
-                .spawn(move || {
-                    let mut w = match client.watch_ranges(&ranges, from) {
-                        Ok(w) => w,
-                        Err(e) => {
-                            let _ = tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    endpoint.watch_endpoint.store(w.endpoint(), Relaxed);
-                    loop {
-                        let m = w.next_message();
-                        let ended = m.is_err();
-                        if stop.load(Relaxed) || tx.send(m).is_err() || ended {
-                            return;
-                        }
-                    }
-                })?;
-        }
-        let result = self.watch_loop(lease, &rx);
+        let catch_up_stop = Arc::new(AtomicBool::new(false));
+        watches::spawn(watches::Watches {
+            client: client.clone(),
+            lasting: overlay_ranges(&self.cfg.overlay),
+            catch_up: catch_up_range(&self.cfg.overlay),
+            from,
+            tx,
+            stop: watch_stop.clone(),
+            catch_up_stop: catch_up_stop.clone(),
+            keepalive: self.keepalive.clone(),
+        })?;
+        let result = self.watch_loop(lease, &rx, &catch_up_stop);
+        catch_up_stop.store(true, Relaxed);
         watch_stop.store(true, Relaxed);
         self.keepalive.watch_endpoint.store(usize::MAX, Relaxed);
         result
@@ -219,7 +210,8 @@ impl Agent {
     fn watch_loop(
         &mut self,
         lease: i64,
-        rx: &mpsc::Receiver<Result<WatchMessage, vnet_etcd::Error>>,
+        rx: &mpsc::Receiver<Heard>,
+        catch_up_stop: &AtomicBool,
     ) -> Result<()> {
         self.m.begin_watch(Instant::now());
         loop {
@@ -234,11 +226,28 @@ impl Agent {
             };
             // Take everything already queued, so a burst of events costs one derivation.
             while let Some(m) = first.take().or_else(|| rx.try_recv().ok()) {
-                let heard = self.m.heard(m?)?;
-                if heard.watching {
-                    self.client.set_call_timeout(self.client.base_timeout());
+                match m {
+                    Heard::Lasting(m) => {
+                        let heard = self.m.heard(m?)?;
+                        if heard.watching {
+                            self.client.set_call_timeout(self.client.base_timeout());
+                        }
+                        dirty |= heard.changed;
+                    }
+                    Heard::Joined { through, catch_up } => {
+                        if self.m.splice(through) != catch_up {
+                            bail!("the watch thread and the agent disagree on a catch-up");
+                        }
+                    }
+                    Heard::CatchUp(m) => {
+                        let caught = self.m.heard_catch_up(m?)?;
+                        if caught.done {
+                            debug!(through = ?self.m.start(lease), "etcd: caught up");
+                            catch_up_stop.store(true, Relaxed);
+                        }
+                        dirty |= caught.changed;
+                    }
                 }
-                dirty |= heard.changed;
             }
             if self.m.local_changed(self.daemon.local_changes()) {
                 dirty = true;
@@ -420,6 +429,15 @@ fn overlay_ranges(overlay: &OverlayName) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
         (prefix.clone().into_bytes(), Some(matrices.clone())),
         (prefix_end(&matrices), Some(prefix_end(prefix.as_bytes()))),
     ]
+}
+
+/// What the catch-up watch covers: the whole overlay, a key range other than the lasting
+/// watch's (so that etcd's gRPC proxy never shares a watch between the two kinds; see
+/// [`splice`](crate::splice)); the matrices in it are ignored.
+fn catch_up_range(overlay: &OverlayName) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    let prefix = overlay_prefix(overlay).into_bytes();
+    let end = prefix_end(&prefix);
+    vec![(prefix, Some(end))]
 }
 
 /// A seed for the backoff's jitter that differs between hosts and runs.

@@ -19,6 +19,8 @@ mod backoff;
 mod keepalive;
 mod machine;
 mod settle;
+mod splice;
+mod watches;
 
 pub use agent::{spawn, AgentConfig, READ_PAGE};
 

@@ -25,6 +25,7 @@ use vnet_control::{Command, Config, Interface};
 use vnet_etcd::{Compare, CompareTarget, EventKind, RangeResponse, TxnOp, WatchMessage};
 use vnet_wire::MacAddr;
 
+use crate::splice::Splice;
 use crate::SyncReport;
 
 /// A guest NIC's placement: (VNI, MAC).
@@ -110,6 +111,15 @@ pub struct Heard {
     pub watching: bool,
 }
 
+/// What one message of the catch-up watch did (see [`crate::splice`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CaughtUp {
+    /// The cluster state changed: publish and derive again.
+    pub changed: bool,
+    /// The catch-up is complete: close its watch.
+    pub done: bool,
+}
+
 /// What to hand the data plane's views after a synchronisation or a turn of the loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Show {
@@ -156,6 +166,11 @@ pub struct Machine {
     state_changed: bool,
     /// The session's watch has been created.
     watching: bool,
+    /// The session's catch-up watch runs (see [`crate::splice`]).
+    splice: Option<Splice>,
+    /// The revision the state held when the session's lasting watch started: its events up
+    /// to it are in the state already.
+    held: i64,
 }
 
 impl Machine {
@@ -193,6 +208,8 @@ impl Machine {
             state_shown: None,
             state_changed: false,
             watching: false,
+            splice: None,
+            held: 0,
         }
     }
 
@@ -624,7 +641,19 @@ impl Machine {
     /// The session's watch is being set up; the matrix is due at once.
     pub fn begin_watch(&mut self, now: Instant) {
         self.watching = false;
+        self.splice = None;
+        self.held = 0;
         self.next_matrix = now;
+    }
+
+    /// The session's lasting watch starts after revision `through` (the latest of its key
+    /// ranges'): a catch-up watch brings what happened since `resume` (see [`crate::splice`]).
+    /// Whether one is needed (the agent's state is older).
+    pub fn splice(&mut self, through: i64) -> bool {
+        self.held = self.resume.unwrap_or(0);
+        let needed = self.resume.is_some_and(|r| r < through);
+        self.splice = needed.then(|| Splice::new(through));
+        needed
     }
 
     /// One message of the watch. An error ends the session (the watch was canceled).
@@ -646,7 +675,9 @@ impl Machine {
             }
             WatchMessage::Progress { revision } => {
                 self.status.revision = revision;
-                self.resume = self.resume.max(Some(revision));
+                if self.splice.is_none() {
+                    self.resume = self.resume.max(Some(revision));
+                }
             }
             WatchMessage::Canceled {
                 reason,
@@ -662,37 +693,93 @@ impl Machine {
                 self.status.revision = revision;
                 for ev in events {
                     self.status.events += 1;
-                    // Not the message's revision: etcd may send the events of a long catch-up
-                    // in several messages, each with the store's current revision.
-                    self.resume = self.resume.max(Some(ev.kv.mod_revision));
-                    let Ok(key) = std::str::from_utf8(&ev.kv.key) else {
-                        self.status.bad_entries += 1;
-                        continue;
-                    };
-                    if self.is_matrix_key(key) {
+                    if ev.kv.mod_revision <= self.held {
+                        // In the state already (the lasting watch of one key range may start
+                        // before the revision the session started from).
                         continue;
                     }
-                    let r = match ev.kind {
-                        EventKind::Put => self.state.apply_put(key, &ev.kv.value),
-                        EventKind::Delete => self.state.apply_delete(key),
-                    };
-                    match r {
-                        Ok(true) => {
-                            heard.changed = true;
-                            if let Ok(k) = parse_key(&self.overlay, key) {
-                                self.pending.push(k);
-                            }
-                        }
-                        Ok(false) => {}
-                        Err(e) => {
-                            self.status.bad_entries += 1;
-                            warn!(key, "etcd: bad entry ignored: {e}");
-                        }
+                    if let Some(s) = self.splice.as_mut() {
+                        // The catch-up's progress is where a next session resumes.
+                        s.lasting(&ev.kv.key);
+                    } else {
+                        // Not the message's revision: etcd may send the events of a long
+                        // catch-up in several messages, each with the store's current revision.
+                        self.resume = self.resume.max(Some(ev.kv.mod_revision));
                     }
+                    heard.changed |= self.apply_event(&ev);
                 }
             }
         }
         Ok(heard)
+    }
+
+    /// One message of the session's catch-up watch (see [`crate::splice`]); messages after
+    /// it completed are ignored. An error ends the session.
+    pub fn heard_catch_up(&mut self, msg: WatchMessage) -> Result<CaughtUp> {
+        let mut caught = CaughtUp::default();
+        let Some(splice) = self.splice.take() else {
+            return Ok(caught);
+        };
+        match msg {
+            WatchMessage::Created { .. } | WatchMessage::Progress { .. } => {}
+            WatchMessage::Canceled {
+                reason,
+                compact_revision,
+            } => {
+                if compact_revision > 0 {
+                    self.resume = None;
+                }
+                bail!("catch-up watch canceled: {reason}")
+            }
+            WatchMessage::Events { events, .. } => {
+                let mut last = None;
+                for ev in events {
+                    last = Some(ev.kv.mod_revision);
+                    if !splice.catch_up(&ev.kv.key, ev.kv.mod_revision) {
+                        continue;
+                    }
+                    self.status.events += 1;
+                    self.resume = self.resume.max(Some(ev.kv.mod_revision));
+                    caught.changed |= self.apply_event(&ev);
+                }
+                if last.is_some_and(|r| splice.completed_by(r)) {
+                    self.resume = self.resume.max(Some(splice.through()));
+                    caught.done = true;
+                    return Ok(caught);
+                }
+            }
+        }
+        self.splice = Some(splice);
+        Ok(caught)
+    }
+
+    /// Applies one event to the state; whether it changed it.
+    fn apply_event(&mut self, ev: &vnet_etcd::WatchEvent) -> bool {
+        let Ok(key) = std::str::from_utf8(&ev.kv.key) else {
+            self.status.bad_entries += 1;
+            return false;
+        };
+        if self.is_matrix_key(key) {
+            return false;
+        }
+        let r = match ev.kind {
+            EventKind::Put => self.state.apply_put(key, &ev.kv.value),
+            EventKind::Delete => self.state.apply_delete(key),
+        };
+        match r {
+            Ok(true) => {
+                if let Ok(k) = parse_key(&self.overlay, key) {
+                    self.pending.push(k);
+                }
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                self.status.bad_entries += 1;
+                warn!(key, "etcd: bad entry ignored: {e}");
+                false
+            }
+        }
     }
 
     /// Whether the local configuration changed (its change counter is now `counter`).

@@ -4,6 +4,7 @@ use crate::error::status_error;
 use crate::{codec, pb, Client, Error, Meta, WatchMessage, MAX_WATCH_MESSAGE_LEN};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_stream::StreamExt as _;
 
 impl Client {
@@ -86,7 +87,25 @@ impl Watch {
     /// The next message; an error when the stream broke, ended or sent something bad (the
     /// watch is then useless: re-read and watch again).
     pub fn next_message(&mut self) -> Result<WatchMessage, Error> {
-        match self.rt.block_on(self.stream.message()) {
+        let message = self.rt.block_on(self.stream.message());
+        self.decode(message)
+    }
+
+    /// As [`Watch::next_message`], waiting at most `wait` (None: nothing came), so that a
+    /// reader can close a watch it no longer needs although nothing happens.
+    pub fn next_message_within(&mut self, wait: Duration) -> Result<Option<WatchMessage>, Error> {
+        let (rt, stream) = (&self.rt, &mut self.stream);
+        match rt.block_on(async { tokio::time::timeout(wait, stream.message()).await }) {
+            Ok(message) => self.decode(message).map(Some),
+            Err(_elapsed) => Ok(None),
+        }
+    }
+
+    fn decode(
+        &self,
+        message: Result<Option<pb::WatchResponse>, tonic::Status>,
+    ) -> Result<WatchMessage, Error> {
+        match message {
             Ok(Some(m)) => Ok(codec::watch_message(m)?),
             Ok(None) => Err(Error::WatchEnded("closed by the server".into())),
             Err(s) => Err(match status_error(&self.base, &s) {

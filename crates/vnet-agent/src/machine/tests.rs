@@ -211,6 +211,101 @@ fn events_change_the_state_and_move_the_resume_point() {
 }
 
 #[test]
+fn a_catch_up_and_the_lasting_watch_join_into_the_state_a_single_watch_gives() {
+    let t0 = Instant::now();
+    let mut m = machine(Some(LEASE), t0);
+    m.absorb_read(&read(10, vec![]));
+    m.begin_watch(t0);
+    let (b, c) = (record("b", 2), record("c", 3));
+    let (kb, kc) = (
+        key_for_host(&overlay(), &host("b")),
+        key_for_host(&overlay(), &host("c")),
+    );
+    let events = |evs: Vec<WatchEvent>| WatchMessage::Events {
+        revision: 99,
+        events: evs,
+    };
+    // The lasting watch starts after 14; the state holds 10: a catch-up is needed.
+    assert!(m.splice(14));
+    // The lasting watch is first with b's removal (at 15)...
+    let heard = m.heard(events(vec![delete(&kb, 15)])).unwrap();
+    assert!(!heard.changed, "b was not there yet");
+    // ...then the catch-up brings b's and c's arrival (11, 12): b's is older than what the
+    // lasting watch said about it, c's is applied; the resume point follows the catch-up.
+    let caught = m
+        .heard_catch_up(events(vec![
+            put(kb.as_bytes(), encode(&b), 11),
+            put(kc.as_bytes(), encode(&c), 12),
+        ]))
+        .unwrap();
+    assert_eq!(
+        caught,
+        CaughtUp {
+            changed: true,
+            done: false
+        }
+    );
+    assert_eq!(m.state().host(&host("b")), None);
+    assert_eq!(m.state().host(&host("c")), Some(&c));
+    assert_eq!(m.start(LEASE), Start::Resume { from: 13 });
+    // An event past the join completes it (and is the lasting watch's to apply).
+    let caught = m.heard_catch_up(events(vec![delete(&kc, 16)])).unwrap();
+    assert!(caught.done && !caught.changed);
+    assert_eq!(m.state().host(&host("c")), Some(&c));
+    assert_eq!(m.start(LEASE), Start::Resume { from: 15 });
+    // Late catch-up messages change nothing; the lasting watch goes on.
+    let late = m.heard_catch_up(events(vec![delete(&kc, 16)])).unwrap();
+    assert_eq!(late, CaughtUp::default());
+    assert!(m.heard(events(vec![delete(&kc, 16)])).unwrap().changed);
+    assert_eq!(m.start(LEASE), Start::Resume { from: 17 });
+}
+
+#[test]
+fn a_session_whose_state_is_recent_enough_needs_no_catch_up() {
+    let t0 = Instant::now();
+    let mut m = machine(Some(LEASE), t0);
+    m.absorb_read(&read(20, vec![]));
+    m.begin_watch(t0);
+    // One key range's lasting watch starts after 18, the other's after 19: the state (20)
+    // holds what either brings up to 20.
+    assert!(!m.splice(19));
+    let kb = key_for_host(&overlay(), &host("b"));
+    let old = m
+        .heard(WatchMessage::Events {
+            revision: 30,
+            events: vec![put(kb.as_bytes(), encode(&record("b", 2)), 19)],
+        })
+        .unwrap();
+    assert!(!old.changed);
+    assert_eq!(m.state().host(&host("b")), None);
+    assert_eq!(m.start(LEASE), Start::Resume { from: 21 });
+    // No catch-up runs: its messages are ignored.
+    let none = m
+        .heard_catch_up(WatchMessage::Events {
+            revision: 30,
+            events: vec![put(kb.as_bytes(), encode(&record("b", 2)), 21)],
+        })
+        .unwrap();
+    assert_eq!(none, CaughtUp::default());
+    assert_eq!(m.state().host(&host("b")), None);
+}
+
+#[test]
+fn a_catch_up_that_starts_after_a_compaction_reads_everything_again() {
+    let t0 = Instant::now();
+    let mut m = machine(Some(LEASE), t0);
+    m.absorb_read(&read(10, vec![]));
+    m.begin_watch(t0);
+    assert!(m.splice(40));
+    let err = m.heard_catch_up(WatchMessage::Canceled {
+        compact_revision: 30,
+        reason: "compacted".into(),
+    });
+    assert!(err.is_err());
+    assert!(matches!(m.start(LEASE), Start::ReadAll { .. }));
+}
+
+#[test]
 fn the_watch_is_up_once_per_session_and_a_failure_is_said_once() {
     let t0 = Instant::now();
     let mut m = machine(Some(LEASE), t0);
