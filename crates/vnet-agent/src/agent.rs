@@ -7,11 +7,10 @@
 //! One thread runs sessions. A session authenticates, renews or grants the lease, reads the
 //! whole overlay (the first time: after registering, and after the registrations have
 //! settled, as one snapshot in pages that etcd's gRPC proxy can answer from its cache; see
-//! [`settle`](crate::settle)), publishes what is missing, applies the
-//! derived diff, then watches (from now, with a short catch-up watch from the state's revision
-//! when that is older: [`splice`](crate::splice); threads read the streams,
-//! [`watches`](crate::watches)) while re-publishing after local changes and publishing the
-//! traffic matrix; a third thread
+//! [`settle`](crate::settle)), publishes what is missing, applies the derived diff, then
+//! watches (from etcd's head, with a short catch-up watch from the state's revision when that
+//! is older: [`splice`](crate::splice); threads read the streams, [`watches`](crate::watches))
+//! while re-publishing after local changes and publishing the traffic matrix; a third thread
 //! renews the lease ([`keepalive`](crate::keepalive)). Any etcd error ends the session; the
 //! running configuration stays as it is (forwarding goes on with the last derived
 //! configuration, nothing is deleted) and the next session, after a jittered backoff, catches
@@ -28,7 +27,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use tracing::{debug, info};
 use vnet_cluster::{
-    hosts_prefix, key_for_matrix, matrix_prefix, overlay_prefix, HostId, HostRecord, OverlayName,
+    hosts_prefix, key_for_host, key_for_matrix, matrix_prefix, overlay_prefix, HostId, HostRecord,
+    OverlayName,
 };
 use vnet_etcd::{prefix_end, Client, CompareTarget};
 
@@ -192,6 +192,7 @@ impl Agent {
         let catch_up_stop = Arc::new(AtomicBool::new(false));
         watches::spawn(watches::Watches {
             client: client.clone(),
+            probe: key_for_host(&self.cfg.overlay, &self.cfg.host).into_bytes(),
             lasting: overlay_ranges(&self.cfg.overlay),
             catch_up: catch_up_range(&self.cfg.overlay),
             from,

@@ -168,9 +168,6 @@ pub struct Machine {
     watching: bool,
     /// The session's catch-up watch runs (see [`crate::splice`]).
     splice: Option<Splice>,
-    /// The revision the state held when the session's lasting watch started: its events up
-    /// to it are in the state already.
-    held: i64,
 }
 
 impl Machine {
@@ -209,7 +206,6 @@ impl Machine {
             state_changed: false,
             watching: false,
             splice: None,
-            held: 0,
         }
     }
 
@@ -642,15 +638,13 @@ impl Machine {
     pub fn begin_watch(&mut self, now: Instant) {
         self.watching = false;
         self.splice = None;
-        self.held = 0;
         self.next_matrix = now;
     }
 
-    /// The session's lasting watch starts after revision `through` (the latest of its key
-    /// ranges'): a catch-up watch brings what happened since `resume` (see [`crate::splice`]).
-    /// Whether one is needed (the agent's state is older).
+    /// The session's lasting watch starts after revision `through`: a catch-up watch brings
+    /// what happened since `resume` (see [`crate::splice`]). Whether one is needed (the
+    /// agent's state is older).
     pub fn splice(&mut self, through: i64) -> bool {
-        self.held = self.resume.unwrap_or(0);
         let needed = self.resume.is_some_and(|r| r < through);
         self.splice = needed.then(|| Splice::new(through));
         needed
@@ -693,11 +687,6 @@ impl Machine {
                 self.status.revision = revision;
                 for ev in events {
                     self.status.events += 1;
-                    if ev.kv.mod_revision <= self.held {
-                        // In the state already (the lasting watch of one key range may start
-                        // before the revision the session started from).
-                        continue;
-                    }
                     if let Some(s) = self.splice.as_mut() {
                         // The catch-up's progress is where a next session resumes.
                         s.lasting(&ev.kv.key);

@@ -9,11 +9,10 @@
 //! before the last registrations) started in the past every time, so after a cold start of
 //! 1,000 hosts etcd sent each event to 16 watchers in some runs and to 94 in others.
 //!
-//! So a session's lasting watch starts now (revision 0: the proxy puts every such watch with
-//! the others once it is created), and what happened between the state the agent holds
-//! (`resume`) and the revision the lasting watch starts after (`through`) comes from a second,
-//! short watch (the catch-up) over a different key range, so that the proxy never mixes the
-//! two kinds. The catch-up ends as soon as it has delivered an event at or past `through`
+//! So a session's lasting watch starts just after etcd's current revision (`through`, read
+//! first), where the proxy's shared watch is, and what happened between the state the agent
+//! holds (`resume`) and `through` comes from a second, short watch (the catch-up) over a
+//! different key range, so that the proxy never mixes the two kinds. The catch-up ends as soon as it has delivered an event at or past `through`
 //! (etcd delivers a watch's events in revision order, a revision's events in one message).
 //!
 //! While both run, an event can come from either, in any interleaving: the lasting watch's
@@ -80,10 +79,10 @@ mod tests {
         };
     }
 
-    /// Joins a catch-up (every event) and a lasting watch (events after `after`, at most
-    /// `through`: the lasting watch is one per key range, each created at its own revision,
-    /// and `through` is the latest) in the interleaving `order` (true: the next message is
-    /// the lasting watch's), the catch-up arriving in messages of one revision each.
+    /// Joins a catch-up (every event) and a lasting watch (events after `after`; the agent
+    /// starts it after `through`, but the rules hold for one that starts earlier too) in the
+    /// interleaving `order` (true: the next message is the lasting watch's), the catch-up
+    /// arriving in messages of one revision each.
     fn join(
         start: &BTreeMap<u8, u8>,
         events: &[Ev],
@@ -123,8 +122,7 @@ mod tests {
     #[test]
     fn the_join_ends_where_one_watch_would_in_every_interleaving() {
         // Keys 1..4 changed at revisions 11..=20 (deletes among them), the lasting watch
-        // starting after 15 (or after 13 for one of its ranges): every interleaving of the
-        // two, 2^12 of them.
+        // starting after 15 (or earlier): every interleaving of the two, 2^12 of them.
         let start: BTreeMap<u8, u8> = [(1, 0), (2, 0), (3, 0)].into();
         let events: Vec<Ev> = vec![
             (1, 11, Some(1)),

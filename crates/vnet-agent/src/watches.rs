@@ -1,6 +1,6 @@
 //! The threads that read a session's watches and hand their messages to the session's loop:
-//! the lasting watch, which starts now, and when the agent's state is older than that, a
-//! catch-up watch from the state's revision, closed once the session's loop says it is
+//! the lasting watch, which starts just past etcd's current revision, and a catch-up watch
+//! from the agent's state's revision up to there, closed once the session's loop says it is
 //! complete. Why two: see [`splice`](crate::splice); what the messages mean is the
 //! [`Machine`](crate::machine::Machine)'s to decide.
 
@@ -14,17 +14,16 @@ use vnet_etcd::{Client, Error, WatchMessage};
 use crate::keepalive::KeepAlive;
 
 /// How long the catch-up's reader waits for a message before it looks whether it should stop.
-const CATCH_UP_POLL: Duration = Duration::from_millis(100);
+const CATCH_UP_POLL: Duration = Duration::from_millis(500);
 
 /// A message for the session's loop, in the order its watch sent it.
 #[derive(Debug)]
 pub enum Heard {
+    /// The lasting watch starts after revision `through`; whether a catch-up watch was opened
+    /// (the state, at `from - 1`, is older). Sent before any message of either watch.
+    Joined { through: i64, catch_up: bool },
     /// A message of the lasting watch.
     Lasting(Result<WatchMessage, Error>),
-    /// Every key range of the lasting watch was created, the last after revision `through`;
-    /// whether a catch-up watch was opened (the state, at `from - 1`, is older). Sent before
-    /// any event of the lasting watch.
-    Joined { through: i64, catch_up: bool },
     /// A message of the catch-up watch.
     CatchUp(Result<WatchMessage, Error>),
 }
@@ -32,6 +31,8 @@ pub enum Heard {
 /// What the threads need.
 pub struct Watches {
     pub client: Arc<Client>,
+    /// A key whose read tells etcd's current revision (cheap: one key, no value).
+    pub probe: Vec<u8>,
     /// The lasting watch's key ranges.
     pub lasting: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     /// The catch-up's key ranges (other than the lasting watch's).
@@ -47,7 +48,8 @@ pub struct Watches {
     pub keepalive: Arc<KeepAlive>,
 }
 
-/// Starts the lasting watch's reader, which opens the catch-up when its ranges are created.
+/// Starts the lasting watch's reader, which first opens the catch-up if the state is older
+/// than where the lasting watch starts.
 pub fn spawn(w: Watches) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("etcd-watch".into())
@@ -56,58 +58,20 @@ pub fn spawn(w: Watches) -> std::io::Result<()> {
 }
 
 fn lasting(w: Watches) {
-    let mut watch = match w.client.watch_ranges(&w.lasting, 0) {
-        Ok(watch) => watch,
+    let now = match w.client.count(&w.probe, None) {
+        Ok(r) => r.revision,
         Err(e) => {
             let _ = w.tx.send(Heard::Lasting(Err(e)));
             return;
         }
     };
-    w.keepalive.watch_endpoint.store(watch.endpoint(), Relaxed);
-    // Until every range is created, events wait here: the loop must know where the lasting
-    // watch starts before it takes any of them.
-    let mut created = 0;
-    let mut through = 0;
-    let mut held = Vec::new();
-    loop {
-        let m = watch.next_message();
-        let ended = m.is_err();
-        if created < w.lasting.len() {
-            if let Ok(WatchMessage::Created { revision, .. }) = &m {
-                created += 1;
-                through = through.max(*revision);
-                if w.tx.send(Heard::Lasting(m)).is_err() {
-                    return;
-                }
-                if created == w.lasting.len() && !joined(&w, through, held.drain(..)) {
-                    return;
-                }
-                continue;
-            }
-            if matches!(
-                m,
-                Ok(WatchMessage::Events { .. } | WatchMessage::Progress { .. })
-            ) {
-                held.push(m);
-                continue;
-            }
-        }
-        if w.stop.load(Relaxed) || w.tx.send(Heard::Lasting(m)).is_err() || ended {
-            return;
-        }
-    }
-}
-
-/// Every range of the lasting watch is created: says where it starts, opens the catch-up if
-/// the state is older, then hands over the messages `held` back. False: the session is over.
-fn joined(
-    w: &Watches,
-    through: i64,
-    held: impl Iterator<Item = Result<WatchMessage, Error>>,
-) -> bool {
+    // From just after it: a watch that starts at or after the proxy's shared broadcast's next
+    // revision joins it at once (unless an event came between this read and the watch's
+    // creation); one from now (revision 0) would wait with others for a broadcast of its own.
+    let through = now.max(w.from - 1);
     let catch_up = w.from <= through;
     if w.tx.send(Heard::Joined { through, catch_up }).is_err() {
-        return false;
+        return;
     }
     if catch_up {
         let (client, ranges, from) = (w.client.clone(), w.catch_up.clone(), w.from);
@@ -118,11 +82,24 @@ fn joined(
         if let Err(e) = spawned {
             let err = Error::WatchEnded(format!("cannot start the catch-up's reader: {e}"));
             let _ = w.tx.send(Heard::CatchUp(Err(err)));
-            return false;
+            return;
         }
     }
-    held.into_iter()
-        .all(|m| w.tx.send(Heard::Lasting(m)).is_ok())
+    let mut watch = match w.client.watch_ranges(&w.lasting, through + 1) {
+        Ok(watch) => watch,
+        Err(e) => {
+            let _ = w.tx.send(Heard::Lasting(Err(e)));
+            return;
+        }
+    };
+    w.keepalive.watch_endpoint.store(watch.endpoint(), Relaxed);
+    loop {
+        let m = watch.next_message();
+        let ended = m.is_err();
+        if w.stop.load(Relaxed) || w.tx.send(Heard::Lasting(m)).is_err() || ended {
+            return;
+        }
+    }
 }
 
 /// Reads the catch-up watch until the session's loop says it is complete; dropping the watch

@@ -266,28 +266,28 @@ fn a_session_whose_state_is_recent_enough_needs_no_catch_up() {
     let mut m = machine(Some(LEASE), t0);
     m.absorb_read(&read(20, vec![]));
     m.begin_watch(t0);
-    // One key range's lasting watch starts after 18, the other's after 19: the state (20)
-    // holds what either brings up to 20.
-    assert!(!m.splice(19));
+    // The lasting watch starts after 20, where the state is.
+    assert!(!m.splice(20));
     let kb = key_for_host(&overlay(), &host("b"));
-    let old = m
-        .heard(WatchMessage::Events {
-            revision: 30,
-            events: vec![put(kb.as_bytes(), encode(&record("b", 2)), 19)],
-        })
-        .unwrap();
-    assert!(!old.changed);
-    assert_eq!(m.state().host(&host("b")), None);
-    assert_eq!(m.start(LEASE), Start::Resume { from: 21 });
+    let b = record("b", 2);
     // No catch-up runs: its messages are ignored.
     let none = m
         .heard_catch_up(WatchMessage::Events {
             revision: 30,
-            events: vec![put(kb.as_bytes(), encode(&record("b", 2)), 21)],
+            events: vec![put(kb.as_bytes(), encode(&b), 21)],
         })
         .unwrap();
     assert_eq!(none, CaughtUp::default());
     assert_eq!(m.state().host(&host("b")), None);
+    // The lasting watch's events move the resume point on at once.
+    let heard = m
+        .heard(WatchMessage::Events {
+            revision: 30,
+            events: vec![put(kb.as_bytes(), encode(&b), 21)],
+        })
+        .unwrap();
+    assert!(heard.changed);
+    assert_eq!(m.start(LEASE), Start::Resume { from: 22 });
 }
 
 #[test]
