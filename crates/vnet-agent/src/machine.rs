@@ -676,13 +676,7 @@ impl Machine {
             WatchMessage::Canceled {
                 reason,
                 compact_revision,
-            } => {
-                if compact_revision > 0 {
-                    // The events since `resume` are gone: read everything again.
-                    self.resume = None;
-                }
-                bail!("watch canceled: {reason}")
-            }
+            } => return Err(self.canceled("watch", &reason, compact_revision)),
             WatchMessage::Events { revision, events } => {
                 self.status.revision = revision;
                 for ev in events {
@@ -714,12 +708,7 @@ impl Machine {
             WatchMessage::Canceled {
                 reason,
                 compact_revision,
-            } => {
-                if compact_revision > 0 {
-                    self.resume = None;
-                }
-                bail!("catch-up watch canceled: {reason}")
-            }
+            } => return Err(self.canceled("catch-up watch", &reason, compact_revision)),
             WatchMessage::Events { events, .. } => {
                 let mut last = None;
                 for ev in events {
@@ -740,6 +729,15 @@ impl Machine {
         }
         self.splice = Some(splice);
         Ok(caught)
+    }
+
+    /// etcd ended a watch: the session ends, and if the events since `resume` were compacted
+    /// away, the next one reads everything again.
+    fn canceled(&mut self, which: &str, reason: &str, compact_revision: i64) -> anyhow::Error {
+        if compact_revision > 0 {
+            self.resume = None;
+        }
+        anyhow::anyhow!("{which} canceled: {reason}")
     }
 
     /// Applies one event to the state; whether it changed it.
