@@ -59,6 +59,18 @@ def test_show_config_round_trip(lab):
 
     before = _snapshot(A)
     assert len(before["interfaces"]) == 3 and len(before["links"]) == 5 and len(before["routes"]) == 8
+    # `show routes to MAC`: the rows of `show routes` whose destination matches MAC, in order
+    all_rows = A.ctl_json("show", "routes", "json")
+
+    def matches(dst: str, mac: str) -> bool:
+        mac = mac.lower()
+        one = (lambda m: "ff:ff:ff:ff:ff:ff" if m == "broadcast" else m.lower())
+        return dst == "any" or (one(dst[4:]) != mac if dst.startswith("not ") else one(dst) == mac)
+
+    for mac in ("52:54:00:00:01:01", "52:54:00:00:02:02", "ff:ff:ff:ff:ff:ff", "52:54:00:00:09:09"):
+        want = [r for r in all_rows if matches(r["dst"], mac)]
+        assert 0 < len(want) < len(all_rows)
+        assert A.ctl_json("show", "routes", "to", mac, "json") == want, mac
     assert [(i["name"], i["any_source"], i["rate"]) for i in before["interfaces"] if i["rate"]] == \
         [("vm1", True, {"mbit": 100, "burst_kb": 200})]
     assert [(l["name"], l["rate"]["mbit"]) for l in before["links"] if l["rate"]] == [("u2", 30)]

@@ -353,7 +353,8 @@ impl fmt::Display for RouteSpec {
 pub enum ShowWhat {
     Interfaces,
     Links,
-    Routes,
+    /// Every route, or (`show routes to MAC`) those whose destination matches MAC.
+    Routes(Option<MacAddr>),
     Listeners,
     Stats,
     Matrix,

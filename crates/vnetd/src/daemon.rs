@@ -589,6 +589,11 @@ impl Daemon {
         self.read(route_rows, |v| v.routes.clone())
     }
 
+    /// `show routes to MAC`: the routes whose destination matches `mac`, in table order.
+    pub fn routes_to(&self, mac: MacAddr) -> Vec<RouteStatus> {
+        self.read(|st| route_rows_to(st, mac), |v| rows_to(&v.routes, mac))
+    }
+
     /// `show listeners`.
     pub fn listeners(&self) -> ListenerTable {
         self.read(
@@ -623,6 +628,38 @@ fn interface_rows(st: &State) -> InterfaceTable {
 
 /// Every route's row; the destinations' VNIs are looked up once (`show routes` is what a
 /// poller asks every daemon for: scanning the ports for each route made it quadratic).
+fn route_rows_to(st: &State, mac: MacAddr) -> Vec<RouteStatus> {
+    let c = &st.cfg;
+    c.routes
+        .iter()
+        .filter(|r| r.dst.matches(mac))
+        .map(|r| RouteStatus::new(r, c))
+        .collect()
+}
+
+/// The rows of a published view whose destination matches `mac`.
+fn rows_to(rows: &[RouteStatus], mac: MacAddr) -> Vec<RouteStatus> {
+    rows.iter()
+        .filter(|r| row_dst_matches(&r.dst, mac))
+        .cloned()
+        .collect()
+}
+
+/// Whether a route row's destination (as `MacMatch` renders it) matches `mac`.
+fn row_dst_matches(dst: &str, mac: MacAddr) -> bool {
+    let one = |s: &str| match s {
+        "broadcast" => Some(MacAddr::BROADCAST),
+        s => s.parse::<MacAddr>().ok(),
+    };
+    if dst == "any" {
+        return true;
+    }
+    match dst.strip_prefix("not ") {
+        Some(m) => one(m).is_some_and(|m| m != mac),
+        None => one(dst) == Some(mac),
+    }
+}
+
 fn route_rows(st: &State) -> Vec<RouteStatus> {
     let c = &st.cfg;
     let vnis: std::collections::HashMap<(DestKind, &str), u32> = c
@@ -809,7 +846,8 @@ impl Daemon {
                 .to_script(),
             ShowWhat::Interfaces => shown(&self.interface_table(), json),
             ShowWhat::Links => shown(&LinkTable(self.links()), json),
-            ShowWhat::Routes => shown(&RouteTable(self.routes()), json),
+            ShowWhat::Routes(None) => shown(&RouteTable(self.routes()), json),
+            ShowWhat::Routes(Some(mac)) => shown(&RouteTable(self.routes_to(*mac)), json),
             ShowWhat::Listeners => shown(&self.listeners(), json),
             ShowWhat::Stats => shown(&self.stats(), json),
             ShowWhat::Cluster => shown(&self.cluster_report(), json),

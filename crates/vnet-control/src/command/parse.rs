@@ -75,7 +75,15 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, ParseError> {
             let what = match w.next("what to show")? {
                 "interfaces" => ShowWhat::Interfaces,
                 "links" => ShowWhat::Links,
-                "routes" => ShowWhat::Routes,
+                "routes" => match w.peek() {
+                    // Only the routes a frame for MAC can take (`ip route get` in spirit):
+                    // cheap to ask of a daemon with thousands of routes, as a poller does.
+                    Some("to") => {
+                        w.pos += 1;
+                        ShowWhat::Routes(Some(mac(w.next("destination MAC after to")?)?))
+                    }
+                    _ => ShowWhat::Routes(None),
+                },
                 "listeners" => ShowWhat::Listeners,
                 "stats" => ShowWhat::Stats,
                 "matrix" => ShowWhat::Matrix,

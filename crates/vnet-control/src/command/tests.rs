@@ -231,6 +231,18 @@ fn misc() {
     assert_eq!(p("show config"), Command::Show(ShowWhat::Config, false));
     assert!(e("show config json").contains("unexpected"));
     assert_eq!(
+        p("show routes"),
+        Command::Show(ShowWhat::Routes(None), false)
+    );
+    let mac: MacAddr = "52:54:00:00:00:07".parse().unwrap();
+    assert_eq!(
+        p("show routes to 52:54:00:00:00:07 json"),
+        Command::Show(ShowWhat::Routes(Some(mac)), true)
+    );
+    assert!(e("show routes to").contains("destination MAC after to"));
+    assert!(e("show routes to any").contains("MAC"));
+    assert!(e("show routes to 52:54:00:00:00:07 extra").contains("unexpected"));
+    assert_eq!(
         p("listen tcp 10.0.0.1:7000"),
         Command::ListenAdd("10.0.0.1:7000".parse().unwrap())
     );

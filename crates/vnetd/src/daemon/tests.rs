@@ -473,3 +473,64 @@ fn route_rows_give_each_route_its_destinations_vni() {
         [7, 9, 9]
     );
 }
+
+/// `show routes to MAC` is `show routes` less the rows whose destination does not match MAC,
+/// whether answered from the state or from the view a change in progress published.
+#[test]
+fn routes_to_a_mac_are_the_matching_rows() {
+    let d = daemon();
+    d.execute_script(
+        "link add a udp 10.0.0.2 vni 7\nlink add b udp 10.0.0.3 vni 9\n\
+         route add any 02:00:00:00:00:01 link a\nroute add any 02:00:00:00:00:02 link b\n\
+         route add any not 02:00:00:00:00:01 link b\nroute add 02:00:00:00:00:03 any link a\n\
+         route add any broadcast link a\nroute add any not broadcast link b\n",
+    )
+    .unwrap();
+    let macs: Vec<MacAddr> = [
+        "02:00:00:00:00:01",
+        "02:00:00:00:00:02",
+        "ff:ff:ff:ff:ff:ff",
+        "02:00:00:00:00:09",
+    ]
+    .iter()
+    .map(|m| m.parse().unwrap())
+    .collect();
+    let json = |rows: &[RouteStatus]| serde_json::to_string(rows).unwrap();
+    let st = d.lock();
+    let all = route_rows(&st);
+    for &mac in &macs {
+        let want: Vec<RouteStatus> = st
+            .cfg
+            .routes
+            .iter()
+            .zip(&all)
+            .filter(|(r, _)| r.dst.matches(mac))
+            .map(|(_, row)| row.clone())
+            .collect();
+        assert!(
+            !want.is_empty() && want.len() < all.len(),
+            "{mac}: a useful case"
+        );
+        assert_eq!(
+            json(&route_rows_to(&st, mac)),
+            json(&want),
+            "{mac} from the state"
+        );
+        assert_eq!(json(&rows_to(&all, mac)), json(&want), "{mac} from a view");
+    }
+    drop(st);
+    let shown = d
+        .execute_line("show routes to 02:00:00:00:00:02 json")
+        .unwrap();
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&shown).unwrap();
+    let dsts: Vec<&str> = rows.iter().map(|r| r["dst"].as_str().unwrap()).collect();
+    assert_eq!(
+        dsts,
+        [
+            "02:00:00:00:00:02",
+            "not 02:00:00:00:00:01",
+            "any",
+            "not broadcast"
+        ]
+    );
+}
