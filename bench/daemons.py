@@ -27,8 +27,10 @@ Steps:
   process's start (the judged figure: it bounds the propagation from above) and from its exit
   (``after vnetctl``: from below), and vnetctl's run apart (``vnetctl_move_s``).
 
-The times are taken twice: from each daemon's ``show routes json`` over its control port
-("seen by polling", from outside; the goals are judged on these, p100: the slowest daemon), and
+The times are taken twice: from each daemon's control port ("seen by polling", from outside:
+``show routes json`` for the bring-up, ``show routes to MAC json`` for the join and the move, the
+same table cut to the routes that can carry the guest's frames, so that an answer costs a
+daemon little however many routes it has; the goals are judged on these, p100: the slowest daemon), and
 from each daemon's own log, where its agent logs every route it applies with a UTC timestamp
 ("applied", exact to the clock, kept beside them: it says how much of a figure is the polling).
 Polling is one thread over persistent connections: each round sends the query to every daemon
@@ -144,6 +146,11 @@ class Poller:
 
     QUERY = b"show routes json\n"
 
+    @staticmethod
+    def query_to(mac: str) -> bytes:
+        """The query for the routes to one MAC only (what a join or a move changes)."""
+        return f"show routes to {mac} json\n".encode()
+
     def __init__(self, hosts: list):
         self.hosts = hosts
         self.socks: dict[int, socket.socket] = {}
@@ -169,9 +176,9 @@ class Poller:
         if s is not None:
             s.close()
 
-    def round(self, which: list[int], timeout: float = 5.0) -> dict:
+    def round(self, which: list[int], timeout: float = 5.0, query: bytes = QUERY) -> dict:
         """Index -> (monotonic time the answer was complete, the answer's JSON line as bytes),
-        for the daemons that answered within ``timeout``."""
+        for the daemons that answered ``query`` within ``timeout``."""
         sel = selectors.DefaultSelector()
         bufs: dict[int, bytearray] = {}
         for i in which:
@@ -179,7 +186,7 @@ class Poller:
             if s is None:
                 continue
             try:
-                s.send(self.QUERY)
+                s.send(query)
             except OSError:
                 self._drop(i)
                 continue
@@ -290,10 +297,11 @@ class Bench:
         self.controls.append(Control(h))
         return h
 
-    def poll(self, which: list[int], pred, timeout: float, t0: float, what: str) -> dict:
+    def poll(self, which: list[int], pred, timeout: float, t0: float, what: str,
+             query: bytes = Poller.QUERY) -> dict:
         """Polls the daemons `which` until pred(i, answer) holds on each (answer: the bytes of
-        its ``show routes json``); returns index -> seconds since t0 when the first answer
-        that showed it arrived (None: not within the timeout)."""
+        its answer to ``query``, ``show routes json`` unless told); returns index -> seconds
+        since t0 when the first answer that showed it arrived (None: not within the timeout)."""
         seen: dict[int, float | None] = {i: None for i in which}
         deadline = t0 + timeout
         last_report = time.monotonic()
@@ -302,7 +310,7 @@ class Bench:
             if not left or time.monotonic() > deadline:
                 break
             r0 = time.monotonic()
-            for i, (at, line) in self.poller.round(left).items():
+            for i, (at, line) in self.poller.round(left, query=query).items():
                 if pred(i, line):
                     seen[i] = at - t0
             r1 = time.monotonic()
@@ -409,7 +417,8 @@ class Bench:
         self.rounds.clear()
         t0, t0_wall = time.monotonic(), time.time()
         self.start_host(h, g, wait=False)
-        seen = self.poll(others, lambda i, line: route_to(line, mac) == want, timeout=60, t0=t0, what="join")
+        seen = self.poll(others, lambda i, line: route_to(line, mac) == want, timeout=60, t0=t0, what="join",
+                         query=Poller.query_to(mac))
         out = summarize("join", seen, self.rounds)
         out["applied"] = summarize("join", self.applied_at(others, mac, want, t0_wall), [])
         # Where the joining daemon's own start-up went (from the same origin).
@@ -435,7 +444,7 @@ class Bench:
                           "move", 1, g.mac, dst.role, "vmig", timeout=60).stdout
         issued = time.monotonic() - t0
         seen = self.poll(others, lambda i, line: route_to(line, g.mac) == (want_dst if i == 1 else want),
-                         timeout=60, t0=t0, what="move")
+                         timeout=60, t0=t0, what="move", query=Poller.query_to(g.mac))
         src.ctl("interface", "del", "vm")  # the VM is gone from the source host
         out = summarize("move", seen, self.rounds)
         applied = self.applied_at([i for i in others if i != 1], g.mac, want, t0_wall)

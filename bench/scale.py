@@ -142,7 +142,15 @@ def run_one(binary: Path, n: int, n_proxies: int, args, out: Path, k: int, total
             stdout = p.stdout.read()
             rc = p.wait()
         if rc != 0:
-            return {"hosts": n, "proxies": n_proxies, "error": f"vnet-scale exited {rc} (see raw/scale-{name}.log)"}
+            failed = {"hosts": n, "proxies": n_proxies}
+            try:  # the steps measured before the failure, if the harness got to write them
+                partial = json.loads(stdout)
+                failed["steps"] = partial.get("steps", [])
+                why = f": {partial['error']}" if partial.get("error") else ""
+            except (json.JSONDecodeError, AttributeError):
+                why = ""
+            failed["error"] = f"vnet-scale exited {rc}{why} (see raw/scale-{name}.log)"
+            return failed
         return json.loads(stdout)
     finally:
         for x in proxies:
@@ -170,7 +178,7 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
     lines += ["| N | bring-up s | join p50/p99/max | move p50/p99/max | storm p50/p99/max | storm, each move p50/p99/max | death p50/p99/max | not converged | agents wrong |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
-        if "error" in r:
+        if "error" in r and not r.get("steps"):
             lines.append(f"| {label(r)} | {r['error']} | | | | | | | |")
             continue
         cells = []
@@ -192,6 +200,11 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
         if "leases_lost" in b:
             up += f", {b['leases_lost']} leases lost"
         lines.append(f"| {label(r)} | {up} | " + " | ".join(cells) + f" | {nc} | {wrong} |")
+    for r in runs:
+        if "error" in r and r.get("steps"):
+            done = [st["step"] for st in r["steps"]]
+            lost = max((st.get("leases_lost", 0) for st in r["steps"]), default=0)
+            lines.append(f"\nN={label(r)} stopped after {', '.join(done)} ({lost} leases lost by then): {r['error']}")
     lines += ["", "Load per step: agent CPU per event (µs of this process's CPU above its idle rate, per agent "
               "receiving, per store event), etcd's CPU (cores = CPU-seconds / wall-seconds of the step; ms per "
               "store event) and bytes its gRPC server sent per event, each also above etcd's idle rate (what it spends "

@@ -84,6 +84,8 @@ pub(crate) struct Harness {
     pub(crate) t_start: Instant,
     /// The probes of the last step, taken from the recorders.
     pub(crate) probes: Vec<(usize, Probe)>,
+    /// The steps measured so far (written out even when a later step fails).
+    pub(crate) steps: Vec<Value>,
 }
 
 /// Resource counters at one moment.
@@ -368,6 +370,7 @@ impl Harness {
         let etcd_sent_above = IdleRates::above(idle.etcd_sent, etcd_sent, wall);
         let receivers = self.hosts.iter().filter(|h| h.alive).count().max(1);
         let wrong = self.check()?;
+        let lost = self.leases_lost();
         let per_event = events.max(1) as f64;
         let v = json!({
             "step": name,
@@ -391,13 +394,16 @@ impl Harness {
             "etcd_sent_bytes_per_event_above_idle": etcd_sent_above / per_event,
             "proxies_cpu_s": after.proxies_cpu - before.proxies_cpu,
             "etcd_watchers": after.etcd_watchers,
+            "leases_lost": lost,
             "agents_wrong_after": wrong,
         });
         self.progress(&format!(
-            "{name}: p50 {} p99 {} max {} s, {missing} not converged, {wrong} agents wrong",
+            "{name}: p50 {} p99 {} max {} s, {missing} not converged, {wrong} agents wrong, \
+             {lost} leases lost so far, etcd holds {} watchers",
             secs(stats::percentile(&done, 50.0)),
             secs(stats::percentile(&done, 99.0)),
-            secs(done.last().copied())
+            secs(done.last().copied()),
+            after.etcd_watchers
         ));
         Ok(v)
     }

@@ -105,10 +105,25 @@ fn main() -> Result<()> {
         hosts: Vec::new(),
         t_start: Instant::now(),
         probes: Vec::new(),
+        steps: Vec::new(),
     };
     let result = h.run();
     h.shutdown();
-    let v = result?;
+    let v = match result {
+        Ok(v) => v,
+        Err(e) => {
+            // What was measured before the failure is still worth reading (the steps that
+            // led to it); the exit status says the run failed.
+            let partial = serde_json::json!({
+                "hosts": h.args.hosts,
+                "proxies": h.args.proxies.len(),
+                "error": format!("{e:#}"),
+                "steps": std::mem::take(&mut h.steps),
+            });
+            println!("{}", serde_json::to_string_pretty(&partial)?);
+            return Err(e);
+        }
+    };
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
 }

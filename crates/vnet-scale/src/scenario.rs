@@ -76,7 +76,7 @@ impl Harness {
         if self.args.vnis == 0 || n < 2 * self.args.vnis || !n.is_multiple_of(self.args.vnis) {
             bail!("--hosts must be a multiple of --vnis, with at least two hosts per VNI");
         }
-        let mut steps = Vec::new();
+        self.steps.clear();
 
         // Bring-up, in waves.
         let t0 = Instant::now();
@@ -144,7 +144,7 @@ impl Harness {
         let reads: Vec<Vec<StartRead>> = self.hosts.iter().map(|h| h.recorder.reads()).collect();
         let rss = stats::proc_usage(std::process::id()).map_or(0, |u| u.1);
         let threads = stats::threads(std::process::id()).unwrap_or(0);
-        steps.push(json!({
+        self.steps.push(json!({
             "step": "bring-up",
             "wall_s": bringup,
             "agents_complete": complete,
@@ -198,7 +198,7 @@ impl Harness {
         join["joiner_read_bytes"] = json!(joiner_read);
         join["etcd_sent_bytes_per_event_above_idle_less_joiner_read"] =
             json!((above * events - joiner_read as f64).max(0.0) / events);
-        steps.push(join);
+        self.steps.push(join);
 
         // Move: guest 0 of host 0 to the next host of its VNI.
         let (from, to) = (0usize, self.args.vnis);
@@ -212,7 +212,8 @@ impl Harness {
         let moves = vec![(mac, vni, from, to, name.clone())];
         let probed = self.move_probes(&moves, t0, &mut MoveTags::new());
         self.move_txn(&state, mac, vni, to, &name)?;
-        steps.push(self.step("move", &probed, before, 1, &idle)?);
+        let moved = self.step("move", &probed, before, 1, &idle)?;
+        self.steps.push(moved);
 
         // Storm: many guests (guest 1.. of hosts 1..) each to the next host of its VNI.
         let mut moves = Vec::new();
@@ -286,7 +287,7 @@ impl Harness {
             secs(stats::percentile(&per_move, 50.0)),
             secs(stats::percentile(&per_move, 99.0))
         ));
-        steps.push(storm);
+        self.steps.push(storm);
 
         // Death: the joined host stops without a word; its lease is revoked at t0 (what the
         // lease's expiry does TTL seconds later).
@@ -312,7 +313,8 @@ impl Harness {
         let probed = self.probe_host_routes(vni_j, victim, t0, false);
         let before = self.sample();
         self.client.lease_revoke(lease)?;
-        steps.push(self.step("death", &probed, before, 1 + g as usize, &idle)?);
+        let death = self.step("death", &probed, before, 1 + g as usize, &idle)?;
+        self.steps.push(death);
 
         let rss_end = stats::proc_usage(std::process::id()).map_or(0, |u| u.1);
         Ok(json!({
@@ -328,7 +330,7 @@ impl Harness {
             "idle_agents_cores": idle.agents_cpu,
             "idle_etcd_cores": idle.etcd_cpu,
             "idle_etcd_sent_bytes_per_s": idle.etcd_sent,
-            "steps": steps,
+            "steps": std::mem::take(&mut self.steps),
         }))
     }
 }
