@@ -446,16 +446,22 @@ fn the_journal_is_compacted_in_the_background() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A daemon with links `a` (VNI 7) and `b` (VNI 9), then `routes` (a script).
+fn daemon_with_links_a_and_b(routes: &str) -> Daemon {
+    let d = daemon();
+    d.execute_script("link add a udp 10.0.0.2 vni 7\nlink add b udp 10.0.0.3 vni 9\n")
+        .unwrap();
+    d.execute_script(routes).unwrap();
+    d
+}
+
 /// `show routes` with the VNIs looked up once says what the row of each route says alone.
 #[test]
 fn route_rows_give_each_route_its_destinations_vni() {
-    let d = daemon();
-    d.execute_script(
-        "link add a udp 10.0.0.2 vni 7\nlink add b udp 10.0.0.3 vni 9\n\
-         route add any 02:00:00:00:00:01 link a\nroute add any 02:00:00:00:00:02 link b\n\
+    let d = daemon_with_links_a_and_b(
+        "route add any 02:00:00:00:00:01 link a\nroute add any 02:00:00:00:00:02 link b\n\
          route add not 02:00:00:00:00:01 any link b\n",
-    )
-    .unwrap();
+    );
     let st = d.lock();
     let want: Vec<String> = st
         .cfg
@@ -478,14 +484,11 @@ fn route_rows_give_each_route_its_destinations_vni() {
 /// whether answered from the state or from the view a change in progress published.
 #[test]
 fn routes_to_a_mac_are_the_matching_rows() {
-    let d = daemon();
-    d.execute_script(
-        "link add a udp 10.0.0.2 vni 7\nlink add b udp 10.0.0.3 vni 9\n\
-         route add any 02:00:00:00:00:01 link a\nroute add any 02:00:00:00:00:02 link b\n\
+    let d = daemon_with_links_a_and_b(
+        "route add any 02:00:00:00:00:01 link a\nroute add any 02:00:00:00:00:02 link b\n\
          route add any not 02:00:00:00:00:01 link b\nroute add 02:00:00:00:00:03 any link a\n\
          route add any broadcast link a\nroute add any not broadcast link b\n",
-    )
-    .unwrap();
+    );
     let macs: Vec<MacAddr> = [
         "02:00:00:00:00:01",
         "02:00:00:00:00:02",
