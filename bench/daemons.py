@@ -535,8 +535,9 @@ def report(doc: dict, out: Path) -> str:
              + (f"; NOT the defaults: every vnetd also runs with {doc['extra_args']}" if doc.get("extra_args") else "")
              + f"; commit {doc['commit']}; "
              f"{os.cpu_count()} cores shared by etcd and every daemon. \"Applied\": when each daemon's agent "
-             "applied the route, from the daemon's log; \"seen by polling\": when `show routes json` first showed it "
-             "(good to one polling round, which confirms that the route is in place).", "",
+             "applied the route, from the daemon's log; \"seen by polling\": when the daemon's control port first showed it "
+             "(`show routes json` in the bring-up, `show routes to MAC json` for the join and the move; good to one "
+             "polling round, which confirms that the route is in place).", "",
              "| step | daemons | p50 s | p99 s | max s | not converged | polling round s | goal |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in doc["steps"]:

@@ -626,8 +626,7 @@ fn interface_rows(st: &State) -> InterfaceTable {
     )
 }
 
-/// Every route's row; the destinations' VNIs are looked up once (`show routes` is what a
-/// poller asks every daemon for: scanning the ports for each route made it quadratic).
+/// The rows of the routes whose destination matches `mac` (few: each looks its VNI up).
 fn route_rows_to(st: &State, mac: MacAddr) -> Vec<RouteStatus> {
     let c = &st.cfg;
     c.routes
@@ -645,7 +644,8 @@ fn rows_to(rows: &[RouteStatus], mac: MacAddr) -> Vec<RouteStatus> {
         .collect()
 }
 
-/// Whether a route row's destination (as `MacMatch` renders it) matches `mac`.
+/// Whether a route row's destination (as `MacMatch` renders it) matches `mac`; tested
+/// against `MacMatch::matches` for every form `MacMatch` renders.
 fn row_dst_matches(dst: &str, mac: MacAddr) -> bool {
     let one = |s: &str| match s {
         "broadcast" => Some(MacAddr::BROADCAST),
@@ -660,6 +660,8 @@ fn row_dst_matches(dst: &str, mac: MacAddr) -> bool {
     }
 }
 
+/// Every route's row; the destinations' VNIs are looked up once (`show routes` is what a
+/// poller asks every daemon for: scanning the ports for each route made it quadratic).
 fn route_rows(st: &State) -> Vec<RouteStatus> {
     let c = &st.cfg;
     let vnis: std::collections::HashMap<(DestKind, &str), u32> = c

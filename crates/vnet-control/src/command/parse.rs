@@ -80,7 +80,11 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, ParseError> {
                     // cheap to ask of a daemon with thousands of routes, as a poller does.
                     Some("to") => {
                         w.pos += 1;
-                        ShowWhat::Routes(Some(mac(w.next("destination MAC after to")?)?))
+                        let m = match w.next("destination MAC after to")? {
+                            "broadcast" => MacAddr::BROADCAST,
+                            m => mac(m)?,
+                        };
+                        ShowWhat::Routes(Some(m))
                     }
                     _ => ShowWhat::Routes(None),
                 },

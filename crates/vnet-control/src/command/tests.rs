@@ -239,6 +239,10 @@ fn misc() {
         p("show routes to 52:54:00:00:00:07 json"),
         Command::Show(ShowWhat::Routes(Some(mac)), true)
     );
+    assert_eq!(
+        p("show routes to broadcast"),
+        Command::Show(ShowWhat::Routes(Some(MacAddr::BROADCAST)), false)
+    );
     assert!(e("show routes to").contains("destination MAC after to"));
     assert!(e("show routes to any").contains("MAC"));
     assert!(e("show routes to 52:54:00:00:00:07 extra").contains("unexpected"));

@@ -537,3 +537,32 @@ fn routes_to_a_mac_are_the_matching_rows() {
         ]
     );
 }
+
+/// The view's rows carry a destination as `MacMatch` renders it: reading it back must agree
+/// with `MacMatch::matches` for every form (a new form or spelling would fail here, not drop
+/// rows from `show routes to MAC` during a change).
+#[test]
+fn a_rendered_destination_matches_as_the_rule_does() {
+    use vnet_core::MacMatch;
+    let macs: Vec<MacAddr> = [
+        "02:00:00:00:00:01",
+        "02:00:00:00:00:02",
+        "ff:ff:ff:ff:ff:ff",
+    ]
+    .iter()
+    .map(|m| m.parse().unwrap())
+    .collect();
+    let mut forms = vec![MacMatch::Any];
+    for &m in &macs {
+        forms.extend([MacMatch::Exact(m), MacMatch::Not(m)]);
+    }
+    for rule in &forms {
+        for &mac in &macs {
+            assert_eq!(
+                row_dst_matches(&rule.to_string(), mac),
+                rule.matches(mac),
+                "{rule} against {mac}"
+            );
+        }
+    }
+}
