@@ -133,8 +133,9 @@ def run_one(binary: Path, n: int, n_proxies: int, args, out: Path, k: int, total
                     "--proxy-pids", ",".join(str(x.proc.pid) for x in proxies)]
         name = f"{n}" + (f"-p{n_proxies}" if n_proxies else "")
         print(f"[{k}/{total}] N={n} P={n_proxies}: {' '.join(cmd)}", file=sys.stderr, flush=True)
-        with open(out / "raw" / f"scale-{name}.log", "w") as log:
+        with open(out / "raw" / f"scale-{name}.log", "w") as log, AgentsGroup(args.agents_cpu_shares) as group:
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            group.take(p.pid)
             assert p.stderr is not None and p.stdout is not None
             for line in p.stderr:  # the harness's progress, shown and kept
                 log.write(line)
@@ -158,6 +159,43 @@ def run_one(binary: Path, n: int, n_proxies: int, args, out: Path, k: int, total
         etcd.stop()
 
 
+class AgentsGroup:
+    """A cgroup (v1 `cpu` controller) with `shares` for the harness's process, so that etcd and
+    the proxies outweigh the agents however many threads they run. Nice alone does not do it:
+    within one scheduling group each of 1,000 busy agent threads at nice 10 still weighs a
+    tenth of one of etcd's threads, so together they outweigh etcd a hundred times over. A real
+    etcd has machines of its own. None: nothing done. Removed when the harness has exited."""
+
+    ROOT = Path("/sys/fs/cgroup/cpu")
+
+    def __init__(self, shares: int | None):
+        self.shares = shares
+        self.dir: Path | None = None
+
+    def __enter__(self) -> "AgentsGroup":
+        if self.shares:
+            if not (self.ROOT / "cpu.shares").exists():
+                raise SystemExit(f"--agents-cpu-shares needs the cgroup v1 cpu controller at {self.ROOT}")
+            self.dir = self.ROOT / f"vnet-scale-{os.getpid()}-{time.monotonic_ns()}"
+            self.dir.mkdir()
+            (self.dir / "cpu.shares").write_text(str(self.shares))
+        return self
+
+    def take(self, pid: int) -> None:
+        """Moves process `pid` (all its threads, and those it makes later) into the group."""
+        if self.dir is not None:
+            (self.dir / "cgroup.procs").write_text(str(pid))
+
+    def __exit__(self, *exc) -> None:
+        if self.dir is not None:
+            for _ in range(50):  # the exited process leaves the group a moment later
+                try:
+                    self.dir.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
 def step(run: dict, name: str) -> dict:
     return next((s for s in run.get("steps", []) if s["step"] == name), {})
 
@@ -168,6 +206,8 @@ def summary(runs: list[dict], baseline: list[dict] | None, meta: dict) -> str:
              f"{meta['lease_ttl']} s, storm of {meta['storm']} moves; one etcd 3.4 on loopback (data in /dev/shm); "
              f"commit {meta['commit']}. The machine has {os.cpu_count()} cores shared by etcd and every agent"
              + (f" (the agents at nice {meta['agents_nice']})" if meta.get("agents_nice") else "")
+             + (f" (the agents in a cgroup of cpu.shares {meta['agents_cpu_shares']}, etcd and the proxies "
+                "at the default 1024)" if meta.get("agents_cpu_shares") else "")
              + ": figures are preliminary.", "",
              "Convergence: time from the change in etcd until the agent's recorder has applied it, over every "
              "agent the change concerns (p50 / p99 / max, seconds). A death is the host's agent stopping "
@@ -351,6 +391,10 @@ def main() -> int:
     ap.add_argument("--agents-nice", type=int, default=0,
                     help="run the harness's agents at this nice level (e.g. 10), so that etcd and the proxies, "
                          "which have machines of their own in practice, are not starved by their thread count")
+    ap.add_argument("--agents-cpu-shares", type=int, default=None,
+                    help="run the harness's agents in a cgroup with these cpu.shares (e.g. 102, a tenth of "
+                         "etcd's 1024), so that etcd and the proxies are served first whatever the agents' "
+                         "thread count (see AgentsGroup)")
     ap.add_argument("--bringup-timeout", type=int, default=0,
                     help="longest wait for bring-up, seconds (default: 1.5 s per host, at least 180)")
     ap.add_argument("--quick", action="store_true", help="N=10 and 50, for CI (a minute or two)")
@@ -377,7 +421,7 @@ def main() -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or REPO / "results" / f"scale-{stamp}"
     (out / "raw").mkdir(parents=True, exist_ok=True)
-    meta = {"time": stamp, "proxies": args.proxies, "cold_start": args.cold_start, "agents_nice": args.agents_nice, "guests": args.guests, "vnis": args.vnis, "lease_ttl": args.lease_ttl,
+    meta = {"time": stamp, "proxies": args.proxies, "cold_start": args.cold_start, "agents_nice": args.agents_nice, "agents_cpu_shares": args.agents_cpu_shares, "guests": args.guests, "vnis": args.vnis, "lease_ttl": args.lease_ttl,
             "storm": args.storm, "commit": commit() or "?", "cores": os.cpu_count()}
     ps = [int(x) for x in args.proxies.split(",") if x] or [0]
     todo = [(n, p) for n in ns for p in ps]
