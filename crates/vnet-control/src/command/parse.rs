@@ -80,11 +80,9 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, ParseError> {
                     // cheap to ask of a daemon with thousands of routes, as a poller does.
                     Some("to") => {
                         w.pos += 1;
-                        let m = match w.next("destination MAC after to")? {
-                            "broadcast" => MacAddr::BROADCAST,
-                            m => mac(m)?,
-                        };
-                        ShowWhat::Routes(Some(m))
+                        ShowWhat::Routes(Some(mac_or_broadcast(
+                            w.next("destination MAC after to")?,
+                        )?))
                     }
                     _ => ShowWhat::Routes(None),
                 },
@@ -166,10 +164,18 @@ fn parse_route(w: &mut Words) -> Result<RouteSpec, ParseError> {
     Ok(RouteSpec { src, dst, to })
 }
 
+/// A MAC, or the word `broadcast` for ff:ff:ff:ff:ff:ff.
+fn mac_or_broadcast(s: &str) -> Result<MacAddr, ParseError> {
+    match s {
+        "broadcast" => Ok(MacAddr::BROADCAST),
+        s => mac(s),
+    }
+}
+
 fn mac_match(w: &mut Words, what: &str, allow_broadcast: bool) -> Result<MacMatch, ParseError> {
     let one = |s: &str| -> Result<MacAddr, ParseError> {
-        if allow_broadcast && s == "broadcast" {
-            Ok(MacAddr::BROADCAST)
+        if allow_broadcast {
+            mac_or_broadcast(s)
         } else {
             mac(s)
         }
