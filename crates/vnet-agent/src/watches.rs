@@ -13,8 +13,9 @@ use vnet_etcd::{Client, Error, WatchMessage};
 
 use crate::keepalive::KeepAlive;
 
-/// How long the catch-up's reader waits for a message before it looks whether it should stop.
-const CATCH_UP_POLL: Duration = Duration::from_millis(500);
+/// How long a reader waits for a message before it looks whether it should stop (a watch no
+/// longer read is dropped within this, although nothing happens on its keys).
+const STOP_POLL: Duration = Duration::from_millis(500);
 
 /// A message for the session's loop, in the order its watch sent it.
 #[derive(Debug)]
@@ -93,8 +94,12 @@ fn lasting(w: Watches) {
         }
     };
     w.keepalive.watch_endpoint.store(watch.endpoint(), Relaxed);
-    loop {
-        let m = watch.next_message();
+    while !w.stop.load(Relaxed) {
+        let m = match watch.next_message_within(STOP_POLL) {
+            Ok(None) => continue,
+            Ok(Some(m)) => Ok(m),
+            Err(e) => Err(e),
+        };
         let ended = m.is_err();
         if w.stop.load(Relaxed) || w.tx.send(Heard::Lasting(m)).is_err() || ended {
             return;
@@ -120,7 +125,7 @@ fn read_catch_up(
         }
     };
     while !stop.load(Relaxed) && !done.load(Relaxed) {
-        match watch.next_message_within(CATCH_UP_POLL) {
+        match watch.next_message_within(STOP_POLL) {
             Ok(None) => {}
             Ok(Some(m)) => {
                 if tx.send(Heard::CatchUp(Ok(m))).is_err() {

@@ -34,15 +34,16 @@ impl Client {
             .iter()
             .map(|(k, e)| codec::watch_create_request(k, e.as_deref(), start_revision))
             .collect();
+        let held = Held::default();
         let start = self.current.load(Relaxed);
         let n = self.endpoints.len();
         let mut last = String::new();
         for k in 0..n {
             let i = (start + k) % n;
             let started = self.call_at(i, self.call_timeout(), &|ch| {
-                // The request side stays open (pending) for as long as the watch: a stream
-                // closed by its client is one etcd's gRPC proxy tears down.
-                let requests = tokio_stream::iter(creates.clone()).chain(tokio_stream::pending());
+                // The request side stays open for as long as the watch (a stream closed by its
+                // client is one etcd's gRPC proxy tears down), and ends when it is dropped.
+                let requests = tokio_stream::iter(creates.clone()).chain(held.stream());
                 let r = self.request(requests, Meta::TokenLeader);
                 async move {
                     let s = pb::watch_client::WatchClient::new(ch)
@@ -57,6 +58,7 @@ impl Client {
                     return Ok(Watch {
                         rt: self.rt.clone(),
                         stream,
+                        held,
                         endpoint: i,
                         base: self.endpoints[i].clone(),
                     })
@@ -70,9 +72,12 @@ impl Client {
 }
 
 /// An open watch: each [`Watch::next_message`] blocks until the server sends something.
+/// Dropping it ends the stream on the server.
 pub struct Watch {
     rt: Arc<tokio::runtime::Runtime>,
     stream: tonic::Streaming<pb::WatchResponse>,
+    /// Ends the stream's request side when the watch is dropped.
+    held: Held,
     endpoint: usize,
     /// The endpoint's URL, for errors.
     base: String,
@@ -112,6 +117,68 @@ impl Watch {
                 Error::Unreachable(e) => Error::WatchEnded(e),
                 e => e,
             }),
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.held.release();
+    }
+}
+
+/// What keeps a watch stream's request side open: a stream of no requests that ends once
+/// [`Held::release`] is called. Why it must end: dropping the response stream alone leaves the
+/// HTTP/2 stream open while its request body is still being sent, so etcd (and its gRPC proxy)
+/// kept every dropped watch, and went on sending it events; once the request side ends, the
+/// stream is done on both sides and is reset, and the server ends its watches.
+#[derive(Clone, Default)]
+struct Held(Arc<std::sync::Mutex<HeldState>>);
+
+#[derive(Default)]
+struct HeldState {
+    released: bool,
+    waker: Option<std::task::Waker>,
+}
+
+impl Held {
+    fn stream(&self) -> HeldStream {
+        HeldStream(self.clone())
+    }
+
+    fn release(&self) {
+        let waker = {
+            let mut s = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            s.released = true;
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+struct HeldStream(Held);
+
+impl tokio_stream::Stream for HeldStream {
+    type Item = pb::WatchRequest;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<pb::WatchRequest>> {
+        let mut s = (self.0)
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.released {
+            std::task::Poll::Ready(None)
+        } else {
+            s.waker = Some(cx.waker().clone());
+            std::task::Poll::Pending
         }
     }
 }

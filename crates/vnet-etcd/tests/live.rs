@@ -309,3 +309,64 @@ fn everything(client: &Client) {
     // An error answer is an error, not a panic: a lease that does not exist.
     assert!(client.put(b"/t/b", b"x", 12345).is_err());
 }
+
+/// etcd's count of its watchers (`etcd_debugging_mvcc_watcher_total` on its `/metrics`).
+fn etcd_watchers(endpoint: &str) -> u64 {
+    use std::io::{Read, Write};
+    let addr = endpoint.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to etcd's /metrics");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("ask /metrics");
+    let mut page = String::new();
+    s.read_to_string(&mut page).expect("read /metrics");
+    page.lines()
+        .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .expect("etcd_debugging_mvcc_watcher_total on /metrics")
+}
+
+/// Waits up to 5 s for etcd to hold `want` watchers; what it holds at the end. Meanwhile
+/// `client` reads a key now and then: its runtime runs only inside a call (as in the agent,
+/// whose watch readers are always in one), and the stream's end is sent from there.
+fn wait_watchers(endpoint: &str, client: &Client, want: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = etcd_watchers(endpoint);
+        if n == want || Instant::now() > deadline {
+            return n;
+        }
+        let _ = client.range(b"/x", None);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A dropped watch ends at once, although nothing happened on its keys: on etcd, and on etcd's
+/// gRPC proxy (whose shared watch on etcd then ends too). The agent drops the watch a session
+/// no longer reads, and moves its lasting watch once (vnet-agent's regroup); a watch left open
+/// would keep receiving and keep the proxy's old shared watch alive.
+#[test]
+fn a_dropped_watch_ends_on_etcd_and_on_the_proxy() {
+    let Some((etcd, proxy)) = start_etcd_and_proxy() else {
+        return;
+    };
+    let idle = etcd_watchers(&etcd.endpoint);
+    for endpoint in [etcd.endpoint.clone(), proxy] {
+        let client = Client::new(&ClientConfig::new(&endpoint)).unwrap();
+        let ranges = [
+            (b"/a/".to_vec(), Some(b"/a0".to_vec())),
+            (b"/b/".to_vec(), Some(b"/b0".to_vec())),
+        ];
+        let mut watch = client.watch_ranges(&ranges, 0).unwrap();
+        for _ in &ranges {
+            assert!(matches!(
+                watch.next_message(),
+                Ok(WatchMessage::Created { .. })
+            ));
+        }
+        let open = wait_watchers(&etcd.endpoint, &client, idle + 2);
+        assert_eq!(open, idle + 2, "{endpoint}: open");
+        drop(watch);
+        let dropped = wait_watchers(&etcd.endpoint, &client, idle);
+        assert_eq!(dropped, idle, "{endpoint}: dropped");
+    }
+}
