@@ -84,6 +84,71 @@ def wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
     raise RuntimeError(f"{what} did not start")
 
 
+class EtcdTimeline:
+    """etcd's own counters sampled twice a second while a run goes on, to
+    ``raw/etcd-timeline-<name>.csv`` (seconds since the harness started, then the columns of
+    ``TIMELINE``): when etcd's revision moved (every write), its watchers and watch streams,
+    its slow watchers and applies, its leases granted, renewed, revoked and expired, its CPU.
+    The harness reports per step; a failure inside a step (a lease cascade in the storm) needs
+    the seconds."""
+
+    TIMELINE = (
+        ("revision", "etcd_debugging_mvcc_current_revision"),
+        ("watchers", "etcd_debugging_mvcc_watcher_total"),
+        ("watch_streams", "etcd_debugging_mvcc_watch_stream_total"),
+        ("slow_watchers", "etcd_debugging_mvcc_slow_watcher_total"),
+        ("pending_events", "etcd_debugging_mvcc_pending_events_total"),
+        ("txns", "etcd_mvcc_txn_total"),
+        ("ranges", "etcd_mvcc_range_total"),
+        ("leases_granted", "etcd_debugging_lease_granted_total"),
+        ("leases_renewed", "etcd_debugging_lease_renewed_total"),
+        ("leases_revoked", "etcd_debugging_lease_revoked_total"),
+        ("leases_expired", "etcd_debugging_server_lease_expired_total"),
+        ("proposals_pending", "etcd_server_proposals_pending"),
+        ("slow_applies", "etcd_server_slow_apply_total"),
+        ("slow_read_indexes", "etcd_server_slow_read_indexes_total"),
+        ("cpu_s", "process_cpu_seconds_total"),
+        ("sent_bytes", "etcd_network_client_grpc_sent_bytes_total"),
+    )
+
+    def __init__(self, etcd: "Etcd", path: Path):
+        import threading
+        self.url = f"http://{etcd.endpoint}/metrics"
+        self.path = path
+        self.t0 = time.monotonic()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        import urllib.request
+        with open(self.path, "w") as f:
+            f.write(",".join(["t"] + [c for c, _ in self.TIMELINE]) + "\n")
+            while not self.done.wait(0.5):
+                try:
+                    with urllib.request.urlopen(self.url, timeout=2) as r:
+                        page = r.read().decode()
+                except OSError:
+                    continue
+                sums: dict[str, float] = {}
+                for line in page.splitlines():
+                    if line.startswith("#"):
+                        continue
+                    name, _, value = line.rpartition(" ")
+                    name = name.split("{", 1)[0]
+                    try:
+                        sums[name] = sums.get(name, 0.0) + float(value)
+                    except ValueError:
+                        pass
+                row = [f"{time.monotonic() - self.t0:.2f}"] + [f"{sums.get(m, 0):g}" for _, m in self.TIMELINE]
+                f.write(",".join(row) + "\n")
+                f.flush()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=5)
+
+
 class Proxy:
     """One of etcd's gRPC proxies on loopback in front of ``etcd``, stopped by PID."""
 
@@ -133,6 +198,7 @@ def run_one(binary: Path, n: int, n_proxies: int, args, out: Path, k: int, total
                     "--proxy-pids", ",".join(str(x.proc.pid) for x in proxies)]
         name = f"{n}" + (f"-p{n_proxies}" if n_proxies else "")
         print(f"[{k}/{total}] N={n} P={n_proxies}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        timeline = EtcdTimeline(etcd, out / "raw" / f"etcd-timeline-{name}.csv")
         with open(out / "raw" / f"scale-{name}.log", "w") as log, AgentsGroup(args.agents_cpu_shares) as group:
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             group.take(p.pid)
@@ -142,6 +208,7 @@ def run_one(binary: Path, n: int, n_proxies: int, args, out: Path, k: int, total
                 print(f"[{k}/{total}] {line.rstrip()}", file=sys.stderr, flush=True)
             stdout = p.stdout.read()
             rc = p.wait()
+        timeline.stop()
         if rc != 0:
             failed = {"hosts": n, "proxies": n_proxies}
             try:  # the steps measured before the failure, if the harness got to write them
