@@ -25,6 +25,7 @@ mod cli;
 mod codec;
 mod config;
 mod error;
+mod held;
 mod kv;
 mod lease;
 mod watch;
@@ -87,6 +88,9 @@ pub struct Client {
     /// The whole-call timeout of unary calls, milliseconds (see [`Client::set_call_timeout`]).
     timeout_ms: AtomicU64,
     base_timeout: Duration,
+    /// The stream of the last answered keep-alive, open until the next one is answered (see
+    /// `lease.rs`).
+    kept_alive: Mutex<Option<held::Held>>,
 }
 
 /// What a call sends besides its message.
@@ -154,6 +158,7 @@ impl Client {
             token: Mutex::new(None),
             timeout_ms: AtomicU64::new(cfg.timeout.as_millis() as u64),
             base_timeout: cfg.timeout,
+            kept_alive: Mutex::new(None),
         })
     }
 

@@ -1,6 +1,7 @@
 //! Watches: one stream carrying several key ranges, read message by message.
 
 use crate::error::status_error;
+use crate::held::Held;
 use crate::{codec, pb, Client, Error, Meta, WatchMessage, MAX_WATCH_MESSAGE_LEN};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -124,61 +125,5 @@ impl Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         self.held.release();
-    }
-}
-
-/// What keeps a watch stream's request side open: a stream of no requests that ends once
-/// [`Held::release`] is called. Why it must end: dropping the response stream alone leaves the
-/// HTTP/2 stream open while its request body is still being sent, so etcd (and its gRPC proxy)
-/// kept every dropped watch, and went on sending it events; once the request side ends, the
-/// stream is done on both sides and is reset, and the server ends its watches.
-#[derive(Clone, Default)]
-struct Held(Arc<std::sync::Mutex<HeldState>>);
-
-#[derive(Default)]
-struct HeldState {
-    released: bool,
-    waker: Option<std::task::Waker>,
-}
-
-impl Held {
-    fn stream(&self) -> HeldStream {
-        HeldStream(self.clone())
-    }
-
-    fn release(&self) {
-        let waker = {
-            let mut s = self
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            s.released = true;
-            s.waker.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-}
-
-struct HeldStream(Held);
-
-impl tokio_stream::Stream for HeldStream {
-    type Item = pb::WatchRequest;
-
-    fn poll_next(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<pb::WatchRequest>> {
-        let mut s = (self.0)
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if s.released {
-            std::task::Poll::Ready(None)
-        } else {
-            s.waker = Some(cx.waker().clone());
-            std::task::Poll::Pending
-        }
     }
 }

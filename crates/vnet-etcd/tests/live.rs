@@ -310,8 +310,8 @@ fn everything(client: &Client) {
     assert!(client.put(b"/t/b", b"x", 12345).is_err());
 }
 
-/// etcd's count of its watchers (`etcd_debugging_mvcc_watcher_total` on its `/metrics`).
-fn etcd_watchers(endpoint: &str) -> u64 {
+/// The sum of the samples of `metric` on etcd's `/metrics` whose labels contain `labels`.
+fn etcd_metric(endpoint: &str, metric: &str, labels: &str) -> u64 {
     use std::io::{Read, Write};
     let addr = endpoint.trim_start_matches("http://");
     let mut s = std::net::TcpStream::connect(addr).expect("connect to etcd's /metrics");
@@ -319,10 +319,25 @@ fn etcd_watchers(endpoint: &str) -> u64 {
     let mut page = String::new();
     s.read_to_string(&mut page).expect("read /metrics");
     page.lines()
-        .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
-        .expect("etcd_debugging_mvcc_watcher_total on /metrics")
+        .filter(|l| {
+            l.strip_prefix(metric)
+                .is_some_and(|rest| rest.starts_with([' ', '{']) && rest.contains(labels))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// etcd's count of its watchers.
+fn etcd_watchers(endpoint: &str) -> u64 {
+    etcd_metric(endpoint, "etcd_debugging_mvcc_watcher_total", "")
+}
+
+/// The keep-alive streams open on etcd: begun and not yet ended.
+fn open_keepalive_streams(endpoint: &str) -> u64 {
+    let method = "grpc_method=\"LeaseKeepAlive\"";
+    let started = etcd_metric(endpoint, "grpc_server_started_total", method);
+    let handled = etcd_metric(endpoint, "grpc_server_handled_total", method);
+    started.saturating_sub(handled)
 }
 
 /// Waits up to 5 s for etcd to hold `want` watchers; what it holds at the end. Meanwhile
@@ -369,4 +384,37 @@ fn a_dropped_watch_ends_on_etcd_and_on_the_proxy() {
         let dropped = wait_watchers(&etcd.endpoint, &client, idle);
         assert_eq!(dropped, idle, "{endpoint}: dropped");
     }
+}
+
+/// A renewal's stream stays open only until the next renewal is answered (they used to stay
+/// open for as long as the connection: one more stream on etcd, or on its proxy, every TTL/3
+/// per host).
+#[test]
+fn keepalives_leave_one_stream_open() {
+    let Some(etcd) = start_etcd() else { return };
+    let client = Client::new(&ClientConfig::new(&etcd.endpoint)).unwrap();
+    let (lease, _) = client.lease_grant(30).unwrap();
+    for _ in 0..5 {
+        assert!(client.lease_keepalive(lease).unwrap() > 0);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while open_keepalive_streams(&etcd.endpoint) > 1 && Instant::now() < deadline {
+        let _ = client.range(b"/x", None); // drives the client's runtime (see wait_watchers)
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        open_keepalive_streams(&etcd.endpoint),
+        1,
+        "the last renewal's"
+    );
+    drop(client);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while open_keepalive_streams(&etcd.endpoint) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        open_keepalive_streams(&etcd.endpoint),
+        0,
+        "none once the client is gone"
+    );
 }
