@@ -65,9 +65,13 @@ impl Client {
                     })
                 }
                 Err(Error::Unreachable(e)) => last = e,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    held.release(); // the attempts' streams, if any got as far
+                    return Err(e);
+                }
             }
         }
+        held.release();
         Err(Error::Unreachable(last))
     }
 }
