@@ -95,10 +95,8 @@ fn lasting(w: Watches) {
     };
     w.keepalive.watch_endpoint.store(watch.endpoint(), Relaxed);
     while !w.stop.load(Relaxed) {
-        let m = match watch.next_message_within(STOP_POLL) {
-            Ok(None) => continue,
-            Ok(Some(m)) => Ok(m),
-            Err(e) => Err(e),
+        let Some(m) = watch.next_message_within(STOP_POLL).transpose() else {
+            continue;
         };
         let ended = m.is_err();
         if w.stop.load(Relaxed) || w.tx.send(Heard::Lasting(m)).is_err() || ended {

@@ -29,6 +29,13 @@ impl Held {
         HeldStream(self.clone(), PhantomData)
     }
 
+    /// A handle already released (its streams end at once).
+    fn released() -> Held {
+        let h = Held::default();
+        h.release();
+        h
+    }
+
     /// Ends every stream of this handle.
     pub(crate) fn release(&self) {
         let wakers = {
@@ -38,6 +45,37 @@ impl Held {
         };
         for w in wakers {
             w.wake();
+        }
+    }
+}
+
+/// Owns a [`Held`] and ends its streams when dropped (a call that failed or was given up, a
+/// watch dropped), unless [`ReleaseOnDrop::keep`] takes the handle out first.
+pub(crate) struct ReleaseOnDrop(Option<Held>);
+
+impl ReleaseOnDrop {
+    pub(crate) fn new() -> ReleaseOnDrop {
+        ReleaseOnDrop(Some(Held::default()))
+    }
+
+    /// A stream of no items that ends when this guard (or the handle kept from it) releases.
+    pub(crate) fn stream<T>(&self) -> HeldStream<T> {
+        self.0
+            .as_ref()
+            .map_or_else(Held::released, Held::clone)
+            .stream()
+    }
+
+    /// The handle, which this guard no longer ends: its new owner does.
+    pub(crate) fn keep(mut self) -> Held {
+        self.0.take().unwrap_or_else(Held::released)
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            h.release();
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The lease calls: grant, one keep-alive at a time (through any member or a chosen one),
 //! revoke.
 
-use crate::held::Held;
+use crate::held::{Held, ReleaseOnDrop};
 use crate::{codec, pb, Client, Error, Meta};
 use std::sync::PoisonError;
 use std::time::Duration;
@@ -91,8 +91,7 @@ async fn keepalive_once(
     r: tonic::Request<()>,
     id: i64,
 ) -> Result<(i64, Held), Status> {
-    let held = Held::default();
-    let mut unanswered = Release(Some(held.clone()));
+    let held = ReleaseOnDrop::new();
     let requests = tokio_stream::iter([pb::LeaseKeepAliveRequest { id }]).chain(held.stream());
     let (meta, ext, ()) = r.into_parts();
     let r = tonic::Request::from_parts(meta, ext, requests);
@@ -101,23 +100,9 @@ async fn keepalive_once(
         .await?
         .into_inner();
     match answers.message().await? {
-        Some(a) => {
-            unanswered.0 = None;
-            Ok((a.ttl, held))
-        }
+        Some(a) => Ok((a.ttl, held.keep())),
         None => Err(Status::unavailable(
             "keep-alive stream closed without an answer",
         )),
-    }
-}
-
-/// Ends a held request side when dropped, unless taken out (an answered keep-alive's).
-struct Release(Option<Held>);
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        if let Some(h) = self.0.take() {
-            h.release();
-        }
     }
 }

@@ -1,7 +1,7 @@
 //! Watches: one stream carrying several key ranges, read message by message.
 
 use crate::error::status_error;
-use crate::held::Held;
+use crate::held::ReleaseOnDrop;
 use crate::{codec, pb, Client, Error, Meta, WatchMessage, MAX_WATCH_MESSAGE_LEN};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ impl Client {
             .iter()
             .map(|(k, e)| codec::watch_create_request(k, e.as_deref(), start_revision))
             .collect();
-        let held = Held::default();
+        let held = ReleaseOnDrop::new();
         let start = self.current.load(Relaxed);
         let n = self.endpoints.len();
         let mut last = String::new();
@@ -59,19 +59,15 @@ impl Client {
                     return Ok(Watch {
                         rt: self.rt.clone(),
                         stream,
-                        held,
+                        _held: held,
                         endpoint: i,
                         base: self.endpoints[i].clone(),
                     })
                 }
                 Err(Error::Unreachable(e)) => last = e,
-                Err(e) => {
-                    held.release(); // the attempts' streams, if any got as far
-                    return Err(e);
-                }
+                Err(e) => return Err(e), // `held` ends the attempts' streams
             }
         }
-        held.release();
         Err(Error::Unreachable(last))
     }
 }
@@ -82,7 +78,7 @@ pub struct Watch {
     rt: Arc<tokio::runtime::Runtime>,
     stream: tonic::Streaming<pb::WatchResponse>,
     /// Ends the stream's request side when the watch is dropped.
-    held: Held,
+    _held: ReleaseOnDrop,
     endpoint: usize,
     /// The endpoint's URL, for errors.
     base: String,
@@ -123,11 +119,5 @@ impl Watch {
                 e => e,
             }),
         }
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        self.held.release();
     }
 }
