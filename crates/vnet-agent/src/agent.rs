@@ -4,20 +4,20 @@
 //! the threads, the sleeps. Every decision is the [`Machine`]'s; this file carries its plans
 //! out and hands the answers back.
 //!
-//! One thread runs sessions. A session authenticates, renews or grants the lease, reads the
-//! whole overlay (the first time: after registering, and after the registrations have
-//! settled, as one snapshot in pages that etcd's gRPC proxy can answer from its cache; see
-//! [`settle`](crate::settle)), publishes what is missing, applies the derived diff, then
-//! watches (from etcd's head, with a short catch-up watch from the state's revision when that
-//! is older: [`splice`](crate::splice); threads read the streams, [`watches`](crate::watches))
-//! while re-publishing after local changes and publishing the traffic matrix; a third thread
-//! renews the lease ([`keepalive`](crate::keepalive)). Any etcd error ends the session; the
-//! running configuration stays as it is (forwarding goes on with the last derived
-//! configuration, nothing is deleted) and the next session, after a jittered backoff, catches
-//! up from the last revision it applied, so etcd replays only what it missed. Only
-//! the first session, or one whose revision was compacted away, reads everything again
-//! (issue #13: at a few hundred hosts, sessions that failed under load and re-read the whole
-//! overlay kept etcd saturated for minutes).
+//! One thread runs sessions. A session authenticates, renews or grants the lease, reads the whole
+//! overlay (the first time: after registering, and after the registrations have settled, as one
+//! snapshot in pages that etcd's gRPC proxy can answer from its cache; see
+//! [`settle`](crate::settle)), publishes what is missing, applies the derived diff, then watches
+//! (from etcd's head, with a short catch-up watch from the state's revision when that is older:
+//! [`splice`](crate::splice); threads read the streams, [`watches`](crate::watches)) while
+//! re-publishing after local changes and publishing the traffic matrix; a third thread renews the
+//! lease ([`keepalive`](crate::keepalive)) on a connection of its own. Any etcd error ends the
+//! session; the running configuration stays as it is (forwarding goes on with the last derived
+//! configuration, nothing is deleted) and the next session, after a jittered backoff, catches up
+//! from the last revision it applied, so etcd replays only what it missed. Only the first session,
+//! or one whose revision was compacted away, reads everything again (issue #13: at a few hundred
+//! hosts, sessions that failed under load and re-read the whole overlay kept etcd saturated for
+//! minutes).
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -91,12 +91,18 @@ pub fn spawn(
         Instant::now(),
     );
     let keepalive = Arc::new(KeepAlive::default());
+    // The renewals on a connection of their own: on the agent's, they queued behind the first
+    // read's megabytes and waited for the thread decoding them (see
+    // `Client::with_own_connection`).
+    let lease_client = client
+        .with_own_connection()
+        .map_err(|e| std::io::Error::other(format!("etcd client for the lease: {e}")))?;
     let client = Arc::new(client);
     {
-        let (client, stop, ka) = (client.clone(), stop.clone(), keepalive.clone());
+        let (stop, ka) = (stop.clone(), keepalive.clone());
         std::thread::Builder::new()
             .name("etcd-lease".into())
-            .spawn(move || keepalive::run(&client, &stop, &ka))?;
+            .spawn(move || keepalive::run(&lease_client, &stop, &ka))?;
     }
     let jitter = Jitter::new(seed(cfg.host.as_str()));
     let mut agent = Agent {

@@ -1,13 +1,14 @@
-//! The lease keep-alive thread: renews the session's lease every TTL/3, on a thread of its own
-//! so that a slow etcd call of the agent cannot make it late. Each renewal goes to the member
-//! that serves the watch, with a deadline of the interval: a member that does not answer
-//! (frozen, partitioned) while another one does is reported so the agent watches through
-//! that one; the renewal is retried at once through any member that answers. When no renewal
-//! has been answered for the lease's whole TTL, the lease may have lapsed at etcd whatever the
-//! transport says (a cut-off host's streams can stay open for half a minute), so the session
+//! The lease keep-alive thread: renews the session's lease every TTL/3, on a thread and an etcd
+//! connection of its own (`Client::with_own_connection`) so that a slow etcd call of the agent
+//! cannot make it late, nor a big answer on the agent's connection delay its answers. Each renewal
+//! goes to the member that serves the watch, with a deadline of the interval: a member that does
+//! not answer (frozen, partitioned) while another one does is reported so the agent watches
+//! through that one; the renewal is retried at once through any member that answers. When no
+//! renewal has been answered for the lease's whole TTL, the lease may have lapsed at etcd whatever
+//! the transport says (a cut-off host's streams can stay open for half a minute), so the session
 //! ends, as etcd's own client ends its keep-alive; the next session asks the store whether the
-//! lease lives before it registers again (renewals through a busy gRPC proxy arrive late
-//! rather than never). What the answers mean is decided by pure functions below.
+//! lease lives before it registers again (renewals through a busy gRPC proxy arrive late rather
+//! than never). What the answers mean is decided by pure functions below.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};

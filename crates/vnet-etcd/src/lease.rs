@@ -24,10 +24,11 @@ impl Client {
 
     /// Keeps the stream of an answered keep-alive open, and ends the one kept before: through
     /// etcd's gRPC proxy, a keep-alive stream that stays open has the proxy renew the lease
-    /// itself every TTL/3 (as a Go client's one long-lived stream does), so a host whose
-    /// keep-alive thread runs late on a loaded machine keeps its lease; with one-shot streams
-    /// the renewals were only ever the thread's. At most two streams per client: the kept one
-    /// and the one in flight. Straight to etcd an open stream renews nothing by itself.
+    /// itself every TTL/3 (as for a Go client's one long-lived stream) until a TTL after its
+    /// last answer, or for as long as a request of it waits for one; so a host whose keep-alive
+    /// thread runs late on a loaded machine keeps its lease; with one-shot streams the
+    /// renewals were only ever the thread's. At most two streams per client: the kept one and
+    /// the one in flight. Straight to etcd an open stream renews nothing by itself.
     fn keep_open(&self, (ttl, held): (i64, Held)) -> i64 {
         let before = self
             .kept_alive

@@ -91,6 +91,8 @@ pub struct Client {
     /// The stream of the last answered keep-alive, open until the next one is answered (see
     /// `lease.rs`).
     kept_alive: Mutex<Option<held::Held>>,
+    /// What the client was made from, for [`Client::with_own_connection`].
+    cfg: ClientConfig,
 }
 
 /// What a call sends besides its message.
@@ -159,7 +161,24 @@ impl Client {
             timeout_ms: AtomicU64::new(cfg.timeout.as_millis() as u64),
             base_timeout: cfg.timeout,
             kept_alive: Mutex::new(None),
+            cfg: cfg.clone(),
         })
+    }
+
+    /// Another client of the same cluster (endpoints, TLS, user, and the token it holds) with
+    /// a runtime and connections of its own. Why: this client's calls share one HTTP/2
+    /// connection per endpoint and one runtime driven by whichever caller waits, so a small
+    /// call waits behind a big one: its answer queues behind the big answer's bytes on the
+    /// connection, and it is read only when the thread decoding the big answer gets the CPU.
+    /// An agent renews its lease on a client of its own for that reason (at 1,000 agents
+    /// starting together on 2 cores, keep-alives sharing the connection with the first read
+    /// went unanswered for a whole TTL 109-223 times per bring-up).
+    pub fn with_own_connection(&self) -> Result<Client, Error> {
+        let c = Client::new(&self.cfg)?;
+        c.set_token(self.token());
+        c.set_call_timeout(self.call_timeout());
+        c.current.store(self.current.load(Relaxed), Relaxed);
+        Ok(c)
     }
 
     pub fn endpoints(&self) -> &[String] {

@@ -219,17 +219,7 @@ fn expired_tokens_are_renewed() {
     let Some(etcd) = start_etcd_with(&["--auth-token", "simple", "--auth-token-ttl", "1"]) else {
         return;
     };
-    let etcdctl = |args: &[&str]| {
-        let out = Command::new("/usr/bin/etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &etcd.endpoint])
-            .args(args)
-            .output()
-            .expect("run etcdctl");
-        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
-    };
-    etcdctl(&["user", "add", "root:rootpw", "--interactive=false"]);
-    etcdctl(&["auth", "enable"]);
+    enable_root(&etcd);
     let mut cfg = ClientConfig::new(&etcd.endpoint);
     cfg.user = Some(("root".into(), "rootpw".into()));
     let client = Client::new(&cfg).unwrap();
@@ -246,6 +236,22 @@ fn expired_tokens_are_renewed() {
     cfg.user = Some(("root".into(), "nope".into()));
     let e = Client::new(&cfg).unwrap().range(b"/a", None).unwrap_err();
     assert!(e.to_string().contains("authentication failed"), "{e}");
+}
+
+/// Adds the user root (password rootpw) and enables authentication, with etcdctl.
+fn enable_root(etcd: &Etcd) {
+    for args in [
+        &["user", "add", "root:rootpw", "--interactive=false"][..],
+        &["auth", "enable"][..],
+    ] {
+        let out = Command::new("/usr/bin/etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &etcd.endpoint])
+            .args(args)
+            .output()
+            .expect("run etcdctl");
+        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+    }
 }
 
 /// Ranges, a watch, a transaction, a lease's life, through `client`.
@@ -417,4 +423,58 @@ fn keepalives_leave_one_stream_open() {
         0,
         "none once the client is gone"
     );
+}
+
+/// This process's established TCP connections to `port` on loopback (from /proc/net/tcp).
+fn connections_to(port: u16) -> usize {
+    let tcp = std::fs::read_to_string("/proc/self/net/tcp").expect("read /proc/self/net/tcp");
+    let remote = format!("0100007F:{port:04X}");
+    tcp.lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(2) == Some(&remote.as_str()) && f.get(3) == Some(&"01")
+        })
+        .count()
+}
+
+/// A client made by `with_own_connection` calls over a connection of its own (so that its
+/// small calls, an agent's renewals, never queue behind the first client's big answers), with
+/// the first one's credentials: its token serves it until it expires, then it gets its own.
+#[test]
+fn a_client_with_its_own_connection() {
+    if !std::path::Path::new("/usr/bin/etcdctl").exists() {
+        eprintln!("skipped: /usr/bin/etcdctl is not installed (scripts/setup.sh installs it)");
+        return;
+    }
+    let Some(etcd) = start_etcd_with(&["--auth-token", "simple", "--auth-token-ttl", "1"]) else {
+        return;
+    };
+    enable_root(&etcd);
+    let port: u16 = etcd
+        .endpoint
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("etcd's port");
+    let mut cfg = ClientConfig::new(&etcd.endpoint);
+    cfg.user = Some(("root".into(), "rootpw".into()));
+    let first = Client::new(&cfg).unwrap();
+    first.put(b"/own/a", b"1", 0).unwrap();
+    let before = connections_to(port);
+    let own = first.with_own_connection().unwrap();
+    assert_eq!(own.endpoints(), first.endpoints());
+    let (lease, _) = own.lease_grant(30).unwrap();
+    assert!(own.lease_keepalive(lease).unwrap() > 0);
+    assert_eq!(own.range(b"/own/a", None).unwrap().kvs[0].value, b"1");
+    assert_eq!(
+        connections_to(port),
+        before + 1,
+        "one more connection to etcd, the new client's"
+    );
+    // Both keep working, each on its own, after the token they shared has expired.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(own.lease_keepalive(lease).unwrap() > 0);
+    first.put(b"/own/a", b"2", 0).unwrap();
+    assert_eq!(own.range(b"/own/a", None).unwrap().kvs[0].value, b"2");
 }
