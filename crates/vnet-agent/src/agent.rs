@@ -99,10 +99,10 @@ pub fn spawn(
         .map_err(|e| std::io::Error::other(format!("etcd client for the lease: {e}")))?;
     let client = Arc::new(client);
     {
-        let (stop, ka) = (stop.clone(), keepalive.clone());
+        let (stop, crash, ka) = (stop.clone(), cfg.crash.clone(), keepalive.clone());
         std::thread::Builder::new()
             .name("etcd-lease".into())
-            .spawn(move || keepalive::run(&lease_client, &stop, &ka))?;
+            .spawn(move || keepalive::run(&lease_client, &stop, &crash, &ka))?;
     }
     let jitter = Jitter::new(seed(cfg.host.as_str()));
     let mut agent = Agent {
@@ -117,6 +117,14 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("etcd-agent".into())
         .spawn(move || agent.run())
+}
+
+/// However the agent's thread ends (a panic too), the lease thread is told the lease is
+/// released, so it ends as well.
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.keepalive.released.store(true, Relaxed);
+    }
 }
 
 impl Agent {
@@ -144,13 +152,14 @@ impl Agent {
                 self.sleep(wait);
             }
         }
-        self.keepalive.lease.store(0, Relaxed);
-        // A clean stop takes this host out of the overlay at once, rather than after the TTL.
+        // A clean stop takes this host out of the overlay at once, rather than after the TTL;
+        // the lease thread renews until then (see `keepalive::thread_done`).
         if let Some(id) = self.m.lease().filter(|_| !self.cfg.crash.load(Relaxed)) {
             if let Err(e) = self.client.lease_revoke(id) {
                 debug!("etcd: revoking the lease at stop: {e}");
             }
         }
+        self.keepalive.lease.store(0, Relaxed);
     }
 
     fn sleep(&self, d: Duration) {

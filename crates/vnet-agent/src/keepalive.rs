@@ -37,6 +37,9 @@ pub struct KeepAlive {
     /// not about this session (its lease may be the one just given up; its lapse clock starts
     /// over), and a finding is about the session it names.
     pub session: AtomicU64,
+    /// The session thread is done with the lease: it revoked it at a clean stop, or tried to,
+    /// or keeps it for the next daemon.
+    pub released: AtomicBool,
 }
 
 impl Default for KeepAlive {
@@ -49,6 +52,7 @@ impl Default for KeepAlive {
             lapsed: AtomicU64::new(0),
             member_silent: AtomicU64::new(0),
             session: AtomicU64::new(1),
+            released: AtomicBool::new(false),
         }
     }
 }
@@ -124,15 +128,27 @@ impl Renewal {
     }
 }
 
-/// The thread's loop, until `stop`.
-pub fn run(client: &Client, stop: &AtomicBool, ka: &KeepAlive) {
+/// Whether the thread ends: once the agent stops, at once for a crash (a crashed host renews
+/// nothing), else once the session thread has released the lease. A clean stop revokes the
+/// lease, and renewals go on until then: at 1,000 agents stopping together, revokes through
+/// the proxies took longer than a TTL for up to 174 of them, and those leases expired instead.
+pub fn thread_done(stop: bool, crash: bool, released: bool) -> bool {
+    stop && (crash || released)
+}
+
+/// The thread's loop, until [`thread_done`].
+pub fn run(client: &Client, stop: &AtomicBool, crash: &AtomicBool, ka: &KeepAlive) {
     let mut next = Instant::now();
     // The session being renewed (a lease changes only with a session), and until when its
     // lease surely lives (from its last answered renewal; at a session's start, which renewed
     // or granted it just before, from when this thread first saw it, a TTL being three
     // intervals).
     let mut tracked: Option<(u64, Instant)> = None;
-    while !stop.load(Relaxed) {
+    while !thread_done(
+        stop.load(Relaxed),
+        crash.load(Relaxed),
+        ka.released.load(Relaxed),
+    ) {
         // Short enough to notice a new lease or a stop soon, long enough that a thousand
         // idle agents in one harness process cost little.
         let wait = next.saturating_duration_since(Instant::now());
@@ -224,6 +240,21 @@ mod tests {
         ka.expired.store(first, Relaxed);
         ka.member_silent.store(first, Relaxed);
         assert_eq!(ka.findings(), LeaseFindings::default());
+    }
+
+    #[test]
+    fn renewals_end_at_a_crash_at_once_and_at_a_clean_stop_once_the_lease_is_released() {
+        assert!(!thread_done(false, false, false), "running");
+        assert!(!thread_done(false, false, true), "not stopping");
+        assert!(
+            thread_done(true, true, false),
+            "a crash renews nothing more"
+        );
+        assert!(
+            !thread_done(true, false, false),
+            "renewing until the revoke is done"
+        );
+        assert!(thread_done(true, false, true));
     }
 
     #[test]

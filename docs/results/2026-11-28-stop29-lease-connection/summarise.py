@@ -1,7 +1,8 @@
 """The tables of this folder's runs. Scale runs (folders with scale.json): bring-up, leases
-etcd let expire in the bring-up (raw/etcd-timeline-*.csv, before the idle step) and by the
-storm, the agents' renewals unanswered for a whole TTL (their warnings in raw/agents-N.log),
-etcd's watchers and bytes per event in the storm. Daemon runs (daemons.json): the slowest
+etcd let expire (raw/etcd-timeline-*.csv) in the bring-up (before the idle step), by the
+storm's end and in all (the harness's shutdown included), the agents' renewals unanswered
+for a whole TTL (their warnings in raw/agents-N.log), etcd's watchers and bytes per event in
+the storm. Daemon runs (daemons.json): the slowest
 daemon per step. Run from this folder: python3 summarise.py"""
 import csv
 import json
@@ -41,6 +42,7 @@ def scale(d: Path):
             "renewals unanswered for a TTL (agents)": lapses,
             "leases expired in the bring-up (etcd)": expired_until(rows, at["idle"]) if rows and "idle" in at else "-",
             "leases expired by the storm's end (etcd)": expired_until(rows, at["storm"]) if rows and "storm" in at else "-",
+            "leases expired to the timeline's end (etcd)": int(float(rows[-1]["leases_expired"])) if rows else "-",
             "watchers in the storm": f"{st['etcd_watchers']:.0f}" if st else "-",
             "KB per storm event above idle": f"{st['etcd_sent_bytes_per_event_above_idle'] / 1e3:.1f}" if st else "-",
             "etcd ms per storm event above idle": f"{st['etcd_cpu_ms_per_event_above_idle']:.2f}" if st else "-",
