@@ -212,14 +212,9 @@ fn snapshots_through_the_grpc_proxy_come_from_its_cache_within_a_floor() {
 /// and is answered; a wrong password is refused with etcd's message.
 #[test]
 fn expired_tokens_are_renewed() {
-    if !std::path::Path::new("/usr/bin/etcdctl").exists() {
-        eprintln!("skipped: /usr/bin/etcdctl is not installed (scripts/setup.sh installs it)");
-        return;
-    }
-    let Some(etcd) = start_etcd_with(&["--auth-token", "simple", "--auth-token-ttl", "1"]) else {
+    let Some(etcd) = start_etcd_with_root() else {
         return;
     };
-    enable_root(&etcd);
     let mut cfg = ClientConfig::new(&etcd.endpoint);
     cfg.user = Some(("root".into(), "rootpw".into()));
     let client = Client::new(&cfg).unwrap();
@@ -236,6 +231,18 @@ fn expired_tokens_are_renewed() {
     cfg.user = Some(("root".into(), "nope".into()));
     let e = Client::new(&cfg).unwrap().range(b"/a", None).unwrap_err();
     assert!(e.to_string().contains("authentication failed"), "{e}");
+}
+
+/// etcd with authentication on, for the user root (password rootpw), and auth tokens that
+/// expire after 1 s unused; None (skipped, with a message) without etcd or etcdctl.
+fn start_etcd_with_root() -> Option<Etcd> {
+    if !std::path::Path::new("/usr/bin/etcdctl").exists() {
+        eprintln!("skipped: /usr/bin/etcdctl is not installed (scripts/setup.sh installs it)");
+        return None;
+    }
+    let etcd = start_etcd_with(&["--auth-token", "simple", "--auth-token-ttl", "1"])?;
+    enable_root(&etcd);
+    Some(etcd)
 }
 
 /// Adds the user root (password rootpw) and enables authentication, with etcdctl.
@@ -443,14 +450,9 @@ fn connections_to(port: u16) -> usize {
 /// the first one's credentials: its token serves it until it expires, then it gets its own.
 #[test]
 fn a_client_with_its_own_connection() {
-    if !std::path::Path::new("/usr/bin/etcdctl").exists() {
-        eprintln!("skipped: /usr/bin/etcdctl is not installed (scripts/setup.sh installs it)");
-        return;
-    }
-    let Some(etcd) = start_etcd_with(&["--auth-token", "simple", "--auth-token-ttl", "1"]) else {
+    let Some(etcd) = start_etcd_with_root() else {
         return;
     };
-    enable_root(&etcd);
     let port: u16 = etcd
         .endpoint
         .rsplit(':')
