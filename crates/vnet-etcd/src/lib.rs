@@ -172,7 +172,7 @@ impl Client {
     /// connection, and it is read only when the thread decoding the big answer gets the CPU.
     /// An agent renews its lease on a client of its own for that reason (at 1,000 agents
     /// starting together on 2 cores, keep-alives sharing the connection with the first read
-    /// went unanswered for a whole TTL 109-223 times per bring-up).
+    /// went unanswered for a whole TTL 146-208 times per bring-up, and leases expired).
     pub fn with_own_connection(&self) -> Result<Client, Error> {
         let c = Client::new(&self.cfg)?;
         c.set_token(self.token());
