@@ -180,10 +180,10 @@ impl Harness {
 
     /// The leases lost so far, all together: those etcd let expire (the harness revokes the
     /// lease of a host it kills), or, if more, those the agents' status showed replaced.
-    /// etcd's count is the one to trust:
-    /// an agent whose lease expires during its first read registers again under a new one
-    /// before it ever reports the first (stop 28: about one run in two of 1,000 agents in
-    /// waves lost one or two leases that way, and the agents' count showed none).
+    /// etcd's count is the one to trust: an agent whose lease expires during its first read
+    /// registers again under a new one before it ever reports the first (stop 28: about one
+    /// run in two of 1,000 agents in waves lost one or two leases that way, and the agents'
+    /// count showed none).
     pub(crate) fn leases_lost(&self) -> u64 {
         let replaced: u64 = self.hosts.iter().map(|h| h.recorder.leases_lost()).sum();
         let page = stats::etcd_metrics(self.client.endpoints()[0].as_str());
