@@ -55,10 +55,20 @@ def boot(lab, image, host, sock, n: int, cmd: str = "iperf3 -s -D", reconnect=No
     return g
 
 
-def failed(g, host=None):
+def failed(g, host=None, peer=None):
+    """What a failure shows: the guest's console, its host's vnetd log and the counters of
+    that host's vhost-user ports (rings, kicks, notifications, drops); ``peer`` (guest,
+    host): the same for the guest at the other end."""
     s = f"QEMU pid {g.pid}; console:\n{g.console()[-2500:]}"
     if host is not None and host.vnetd is not None:
         s += f"\n--- vnetd log ---\n{host.vnetd.log_text()[-2500:]}"
+        try:
+            nics = [p for p in host.stats()["ports"] if p.get("nic", {}).get("kind") == "vhost-user"]
+            s += f"\n--- vhost-user ports of {host.name} ---\n{json.dumps(nics)[:3000]}"
+        except Exception as e:  # a dead or hung vnetd: say so, the failure is what matters
+            s += f"\n--- no stats from {host.name}: {e} ---"
+    if peer is not None:
+        s += f"\n=== the peer guest ===\n{failed(*peer)}"
     return s
 
 
@@ -116,9 +126,9 @@ def vm_to_vm_mbit(lab, image, at1, at2, check):
         g1 = boot(lab, image, host1, s1, 1, cmd=f"ping -c 3 -W 5 {SUBNET}.2 && iperf3 -c {SUBNET}.2 -t 2 -f m")
         with g1:
             g1.wait_ready(timeout=120)
-            assert g1.wait_exit(timeout=90) == 0, failed(g1, host1)
+            assert g1.wait_exit(timeout=90) == 0, failed(g1, host1, (g2, host2))
             m = re.findall(r"([0-9.]+) Mbits/sec.*receiver", g1.console())
-            assert m, failed(g1, host1)
+            assert m, failed(g1, host1, (g2, host2))
             check()
             return float(m[-1])
 

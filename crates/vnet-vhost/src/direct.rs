@@ -36,6 +36,7 @@ use vnet_wire::{MacAddr, VXLAN_HEADER_LEN};
 
 use crate::device::{Dev, HDR_LEN};
 use crate::notify::Action;
+use crate::rx::arm_rx_kick;
 
 const BATCH: usize = 32;
 const SOCKET_BUFFER: usize = 4 << 20;
@@ -128,7 +129,7 @@ impl Bounce {
 pub enum Received {
     /// Datagrams were taken; `full`: a whole batch, so more may wait.
     Frames { full: bool },
-    /// The guest offers no (suitable) receive buffers: wait for its kick.
+    /// The guest offers no receive buffers: its kick is armed, wait for it.
     NoBuffers,
     /// Direct receive does not apply now: the caller takes the datagrams the ordinary way.
     Off,
@@ -186,43 +187,53 @@ impl Dev {
         // the end go back to the ring.
         let need = HDR_LEN + self.max_frame;
         b.bufs.clear();
-        while b.bufs.len() < BATCH {
-            let chain = match ring.queue.iter(&**mem) {
-                Ok(mut it) => it.next(),
-                Err(e) => {
-                    rewind(&mut ring.queue, b.bufs.len());
-                    drop(ring);
-                    self.mark_broken(&format!("receive ring: {e}"));
-                    return Ok(Received::Off);
-                }
-            };
-            let Some(chain) = chain else { break };
-            let head = chain.head_index();
-            let mut descs = chain;
-            let first = descs.next();
-            let single = descs.next().is_none();
-            match first {
-                Some(dsc) if single && dsc.is_write_only() && dsc.len() as usize >= need => {
-                    if !mem.check_range(dsc.addr(), dsc.len() as usize) {
-                        rewind(&mut ring.queue, b.bufs.len() + 1);
+        let mut unsuitable = false;
+        loop {
+            while b.bufs.len() < BATCH {
+                let chain = match ring.queue.iter(&**mem) {
+                    Ok(mut it) => it.next(),
+                    Err(e) => {
+                        rewind(&mut ring.queue, b.bufs.len());
                         drop(ring);
-                        self.mark_broken("receive buffer outside guest memory");
+                        self.mark_broken(&format!("receive ring: {e}"));
                         return Ok(Received::Off);
                     }
-                    b.bufs.push((head, dsc.addr(), dsc.len() as usize));
-                }
-                _ => {
-                    // Not a buffer we can receive into whole: leave it for the ordinary path.
-                    rewind(&mut ring.queue, 1);
-                    break;
+                };
+                let Some(chain) = chain else { break };
+                let head = chain.head_index();
+                let mut descs = chain;
+                let first = descs.next();
+                let single = descs.next().is_none();
+                match first {
+                    Some(dsc) if single && dsc.is_write_only() && dsc.len() as usize >= need => {
+                        if !mem.check_range(dsc.addr(), dsc.len() as usize) {
+                            rewind(&mut ring.queue, b.bufs.len() + 1);
+                            drop(ring);
+                            self.mark_broken("receive buffer outside guest memory");
+                            return Ok(Received::Off);
+                        }
+                        b.bufs.push((head, dsc.addr(), dsc.len() as usize));
+                    }
+                    _ => {
+                        // Not a buffer we can receive into whole: left for the ordinary path.
+                        rewind(&mut ring.queue, 1);
+                        unsuitable = true;
+                        break;
+                    }
                 }
             }
-        }
-        if b.bufs.is_empty() {
-            if self.event_idx() {
-                let _ = ring.queue.enable_notification(&**mem);
+            if !b.bufs.is_empty() {
+                break;
             }
-            return Ok(Received::NoBuffers);
+            if unsuitable {
+                // The next buffer is one only the ordinary path fills (it merges frames over
+                // chains of any shape): it takes these datagrams.
+                return Ok(Received::Off);
+            }
+            if !arm_rx_kick(&mut ring.queue, &mem) {
+                return Ok(Received::NoBuffers);
+            }
+            // The guest added buffers while we armed its kick, and will not kick for them.
         }
         let now = Instant::now();
         let view = ring.view(&mem);

@@ -85,8 +85,11 @@ impl Dev {
                     f.extend_from_slice(p);
                 }
                 ring.backlog.push_back((*vh, f));
-                if self.event_idx() {
-                    let _ = ring.queue.enable_notification(&**mem);
+                if arm_rx_kick(&mut ring.queue, &mem) {
+                    // Buffers came meanwhile, and no kick will say so: the device thread
+                    // drains the backlog now.
+                    drop(ring);
+                    let _ = self.wake.write(1);
                 }
                 Ok(())
             }
@@ -166,8 +169,8 @@ impl Dev {
                     }
                     Ok(false) => {
                         r.backlog.push_front((vh, f));
-                        if self.event_idx() {
-                            let _ = r.queue.enable_notification(&**mem);
+                        if arm_rx_kick(&mut r.queue, &mem) {
+                            continue;
                         }
                         break;
                     }
@@ -184,6 +187,29 @@ impl Dev {
             }
         }
     }
+}
+
+/// A receive ring has too few buffers for the next frame: asks the guest to kick the queue
+/// when it adds one. With `EVENT_IDX` a guest kicks only when its avail index passes the
+/// `avail_event` we publish. `avail_event` goes to the avail index as it is now, not to
+/// `next_avail` (`Queue::enable_notification`'s choice): buffers the guest already offered
+/// but that are too few for the frame must not make its next addition a silent one. Then the
+/// avail index is read again: `true` means the guest added buffers in between, and no kick
+/// will come for them, so the caller tries again now. Without `EVENT_IDX` receive rings
+/// never suppress kicks (nothing to arm): `false`.
+pub(crate) fn arm_rx_kick(queue: &mut Queue, mem: &Mem) -> bool {
+    if !queue.event_idx_enabled() {
+        return false;
+    }
+    let saved = queue.next_avail();
+    let Ok(avail) = queue.avail_idx(mem, Acquire) else {
+        // An unreadable ring: the next walk of it finds that and marks the device.
+        return false;
+    };
+    queue.set_next_avail(avail.0);
+    let added = queue.enable_notification(mem).unwrap_or(false);
+    queue.set_next_avail(saved);
+    added
 }
 
 enum RxError {
@@ -308,7 +334,9 @@ mod tests {
     //! test helpers: what a guest (or a hostile one) can offer.
 
     use super::*;
+    use crate::notify::need_event;
     use crate::testing::{frame, mem, BUF, MEM};
+    use std::num::Wrapping;
     use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
@@ -388,6 +416,48 @@ mod tests {
             Ok(false)
         ));
         assert_eq!(queue.next_avail(), before);
+    }
+
+    /// `avail_event` as the device published it: after the used ring's 16 entries.
+    fn avail_event(q: &MockSplitQueue<'_, Mem>, m: &Mem) -> Wrapping<u16> {
+        Wrapping(
+            m.read_obj::<u16>(q.used_addr().unchecked_add(4 + 8 * 16))
+                .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_guest_that_adds_a_buffer_after_the_device_ran_short_is_asked_to_kick() {
+        let m = mem();
+        let f = frame(1000);
+        // One buffer of 512 bytes offered, the frame takes two.
+        let (q, mut queue) = rx_queue(&m, 1, 512);
+        queue.set_event_idx(true);
+        assert!(matches!(
+            write_plain(&mut queue, &m, &[&f], true),
+            Ok(false)
+        ));
+        assert!(
+            !arm_rx_kick(&mut queue, &m),
+            "the guest added nothing meanwhile"
+        );
+        assert_eq!(
+            queue.next_avail(),
+            0,
+            "the offered buffer stays for the frame"
+        );
+        // The guest publishes its second buffer (avail index 1 -> 2) and kicks if virtio's
+        // rule says so.
+        let (old, new) = (Wrapping(1), Wrapping(2));
+        assert!(need_event(avail_event(&q, &m), new, old));
+        // What `enable_notification` alone publishes (next_avail, which the guest has passed
+        // already) would let that buffer come without a kick, and the frame wait for ever.
+        queue.enable_notification(&m).unwrap();
+        assert!(!need_event(avail_event(&q, &m), new, old));
+
+        // Without EVENT_IDX the guest kicks for every buffer: nothing to arm.
+        let (_q, mut queue) = rx_queue(&m, 0, 512);
+        assert!(!arm_rx_kick(&mut queue, &m));
     }
 
     #[test]
