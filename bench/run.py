@@ -25,7 +25,7 @@ from . import measure, mpi, suite_report
 from .machine import background_cpu
 from .session import Progress, arguments, begin, finish, guarded, mmss, plots_note, run_meta, usable
 from .report import ensure_matplotlib, write_json
-from .suite_bed import CONFIGS, SuiteBed, is_vnet, parse_rate
+from .suite_bed import CONFIGS, EXTRA_CONFIGS, SuiteBed, is_vnet, parse_rate
 from .testbed import have_root
 
 ALL_METRICS = ["tcp1", "tcp4", "udp", "rtt64", "sweep"]
@@ -44,7 +44,8 @@ def parse_args(argv=None):
     ap.add_argument("--lat-duration", type=int, help="seconds per sockperf test (64 B and the size sweep; default 1)")
     ap.add_argument("--mtus", default=None, help="wire MTUs, comma separated (default 1500,9000; quick 1500)")
     ap.add_argument("--rate", default=None, help="rate-limit the wire with tc tbf, e.g. 1gbit or 10gbit")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="configurations (default all six)")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help=f"configurations (default {','.join(CONFIGS)}; also {','.join(EXTRA_CONFIGS)})")
     ap.add_argument("--metrics", default=None, help=f"metrics among {','.join(ALL_METRICS)} (default all)")
     ap.add_argument("--sizes", default=None,
                     help="sweep message sizes in bytes for every MTU (default 1024,16384,65507 at MTU 1500, "
@@ -62,8 +63,8 @@ def parse_args(argv=None):
     a.mtus = [int(x) for x in (a.mtus or ("1500" if q else "1500,9000")).split(",")]
     a.configs = [c for c in a.configs.split(",") if c]
     for c in a.configs:
-        if c not in CONFIGS:
-            ap.error(f"unknown configuration {c!r} (choose from {', '.join(CONFIGS)})")
+        if c not in CONFIGS + EXTRA_CONFIGS:
+            ap.error(f"unknown configuration {c!r} (choose from {', '.join(CONFIGS + EXTRA_CONFIGS)})")
     a.metrics = (a.metrics.split(",") if a.metrics else
                  (["tcp1", "udp", "rtt64", "sweep"] if q else list(ALL_METRICS)))
     for m in a.metrics:

@@ -18,6 +18,9 @@ each. A ``testbed.Testbed`` (the lab, the wire, the kernel VXLAN, the daemons):
 * ``vnet-encrypted-veth``: the same, with veth guests 192.168.75.1/.2 (VNI 4, link ``peer-ev``):
   what the CNI plugin gives a container; the kernel fast path passes their frames for the
   encrypted link to vnetd through the punt TAP.
+* ``vnet-encrypted-guest-driven``, ``vnet-encrypted-veth-guest-driven`` (on request, not in the
+  default set): the two encrypted configurations with the daemons in guest-driven mode, to see
+  what adaptive polling buys or costs on an encrypted link.
 
 Overlay guests get MTU = wire MTU - 50 (the VXLAN overhead; - 82 on the encrypted link, whose
 datagrams carry 32 bytes more), so nothing is fragmented on the wire except where a test sends
@@ -39,9 +42,12 @@ VNI = 1
 
 CONFIGS = ["native", "kernel-vxlan", "vnet-kernel", "vnet-guest-driven", "vnet-polling", "vnet-adaptive",
            "vnet-encrypted", "vnet-encrypted-veth"]
+# Measured only when named in --configs.
+EXTRA_CONFIGS = ["vnet-encrypted-guest-driven", "vnet-encrypted-veth-guest-driven"]
 # The kernel fast path needs no polling dispatcher (vnetd sees only its ARP): parked mode.
 VNET_MODE = {"vnet-guest-driven": "guest-driven", "vnet-polling": "polling", "vnet-adaptive": "adaptive",
-             "vnet-encrypted": "adaptive", "vnet-encrypted-veth": "adaptive", "vnet-kernel": "guest-driven"}
+             "vnet-encrypted": "adaptive", "vnet-encrypted-veth": "adaptive", "vnet-kernel": "guest-driven",
+             "vnet-encrypted-guest-driven": "guest-driven", "vnet-encrypted-veth-guest-driven": "guest-driven"}
 
 WIRE_NET = "10.77.0"
 VNET_NET = "192.168.71"
@@ -65,7 +71,11 @@ def is_vnet(config: str) -> bool:
 
 def vnet_link(config: str) -> str:
     """The vnet link a configuration's traffic crosses."""
-    return {"vnet-encrypted": "peer-enc", "vnet-encrypted-veth": "peer-ev", "vnet-kernel": "peer-k"}.get(config, "peer")
+    if config.startswith("vnet-encrypted-veth"):
+        return "peer-ev"
+    if config.startswith("vnet-encrypted"):
+        return "peer-enc"
+    return {"vnet-kernel": "peer-k"}.get(config, "peer")
 
 
 @dataclass
@@ -166,11 +176,11 @@ class SuiteBed(Testbed):
                             f"{WIRE_NET}.0/24", self.wire_mtu)
         if config == "kernel-vxlan":
             guests, net, mtu = self.kx_guests, KX_NET, self.overlay_mtu
-        elif config == "vnet-encrypted":
+        elif config in ("vnet-encrypted", "vnet-encrypted-guest-driven"):
             guests, net, mtu = self.enc_guests, ENC_NET, self.enc_mtu
         elif config == "vnet-kernel":
             guests, net, mtu = self.fp_guests, FP_NET, self.overlay_mtu
-        elif config == "vnet-encrypted-veth":
+        elif config in ("vnet-encrypted-veth", "vnet-encrypted-veth-guest-driven"):
             guests, net, mtu = self.ev_guests, EV_NET, self.enc_mtu
         elif is_vnet(config):
             guests, net, mtu = self.vnet_guests, VNET_NET, self.overlay_mtu

@@ -10,7 +10,8 @@ from pathlib import Path
 from .report import COLORS, ensure_matplotlib, fmt, md_row, med, phases, pyplot, ratio, save, spread
 
 CONFIG_ORDER = ["native", "kernel-vxlan", "vnet-kernel", "vnet-guest-driven", "vnet-polling", "vnet-adaptive",
-                "vnet-encrypted", "vnet-encrypted-veth"]
+                "vnet-encrypted", "vnet-encrypted-veth", "vnet-encrypted-guest-driven",
+                "vnet-encrypted-veth-guest-driven"]
 VNET_CONFIGS = ["vnet-guest-driven", "vnet-polling", "vnet-adaptive"]
 
 
