@@ -533,3 +533,91 @@ def test_hostile_frontend_cuts_guest_memory_short(lab, record):
     assert delta(s0, A.stats(), "g2", "tx_frames") >= 200
     record("memory_faults", nic["memory_faults"])
     record("mem_truncate", {k: v["verdict"] for k, v in res.items()})
+
+
+
+def refill_frontend(A, sock, send) -> dict:
+    """Runs `vhost-frontend refill` on ``sock`` of host A's vnetd (one 256-byte receive buffer
+    first, 15 more after 4 s), calls ``send()`` (a burst of three 1,042-byte frames for it)
+    once the device is up, and returns the frontend's report."""
+    fe = subprocess.Popen([FRONTEND, "-s", str(sock), "refill", "--first", "1", "--then", "15",
+                           "--buffer-len", "256", "--wait", "4", "--timeout", "3"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        netlab.wait_until(lambda: vhost_port(A, "hv")["nic"]["queue_pairs_started"] == 1, 10,
+                          what="frontend up")
+        send()
+        return finish_frontend(fe)
+    finally:
+        netlab.stop_pid(fe)
+
+
+def check_refill(A, rep):
+    """The burst waited for buffers and came whole after the refill, which vnetd asked to hear
+    of (its `avail_event` at the index the guest had reached)."""
+    assert rep["used_before_refill"] == 0, f"a frame fit the first buffer: the case was not set up {rep}"
+    assert rep["frames"] == 3 and rep["bytes"] == 3 * 1042, f"{rep}\n{vhost_port(A, 'hv')['nic']}"
+    assert rep["kicked_on_refill"], f"vnetd did not ask to hear of new buffers: {rep}"
+    assert rep["avail_event_at_refill"] == rep["avail_before_refill"], rep
+
+
+@pytest.mark.parametrize("cut_through", ["on", "off"])
+def test_a_guest_that_refills_its_receive_ring_late_gets_the_frames_that_waited(lab, record, cut_through):
+    """A guest offers one 256-byte receive buffer; a burst of three 1,042-byte frames comes from
+    a TAP guest (each needs five merged buffers, so they wait in vnetd); after the burst the
+    guest adds 15 buffers and, as a Linux guest with EVENT_IDX does, kicks only if vnetd's
+    `avail_event` asks for it. vnetd must have asked (the index the guest had reached, not the
+    first buffer it had not used), and the three frames must arrive with no more traffic to
+    wake it. With cut-through off the frames wait in the device thread's backlog; on, the
+    dispatcher finds too few buffers itself."""
+    A = lab.host("A")
+    g1 = lab.guest("g1", ip="192.168.64.1", mac="52:54:00:64:00:01")
+    sock = lab.workdir / "refill.sock"
+    A.start_vnetd(config=f"""
+set cut-through {cut_through}
+interface add hv vhost-user {sock} mac 52:54:00:64:00:09
+interface add g1 tap mac {g1.mac} netns {g1.name}
+route add any {g1.mac} interface g1
+route add any 52:54:00:64:00:09 interface hv
+""")
+    g1.configure(A.interface("g1")["ifname"])
+    s0 = A.stats()
+    # Broadcast: vnetd floods it to hv; no ARP, and the guests have no IPv6 chatter.
+    rep = refill_frontend(A, sock, lambda: g1.exec("ping", "-b", "-c", "3", "-i", "0.2", "-s", "1000",
+                                                   "-W", "1", "192.168.64.255", check=False))
+    assert delta(s0, A.stats(), "g1", "rx_frames") >= 3, "the burst did not reach vnetd"
+    check_refill(A, rep)
+    record(f"refill_first_frame_ms_cut_through_{cut_through}", rep["first_frame_ms"])
+
+
+def test_a_guest_whose_receive_buffers_cut_through_cannot_fill_gets_a_links_frames(lab, record):
+    """The same guest behind a UDP link: the only interface of its VNI, so the peer's datagrams
+    come to its cut-through receive, whose next buffer (256 bytes) is too small to hold a frame
+    whole. The datagrams must go the ordinary way (merged over buffers) and arrive after the
+    refill; a cut-through receive that waited for a kick instead stalled for good."""
+    A, B = lab.host("A"), lab.host("B")
+    sock = lab.workdir / "refill-link.sock"
+    hv = "52:54:00:64:00:09"
+    A.start_vnetd(config=f"""
+set cut-through on
+interface add hv vhost-user {sock} mac {hv}
+link add to-b udp {B.underlay_ip}
+route add any {hv} interface hv
+""")
+    tx = B.socket()
+    tx.bind((B.underlay_ip, netlab.VXLAN_PORT))
+    frames = [netlab.ether(hv, "52:54:00:64:00:0b", 0x88B5, bytes(1028)) for _ in range(3)]
+
+    def send():
+        time.sleep(0.5)  # the cut-through socket is opened with the device
+        for f in frames:
+            tx.sendto(netlab.vxlan(1, f), (A.underlay_ip, netlab.VXLAN_PORT))
+
+    try:
+        s0 = A.stats()
+        rep = refill_frontend(A, sock, send)
+    finally:
+        tx.close()
+    check_refill(A, rep)
+    assert delta(s0, A.stats(), "to-b", "rx_frames") >= 3, "the link did not count the datagrams"
+    record("refill_first_frame_ms_link", rep["first_frame_ms"])

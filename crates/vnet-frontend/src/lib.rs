@@ -16,6 +16,7 @@
 //!         [--dst-mac MAC] [--src-mac MAC] [--batch 32] [--idle 2]
 //!   hostile --case NAME|all [--list] [--settle-ms 300] [--rx-wait 1] [--no-round]
 //!   isolation --marker BYTES [--scribble] [--duration 30] [--idle 2]
+//!   refill [--first 1] [--then 15] [--buffer-len 256] [--wait 2] [--timeout 3]
 //! ```
 //!
 //! `bench` reports frames, bytes (Ethernet, no virtio header), seconds, pps, gbit_per_s,
@@ -25,11 +26,13 @@
 //! undeclared second half of the memfd) stayed intact. Exit status: 0 ok, 1 error, 2 the
 //! backend disconnected (bench) or a hostile case found corruption/a hang. `isolation` reports
 //! whether any byte run of foreign frames (those carrying `--marker`) reached the guest's
-//! receive buffers, and checks the frames for it.
+//! receive buffers, and checks the frames for it. `refill` offers too few receive buffers,
+//! adds more later kicking only as EVENT_IDX says, and reports whether the frames that waited
+//! arrived.
 //!
 //! Modules: [`proto`] wire format, [`conn`] the socket, [`mem`] guest memory, [`ring`] split
 //! rings and EVENT_IDX, [`frame`] test frames and checksums, [`device`] bring-up, [`bench`],
-//! [`hostile`] and [`isolation`] the modes.
+//! [`hostile`], [`isolation`] and [`refill`] the modes.
 //!
 //! It depends on no vnet crate, on purpose: it is the other side of the vhost-user and virtio
 //! contracts that `vnet-vhost` and `vnet-offload` implement, written again from the
@@ -44,4 +47,5 @@ pub mod hostile;
 pub mod isolation;
 pub mod mem;
 pub mod proto;
+pub mod refill;
 pub mod ring;

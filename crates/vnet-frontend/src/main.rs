@@ -14,6 +14,7 @@ use vnet_frontend::device::{Device, Endpoint, SetupOpts};
 use vnet_frontend::frame::{parse_mac, FrameSpec};
 use vnet_frontend::hostile::{self, HostileOpts};
 use vnet_frontend::isolation::{self, IsolationOpts};
+use vnet_frontend::refill::{self, RefillOpts};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -71,6 +72,9 @@ enum Mode {
     /// Post receive buffers and report whether bytes of foreign frames (carrying a marker)
     /// ever appeared in them (JSON).
     Isolation(IsolationArgs),
+    /// Offer too few receive buffers, add more later kicking only when EVENT_IDX asks for it,
+    /// and report whether the frames that waited arrived (JSON).
+    Refill(RefillArgs),
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -154,6 +158,25 @@ struct IsolationArgs {
     /// Stop after this many seconds without a frame (once frames have arrived).
     #[arg(long, default_value_t = 2.0)]
     idle: f64,
+}
+
+#[derive(clap::Args, Debug)]
+struct RefillArgs {
+    /// Receive buffers offered first.
+    #[arg(long, default_value_t = 1)]
+    first: u16,
+    /// Receive buffers added after --wait.
+    #[arg(long, default_value_t = 15)]
+    then: u16,
+    /// Bytes per receive buffer.
+    #[arg(long, default_value_t = 256)]
+    buffer_len: u32,
+    /// Seconds the first buffers stay alone (send the frames meanwhile).
+    #[arg(long, default_value_t = 2.0)]
+    wait: f64,
+    /// Seconds to wait for frames after the refill.
+    #[arg(long, default_value_t = 3.0)]
+    timeout: f64,
 }
 
 /// println! that does not panic when stdout is gone (e.g. piped into `head`).
@@ -257,6 +280,22 @@ fn run(cli: &Cli) -> Result<u8> {
             let _ = dev.stop();
             let mut v = serde_json::to_value(&rep)?;
             v["mode"] = json!("isolation");
+            say!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(0)
+        }
+        Mode::Refill(a) => {
+            let ro = RefillOpts {
+                first: a.first,
+                then: a.then,
+                buffer_len: a.buffer_len,
+                wait: secs(a.wait, "--wait")?,
+                timeout: secs(a.timeout, "--timeout")?,
+            };
+            let dev = Device::open(&ep, &opts, 1)?;
+            let rep = refill::run(&dev, &ro)?;
+            let _ = dev.stop();
+            let mut v = serde_json::to_value(&rep)?;
+            v["mode"] = json!("refill");
             say!("{}", serde_json::to_string_pretty(&v)?);
             Ok(0)
         }
