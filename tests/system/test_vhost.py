@@ -539,7 +539,8 @@ def test_hostile_frontend_cuts_guest_memory_short(lab, record):
 def refill_frontend(A, sock, send) -> dict:
     """Runs `vhost-frontend refill` on ``sock`` of host A's vnetd (one 256-byte receive buffer
     first, 15 more after 4 s), calls ``send()`` (a burst of three 1,042-byte frames for it)
-    once the device is up, and returns the frontend's report."""
+    once the device is up, sees the three wait in vnetd (`rx_backlog`), and returns the
+    frontend's report."""
     fe = subprocess.Popen([FRONTEND, "-s", str(sock), "refill", "--first", "1", "--then", "15",
                            "--buffer-len", "256", "--wait", "4", "--timeout", "3"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -547,6 +548,9 @@ def refill_frontend(A, sock, send) -> dict:
         netlab.wait_until(lambda: vhost_port(A, "hv")["nic"]["queue_pairs_started"] == 1, 10,
                           what="frontend up")
         send()
+        # vnetd shows them waiting for buffers while the guest has too few.
+        netlab.wait_until(lambda: vhost_port(A, "hv")["nic"]["rx_backlog"] == 3, 3,
+                          what="three frames waiting for receive buffers (rx_backlog)")
         return finish_frontend(fe)
     finally:
         netlab.stop_pid(fe)

@@ -143,6 +143,9 @@ pub struct VhostUserStatus {
     pub rx_direct_fallback: u64,
     pub rx_direct: u64,
     pub rx_copied: u64,
+    /// Frames waiting for the guest's receive buffers now. Above zero while no traffic comes:
+    /// the guest has stopped taking frames (or vnetd missed its kick).
+    pub rx_backlog: usize,
     pub kicks: u64,
     pub tx_notifications: u64,
     pub rx_notifications: u64,

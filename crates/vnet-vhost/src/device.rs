@@ -356,6 +356,13 @@ impl Dev {
             .count()
     }
 
+    /// Frames waiting for the guest's receive buffers now, over all receive rings.
+    pub fn rx_backlog(&self) -> usize {
+        (0..self.pairs)
+            .map(|k| lock(&self.rings[2 * k]).backlog.len())
+            .sum()
+    }
+
     /// Receive-side notification counters, over all rings and connections.
     pub fn notify_counters(&self) -> NotifyCounters {
         let mut c = *lock(&self.stats.rx_notify_done);

@@ -127,6 +127,7 @@ impl GuestNic for VhostNic {
             rx_direct_fallback: s.rx_direct_fallback.load(Relaxed),
             rx_direct: s.rx_direct.load(Relaxed),
             rx_copied: s.rx_copied.load(Relaxed),
+            rx_backlog: self.dev.rx_backlog(),
             kicks: s.kicks.load(Relaxed),
             tx_notifications: s.tx_notifications.load(Relaxed),
             rx_notifications: n.notifications,

@@ -324,6 +324,11 @@ pub(super) fn vhost(b: &mut Builder, snap: &HostSnapshot) {
         "Queue pairs the guest started.",
         None,
     );
+    let backlog = b.gauge(
+        "vhost_rx_backlog_frames",
+        "Frames waiting for the guest's receive buffers.",
+        None,
+    );
     let c = |b: &mut Builder, name: &str, help: &str| b.counter(name, help, None);
     let conns = c(
         b,
@@ -384,6 +389,7 @@ pub(super) fn vhost(b: &mut Builder, snap: &HostSnapshot) {
         let l = vec![("interface", p.name.clone())];
         gset(&connected, l.clone(), if v.connected { 1.0 } else { 0.0 });
         gset(&qp, l.clone(), v.queue_pairs_started as f64);
+        gset(&backlog, l.clone(), v.rx_backlog as f64);
         set(&conns, l.clone(), v.connections);
         set(&perr, l.clone(), v.protocol_errors);
         set(&mfault, l.clone(), v.memory_faults);
