@@ -42,8 +42,10 @@ VNI = 1
 
 CONFIGS = ["native", "kernel-vxlan", "vnet-kernel", "vnet-guest-driven", "vnet-polling", "vnet-adaptive",
            "vnet-encrypted", "vnet-encrypted-veth"]
-# Measured only when named in --configs.
-EXTRA_CONFIGS = ["vnet-encrypted-guest-driven", "vnet-encrypted-veth-guest-driven"]
+# Measured only when named in --configs: another mode on the guests and link of a default one.
+SAME_GUESTS_AS = {"vnet-encrypted-guest-driven": "vnet-encrypted",
+                  "vnet-encrypted-veth-guest-driven": "vnet-encrypted-veth"}
+EXTRA_CONFIGS = list(SAME_GUESTS_AS)
 # The kernel fast path needs no polling dispatcher (vnetd sees only its ARP): parked mode.
 VNET_MODE = {"vnet-guest-driven": "guest-driven", "vnet-polling": "polling", "vnet-adaptive": "adaptive",
              "vnet-encrypted": "adaptive", "vnet-encrypted-veth": "adaptive", "vnet-kernel": "guest-driven",
@@ -71,11 +73,8 @@ def is_vnet(config: str) -> bool:
 
 def vnet_link(config: str) -> str:
     """The vnet link a configuration's traffic crosses."""
-    if config.startswith("vnet-encrypted-veth"):
-        return "peer-ev"
-    if config.startswith("vnet-encrypted"):
-        return "peer-enc"
-    return {"vnet-kernel": "peer-k"}.get(config, "peer")
+    return {"vnet-encrypted": "peer-enc", "vnet-encrypted-veth": "peer-ev",
+            "vnet-kernel": "peer-k"}.get(SAME_GUESTS_AS.get(config, config), "peer")
 
 
 @dataclass
@@ -174,13 +173,14 @@ class SuiteBed(Testbed):
         if config == "native":
             return Endpoint(config, self.hA, self.hB, self.hA.underlay_ip, self.hB.underlay_ip,
                             f"{WIRE_NET}.0/24", self.wire_mtu)
-        if config == "kernel-vxlan":
+        on = SAME_GUESTS_AS.get(config, config)
+        if on == "kernel-vxlan":
             guests, net, mtu = self.kx_guests, KX_NET, self.overlay_mtu
-        elif config in ("vnet-encrypted", "vnet-encrypted-guest-driven"):
+        elif on == "vnet-encrypted":
             guests, net, mtu = self.enc_guests, ENC_NET, self.enc_mtu
-        elif config == "vnet-kernel":
+        elif on == "vnet-kernel":
             guests, net, mtu = self.fp_guests, FP_NET, self.overlay_mtu
-        elif config in ("vnet-encrypted-veth", "vnet-encrypted-veth-guest-driven"):
+        elif on == "vnet-encrypted-veth":
             guests, net, mtu = self.ev_guests, EV_NET, self.enc_mtu
         elif is_vnet(config):
             guests, net, mtu = self.vnet_guests, VNET_NET, self.overlay_mtu

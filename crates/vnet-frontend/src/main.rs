@@ -275,13 +275,7 @@ fn run(cli: &Cli) -> Result<u8> {
                 duration: secs(a.duration, "--duration")?,
                 idle: secs(a.idle, "--idle")?,
             };
-            let dev = Device::open(&ep, &opts, 1)?;
-            let rep = isolation::run(&dev, &io)?;
-            let _ = dev.stop();
-            let mut v = serde_json::to_value(&rep)?;
-            v["mode"] = json!("isolation");
-            say!("{}", serde_json::to_string_pretty(&v)?);
-            Ok(0)
+            run_mode(&ep, &opts, "isolation", |dev| isolation::run(dev, &io))
         }
         Mode::Refill(a) => {
             let ro = RefillOpts {
@@ -291,13 +285,7 @@ fn run(cli: &Cli) -> Result<u8> {
                 wait: secs(a.wait, "--wait")?,
                 timeout: secs(a.timeout, "--timeout")?,
             };
-            let dev = Device::open(&ep, &opts, 1)?;
-            let rep = refill::run(&dev, &ro)?;
-            let _ = dev.stop();
-            let mut v = serde_json::to_value(&rep)?;
-            v["mode"] = json!("refill");
-            say!("{}", serde_json::to_string_pretty(&v)?);
-            Ok(0)
+            run_mode(&ep, &opts, "refill", |dev| refill::run(dev, &ro))
         }
         Mode::Hostile(h) => {
             let mut o = opts.clone();
@@ -334,6 +322,23 @@ fn run(cli: &Cli) -> Result<u8> {
             Ok(if failures > 0 { EXIT_BACKEND } else { 0 })
         }
     }
+}
+
+/// Opens the device, runs a mode that reports once on it, stops the device and prints the
+/// report (JSON, with "mode").
+fn run_mode<R: serde::Serialize>(
+    ep: &Endpoint,
+    opts: &SetupOpts,
+    mode: &str,
+    run: impl FnOnce(&Device) -> Result<R>,
+) -> Result<u8> {
+    let dev = Device::open(ep, opts, 1)?;
+    let rep = run(&dev)?;
+    let _ = dev.stop();
+    let mut v = serde_json::to_value(&rep)?;
+    v["mode"] = json!(mode);
+    say!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(0)
 }
 
 fn run_bench(ep: &Endpoint, opts: &SetupOpts, b: &BenchArgs) -> Result<u8> {

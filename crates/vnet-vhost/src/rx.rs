@@ -57,11 +57,7 @@ impl Dev {
             if ring.backlog.len() >= RX_BACKLOG {
                 return Err(DropReason::QueueFull);
             }
-            let mut f = Vec::with_capacity(len);
-            for p in parts {
-                f.extend_from_slice(p);
-            }
-            ring.backlog.push_back((*vh, f));
+            ring.backlog.push_back((*vh, parts.concat()));
             drop(ring);
             let _ = self.wake.write(1);
             return Ok(());
@@ -80,11 +76,7 @@ impl Dev {
             }
             Ok(false) => {
                 // No buffers: keep it until the guest adds some (it kicks the receive queue).
-                let mut f = Vec::with_capacity(len);
-                for p in parts {
-                    f.extend_from_slice(p);
-                }
-                ring.backlog.push_back((*vh, f));
+                ring.backlog.push_back((*vh, parts.concat()));
                 if arm_rx_kick(&mut ring.queue, &mem) {
                     // Buffers came meanwhile, and no kick will say so: the device thread
                     // drains the backlog now.
