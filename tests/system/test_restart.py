@@ -41,16 +41,20 @@ def addresses(ns, dev: str) -> list:
 
 class Pinger:
     """``ping -D -i INTERVAL`` from ``src`` to ``dst`` until stopped: what was sent, what came
-    back, and the longest silence."""
+    back, and the longest silence. Its output goes to a file in the lab's work directory (a
+    pipe read only at the end would fill and stop ping in a long test)."""
 
     def __init__(self, src, dst: str, interval: float = 0.01):
-        self.proc = src.popen("ping", "-D", "-i", interval, "-W", "1", dst,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        Pinger._n = getattr(Pinger, "_n", 0) + 1
+        self.log = src.lab.workdir / f"ping-{Pinger._n}-{src.name}.txt"
+        with open(self.log, "w") as f:
+            self.proc = src.popen("ping", "-D", "-i", interval, "-W", "1", dst,
+                                  stdout=f, stderr=subprocess.STDOUT)
 
     def _end(self) -> tuple[str, list[float]]:
         """Stops ping now: its output and the times of its replies."""
         netlab.stop_pid(self.proc, signal.SIGINT)
-        out = self.proc.stdout.read()
+        out = self.log.read_text()
         return out, [float(t) for t in re.findall(r"^\[(\d+\.\d+)\] \d+ bytes from", out, re.M)]
 
     def back_after(self, ready: float, settle: float, detail=lambda: "") -> float:
@@ -63,14 +67,19 @@ class Pinger:
         return first - ready
 
     def stop(self) -> dict:
-        time.sleep(1.5)  # replies to the last requests arrive
+        """Stops ping after 1.5 s more of replies. ``lost``: requests never answered, except
+        the last one, which may still be on its way when ping is stopped (it sends until then;
+        ping's own summary counts that one as lost, about one stop in 200 here)."""
+        time.sleep(1.5)
         out, times = self._end()
         m = re.search(r"(\d+) packets transmitted, (\d+) received", out)
         assert m, out[-800:]
         sent, received = int(m.group(1)), int(m.group(2))
+        answered = {int(s) for s in re.findall(r"^\[\d+\.\d+\] \d+ bytes from .* icmp_seq=(\d+) ", out, re.M)}
+        unanswered = [s for s in range(1, sent) if s not in answered]
         gap = max((b - a for a, b in zip(times, times[1:])), default=0.0)
-        return {"sent": sent, "received": received, "lost": sent - received, "max_gap_s": round(gap, 3),
-                "tail": out[-400:]}
+        return {"sent": sent, "received": received, "lost": len(unanswered),
+                "unanswered": unanswered[:20], "max_gap_s": round(gap, 3), "tail": out[-400:]}
 
 
 class Stream:
