@@ -463,9 +463,13 @@ class Lab:
             b.ip_link("set", b_dev, "up")
 
     # -- measuring --
-    def ping(self, src: Netns, dst: str, count: int = 2, interval: float = 0.2, wait: float = 1.0) -> PingResult:
-        r = src.exec("ping", "-c", count, "-i", interval, "-W", wait, "-q", dst, check=False,
-                     timeout=count * (interval + wait) + 15)
+    def ping(self, src: Netns, dst: str, count: int = 2, interval: float = 0.2, wait: float = 1.0,
+             deadline: Optional[float] = None) -> PingResult:
+        """``count`` pings. With ``deadline`` (seconds), ping keeps sending until ``count`` are
+        answered or the deadline passes, so late replies count (``sent`` may exceed ``count``)."""
+        extra = ["-w", deadline] if deadline is not None else []
+        r = src.exec("ping", "-c", count, "-i", interval, "-W", wait, *extra, "-q", dst, check=False,
+                     timeout=(deadline if deadline is not None else count * (interval + wait)) + 15)
         return parse_ping(r.stdout + r.stderr)
 
     def ping_many(self, pairs: Iterable[tuple], count: int = 2, interval: float = 0.2, wait: float = 1.0) -> dict:

@@ -15,6 +15,7 @@ running traffic, and what it leaves behind.
 Every claim is read from the system (the devices, bpffs, the guests' own ping and iperf3),
 not from vnetd's word alone."""
 
+import itertools
 import json
 import os
 import re
@@ -44,9 +45,10 @@ class Pinger:
     back, and the longest silence. Its output goes to a file in the lab's work directory (a
     pipe read only at the end would fill and stop ping in a long test)."""
 
+    _logs = itertools.count(1)
+
     def __init__(self, src, dst: str, interval: float = 0.01):
-        Pinger._n = getattr(Pinger, "_n", 0) + 1
-        self.log = src.lab.workdir / f"ping-{Pinger._n}-{src.name}.txt"
+        self.log = src.lab.workdir / f"ping-{next(Pinger._logs)}-{src.name}.txt"
         with open(self.log, "w") as f:
             self.proc = src.popen("ping", "-D", "-i", interval, "-W", "1", dst,
                                   stdout=f, stderr=subprocess.STDOUT)

@@ -493,15 +493,13 @@ route add any {ga['tcp'].mac} link to-a-tcp
     # are lost in a row, so what a fixed 2-4 s window catches is luck (CI once caught 0 of 40).
     ipt("-m", "statistic", "--mode", "random", "--probability", "0.3", "-j", "DROP")
     for k in ("udp", "tcp"):
-        out = ga[k].exec("ping", "-c", 40, "-i", 0.05, "-W", 5, "-w", 30, gb[k].ip_addr,
-                         check=False, timeout=50).stdout
-        r = netlab.parse_ping(out)
-        took = re.search(r"received.*time (\d+)ms", out)
+        r = lab.ping(ga[k], gb[k].ip_addr, count=40, interval=0.05, wait=5, deadline=30)
+        took = re.search(r"received.*time (\d+)ms", r.output)
         record(f"loss30_{k}_ping_loss_pct", r.loss)
         record(f"loss30_{k}_ping_avg_ms", r.avg_ms)
         record(f"loss30_{k}_40_answered_s", int(took.group(1)) / 1000 if took else None)
         # (ping keeps sending until 40 are answered, so a few more may be answered as it stops)
-        assert r.received >= 40, f"{k} link under 30% loss: {r.received} answered in 30 s\n{out}"
+        assert r.received >= 40, f"{k} link under 30% loss: {r.received} answered in 30 s\n{r.output}"
         # A guest's TCP over a udp link sees ~50% round-trip loss: it may not even finish
         # connecting in a few seconds, so its figure is recorded, not asserted.
         try:
