@@ -1,0 +1,546 @@
+//! The machine in a simulated internet: hosts behind NATs of each kind (a model of Linux
+//! conntrack's: endpoint-independent or -dependent mapping; full-cone or port-restricted
+//! filtering), a relay on the public side, records exchanged as etcd would carry them. Which
+//! pairs find a direct path, how fast, and that the others go through the relay.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use super::*;
+use crate::candidates::CandidateKind;
+use crate::CountingRandom;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NatKind {
+    None,
+    FullCone,
+    PortRestricted,
+    Symmetric,
+    OneToOne,
+}
+
+struct Nat {
+    kind: NatKind,
+    public: Ipv4Addr,
+    /// (private source, destination or None for endpoint-independent) -> public port.
+    out: HashMap<(SocketAddr, Option<SocketAddr>), u16>,
+    /// public port -> (private endpoint, destinations it sent to).
+    inbound: HashMap<u16, (SocketAddr, Vec<SocketAddr>)>,
+    next_port: u16,
+}
+
+impl Nat {
+    fn new(kind: NatKind, public: Ipv4Addr) -> Nat {
+        Nat {
+            kind,
+            public,
+            out: HashMap::new(),
+            inbound: HashMap::new(),
+            next_port: 20_000,
+        }
+    }
+
+    /// The public source of a datagram from `src` to `dst`.
+    fn outbound(&mut self, src: SocketAddr, dst: SocketAddr) -> SocketAddr {
+        let key = match self.kind {
+            NatKind::Symmetric => (src, Some(dst)),
+            _ => (src, None),
+        };
+        let port = match self.out.get(&key) {
+            Some(p) => *p,
+            None => {
+                let p = match self.kind {
+                    // Port-preserving when free, as Linux masquerade.
+                    NatKind::FullCone | NatKind::PortRestricted | NatKind::OneToOne
+                        if !self.inbound.contains_key(&src.port()) =>
+                    {
+                        src.port()
+                    }
+                    _ => {
+                        self.next_port += 7;
+                        self.next_port
+                    }
+                };
+                self.out.insert(key, p);
+                p
+            }
+        };
+        let e = self.inbound.entry(port).or_insert((src, Vec::new()));
+        if !e.1.contains(&dst) {
+            e.1.push(dst);
+        }
+        SocketAddr::new(IpAddr::V4(self.public), port)
+    }
+
+    /// Where a datagram from `src` to public port `port` goes, if it is let in.
+    fn inbound(&self, src: SocketAddr, port: u16) -> Option<SocketAddr> {
+        let (private, sent_to) = self.inbound.get(&port)?;
+        match self.kind {
+            NatKind::FullCone | NatKind::OneToOne => Some(*private),
+            _ => sent_to.contains(&src).then_some(*private),
+        }
+    }
+}
+
+struct Host {
+    name: String,
+    private: SocketAddr,
+    nat: Option<Nat>,
+    reach: Reach,
+    record: Option<SelfRecord>,
+    key: PublicKey,
+    relay: bool,
+    paths: BTreeMap<String, Path>,
+    /// When each peer first had a direct path / any path (ms).
+    first_direct: BTreeMap<String, u64>,
+    first_any: BTreeMap<String, u64>,
+    binds: Vec<(Tag, SocketAddr)>,
+}
+
+struct Net {
+    hosts: Vec<Host>,
+    queue: VecDeque<(u64, SocketAddr, SocketAddr, Vec<u8>)>,
+    now_ms: u64,
+    rng: CountingRandom,
+}
+
+const LATENCY_MS: u64 = 5;
+
+fn now(ms: u64) -> Now {
+    Now {
+        mono_us: ms * 1000,
+        wall_ms: 1_700_000_000_000 + ms,
+    }
+}
+
+impl Net {
+    fn new(kinds: &[(NatKind, bool)]) -> Net {
+        let hosts = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, (kind, relay))| {
+                let i = i as u8;
+                let public = Ipv4Addr::new(198, 51, 100, 10 + i);
+                let private = match kind {
+                    NatKind::None => SocketAddr::new(IpAddr::V4(public), 4789),
+                    // Every site uses the same private range, as real ones do.
+                    _ => "192.168.1.2:4789".parse().unwrap(),
+                };
+                let key = PrivateKey([i + 1; 32]);
+                let public_key = key.public();
+                Host {
+                    name: format!("h{i}"),
+                    private,
+                    nat: (*kind != NatKind::None).then(|| Nat::new(*kind, public)),
+                    reach: Reach::new(ReachConfig {
+                        key,
+                        port: 4789,
+                        local: vec![private.ip()],
+                        advertised: None,
+                        stun: vec![],
+                        relay: *relay,
+                    }),
+                    record: None,
+                    key: public_key,
+                    relay: *relay,
+                    paths: BTreeMap::new(),
+                    first_direct: BTreeMap::new(),
+                    first_any: BTreeMap::new(),
+                    binds: Vec::new(),
+                }
+            })
+            .collect();
+        Net {
+            hosts,
+            queue: VecDeque::new(),
+            now_ms: 0,
+            rng: CountingRandom::default(),
+        }
+    }
+
+    /// The host a public destination reaches, and the private endpoint it arrives at.
+    fn deliver_to(&self, src: SocketAddr, dst: SocketAddr) -> Option<(usize, SocketAddr)> {
+        for (i, h) in self.hosts.iter().enumerate() {
+            match &h.nat {
+                None if h.private == dst => return Some((i, dst)),
+                Some(n) if IpAddr::V4(n.public) == dst.ip() => {
+                    return n.inbound(src, dst.port()).map(|p| (i, p));
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    fn act(&mut self, i: usize, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::Send { to, bytes } => {
+                    let h = &mut self.hosts[i];
+                    let src = match &mut h.nat {
+                        None => h.private,
+                        Some(n) => n.outbound(h.private, to),
+                    };
+                    self.queue
+                        .push_back((self.now_ms + LATENCY_MS, src, to, bytes));
+                }
+                Action::Path(u) => {
+                    let h = &mut self.hosts[i];
+                    if matches!(u.path, Path::Direct { .. }) {
+                        h.first_direct.entry(u.name.clone()).or_insert(self.now_ms);
+                    }
+                    if u.path != Path::Unknown {
+                        h.first_any.entry(u.name.clone()).or_insert(self.now_ms);
+                    }
+                    h.paths.insert(u.name, u.path);
+                }
+                Action::Publish(r) => self.hosts[i].record = Some(r),
+                Action::RelayBind { tag, endpoint } => self.hosts[i].binds.push((tag, endpoint)),
+            }
+        }
+    }
+
+    /// What etcd holds: every host's record (none before its first publish, but its name and
+    /// key, as a registration has them).
+    fn peers_of(&self, i: usize) -> Vec<PeerInfo> {
+        self.hosts
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, h)| PeerInfo {
+                name: h.name.clone(),
+                key: h.key,
+                candidates: h
+                    .record
+                    .as_ref()
+                    .map(|r| r.candidates.clone())
+                    .unwrap_or_default(),
+                relay: h.relay,
+                bound_relays: h
+                    .record
+                    .as_ref()
+                    .map(|r| r.bound_relays.clone())
+                    .unwrap_or_default(),
+                nat: h
+                    .record
+                    .as_ref()
+                    .map(|r| r.nat)
+                    .unwrap_or(NatMapping::Unknown),
+            })
+            .collect()
+    }
+
+    fn run(&mut self, until_ms: u64) {
+        while self.now_ms < until_ms {
+            self.now_ms += 5;
+            let t = now(self.now_ms);
+            // etcd's watch: everyone sees the others' records every 100 ms.
+            if self.now_ms.is_multiple_of(100) {
+                for i in 0..self.hosts.len() {
+                    let peers = self.peers_of(i);
+                    let mut out = Vec::new();
+                    self.hosts[i].reach.set_peers(peers, t, &mut out);
+                    self.act(i, out);
+                }
+            }
+            while self
+                .queue
+                .front()
+                .is_some_and(|(at, ..)| *at <= self.now_ms)
+            {
+                let Some((_, src, dst, bytes)) = self.queue.pop_front() else {
+                    break;
+                };
+                if let Some((i, _)) = self.deliver_to(src, dst) {
+                    let mut out = Vec::new();
+                    let mut rng = std::mem::take(&mut self.rng);
+                    self.hosts[i]
+                        .reach
+                        .on_datagram(src, &bytes, t, &mut rng, &mut out);
+                    self.rng = rng;
+                    self.act(i, out);
+                }
+            }
+            for i in 0..self.hosts.len() {
+                if self.now_ms >= self.hosts[i].reach.next_wake_ms(t) {
+                    let mut out = Vec::new();
+                    let mut rng = std::mem::take(&mut self.rng);
+                    self.hosts[i].reach.tick(t, &mut rng, &mut out);
+                    self.rng = rng;
+                    self.act(i, out);
+                }
+            }
+        }
+    }
+
+    fn path(&self, a: usize, b: usize) -> Path {
+        self.hosts[a]
+            .paths
+            .get(&self.hosts[b].name)
+            .cloned()
+            .unwrap_or(Path::Unknown)
+    }
+}
+
+fn punchable(a: NatKind, b: NatKind) -> bool {
+    use NatKind::*;
+    !matches!(
+        (a, b),
+        (Symmetric, Symmetric) | (Symmetric, PortRestricted) | (PortRestricted, Symmetric)
+    )
+}
+
+#[test]
+fn the_nat_matrix() {
+    use NatKind::*;
+    let kinds = [None, FullCone, PortRestricted, Symmetric, OneToOne];
+    for (ai, a) in kinds.iter().enumerate() {
+        for b in kinds.iter().skip(ai) {
+            // Host 0 is the public relay; hosts 1 and 2 the pair.
+            let mut net = Net::new(&[(None, true), (*a, false), (*b, false)]);
+            net.run(12_000);
+            for (x, y) in [(1, 2), (2, 1)] {
+                let p = net.path(x, y);
+                let name = &net.hosts[y].name;
+                if punchable(*a, *b) {
+                    assert!(
+                        matches!(p, Path::Direct { .. }),
+                        "{a:?}-{b:?}: {x}->{y} {p:?}"
+                    );
+                    let t = net.hosts[x].first_direct[name];
+                    assert!(t <= 5_000, "{a:?}-{b:?}: direct after {t} ms");
+                } else {
+                    assert!(
+                        matches!(&p, Path::Relayed { relay, .. } if relay == "h0"),
+                        "{a:?}-{b:?}: {x}->{y} {p:?}"
+                    );
+                }
+                let t = net.hosts[x].first_any[name];
+                assert!(t <= 2_000, "{a:?}-{b:?}: first path after {t} ms");
+                // Everyone reaches the public relay directly.
+                assert!(matches!(net.path(x, 0), Path::Direct { .. }));
+            }
+            // The relay recorded both bindings.
+            let tags: Vec<Tag> = net.hosts[0].binds.iter().map(|(t, _)| *t).collect();
+            assert!(tags.contains(&net.hosts[1].reach.tag()), "{a:?}-{b:?}");
+            assert!(tags.contains(&net.hosts[2].reach.tag()), "{a:?}-{b:?}");
+        }
+    }
+}
+
+#[test]
+fn nat_kinds_are_recognised_and_published() {
+    use NatKind::*;
+    // Two public observers (the relay and another public host) see each NATed host.
+    let mut net = Net::new(&[
+        (None, true),
+        (None, false),
+        (Symmetric, false),
+        (FullCone, false),
+    ]);
+    net.run(3_000);
+    let rec = |i: usize| net.hosts[i].record.clone().unwrap();
+    assert_eq!(rec(0).nat, NatMapping::None);
+    assert_eq!(rec(2).nat, NatMapping::EndpointDependent);
+    assert_eq!(rec(3).nat, NatMapping::EndpointIndependent);
+    let c = &rec(3).candidates;
+    assert_eq!(c[0].kind, CandidateKind::Reflexive);
+    assert_eq!(c[0].endpoint, "198.51.100.13:4789".parse().unwrap());
+    assert!(c.iter().any(|c| c.kind == CandidateKind::Local));
+    assert_eq!(rec(3).bound_relays, vec!["h0".to_string()]);
+}
+
+#[test]
+fn a_lost_mapping_falls_back_to_the_relay_and_recovers() {
+    use NatKind::*;
+    let mut net = Net::new(&[
+        (None, true),
+        (PortRestricted, false),
+        (PortRestricted, false),
+    ]);
+    net.run(8_000);
+    assert!(matches!(net.path(1, 2), Path::Direct { punched: true, .. }));
+    // Host 2's NAT reboots: every mapping gone, new ones get other ports.
+    if let Some(n) = net.hosts[2].nat.as_mut() {
+        n.out.clear();
+        n.inbound.clear();
+        n.next_port = 30_000;
+        n.kind = Symmetric; // and it came back as a symmetric one: no direct path now
+    }
+    let before = net.now_ms;
+    net.run(before + 12_000);
+    assert!(
+        matches!(net.path(1, 2), Path::Relayed { .. }),
+        "{:?}",
+        net.path(1, 2)
+    );
+    // It comes back as port-restricted again: direct within the slow discovery round.
+    if let Some(n) = net.hosts[2].nat.as_mut() {
+        n.kind = PortRestricted;
+        n.out.clear();
+        n.inbound.clear();
+    }
+    let before = net.now_ms;
+    net.run(before + 25_000);
+    assert!(
+        matches!(net.path(1, 2), Path::Direct { .. }),
+        "{:?}",
+        net.path(1, 2)
+    );
+}
+
+#[test]
+fn forged_and_foreign_probes_are_refused_and_counted() {
+    let mut net = Net::new(&[(NatKind::None, false), (NatKind::None, false)]);
+    net.run(1_000);
+    let a = &mut net.hosts[0];
+    let t = now(1_000);
+    let mut rng = CountingRandom(77);
+    let mut out = Vec::new();
+    let from: SocketAddr = "203.0.113.66:4789".parse().unwrap();
+    // A stranger's key: unknown sender.
+    let stranger = PrivateKey([99; 32]);
+    let sp = stranger.public();
+    let pair = PairKey::derive(&stranger, &sp, &a.key).unwrap();
+    let ping = ProbeBody::Ping(Ping {
+        txid: [1; 12],
+        wall_ms: t.wall_ms,
+    });
+    let m = seal(&pair, Kind::Ping, 0, sp, &ping, 0, &mut rng);
+    a.reach.on_datagram(from, &m, t, &mut rng, &mut out);
+    assert_eq!(a.reach.counters.unknown_sender, 1);
+    // A member's key in the header but sealed with another key: bad auth.
+    let peer_key = net.hosts[1].key;
+    let a = &mut net.hosts[0];
+    let m = seal(&pair, Kind::Ping, 0, peer_key, &ping, 0, &mut rng);
+    a.reach.on_datagram(from, &m, t, &mut rng, &mut out);
+    assert_eq!(a.reach.counters.bad_auth, 1);
+    // Garbage of our kinds.
+    a.reach
+        .on_datagram(from, &[0x20, 9, 9], t, &mut rng, &mut out);
+    assert_eq!(a.reach.counters.malformed, 1);
+    assert!(
+        out.iter().all(|x| !matches!(x, Action::Send { .. })),
+        "nothing answered"
+    );
+}
+
+#[test]
+fn replayed_and_stale_pings_are_refused() {
+    let mut net = Net::new(&[(NatKind::None, false), (NatKind::None, false)]);
+    net.run(1_000);
+    let b_key = PrivateKey([2; 32]);
+    let bp = b_key.public();
+    let a_pub = net.hosts[0].key;
+    let pair = PairKey::derive(&b_key, &bp, &a_pub).unwrap();
+    let t = now(1_000);
+    let mut rng = CountingRandom(1234);
+    let from = net.hosts[1].private;
+    let a = &mut net.hosts[0];
+    let base = a.reach.counters.pongs_sent;
+    let ping = |wall_ms: u64, txid: u8| {
+        ProbeBody::Ping(Ping {
+            txid: [txid; 12],
+            wall_ms,
+        })
+    };
+    let m = seal(&pair, Kind::Ping, 0, bp, &ping(t.wall_ms, 5), 0, &mut rng);
+    let mut out = Vec::new();
+    a.reach.on_datagram(from, &m, t, &mut rng, &mut out);
+    assert_eq!(a.reach.counters.pongs_sent, base + 1);
+    a.reach.on_datagram(from, &m, t, &mut rng, &mut out);
+    assert_eq!(a.reach.counters.replay, 1);
+    let old = seal(
+        &pair,
+        Kind::Ping,
+        0,
+        bp,
+        &ping(t.wall_ms - FRESH_MS - 1, 6),
+        0,
+        &mut rng,
+    );
+    a.reach.on_datagram(from, &old, t, &mut rng, &mut out);
+    assert_eq!(a.reach.counters.replay, 2);
+    assert_eq!(a.reach.counters.pongs_sent, base + 1);
+}
+
+#[test]
+fn a_pong_pads_to_a_probe_that_asks() {
+    let mut net = Net::new(&[(NatKind::None, false), (NatKind::None, false)]);
+    net.run(1_000);
+    let b_key = PrivateKey([2; 32]);
+    let bp = b_key.public();
+    let pair = PairKey::derive(&b_key, &bp, &net.hosts[0].key).unwrap();
+    let t = now(1_000);
+    let mut rng = CountingRandom(4321);
+    let ping = ProbeBody::Ping(Ping {
+        txid: [8; 12],
+        wall_ms: t.wall_ms,
+    });
+    let m = seal(&pair, Kind::Ping, FLAG_PAD_REPLY, bp, &ping, 1400, &mut rng);
+    let mut out = Vec::new();
+    let from = net.hosts[1].private;
+    net.hosts[0]
+        .reach
+        .on_datagram(from, &m, t, &mut rng, &mut out);
+    let sent: Vec<usize> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send { bytes, .. } => Some(bytes.len()),
+            _ => None,
+        })
+        .collect();
+    assert!(sent.contains(&1400), "{sent:?}");
+}
+
+#[test]
+fn stun_answers_count_only_when_asked() {
+    let server: SocketAddr = "198.51.100.200:3478".parse().unwrap();
+    let mut r = Reach::new(ReachConfig {
+        key: PrivateKey([5; 32]),
+        port: 4789,
+        local: vec!["192.168.1.2".parse().unwrap()],
+        advertised: None,
+        stun: vec![server],
+        relay: false,
+    });
+    let mut rng = CountingRandom(1);
+    let mut out = Vec::new();
+    r.tick(now(0), &mut rng, &mut out);
+    let req = out
+        .iter()
+        .find_map(|a| match a {
+            Action::Send { to, bytes } if *to == server => Some(bytes.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let mut txid = [0u8; 12];
+    txid.copy_from_slice(&req[8..20]);
+    let answer = |txid: [u8; 12]| {
+        let mut m = vec![0x01, 0x01, 0, 12, 0x21, 0x12, 0xa4, 0x42];
+        m.extend_from_slice(&txid);
+        m.extend_from_slice(&[0, 0x20, 0, 8, 0, 1]);
+        m.extend_from_slice(&(40000u16 ^ 0x2112).to_be_bytes());
+        for (b, c) in [203u8, 0, 113, 9].iter().zip([0x21, 0x12, 0xa4, 0x42]) {
+            m.push(b ^ c);
+        }
+        m
+    };
+    // From elsewhere, or another txid: refused.
+    r.on_datagram(
+        "198.51.100.201:3478".parse().unwrap(),
+        &answer(txid),
+        now(10),
+        &mut rng,
+        &mut out,
+    );
+    r.on_datagram(server, &answer([0; 12]), now(10), &mut rng, &mut out);
+    assert_eq!(r.counters.unsolicited, 2);
+    r.on_datagram(server, &answer(txid), now(10), &mut rng, &mut out);
+    assert_eq!(r.counters.stun_received, 1);
+    let st = r.status(now(10));
+    assert_eq!(
+        st.candidates[0].endpoint,
+        "203.0.113.9:40000".parse().unwrap()
+    );
+}
