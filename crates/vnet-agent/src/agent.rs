@@ -268,6 +268,9 @@ impl Agent {
             if self.m.local_changed(self.daemon.local_changes()) {
                 dirty = true;
             }
+            if let Some(reach) = self.daemon.host_reach() {
+                dirty |= self.m.set_host_reach(reach);
+            }
             if dirty {
                 // Our own records may have been changed or deleted by someone else.
                 self.publish(lease)?;
@@ -408,6 +411,9 @@ impl Agent {
         let (derivation, delta) = self.m.derive(&local);
         let report = self.daemon.apply_derived(derivation, delta.as_deref());
         self.m.synced(report, &local);
+        if self.m.take_hosts_changed() {
+            self.daemon.hosts(self.m.state().hosts());
+        }
         self.show(true);
     }
 

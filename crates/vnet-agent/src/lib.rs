@@ -86,4 +86,16 @@ pub trait DataPlane: Send + Sync {
     /// A session read the overlay whole (the first one, or after its revision was compacted
     /// away): what the read took. For measurements; the agent logs it too.
     fn read_at_start(&self, _read: &StartRead) {}
+    /// Every host record, after a synchronisation in which one of them changed (vnetd's reach
+    /// takes its peers' keys and candidates from them).
+    fn hosts(
+        &self,
+        _hosts: &std::collections::BTreeMap<vnet_cluster::HostId, vnet_cluster::HostRecord>,
+    ) {
+    }
+    /// This host's reach record to publish (candidates, NAT, relays); None leaves the record's
+    /// reach part as it was given.
+    fn host_reach(&self) -> Option<vnet_cluster::HostReach> {
+        None
+    }
 }

@@ -159,6 +159,8 @@ pub struct Machine {
     deriver: Option<Deriver>,
     /// Keys changed since the last synchronisation.
     pending: Vec<ClusterKey>,
+    /// A host record changed since the data plane last had them ([`Machine::take_hosts_changed`]).
+    hosts_changed: bool,
     /// The revision up to which every event has been applied to `state` (None: read it all).
     resume: Option<i64>,
     /// When the state was last handed to the data plane's views, and whether it changed since.
@@ -201,6 +203,7 @@ impl Machine {
             status: ClusterStatus::default(),
             deriver: None,
             pending: Vec::new(),
+            hosts_changed: true,
             resume: None,
             state_shown: None,
             state_changed: false,
@@ -538,6 +541,8 @@ impl Machine {
     /// commands that changed it since the previous synchronisation.
     pub fn derive(&mut self, local: &Config) -> (&Derivation, Option<Vec<Command>>) {
         let keys = std::mem::take(&mut self.pending);
+        self.hosts_changed |=
+            self.deriver.is_none() || keys.iter().any(|k| matches!(k, ClusterKey::Host(_)));
         let (deriver, delta) = match self.deriver.take() {
             Some(mut d) => {
                 let delta = d.update(&self.state, &keys, local);
@@ -767,6 +772,23 @@ impl Machine {
                 false
             }
         }
+    }
+
+    /// Whether a host record changed since this was last asked (the data plane's reach needs
+    /// every host's candidates and keys, not only the derived links).
+    pub fn take_hosts_changed(&mut self) -> bool {
+        std::mem::take(&mut self.hosts_changed)
+    }
+
+    /// This host's reach record (candidates, NAT, relays) is now `reach`: whether that changed
+    /// the record to publish.
+    pub fn set_host_reach(&mut self, reach: vnet_cluster::HostReach) -> bool {
+        if self.record.reach == reach {
+            return false;
+        }
+        self.record.reach = reach;
+        self.own_record_known();
+        true
     }
 
     /// Whether the local configuration changed (its change counter is now `counter`).

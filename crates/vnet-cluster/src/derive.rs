@@ -174,11 +174,57 @@ pub(crate) fn transport(
     None
 }
 
+/// The link to `rec`'s host for `vni`, or the conflict that prevents it. Encrypted exactly
+/// when both hosts publish keys (a host with a key never links in plaintext; encryption is
+/// for udp links only); a udp link finds its own path (`reach`) when both publish probe keys.
+pub(crate) fn derived_link(
+    local_host: &HostId,
+    local_record: Option<&HostRecord>,
+    rec: &HostRecord,
+    vni: u32,
+) -> Result<Link, Conflict> {
+    let Some(kind) = transport(local_host, local_record, rec) else {
+        return Err(Conflict::NoTransport {
+            host: rec.host_id.clone(),
+        });
+    };
+    let local_key = local_record.and_then(HostRecord::noise_key);
+    let encrypt = match (local_key, rec.noise_key(), &kind) {
+        (None, None, _) => None,
+        (Some(_), Some(k), LinkKind::Udp(_)) => Some(k),
+        _ => {
+            return Err(Conflict::EncryptionMismatch {
+                host: rec.host_id.clone(),
+            })
+        }
+    };
+    let local_probe = local_record.and_then(HostRecord::probe_key);
+    let reach = match (local_probe, rec.probe_key(), &kind) {
+        (Some(_), Some(k), LinkKind::Udp(_)) => Some(k),
+        _ => None,
+    };
+    Ok(Link {
+        name: derived_link_name(&rec.host_id, vni),
+        kind,
+        vni,
+        encrypt,
+        reach,
+    })
+}
+
 /// Whether `Config` would refuse the two links side by side (the rule of `link add`): UDP
-/// datagrams are demultiplexed by (source IP, VNI), TCP streams by peer and VNI.
+/// datagrams are demultiplexed by (source IP, VNI), a reach link's by (peer key, VNI), TCP
+/// streams by peer and VNI.
 pub(crate) fn same_peer(a: &Link, b: &Link) -> bool {
     match (&a.kind, &b.kind) {
-        (LinkKind::Udp(x), LinkKind::Udp(y)) => x.ip() == y.ip() && a.vni == b.vni,
+        (LinkKind::Udp(x), LinkKind::Udp(y)) => {
+            a.vni == b.vni
+                && match (a.reach, b.reach) {
+                    (None, None) => x.ip() == y.ip(),
+                    (Some(p), Some(q)) => p == q,
+                    _ => false,
+                }
+        }
         (LinkKind::TcpDial(x), LinkKind::TcpDial(y)) => x == y && a.vni == b.vni,
         (LinkKind::TcpAccept(x), LinkKind::TcpAccept(y)) => x == y && a.vni == b.vni,
         (LinkKind::Direct(x), LinkKind::Direct(y)) => x == y,
@@ -186,15 +232,23 @@ pub(crate) fn same_peer(a: &Link, b: &Link) -> bool {
     }
 }
 
-/// The peer of a derived link as `same_peer` compares it (udp: address and VNI; tcp: the
-/// dialed socket address or the accepted address, and VNI). Derived links are never direct.
-fn derived_peer_key(l: &Link) -> Option<(u8, std::net::IpAddr, u16, u32)> {
-    match &l.kind {
-        LinkKind::Udp(a) => Some((0, a.ip(), 0, l.vni)),
-        LinkKind::TcpDial(a) => Some((1, a.ip(), a.port(), l.vni)),
-        LinkKind::TcpAccept(ip) => Some((2, *ip, 0, l.vni)),
+/// The peer of a derived link as `same_peer` compares it (udp: address and VNI, or the
+/// reach key and VNI; tcp: the dialed socket address or the accepted address, and VNI).
+/// Derived links are never direct.
+fn derived_peer_key(l: &Link) -> Option<PeerKey> {
+    match (&l.kind, l.reach) {
+        (LinkKind::Udp(_), Some(k)) => Some(PeerKey::Reach(k.0, l.vni)),
+        (LinkKind::Udp(a), None) => Some(PeerKey::Addr(0, a.ip(), 0, l.vni)),
+        (LinkKind::TcpDial(a), _) => Some(PeerKey::Addr(1, a.ip(), a.port(), l.vni)),
+        (LinkKind::TcpAccept(ip), _) => Some(PeerKey::Addr(2, *ip, 0, l.vni)),
         _ => None,
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum PeerKey {
+    Addr(u8, std::net::IpAddr, u16, u32),
+    Reach([u8; 32], u32),
 }
 
 pub(crate) type MatchKey = (u8, [u8; 6]);
@@ -314,33 +368,17 @@ pub fn derive(local_host: &HostId, state: &ClusterState, local: &Config) -> Deri
     let mut reach: BTreeMap<(&HostId, u32), String> = BTreeMap::new();
     let mut no_transport: BTreeSet<&HostId> = BTreeSet::new();
     // The first derived link to each peer (what `same_peer` compares), by its key.
-    let mut first_by_peer: BTreeMap<(u8, std::net::IpAddr, u16, u32), usize> = BTreeMap::new();
+    let mut first_by_peer: BTreeMap<PeerKey, usize> = BTreeMap::new();
     for (h, v) in wanted {
         let Some(rec) = state.host(h) else { continue };
-        let Some(kind) = transport(local_host, local_record, rec) else {
-            if no_transport.insert(h) {
-                conflicts.push(Conflict::NoTransport { host: h.clone() });
-            }
-            continue;
-        };
-        // Encrypted exactly when both hosts publish keys; a host with a key never links in
-        // plaintext, and encryption is for udp links only.
-        let local_key = local_record.and_then(HostRecord::noise_key);
-        let encrypt = match (local_key, rec.noise_key(), &kind) {
-            (None, None, _) => None,
-            (Some(_), Some(k), LinkKind::Udp(_)) => Some(k),
-            _ => {
+        let link = match derived_link(local_host, local_record, rec, v) {
+            Ok(l) => l,
+            Err(c) => {
                 if no_transport.insert(h) {
-                    conflicts.push(Conflict::EncryptionMismatch { host: h.clone() });
+                    conflicts.push(c);
                 }
                 continue;
             }
-        };
-        let link = Link {
-            name: derived_link_name(h, v),
-            kind,
-            vni: v,
-            encrypt,
         };
         if let Some(l) = local.link(&link.name) {
             if *l == link {
@@ -584,6 +622,7 @@ impl DerivedConfig {
                         kind: spec.kind.clone(),
                         vni: spec.vni.unwrap_or(1),
                         encrypt: spec.encrypt,
+                        reach: spec.reach,
                     },
                 );
             }
@@ -638,6 +677,7 @@ pub(crate) fn link_add_command(l: &Link) -> Command {
         kind: l.kind.clone(),
         vni: Some(l.vni),
         encrypt: l.encrypt,
+        reach: l.reach,
         rate: None,
     })
 }
@@ -702,6 +742,9 @@ pub fn render_command(cmd: &Command) -> Option<String> {
             };
             if let Some(k) = &s.encrypt {
                 t.push_str(&format!(" encrypt {k}"));
+            }
+            if let Some(k) = &s.reach {
+                t.push_str(&format!(" reach {k}"));
             }
             t
         }

@@ -20,12 +20,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use vnet_control::{Command, Config, DestKind, Link, LinkKind, Route, RouteOp};
+use vnet_control::{Command, Config, DestKind, Link, Route, RouteOp};
 use vnet_wire::MacAddr;
 
 use crate::derive::{
-    derive, derived_link_name, diff, link_add_command, route_command, route_order, route_to,
-    transport, Conflict, Derivation, DerivedConfig,
+    derive, diff, link_add_command, route_command, route_order, route_to, Conflict, Derivation,
+    DerivedConfig,
 };
 use crate::schema::{ClusterKey, HostId, HostRecord, Policy};
 use crate::state::ClusterState;
@@ -480,27 +480,7 @@ fn pair_link(
     rec: &HostRecord,
     vni: u32,
 ) -> Result<Link, Conflict> {
-    let Some(kind) = transport(local_host, local_record, rec) else {
-        return Err(Conflict::NoTransport {
-            host: rec.host_id.clone(),
-        });
-    };
-    let local_key = local_record.and_then(HostRecord::noise_key);
-    let encrypt = match (local_key, rec.noise_key(), &kind) {
-        (None, None, _) => None,
-        (Some(_), Some(k), LinkKind::Udp(_)) => Some(k),
-        _ => {
-            return Err(Conflict::EncryptionMismatch {
-                host: rec.host_id.clone(),
-            })
-        }
-    };
-    Ok(Link {
-        name: derived_link_name(&rec.host_id, vni),
-        kind,
-        vni,
-        encrypt,
-    })
+    crate::derive::derived_link(local_host, local_record, rec, vni)
 }
 
 fn same_peer(a: &Link, b: &Link) -> bool {

@@ -118,11 +118,11 @@ pub use incremental::Deriver;
 pub use matrix::{MatrixRecord, MAX_MATRIX_PAIRS};
 pub use schema::{
     encode, hosts_prefix, key_for_host, key_for_interface, key_for_matrix, key_for_policy,
-    key_for_route, matrix_prefix, overlay_prefix, parse_entry, parse_key, plan_move, ClusterEntry,
-    ClusterKey, HostId, HostRecord, InterfaceMove, InterfaceRecord, OperatorRoute, OverlayName,
-    Policy, RouteId, RouteRecord, SchemaError, CAP_NOISE, CAP_TCP, CAP_VXLAN, KEY_ROOT,
-    MAX_HOST_ID_LEN, MAX_KEY_LEN, MAX_OVERLAY_NAME_LEN, MAX_ROUTE_ID_LEN, MAX_VALUE_LEN,
-    SCHEMA_VERSION,
+    key_for_route, matrix_prefix, overlay_prefix, parse_entry, parse_key, plan_move,
+    CandidateRecord, ClusterEntry, ClusterKey, HostId, HostReach, HostRecord, InterfaceMove,
+    InterfaceRecord, OperatorRoute, OverlayName, Policy, RouteId, RouteRecord, SchemaError,
+    CAP_NOISE, CAP_RELAY, CAP_TCP, CAP_VXLAN, KEY_ROOT, MAX_HOST_ID_LEN, MAX_KEY_LEN,
+    MAX_OVERLAY_NAME_LEN, MAX_ROUTE_ID_LEN, MAX_VALUE_LEN, SCHEMA_VERSION,
 };
 pub use state::ClusterState;
 pub use suggest::{suggest, suggested_link_name, SuggestedLink, SUGGESTED_LINK_PREFIX};

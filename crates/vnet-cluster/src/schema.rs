@@ -22,7 +22,8 @@ pub use keys::{
 pub use names::{HostId, OverlayName, RouteId};
 pub(crate) use records::mac_text;
 pub use records::{
-    plan_move, HostRecord, InterfaceMove, InterfaceRecord, OperatorRoute, Policy, RouteRecord,
+    plan_move, CandidateRecord, HostReach, HostRecord, InterfaceMove, InterfaceRecord,
+    OperatorRoute, Policy, RouteRecord,
 };
 
 /// Every overlay lives under `/vnet/<overlay>/`.
@@ -41,6 +42,10 @@ pub const MAX_ROUTE_ID_LEN: usize = 64;
 pub(crate) const MAX_CAPABILITIES: usize = 32;
 pub(crate) const MAX_CAPABILITY_LEN: usize = 32;
 pub(crate) const MAX_PUBLIC_KEY_LEN: usize = 256;
+/// Candidates accepted in a host record (vnetd publishes at most 8).
+pub(crate) const MAX_CANDIDATE_RECORDS: usize = 16;
+/// Relays a host record may name.
+pub(crate) const MAX_RELAY_RECORDS: usize = 8;
 
 /// The host can be reached by VXLAN over UDP on `udp_port`.
 pub const CAP_VXLAN: &str = "vxlan";
@@ -48,6 +53,8 @@ pub const CAP_VXLAN: &str = "vxlan";
 pub const CAP_TCP: &str = "tcp";
 /// The host runs encrypted udp links with its static `public_key` (which it then must have).
 pub const CAP_NOISE: &str = "noise";
+/// The host relays datagrams between other hosts that cannot reach each other (`--relay`).
+pub const CAP_RELAY: &str = "relay";
 
 /// Why a key or value from the store was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -157,6 +157,7 @@ mod tests {
             capabilities: vec!["vxlan".into()],
             public_key: None,
             version: SCHEMA_VERSION,
+            reach: Default::default(),
         }
     }
 

@@ -168,6 +168,7 @@ mod tests {
                 capabilities: vec!["vxlan".into()],
                 public_key: None,
                 version: SCHEMA_VERSION,
+                reach: Default::default(),
             }));
             for i in 1..=2 {
                 s.insert(ClusterEntry::Interface(InterfaceRecord {

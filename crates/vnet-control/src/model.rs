@@ -119,6 +119,8 @@ pub struct Link {
     pub vni: u32,
     /// The peer's static public key when the link is encrypted (udp links only).
     pub encrypt: Option<vnet_crypto::PublicKey>,
+    /// The peer's probe key when vnetd finds the link's path itself (udp links only).
+    pub reach: Option<vnet_crypto::PublicKey>,
 }
 
 fn ser_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
@@ -537,8 +539,16 @@ impl Config {
         let vni = spec.vni.unwrap_or(DEFAULT_VNI);
         for l in &self.links {
             let clash = match (&l.kind, &spec.kind) {
-                // UDP datagrams are assigned to links by (source IP, VNI).
-                (LinkKind::Udp(a), LinkKind::Udp(b)) => a.ip() == b.ip() && l.vni == vni,
+                // UDP datagrams are assigned to links by (source IP, VNI), a reach link's by
+                // the peer's endpoints that answered its probes: one per (peer key, VNI).
+                (LinkKind::Udp(a), LinkKind::Udp(b)) => {
+                    l.vni == vni
+                        && match (l.reach, spec.reach) {
+                            (None, None) => a.ip() == b.ip(),
+                            (Some(x), Some(y)) => x == y,
+                            _ => false,
+                        }
+                }
                 (LinkKind::TcpDial(a), LinkKind::TcpDial(b)) => a == b && l.vni == vni,
                 (LinkKind::TcpAccept(a), LinkKind::TcpAccept(b)) => a == b && l.vni == vni,
                 // One direct link per device: two would each take every LAN frame.
@@ -562,6 +572,7 @@ impl Config {
             kind: spec.kind.clone(),
             vni,
             encrypt: spec.encrypt,
+            reach: spec.reach,
         };
         self.links.push(link.clone());
         let mut ch = vec![Change::AddLink(link)];

@@ -112,6 +112,22 @@ fn link_clashes() {
     run(&mut c, "link add b udp 10.0.0.2").unwrap();
     refused(&mut c, "link add b2 udp 10.0.0.2:5000", "already covers");
     run(&mut c, "link add b2 udp 10.0.0.2 vni 2").unwrap();
+    // Reach links are one per (peer key, VNI), whatever their addresses (two sites may use
+    // the same private range), and never clash with a plain link's address.
+    let k1 = "q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=";
+    let k2 = "AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA=";
+    run(&mut c, &format!("link add r1 udp 10.0.0.2 reach {k1}")).unwrap();
+    run(&mut c, &format!("link add r2 udp 10.0.0.2 reach {k2}")).unwrap();
+    refused(
+        &mut c,
+        &format!("link add r3 udp 10.0.0.7 reach {k1}"),
+        "already covers",
+    );
+    run(
+        &mut c,
+        &format!("link add r3 udp 10.0.0.7 vni 2 reach {k1}"),
+    )
+    .unwrap();
     run(&mut c, "link add l direct eth0").unwrap();
     assert!(run(&mut c, "link add l2 direct eth0 vni 2").is_err());
     assert!(run(&mut c, "interface add x tap ifname eth0").is_err());
@@ -253,7 +269,7 @@ fn policies() {
 
 #[test]
 fn script_roundtrip_and_inverse() {
-    let script = "set learn on\nset mode polling\nset adaptive-low 20\nset adaptive-high 50\nset cpus 1\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000 queues 2 offload off\ninterface add vm2 vhost-user /run/vm2.sock mac 02:00:00:00:00:02 queues 2 client any-source rate 50\ninterface add vm3 tap mac 02:00:00:00:00:03 rate 10 burst 70\nlink add b udp 10.0.0.2 vni 1 rate 300 burst 1000\nlink add e udp 10.0.0.9 vni 1 encrypt q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80= rate 20 burst 200\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
+    let script = "set learn on\nset mode polling\nset adaptive-low 20\nset adaptive-high 50\nset cpus 1\nlisten tcp 10.0.0.1:7000\ninterface add vm1 tap mac 02:00:00:00:00:01 netns g1 mtu 9000 queues 2 offload off\ninterface add vm2 vhost-user /run/vm2.sock mac 02:00:00:00:00:02 queues 2 client any-source rate 50\ninterface add vm3 tap mac 02:00:00:00:00:03 rate 10 burst 70\nlink add b udp 10.0.0.2 vni 1 rate 300 burst 1000\nlink add e udp 10.0.0.9 vni 1 encrypt q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80= reach AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA= rate 20 burst 200\nlink add t tcp accept 10.0.0.3\nlink add l direct eth1\nroute add not 02:00:00:00:00:05 broadcast link b\nroute add any 02:00:00:00:00:01 interface vm1\n";
     let mut c = Config::default();
     for (_, cmd) in parse_script(script).unwrap() {
         c.apply(&cmd, &mut mac_gen()).unwrap();

@@ -188,6 +188,9 @@ pub(crate) fn link_line(l: &Link, rate: Option<&RateLimit>) -> String {
     if let Some(k) = &l.encrypt {
         let _ = write!(s, " encrypt {k}");
     }
+    if let Some(k) = &l.reach {
+        let _ = write!(s, " reach {k}");
+    }
     if let Some(r) = rate {
         let _ = write!(s, " {r}");
     }

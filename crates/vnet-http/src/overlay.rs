@@ -449,6 +449,7 @@ mod tests {
                 capabilities: vec!["vxlan".into()],
                 public_key: None,
                 version: vnet_cluster::SCHEMA_VERSION,
+                reach: Default::default(),
             };
             s.apply_put(&key_for_host(&overlay, &id), &encode(&rec))
                 .unwrap();

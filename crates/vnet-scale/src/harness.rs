@@ -212,6 +212,7 @@ impl Harness {
             capabilities: vec![vnet_cluster::CAP_VXLAN.to_string()],
             public_key: None,
             version: SCHEMA_VERSION,
+            reach: Default::default(),
         };
         let (stop, crash) = (
             Arc::new(AtomicBool::new(false)),

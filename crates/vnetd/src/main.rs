@@ -203,6 +203,7 @@ fn etcd_setup(
             .collect(),
         public_key: public_key.map(|k| k.to_string()),
         version: vnet_cluster::SCHEMA_VERSION,
+        reach: Default::default(),
     };
     record.validate().context("host record")?;
     let client = vnet_etcd::Client::new(&cc).context("etcd client")?;

@@ -25,6 +25,7 @@ fn record(h: &str, last: u8) -> HostRecord {
         capabilities: vec![CAP_VXLAN.into()],
         public_key: None,
         version: SCHEMA_VERSION,
+        reach: Default::default(),
     }
 }
 

@@ -22,6 +22,7 @@ fn host(id: &str, addr: &str, caps: &[&str]) -> ClusterEntry {
         capabilities: caps.iter().map(|c| c.to_string()).collect(),
         public_key: None,
         version: SCHEMA_VERSION,
+        reach: Default::default(),
     })
 }
 
@@ -501,6 +502,7 @@ fn applied_record_follows_the_running_configuration() {
             kind: LinkKind::Direct("eth0".into()),
             vni: None,
             encrypt: None,
+            reach: None,
             rate: None,
         })),
         Some("link add x direct eth0".into())
@@ -680,6 +682,7 @@ fn keyed_host(id: &str, addr: &str, key_byte: Option<u8>) -> ClusterEntry {
         capabilities: caps,
         public_key,
         version: SCHEMA_VERSION,
+        reach: Default::default(),
     })
 }
 
@@ -707,6 +710,7 @@ fn hosts_with_keys_link_encrypted_and_never_in_plaintext() {
             kind: LinkKind::Udp("10.0.0.2:4789".parse().unwrap()),
             vni: 1,
             encrypt: Some(b_key),
+            reach: None,
         }]
     );
     assert!(lines(&d.config).contains(&format!(
@@ -756,4 +760,56 @@ fn capability_noise_needs_a_valid_key() {
     r.capabilities.retain(|c| c != CAP_NOISE);
     assert!(r.validate().is_ok());
     assert_eq!(r.noise_key(), None);
+}
+
+#[test]
+fn reach_links_go_by_probe_key() {
+    // Two sites with the same private range: b and c both publish 192.168.1.2. With probe keys
+    // on every host each gets its own reach link; d, without one, is linked to by address.
+    let with_key = |e: ClusterEntry, k: u8| match e {
+        ClusterEntry::Host(mut r) => {
+            r.reach.probe_key = Some(vnet_crypto::PublicKey([k; 32]).to_string());
+            ClusterEntry::Host(r)
+        }
+        e => e,
+    };
+    let s = state(vec![
+        with_key(host("a", "10.0.0.1", &["vxlan"]), 1),
+        with_key(host("b", "192.168.1.2", &["vxlan"]), 2),
+        with_key(host("c", "192.168.1.2", &["vxlan"]), 3),
+        host("d", "10.0.0.4", &["vxlan"]),
+        placed("b", 1, "52:54:00:00:0b:01", "x"),
+        placed("c", 1, "52:54:00:00:0c:01", "x"),
+        placed("d", 1, "52:54:00:00:0d:01", "x"),
+    ]);
+    let d = derive(
+        &h("a"),
+        &s,
+        &config("interface add x tap mac 52:54:00:00:0a:01"),
+    );
+    assert_eq!(d.conflicts, vec![]);
+    let k = |b: u8| vnet_crypto::PublicKey([b; 32]).to_string();
+    let links: Vec<String> = lines(&d.config)
+        .into_iter()
+        .filter(|l| l.starts_with("link"))
+        .collect();
+    assert_eq!(
+        links,
+        [
+            format!("link add c-b-v1 udp 192.168.1.2:4789 vni 1 reach {}", k(2)),
+            format!("link add c-c-v1 udp 192.168.1.2:4789 vni 1 reach {}", k(3)),
+            "link add c-d-v1 udp 10.0.0.4:4789 vni 1".to_string(),
+        ]
+    );
+    // A host without a probe key of its own links to nobody by key.
+    let dd = derive(
+        &h("d"),
+        &s,
+        &config("interface add x tap mac 52:54:00:00:0d:02"),
+    );
+    assert!(lines(&dd.config).iter().all(|l| !l.contains("reach")));
+    assert!(dd
+        .conflicts
+        .iter()
+        .any(|c| matches!(c, Conflict::SharedPeer { .. })));
 }

@@ -10,6 +10,16 @@ fn h(s: &str) -> HostId {
 }
 
 fn host(id: &str, addr: u8, caps: &[&str]) -> ClusterEntry {
+    host_probing(id, addr, caps, false)
+}
+
+/// A host record, with a probe key (one per host id) when `probe`: its udp links then go by
+/// key, so two hosts at one address both get theirs.
+fn host_probing(id: &str, addr: u8, caps: &[&str], probe: bool) -> ClusterEntry {
+    let probe_key = probe.then(|| {
+        let b = id.as_bytes()[0];
+        vnet_crypto::PublicKey([b; 32]).to_string()
+    });
     ClusterEntry::Host(HostRecord {
         host_id: h(id),
         addr: format!("10.0.0.{addr}").parse().unwrap(),
@@ -18,6 +28,10 @@ fn host(id: &str, addr: u8, caps: &[&str]) -> ClusterEntry {
         capabilities: caps.iter().map(|c| c.to_string()).collect(),
         public_key: None,
         version: SCHEMA_VERSION,
+        reach: crate::schema::HostReach {
+            probe_key,
+            ..Default::default()
+        },
     })
 }
 
@@ -34,9 +48,9 @@ enum Event {
 
 fn arb_event() -> impl Strategy<Value = Event> {
     prop_oneof![
-        4 => (0usize..5, 1u8..4, 0usize..3).prop_map(|(i, addr, caps)| {
+        4 => (0usize..5, 1u8..4, 0usize..3, any::<bool>()).prop_map(|(i, addr, caps, probe)| {
             let caps: &[&str] = [&["vxlan"][..], &["tcp"], &["vxlan", "tcp"]][caps];
-            Event::Put(host(POOL[i], addr, caps))
+            Event::Put(host_probing(POOL[i], addr, caps, probe))
         }),
         2 => (0usize..5).prop_map(|i| Event::Delete(ClusterKey::Host(h(POOL[i])))),
         8 => (0usize..5, 1u32..4, 1u8..7).prop_map(|(i, vni, m)| {

@@ -10,8 +10,8 @@ use vnet_wire::{MacAddr, VNI_MAX};
 use super::keys::{key_for_interface, ClusterKey};
 use super::names::{HostId, OverlayName, RouteId};
 use crate::schema::{
-    bad_value, encode, quote, SchemaError, CAP_NOISE, CAP_TCP, MAX_CAPABILITIES,
-    MAX_CAPABILITY_LEN, MAX_PUBLIC_KEY_LEN,
+    bad_value, encode, quote, SchemaError, CAP_NOISE, CAP_TCP, MAX_CANDIDATE_RECORDS,
+    MAX_CAPABILITIES, MAX_CAPABILITY_LEN, MAX_PUBLIC_KEY_LEN, MAX_RELAY_RECORDS,
 };
 
 /// A host of the overlay, written by its daemon under the daemon's lease: when the host dies
@@ -35,6 +35,37 @@ pub struct HostRecord {
     /// The record format the writer used ([`SCHEMA_VERSION`]). Readers ignore fields they do
     /// not know, so a newer writer may add some.
     pub version: u32,
+    /// How others reach the host wherever it is (behind a NAT: docs/design/reach.md).
+    #[serde(flatten)]
+    pub reach: HostReach,
+}
+
+/// The reach part of a host record: absent in records of hosts from before it, which are
+/// linked to as before (their address, no probes).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct HostReach {
+    /// Base64 X25519 key that authenticates the host's probes and relay bindings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_key: Option<String>,
+    /// Endpoints where the host's VXLAN socket may be reached, best first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<CandidateRecord>,
+    /// What observers say of a NAT in front of the host: `none`, `eim` (endpoint-independent
+    /// mapping), `edm` (a symmetric NAT); absent while unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat: Option<String>,
+    /// The relays (hosts with capability `relay`) the host is bound to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relays: Vec<HostId>,
+}
+
+/// One endpoint of a host: `kind` is `advertised`, `reflexive` or `local` (others are kept
+/// and read as reflexive).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CandidateRecord {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub kind: String,
 }
 
 impl HostRecord {
@@ -85,6 +116,7 @@ impl HostRecord {
                 ));
             }
         }
+        self.validate_reach()?;
         if self.has_capability(CAP_NOISE) && self.noise_key().is_none() {
             return bad_value(format!(
                 "host {}: capability noise without a valid public_key (32 bytes, base64)",
@@ -92,6 +124,46 @@ impl HostRecord {
             ));
         }
         Ok(())
+    }
+
+    fn validate_reach(&self) -> Result<(), SchemaError> {
+        let r = &self.reach;
+        let id = &self.host_id;
+        if let Some(k) = &r.probe_key {
+            if vnet_crypto::PublicKey::parse(k).is_err() {
+                return bad_value(format!("host {id}: probe key is not 32 bytes of base64"));
+            }
+        }
+        if r.candidates.len() > MAX_CANDIDATE_RECORDS {
+            return bad_value(format!(
+                "host {id}: more than {MAX_CANDIDATE_RECORDS} candidates"
+            ));
+        }
+        for c in &r.candidates {
+            if c.addr.is_unspecified() || c.addr.is_multicast() || c.port == 0 {
+                return bad_value(format!("host {id}: candidate {}:{}", c.addr, c.port));
+            }
+            let ok = !c.kind.is_empty()
+                && c.kind.len() <= MAX_CAPABILITY_LEN
+                && c.kind.bytes().all(|b| b.is_ascii_lowercase() || b == b'-');
+            if !ok {
+                return bad_value(format!("host {id}: candidate kind {}", quote(&c.kind)));
+            }
+        }
+        if let Some(n) = &r.nat {
+            if n.len() > MAX_CAPABILITY_LEN || !n.bytes().all(|b| b.is_ascii_lowercase()) {
+                return bad_value(format!("host {id}: nat {}", quote(n)));
+            }
+        }
+        if r.relays.len() > MAX_RELAY_RECORDS {
+            return bad_value(format!("host {id}: more than {MAX_RELAY_RECORDS} relays"));
+        }
+        Ok(())
+    }
+
+    /// The key this host's probes are authenticated with, when it published a valid one.
+    pub fn probe_key(&self) -> Option<vnet_crypto::PublicKey> {
+        vnet_crypto::PublicKey::parse(self.reach.probe_key.as_deref()?).ok()
     }
 
     /// The key encrypted links to this host use: its `public_key`, when it has capability

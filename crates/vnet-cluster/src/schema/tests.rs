@@ -25,6 +25,7 @@ fn host(id: &str) -> HostRecord {
         capabilities: vec!["vxlan".into(), "tcp".into()],
         public_key: Some("q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=".into()),
         version: SCHEMA_VERSION,
+        reach: Default::default(),
     }
 }
 

@@ -97,6 +97,7 @@ pub(super) fn parse_link(w: &mut Words) -> Result<LinkSpec, ParseError> {
     };
     let mut v = None;
     let mut encrypt = None;
+    let mut reach = None;
     let mut rate = None;
     while let Some(opt) = w.peek() {
         w.pos += 1;
@@ -111,8 +112,17 @@ pub(super) fn parse_link(w: &mut Words) -> Result<LinkSpec, ParseError> {
                     .map_err(|e| ParseError(format!("encrypt {}: {e}", quote(k))))?;
                 set_once(&mut encrypt, key, opt)?
             }
+            "reach" => {
+                if !matches!(kind, LinkKind::Udp(_)) {
+                    return err("option reach is for udp links only".to_string());
+                }
+                let k = w.next("the peer's probe key (base64)")?;
+                let key = vnet_crypto::PublicKey::parse(k)
+                    .map_err(|e| ParseError(format!("reach {}: {e}", quote(k))))?;
+                set_once(&mut reach, key, opt)?
+            }
             "rate" => set_once(&mut rate, rate_limit(w)?, opt)?,
-            o => return unknown("link option", o, "vni, encrypt, rate"),
+            o => return unknown("link option", o, "vni, encrypt, reach, rate"),
         }
     }
     Ok(LinkSpec {
@@ -120,6 +130,7 @@ pub(super) fn parse_link(w: &mut Words) -> Result<LinkSpec, ParseError> {
         kind,
         vni: v,
         encrypt,
+        reach,
         rate,
     })
 }

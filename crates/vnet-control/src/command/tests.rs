@@ -67,6 +67,7 @@ fn links() {
             kind: LinkKind::Udp("10.0.0.2:4789".parse().unwrap()),
             vni: None,
             encrypt: None,
+            reach: None,
             rate: None,
         })
     );
@@ -77,6 +78,7 @@ fn links() {
             kind: LinkKind::Udp("[fd00::2]:5000".parse().unwrap()),
             vni: Some(3),
             encrypt: None,
+            reach: None,
             rate: None,
         })
     );
@@ -115,6 +117,13 @@ fn links() {
         Command::LinkAdd(LinkSpec { encrypt: Some(k), vni: Some(4), .. }) if k.to_string() == key
     ));
     assert!(e(&format!("link add t tcp 10.0.0.2:7000 encrypt {key}")).contains("udp links only"));
+    assert!(matches!(
+        p(&format!("link add b udp 10.0.0.2 reach {key} encrypt {key}")),
+        Command::LinkAdd(LinkSpec { reach: Some(r), encrypt: Some(_), .. }) if r.to_string() == key
+    ));
+    assert!(e(&format!("link add t tcp 10.0.0.2:7000 reach {key}")).contains("udp links only"));
+    assert!(e("link add b udp 10.0.0.2 reach AAAA").contains("32"));
+    assert!(e(&format!("link add b udp 10.0.0.2 reach {key} reach {key}")).contains("reach"));
     assert!(e("link add b udp 10.0.0.2 encrypt abc").contains("encrypt"));
     assert!(e("link add b udp 10.0.0.2 encrypt AAAA").contains("32"));
     assert!(e("link add b udp 10.0.0.2 encrypt").contains("public key"));
