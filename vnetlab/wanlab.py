@@ -424,6 +424,11 @@ class WanLab:
         self._join_public(ns)
         return ip
 
+    def adopt(self, ns: netlab.Netns) -> None:
+        """A namespace already on the public segment (``lab.host()``, such as etcdlab's) learns
+        the segment's routes, now and later."""
+        self._join_public(ns)
+
     def _join_public(self, ns: netlab.Netns) -> None:
         self.public.append(ns)
         for prefix, via in self.routes:
