@@ -5,6 +5,7 @@ they say, the small-MTU path answers with ICMP (and the black hole does not), a 
 jitter, loss and rate come out as asked, and a short conntrack timeout expires a mapping.
 Every claim later made about NAT traversal rests on these."""
 
+import shutil
 import socket
 import statistics
 import struct
@@ -22,12 +23,20 @@ IP_MTU_DISCOVER, IP_PMTUDISC_DO, IP_MTU = 10, 2, 14
 ICMP_FRAG_NEEDED = (3, 4)
 
 
+@pytest.fixture(autouse=True)
+def wan_tools():
+    """Fail loudly (not skip) without what the lab needs."""
+    missing = [t for t in ("nft", "conntrack", "ethtool") if shutil.which(t) is None]
+    if missing:
+        pytest.fail(f"missing tools: {', '.join(missing)} (scripts/setup.sh installs nftables, conntrack, ethtool)")
+    if not wanlab.PATHEM.exists():
+        pytest.fail(f"{wanlab.PATHEM} missing: cargo build --release -p vnet-pathem")
+
+
 @pytest.fixture(scope="module")
 def matrix(tools):
     """Three public hosts (two STUN servers on the first two) and two sites of every NAT kind,
     one host each: shared by the mapping and punching tests (built once, ~2 s)."""
-    if not wanlab.PATHEM.exists():
-        pytest.fail(f"{wanlab.PATHEM} missing: cargo build --release -p vnet-pathem")
     lab = wanlab.new_lab("wanlab-matrix")
     try:
         wan = wanlab.WanLab(lab)
