@@ -392,8 +392,6 @@ def main(argv=None) -> int:
                     + a.rounds * 3 * (a.tcp_seconds + 1) + 40, 1 + npairs + 9 * a.rounds)
     with guarded(doc["meta"]["notes"], prog):
         lab = wanlab.new_lab("reach")
-        lab.keep_workdir = True
-        doc["meta"]["workdir"] = str(lab.workdir)
         wan = wanlab.WanLab(lab)
         etcd = EtcdServer(lab, overlay=OVERLAY_MATRIX)
         wan.adopt(etcd.ns)
