@@ -38,6 +38,10 @@ ensure_cnitool
 # directory, so podman's default network (the cni-podman0 bridge) is never made.
 ensure_packages_no_start podman runc
 ensure_packages busybox-static
+# Issue #31's wide-area lab (vnetlab/wanlab.py, tests/system/test_wanlab.py, bench/reach.py): its
+# NAT routers and firewalls are nftables rulesets in namespaces, conntrack -L/-F reads and clears
+# their mappings, ethtool turns offloads off where frames enter vnet-pathem.
+ensure_packages nftables conntrack ethtool
 ensure_cargo
 
 if ! python3 -c 'import pytest' 2>/dev/null; then

@@ -8,7 +8,10 @@ veth pairs, TAP devices, bridges, the kernel's VXLAN) with one guaranteed cleanu
   what netlab builds on, each module one job;
 - ``control``: the control port spoken line by line (the grammar's Python side);
 - ``etcdlab``: a real etcd in a namespace of the lab, and ``vnetctl --etcd`` spoken to it;
-- ``httplab``: real clients of vnetd's HTTP listener (HTTP, Prometheus, headless Chromium).
+- ``httplab``: real clients of vnetd's HTTP listener (HTTP, Prometheus, headless Chromium);
+- ``wanlab``: the wide-area lab on netlab: a public segment, sites behind NAT routers of each
+  kind, firewalls, a small-MTU path, paths with delay, jitter, loss and a rate (``vnet-pathem``);
+  ``stun``: a tiny STUN server and client for it.
 
 The system tests (tests/system), the benchmark suite (bench/) and the demo import it as a
 package from the repository root: ``from vnetlab import netlab``. pytest puts the root on the

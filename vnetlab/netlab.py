@@ -423,6 +423,25 @@ class Lab:
         host.ip_link("set", "eth0", "up")
         return ip
 
+    def underlay(self) -> Netns:
+        """The wire namespace (its bridge ``br0`` is the underlay), made on first use."""
+        return self._underlay()
+
+    def wire_port(self, ip: Optional[str] = None) -> tuple:
+        """A fresh bridge-port name on the wire and an underlay address (``ip``, or the next
+        free one): (port, ip), for builders that attach a namespace their own way
+        (``wanlab``)."""
+        n = self._next_host
+        self._next_host += 1
+        return f"h{n}", ip or f"{self.subnet}.{n}"
+
+    def register_host(self, host: Host) -> None:
+        """A host built elsewhere (``wanlab``'s site hosts) joins the lab's hosts: its daemons
+        are torn down at close and its logs attached to failure reports."""
+        if host not in self.hosts:
+            self.hosts.append(host)
+        self._save_state()
+
     def host(self, role: str, ip: Optional[str] = None) -> Host:
         """A new host namespace on the underlay."""
         h = Host(self, role, None)
