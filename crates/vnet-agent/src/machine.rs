@@ -786,8 +786,9 @@ impl Machine {
         if self.record.reach == reach {
             return false;
         }
+        // Not put into the state here: the state says what the store holds, and the record
+        // differing from it is what makes the next publication put it.
         self.record.reach = reach;
-        self.own_record_known();
         true
     }
 

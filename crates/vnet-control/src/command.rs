@@ -365,6 +365,8 @@ pub enum ShowWhat {
     Config,
     /// The etcd agent's state and what it derived (`vnetd --etcd`).
     Cluster,
+    /// How this host is reached and how it reaches each peer host (`vnetd --etcd`).
+    Reach,
 }
 
 /// A command line that is not valid in the language.

@@ -16,9 +16,11 @@ use crate::model::{Config, DataPathSettings, Interface, Link};
 use crate::routes::Route;
 
 mod columns;
+mod reach;
 mod render;
 
 pub use columns::{Col, Columns};
+pub use reach::{ReachPeer, ReachReport};
 
 /// Whether a port is one of this host's interfaces or a link to elsewhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -9,7 +9,6 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
-use socket2::SockAddr;
 use vm_memory::VolatileSlice;
 use vnet_core::{DropReason, PortCounters};
 use vnet_crypto::{DATA_HEADER_LEN, DATA_OVERHEAD, TAG_LEN};
@@ -17,13 +16,19 @@ use vnet_wire::VXLAN_HEADER_LEN;
 
 use crate::counters::OffloadCounters;
 use crate::crypto::LinkCrypto;
+use crate::reach::{LinkPath, PathCell};
 use crate::sys::IoPart;
 use crate::udp::{VxlanSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use socket2::SockAddr;
 
 /// The sending side of a udp link.
 pub struct UdpLinkTx {
     pub sock: Arc<VxlanSocket>,
-    pub to: SockAddr,
+    /// Where its datagrams go now: the configured peer, or (a reach link) the path vnetd's
+    /// reach thread chose, swapped whole.
+    pub path: Arc<PathCell>,
+    /// The configured peer when nothing else decides the path (None: a reach link).
+    pub fixed_peer: Option<std::net::SocketAddr>,
     pub header: [u8; VXLAN_HEADER_LEN],
     /// Smallest datagram size the kernel refused to segment (larger than the path MTU);
     /// runs of that size or more go one datagram at a time.
@@ -83,8 +88,9 @@ pub struct TxBatch<'a> {
     heads: Vec<u8>,
 }
 
-/// One datagram ready to send: its link, its parts, its length.
-type Ready<'b> = (&'b UdpLinkTx, [IoPart<'b>; 3], usize);
+/// One datagram ready to send: its link, the link's path, its parts (the path's prefix
+/// first), its length.
+type Ready<'b> = (&'b UdpLinkTx, &'b LinkPath, [IoPart<'b>; 4], usize);
 
 /// How a run of datagrams goes out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,7 +166,12 @@ impl<'a> TxBatch<'a> {
     /// are read straight from its memory) and sealed in place. Each run of consecutive
     /// datagrams to one link takes its session once and its counters in one
     /// [`vnet_crypto::Session::reserve`]; nothing is allocated per datagram.
-    fn ready<'b>(&'b self, sealed: &'b mut Vec<u8>) -> Vec<Ready<'b>> {
+    fn ready<'b>(
+        &'b self,
+        sealed: &'b mut Vec<u8>,
+        paths: &'b [Arc<LinkPath>],
+        path_of: &[usize],
+    ) -> Vec<Ready<'b>> {
         let need: usize = self
             .udp
             .iter()
@@ -223,28 +234,54 @@ impl<'a> TxBatch<'a> {
         self.udp
             .iter()
             .zip(ranges)
-            .filter_map(|((l, h, rest), r)| match r {
-                None => Some((
-                    *l,
-                    [
-                        IoPart::from(&l.header[..]),
-                        IoPart::from(&self.heads[h.clone()]),
-                        rest.part(),
-                    ],
-                    VXLAN_HEADER_LEN + h.len() + rest.len(),
-                )),
-                Some(r) if r.is_empty() => None,
-                Some(r) => Some((
-                    *l,
-                    [
-                        IoPart::from(&sealed[r.clone()]),
-                        IoPart::from(&[][..]),
-                        IoPart::from(&[][..]),
-                    ],
-                    r.len(),
-                )),
+            .zip(path_of)
+            .filter_map(|(((l, h, rest), r), p)| {
+                let path = &*paths[*p];
+                let prefix = path.prefix();
+                match r {
+                    None => Some((
+                        *l,
+                        path,
+                        [
+                            IoPart::from(prefix),
+                            IoPart::from(&l.header[..]),
+                            IoPart::from(&self.heads[h.clone()]),
+                            rest.part(),
+                        ],
+                        prefix.len() + VXLAN_HEADER_LEN + h.len() + rest.len(),
+                    )),
+                    Some(r) if r.is_empty() => None,
+                    Some(r) => Some((
+                        *l,
+                        path,
+                        [
+                            IoPart::from(prefix),
+                            IoPart::from(&sealed[r.clone()]),
+                            IoPart::from(&[][..]),
+                            IoPart::from(&[][..]),
+                        ],
+                        prefix.len() + r.len(),
+                    )),
+                }
             })
             .collect()
+    }
+
+    /// Each queued datagram's link's path, loaded once per run of datagrams to one link (so a
+    /// path swapped meanwhile takes effect at the next batch, never half-way through a run).
+    fn paths(&self) -> (Vec<Arc<LinkPath>>, Vec<usize>) {
+        let mut paths: Vec<Arc<LinkPath>> = Vec::new();
+        let mut of = Vec::with_capacity(self.udp.len());
+        let mut last: Option<*const UdpLinkTx> = None;
+        for (l, _, _) in &self.udp {
+            let id = *l as *const UdpLinkTx;
+            if last != Some(id) {
+                paths.push(l.path.load_full());
+                last = Some(id);
+            }
+            of.push(paths.len() - 1);
+        }
+        (paths, of)
     }
 
     /// Sends the batch (see the module header) and empties it.
@@ -253,17 +290,18 @@ impl<'a> TxBatch<'a> {
             return;
         }
         let mut sealed = Vec::new();
-        let items = self.ready(&mut sealed);
-        // Links by identity, for the pure planner.
+        let (paths, path_of) = self.paths();
+        let items = self.ready(&mut sealed, &paths, &path_of);
+        // Links by identity, for the pure planner (one path per link within a batch).
         let keys: Vec<(usize, usize)> = items
             .iter()
-            .map(|(l, _, len)| (*l as *const UdpLinkTx as usize, *len))
+            .map(|(l, _, _, len)| (*l as *const UdpLinkTx as usize, *len))
             .collect();
         let runs = plan_runs(&keys, |first, size| {
             sock.gso_enabled() && size < items[first].0.gso_refused.load(Relaxed)
         });
-        let mut singles: Vec<(&SockAddr, [IoPart<'_>; 3])> = Vec::new();
-        let send_singles = |singles: &mut Vec<(&SockAddr, [IoPart<'_>; 3])>| {
+        let mut singles: Vec<(&SockAddr, [IoPart<'_>; 4])> = Vec::new();
+        let send_singles = |singles: &mut Vec<(&SockAddr, [IoPart<'_>; 4])>| {
             if singles.is_empty() {
                 return;
             }
@@ -278,13 +316,13 @@ impl<'a> TxBatch<'a> {
         for run in runs {
             let range = match run {
                 Run::Segmented { range, size } => {
-                    let link = items[range.start].0;
+                    let (link, path) = (items[range.start].0, items[range.start].1);
                     parts.clear();
-                    for (_, p, _) in &items[range.clone()] {
+                    for (_, _, p, _) in &items[range.clone()] {
                         parts.extend_from_slice(p);
                     }
                     send_singles(&mut singles);
-                    match sock.send_parts(&link.to, &parts, Some(size as u16)) {
+                    match sock.send_parts(&path.to, &parts, Some(size as u16)) {
                         Ok(()) => {
                             offload.udp_gso_sends.fetch_add(1, Relaxed);
                             continue;
@@ -304,8 +342,8 @@ impl<'a> TxBatch<'a> {
                 }
                 Run::Singles(range) => range,
             };
-            for (l, p, _) in &items[range] {
-                singles.push((&l.to, *p));
+            for (_, path, p, _) in &items[range] {
+                singles.push((&path.to, *p));
             }
         }
         send_singles(&mut singles);

@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use socket2::SockAddr;
 use tracing::{debug, info, warn};
 use vnet_control::status::CryptoStatus;
 use vnet_core::{DropReason, PortCounters};
 use vnet_crypto::{CryptoError, Message, Now, Peer, PrivateKey, PublicKey, Session, Timers};
 
+use crate::reach::PathCell;
 use crate::sys::{wait_readable, Wake};
 use crate::udp::VxlanSocket;
 use crate::worker::Worker;
@@ -72,7 +72,8 @@ pub struct LinkCrypto {
     peer: Mutex<Peer>,
     epoch: Instant,
     sock: Arc<VxlanSocket>,
-    to: SockAddr,
+    /// The link's path: handshakes go where its data goes (a relay too).
+    path: Arc<PathCell>,
     name: String,
     pub sealed: AtomicU64,
     pub opened: AtomicU64,
@@ -89,7 +90,7 @@ impl LinkCrypto {
         remote: PublicKey,
         vni: u32,
         sock: Arc<VxlanSocket>,
-        to: SockAddr,
+        path: Arc<PathCell>,
         timers: Timers,
     ) -> LinkCrypto {
         // Session indexes need only differ from a previous run's: the clock will do.
@@ -101,7 +102,7 @@ impl LinkCrypto {
             peer: Mutex::new(Peer::new(local, remote, vni, timers, seed)),
             epoch: Instant::now(),
             sock,
-            to,
+            path,
             name: name.to_string(),
             sealed: AtomicU64::new(0),
             opened: AtomicU64::new(0),
@@ -141,7 +142,11 @@ impl LinkCrypto {
     }
 
     fn send(&self, msg: &[u8]) {
-        if let Err(r) = self.sock.send_parts(&self.to, &[msg.into()], None) {
+        let path = self.path.load();
+        if let Err(r) = self
+            .sock
+            .send_parts(&path.to, &[path.prefix().into(), msg.into()], None)
+        {
             debug!(link = %self.name, ?r, "handshake message not sent");
         }
     }
@@ -270,7 +275,9 @@ pub(crate) fn established_pair(sock: Arc<VxlanSocket>) -> (Arc<LinkCrypto>, Arc<
         PrivateKey::generate().expect("key"),
         PrivateKey::generate().expect("key"),
     );
-    let to = SockAddr::from(sock.local_addr());
+    let to = Arc::new(PathCell::from_pointee(crate::reach::LinkPath::direct(
+        sock.local_addr(),
+    )));
     let t = Timers::default();
     let a = LinkCrypto::new("a", ka.clone(), kb.public(), 7, sock.clone(), to.clone(), t);
     let b = LinkCrypto::new("b", kb, ka.public(), 7, sock, to, t);

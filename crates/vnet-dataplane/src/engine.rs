@@ -36,6 +36,7 @@ use crate::nic::GuestNic;
 use crate::ports::nic::NicPort;
 use crate::ports::tcp;
 use crate::ports::{self, OpenError, Opened};
+use crate::reach::LinkPath;
 use crate::shared::{PortEntry, Shared, Snapshot};
 use crate::udp::VxlanSocket;
 use crate::worker::Worker;
@@ -66,6 +67,8 @@ struct PortRuntime {
     workers: Vec<Worker>,
     udp_peer: Option<IpAddr>,
     tcp_accept_peer: Option<IpAddr>,
+    /// A reach link: its peer's probe key and its configured address (socket form).
+    reach: Option<(vnet_crypto::PublicKey, SocketAddr)>,
     /// Whether the kernel fast path serves it.
     kernel: bool,
     /// Devices vnetd made for the port, removed when it goes for good.
@@ -100,6 +103,20 @@ pub struct Engine {
     /// ([`Engine::publish_routes`]), and the destinations they touched.
     pending: Option<ForwardingTable>,
     touched: Vec<Touched>,
+    /// Where reach says each peer's links go (by the peer's probe key).
+    reach_paths: HashMap<vnet_crypto::PublicKey, ReachPath>,
+}
+
+/// Where reach says a peer's links go now (vnetd's reach thread decides; `vnet-reach`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReachPath {
+    /// Straight to this endpoint of the peer.
+    pub direct: Option<SocketAddr>,
+    /// Else through the relay at this endpoint, the header naming the peer by its tag. With
+    /// neither, the links send to their configured address.
+    pub relay: Option<SocketAddr>,
+    /// Datagrams from these endpoints are the peer's.
+    pub accept: Vec<SocketAddr>,
 }
 
 /// Creates guest NICs of kinds this crate does not implement itself (vhost-user, in
@@ -136,7 +153,82 @@ impl Engine {
             kernel: None,
             pending: None,
             touched: Vec::new(),
+            reach_paths: HashMap::new(),
         })
+    }
+
+    /// The shared state of the forwarding threads (vnetd's reach thread takes its inbox and
+    /// sets the relay table there).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The VXLAN socket (reach's pings and pongs go out on it, so a NAT's mapping is the
+    /// data's).
+    pub fn udp_socket(&self) -> &Arc<VxlanSocket> {
+        &self.udp
+    }
+
+    /// Reach chose a path for the links to the peer with probe key `peer`: their datagrams
+    /// go there from the next batch on, and datagrams from `accept` are theirs.
+    pub fn set_reach_path(&mut self, peer: vnet_crypto::PublicKey, path: ReachPath) {
+        if self.reach_paths.get(&peer) == Some(&path) {
+            return;
+        }
+        for rt in self.ports.values() {
+            if rt.reach.map(|(k, _)| k) == Some(peer) {
+                self.realize_reach_path(rt, &path);
+            }
+        }
+        info!(peer = %vnet_reach::Tag::of(&peer), direct = ?path.direct, relay = ?path.relay,
+              accept = ?path.accept, "reach path");
+        self.reach_paths.insert(peer, path);
+        let old = self.shared.snapshot.load_full();
+        let mut snap = old.with_table(old.table.clone());
+        self.set_reach_maps(&mut snap);
+        self.shared.snapshot.store(Arc::new(snap));
+    }
+
+    /// Points a reach link's sending side at `path`.
+    fn realize_reach_path(&self, rt: &PortRuntime, path: &ReachPath) {
+        let (Some((key, configured)), Some(tx)) = (rt.reach, rt.entry.port.as_udp()) else {
+            return;
+        };
+        let v6 = self.udp.local_addr().is_ipv6();
+        let to = match (path.direct, path.relay) {
+            (Some(ep), _) => LinkPath::direct(crate::reach::for_socket(ep, v6)),
+            (None, Some(relay)) => LinkPath::relayed(
+                crate::reach::for_socket(relay, v6),
+                vnet_reach::Tag::of(&key),
+            ),
+            (None, None) => LinkPath::direct(configured),
+        };
+        tx.path.store(Arc::new(to));
+        // What the last path refused to segment says nothing about this one.
+        tx.gso_refused.store(usize::MAX, Relaxed);
+    }
+
+    /// The reach maps of a snapshot from the reach links and their peers' paths.
+    fn set_reach_maps(&self, snap: &mut Snapshot) {
+        let mut endpoints: FastMap<(SocketAddr, u32), PortId> = FastMap::default();
+        let mut tags: FastMap<(vnet_reach::Tag, u32), PortId> = FastMap::default();
+        let mut relays: FastSet<SocketAddr> = FastSet::default();
+        for rt in self.ports.values() {
+            let Some((key, _)) = rt.reach else { continue };
+            let vni = rt.entry.info.vni;
+            tags.insert((vnet_reach::Tag::of(&key), vni), rt.id);
+            if let Some(p) = self.reach_paths.get(&key) {
+                for ep in &p.accept {
+                    endpoints.insert((vnet_reach::canonical(*ep), vni), rt.id);
+                }
+                if let Some(r) = p.relay {
+                    relays.insert(vnet_reach::canonical(r));
+                }
+            }
+        }
+        snap.reach_endpoints = Arc::new(endpoints);
+        snap.reach_tags = Arc::new(tags);
+        snap.relays = Arc::new(relays);
     }
 
     /// Sets this host's static key; encrypted links need one.
@@ -287,7 +379,11 @@ impl Engine {
         };
         let opened = match &l.kind {
             LinkKind::Udp(to) => {
-                ports::udp::open(l, *to, &self.udp, self.static_key.as_ref()).map_err(err)?
+                let mut o =
+                    ports::udp::open(l, *to, &self.udp, self.static_key.as_ref()).map_err(err)?;
+                let v6 = self.udp.local_addr().is_ipv6();
+                o.reach = l.reach.map(|k| (k, crate::reach::for_socket(*to, v6)));
+                o
             }
             LinkKind::TcpDial(_) | LinkKind::TcpAccept(_) => {
                 ports::tcp::open(&self.shared, id, l).map_err(|e| err(e.into()))?
@@ -358,10 +454,20 @@ impl Engine {
                 workers: o.workers,
                 udp_peer: o.udp_peer,
                 tcp_accept_peer: o.tcp_accept_peer,
+                reach: o.reach,
                 kernel,
                 owned: o.owned,
             },
         );
+        // A new link to a peer whose path reach already knows takes it at once.
+        if let Some((key, _)) = o.reach {
+            if let (Some(rt), Some(p)) = (
+                self.ports.get(&(kind, name.to_string())),
+                self.reach_paths.get(&key),
+            ) {
+                self.realize_reach_path(rt, p);
+            }
+        }
         Ok(())
     }
 
@@ -395,6 +501,9 @@ impl Engine {
             let mut tcp_accept = (*old.tcp_accept).clone();
             tcp_accept.retain(|_, p| *p != rt.id);
             snap.tcp_accept = Arc::new(tcp_accept);
+        }
+        if rt.reach.is_some() {
+            self.set_reach_maps(&mut snap);
         }
         self.shared.snapshot.store(Arc::new(snap));
         for w in rt.workers.iter_mut() {
@@ -507,14 +616,19 @@ impl Engine {
             ports.iter().map(|(id, e)| (*id, e.info)),
             rules,
         );
-        self.shared.snapshot.store(Arc::new(Snapshot {
+        let mut snap = Snapshot {
             table,
             ports: Arc::new(ports),
             udp_peers: Arc::new(udp_peers),
             udp_ips: Arc::new(udp_ips),
             tcp_accept: Arc::new(tcp_accept),
+            reach_endpoints: Default::default(),
+            reach_tags: Default::default(),
+            relays: Default::default(),
             udp: self.udp.clone(),
-        }));
+        };
+        self.set_reach_maps(&mut snap);
+        self.shared.snapshot.store(Arc::new(snap));
         for rt in self.ports.values() {
             for s in &rt.sources {
                 if !self.dispatchers.contains(s) {

@@ -40,6 +40,7 @@ pub mod nic;
 pub mod packet;
 pub mod port;
 pub mod ports;
+pub mod reach;
 pub mod shared;
 pub mod sys;
 pub mod tap;
@@ -50,6 +51,6 @@ mod worker;
 #[cfg(test)]
 mod testing;
 
-pub use engine::{Engine, EngineError, Leave, NicFactory};
+pub use engine::{Engine, EngineError, Leave, NicFactory, ReachPath};
 pub use ingress::guest::{DirectLink, GuestFrame, Ingress, GUEST_HEAD};
 pub use nic::GuestNic;

@@ -4,7 +4,7 @@
 //! (`forward`, `ingress`, `ports`) only reads them, so this module sits below both and imports
 //! neither.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -14,11 +14,13 @@ use vnet_core::{
     DropReason, FastMap, FastSet, ForwardingTable, LearnTable, PortCounters, PortId, PortInfo,
     TrafficMatrix,
 };
+use vnet_reach::Tag;
 use vnet_wire::MacAddr;
 
 use crate::counters::OffloadCounters;
 use crate::guard::PortGuard;
 use crate::port::Port;
+use crate::reach::ReachEdge;
 use crate::udp::VxlanSocket;
 
 /// What the forwarding threads know of a port.
@@ -45,6 +47,13 @@ pub struct Snapshot {
     pub udp_ips: Arc<FastSet<IpAddr>>,
     /// `tcp accept` links by (peer address, VNI), for the listeners.
     pub tcp_accept: Arc<FastMap<(IpAddr, u32), PortId>>,
+    /// Reach links by (endpoint reach confirmed, VNI): looked up before `udp_peers`.
+    pub reach_endpoints: Arc<FastMap<(SocketAddr, u32), PortId>>,
+    /// Reach links by (peer tag, VNI), for datagrams a relay brings.
+    pub reach_tags: Arc<FastMap<(Tag, u32), PortId>>,
+    /// The relays this host's reach links go through now: relay datagrams from elsewhere are
+    /// dropped.
+    pub relays: Arc<FastSet<SocketAddr>>,
     pub udp: Arc<VxlanSocket>,
 }
 
@@ -56,6 +65,9 @@ impl Snapshot {
             udp_peers: Default::default(),
             udp_ips: Default::default(),
             tcp_accept: Default::default(),
+            reach_endpoints: Default::default(),
+            reach_tags: Default::default(),
+            relays: Default::default(),
             udp,
         }
     }
@@ -69,6 +81,9 @@ impl Snapshot {
             udp_peers: self.udp_peers.clone(),
             udp_ips: self.udp_ips.clone(),
             tcp_accept: self.tcp_accept.clone(),
+            reach_endpoints: self.reach_endpoints.clone(),
+            reach_tags: self.reach_tags.clone(),
+            relays: self.relays.clone(),
             udp: self.udp.clone(),
         }
     }
@@ -98,6 +113,8 @@ pub struct Shared {
     /// Counters for traffic that belongs to no port (unknown peers, bad greetings, ...).
     pub daemon: PortCounters,
     pub offload: OffloadCounters,
+    /// Reach's hand-over to vnetd's reach thread and a relay's table.
+    pub reach: ReachEdge,
     epoch: Instant,
 }
 
@@ -110,12 +127,19 @@ impl Shared {
             matrix: Mutex::new(TrafficMatrix::default()),
             daemon: PortCounters::default(),
             offload: OffloadCounters::default(),
+            reach: ReachEdge::default(),
             epoch: Instant::now(),
         }
     }
 
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The data path's monotonic clock (ns since it started): a relay's table and vnetd's
+    /// reach thread share it.
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
     }
 
     pub fn port_counters(&self, id: PortId) -> Option<Arc<PortCounters>> {

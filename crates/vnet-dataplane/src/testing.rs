@@ -8,7 +8,6 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use socket2::SockAddr;
 use vnet_control::PortPolicy;
 use vnet_core::{
     DropReason, FastMap, FastSet, ForwardingTable, MacMatch, PortId, PortInfo, PortKind, RouteRule,
@@ -246,6 +245,13 @@ pub fn publish(shared: &Shared, ports: Vec<TestPort>, rules: Vec<RouteRule>) {
     shared.snapshot.store(Arc::new(snap));
 }
 
+/// A link path straight to `to`.
+pub fn path_to(to: SocketAddr) -> Arc<crate::reach::PathCell> {
+    Arc::new(crate::reach::PathCell::from_pointee(
+        crate::reach::LinkPath::direct(to),
+    ))
+}
+
 /// A udp link on `shared`'s socket to a receiver on loopback (returned, with a timeout).
 pub fn udp_link(shared: &Shared, vni: u32) -> (Arc<UdpLinkTx>, UdpSocket) {
     let rx = UdpSocket::bind("127.0.0.1:0").expect("receiver");
@@ -254,7 +260,8 @@ pub fn udp_link(shared: &Shared, vni: u32) -> (Arc<UdpLinkTx>, UdpSocket) {
     let to: SocketAddr = rx.local_addr().expect("addr");
     let link = UdpLinkTx {
         sock: shared.snapshot.load().udp.clone(),
-        to: SockAddr::from(to),
+        path: path_to(to),
+        fixed_peer: Some(to),
         header: VxlanRepr { vni }.header(),
         gso_refused: AtomicUsize::new(usize::MAX),
         crypto: None,

@@ -54,3 +54,51 @@ impl DataPlane for Daemon {
         *current = Some(status);
     }
 }
+
+/// The agent's seam with reach: the daemon for everything, plus the reach thread for the host
+/// records it takes and the reach part of this host's record it gives.
+pub struct WithReach {
+    pub daemon: std::sync::Arc<Daemon>,
+    pub reach: std::sync::Arc<crate::reach::Handle>,
+}
+
+impl DataPlane for WithReach {
+    fn local_config(&self) -> Config {
+        self.daemon.local_config()
+    }
+
+    fn local_changes(&self) -> u64 {
+        DataPlane::local_changes(&*self.daemon)
+    }
+
+    fn apply_derived(&self, derivation: &Derivation, delta: Option<&[Command]>) -> SyncReport {
+        self.daemon.apply_derived(derivation, delta)
+    }
+
+    fn matrix(&self) -> Vec<vnet_core::MatrixEntry> {
+        DataPlane::matrix(&*self.daemon)
+    }
+
+    fn inject_from_interface(&self, name: &str, frames: &[Vec<u8>]) -> bool {
+        DataPlane::inject_from_interface(&*self.daemon, name, frames)
+    }
+
+    fn synced(&self, state: Option<&ClusterState>) {
+        self.daemon.synced(state)
+    }
+
+    fn set_cluster_status(&self, status: ClusterStatus) {
+        self.daemon.set_cluster_status(status)
+    }
+
+    fn hosts(
+        &self,
+        hosts: &std::collections::BTreeMap<vnet_cluster::HostId, vnet_cluster::HostRecord>,
+    ) {
+        self.reach.hosts_changed(hosts);
+    }
+
+    fn host_reach(&self) -> Option<vnet_cluster::HostReach> {
+        Some(self.reach.to_publish())
+    }
+}

@@ -75,6 +75,8 @@ pub struct Daemon {
     pub teardown: AtomicBool,
     /// What readers see while a change is in the engine (None otherwise): see the header.
     published: Mutex<Option<Arc<View>>>,
+    /// The reach thread's handle (`--etcd`): `show reach`.
+    pub reach: std::sync::OnceLock<Arc<crate::reach::Handle>>,
 }
 
 /// Every answer a reader can ask for, rendered from one state.
@@ -165,6 +167,7 @@ impl Daemon {
             generation: AtomicU64::new(0),
             teardown: AtomicBool::new(false),
             published: Mutex::new(None),
+            reach: std::sync::OnceLock::new(),
         }
     }
 
@@ -853,6 +856,10 @@ impl Daemon {
             ShowWhat::Listeners => shown(&self.listeners(), json),
             ShowWhat::Stats => shown(&self.stats(), json),
             ShowWhat::Cluster => shown(&self.cluster_report(), json),
+            ShowWhat::Reach => shown(
+                &self.reach.get().map(|r| r.report()).unwrap_or_default(),
+                json,
+            ),
             ShowWhat::Matrix => shown(&self.matrix_report(), json),
         };
         if json && !out.ends_with('\n') {

@@ -11,6 +11,7 @@ mod derived;
 mod journal;
 mod observe;
 mod persist;
+mod reach;
 mod restore;
 mod state;
 
@@ -111,6 +112,22 @@ struct Args {
     /// Plain udp links the kernel fast path can serve.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65536))]
     fastpath_links: u32,
+    /// Relay datagrams between hosts of the overlay that cannot reach each other (behind
+    /// symmetric NATs, or where UDP between them is filtered). Give it to hosts the others can
+    /// reach (docs/design/reach.md).
+    #[arg(long, requires = "etcd")]
+    relay: bool,
+    /// What a relay lets each pair of hosts send through it, in Mbit/s.
+    #[arg(long, default_value_t = 1000, requires = "relay", value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    relay_rate: u64,
+    /// A STUN server (HOST:PORT) to learn this host's public endpoint from, besides the other
+    /// hosts of the overlay (repeatable).
+    #[arg(long, value_name = "HOST:PORT", requires = "etcd")]
+    stun: Vec<String>,
+    /// Do not look for paths to other hosts (reach): links go to the addresses hosts
+    /// advertise, as before reach existed.
+    #[arg(long, requires = "etcd")]
+    no_reach: bool,
 }
 
 fn main() {
@@ -127,6 +144,20 @@ fn main() {
         eprintln!("vnetd: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// `--stun HOST:PORT` servers, resolved once at the start.
+fn resolve_stun(servers: &[String]) -> Result<Vec<SocketAddr>> {
+    use std::net::ToSocketAddrs;
+    servers
+        .iter()
+        .map(|s| {
+            s.to_socket_addrs()
+                .with_context(|| format!("--stun {s}"))?
+                .next()
+                .with_context(|| format!("--stun {s}: no address"))
+        })
+        .collect()
 }
 
 /// `--http`: `IP:PORT`, `[IPv6]:PORT`, or a bare port on loopback.
@@ -199,6 +230,7 @@ fn etcd_setup(
         // (vnet-cluster derives `encrypt KEY` on the links between two such hosts).
         capabilities: std::iter::once(vnet_cluster::CAP_VXLAN)
             .chain(public_key.map(|_| vnet_cluster::CAP_NOISE))
+            .chain(args.relay.then_some(vnet_cluster::CAP_RELAY))
             .map(str::to_string)
             .collect(),
         public_key: public_key.map(|k| k.to_string()),
@@ -309,6 +341,7 @@ fn teardown_offline(args: &Args) -> Result<()> {
         }
     }
     state.clear()?;
+    reach::remove_key(&args.state_dir).context("removing the probe key")?;
     info!(devices = removed, state_dir = %args.state_dir.display(), "torn down");
     Ok(())
 }
@@ -381,6 +414,15 @@ fn run(args: Args) -> Result<()> {
     }
     let earlier = resources.clone();
     resources.netns = netns;
+    // Reach's probe key: published in the host record, so it must be there before the agent.
+    let probe = match etcd.as_mut() {
+        Some(e) if !args.no_reach => {
+            let k = reach::probe_key(&args.state_dir, key.as_ref())?;
+            e.agent.record.reach.probe_key = Some(k.public().to_string());
+            Some(k)
+        }
+        _ => None,
+    };
     let cni_deleted = state.take_cni_deletions()?;
     let file_text = args
         .config
@@ -522,6 +564,7 @@ fn run(args: Args) -> Result<()> {
         .context("control thread")?;
     let agent_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let agent_keep_lease = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut reach_thread = None;
     let agent = match etcd {
         Some(EtcdSetup {
             agent: mut cfg,
@@ -530,8 +573,28 @@ fn run(args: Args) -> Result<()> {
         }) => {
             info!(overlay = %cfg.overlay, host = %cfg.host, "etcd agent starting");
             cfg.crash = agent_keep_lease.clone();
+            let plane: Arc<dyn vnet_agent::DataPlane> = match probe {
+                Some(k) => {
+                    let settings = reach::Settings {
+                        host: cfg.host.clone(),
+                        port: args.udp_port,
+                        advertised: args.advertise_addr,
+                        stun: resolve_stun(&args.stun)?,
+                        relay: args.relay,
+                        relay_rate_mbit: args.relay_rate,
+                    };
+                    let (handle, join) = reach::start(daemon.clone(), k, settings)?;
+                    let _ = daemon.reach.set(handle.clone());
+                    reach_thread = Some((handle.clone(), join));
+                    Arc::new(agent::WithReach {
+                        daemon: daemon.clone(),
+                        reach: handle,
+                    })
+                }
+                None => daemon.clone(),
+            };
             Some(
-                vnet_agent::spawn(daemon.clone(), cfg, client, agent_stop.clone())
+                vnet_agent::spawn(plane, cfg, client, agent_stop.clone())
                     .context("etcd agent thread")?,
             )
         }
@@ -549,6 +612,10 @@ fn run(args: Args) -> Result<()> {
         // The agent revokes the lease (bounded by the client's timeout).
         let _ = a.join();
     }
+    if let Some((handle, join)) = reach_thread {
+        handle.stop();
+        let _ = join.join();
+    }
     if teardown {
         daemon.shutdown(Leave::Remove);
         vnet_dataplane::kernel::remove_pinned(&state::bpf_dir_for(&args.state_dir));
@@ -558,6 +625,7 @@ fn run(args: Args) -> Result<()> {
             remove_made(&leftovers, &[])?;
             s.dir().clear()?;
         }
+        reach::remove_key(&args.state_dir).context("removing the probe key")?;
         info!("torn down: every device, kernel object and state file vnet made is gone");
     } else {
         daemon.shutdown(Leave::Keep);

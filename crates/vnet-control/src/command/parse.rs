@@ -91,9 +91,10 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, ParseError> {
                 "matrix" => ShowWhat::Matrix,
                 "config" => ShowWhat::Config,
                 "cluster" => ShowWhat::Cluster,
+                "reach" => ShowWhat::Reach,
                 o => {
                     return err(format!(
-                    "cannot show {} (interfaces, links, routes, listeners, stats, matrix, config, cluster)",
+                    "cannot show {} (interfaces, links, routes, listeners, stats, matrix, config, cluster, reach)",
                     quote(o)
                 ))
                 }

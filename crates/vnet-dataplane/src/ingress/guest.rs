@@ -159,17 +159,18 @@ impl Ingress {
             .values()
             .filter_map(|p| p.port.as_udp())
             .filter(|l| l.crypto.is_some())
-            .map(|l| l.to.as_socket())
+            .map(|l| l.fixed_peer)
             .collect();
         snap.ports
             .iter()
             .filter(|(_, p)| p.info.vni == vni)
             .filter_map(|(id, p)| {
                 let l = p.port.as_udp()?;
-                if l.crypto.is_some() || encrypted_peers.contains(&l.to.as_socket()) {
+                // A reach link has no fixed peer: its path moves (and may be a relay).
+                if l.crypto.is_some() || encrypted_peers.contains(&l.fixed_peer) {
                     return None;
                 }
-                l.to.as_socket().map(|peer| DirectLink {
+                l.fixed_peer.map(|peer| DirectLink {
                     port: *id,
                     peer,
                     local,

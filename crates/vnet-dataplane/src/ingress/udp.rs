@@ -10,14 +10,17 @@
 //! coalescer still merges them for guests.
 
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use socket2::SockAddr;
 use vnet_core::{DropReason, PortId};
 use vnet_crypto::wire::is_crypto;
 use vnet_crypto::Message;
 use vnet_offload::{claimed_frame_len, gso_header, PayloadRef};
+use vnet_reach::wire::Kind;
 use vnet_wire::{VxlanPacket, VXLAN_HEADER_LEN};
 
 use crate::batch::TxBatch;
@@ -26,6 +29,7 @@ use crate::forward::{process, Arrival, FwdCtx};
 use crate::gro::flush_coalescers;
 use crate::ingress::{Reader, RxWork};
 use crate::shared::{Shared, Snapshot};
+use crate::sys::IoPart;
 use crate::udp::VxlanSocket;
 
 /// The daemon's VXLAN socket, read by one dispatcher.
@@ -47,10 +51,11 @@ impl Reader for VxlanReader {
         w.plan.clear();
         let mut frames = 0;
         let mut cache = OpenCache::default();
+        let mut relay = RelayOut::default();
         for m in w.recvd.iter() {
             let i = m.buf;
             let buf = &mut w.bufs[i][..m.len];
-            if m.seg < m.len && !is_crypto(buf) && is_tunnel_gso(buf, m.seg) {
+            if m.seg < m.len && buf.first() == Some(&VXLAN_FLAGS) && is_tunnel_gso(buf, m.seg) {
                 // One VXLAN datagram whose inner frame a local kernel sender never segmented.
                 frames += 1;
                 w.plan.push(RxItem::Vxlan {
@@ -59,6 +64,7 @@ impl Reader for VxlanReader {
                     end: m.len,
                     mss: Some(m.seg),
                     from: m.from,
+                    port: None,
                 });
                 continue;
             }
@@ -67,9 +73,31 @@ impl Reader for VxlanReader {
             loop {
                 let end = (off + m.seg).min(m.len);
                 frames += 1;
-                if is_crypto(&buf[off..end]) {
+                let d = &buf[off..end];
+                // STUN first: a Binding answer's first byte is an encrypted link's type 1.
+                if vnet_reach::stun::is_stun(d) {
+                    shared.daemon.rx(d.len());
+                    shared.reach.hand_over(m.from, d);
+                } else if let Some(kind) = vnet_reach::wire::kind_of(d) {
+                    match kind {
+                        Kind::Relay => relay.arrived(
+                            shared,
+                            snap,
+                            buf,
+                            (off, end),
+                            m.from,
+                            i,
+                            &mut w.plan,
+                            &mut cache,
+                        ),
+                        _ => {
+                            shared.daemon.rx(d.len());
+                            shared.reach.hand_over(m.from, d);
+                        }
+                    }
+                } else if is_crypto(d) {
                     if let Some((start, stop, port)) =
-                        open_datagram(shared, snap, &mut cache, buf, (off, end), m.from)
+                        open_datagram(shared, snap, &mut cache, buf, (off, end), m.from, None)
                     {
                         w.plan.push(RxItem::Decrypted {
                             i,
@@ -85,6 +113,7 @@ impl Reader for VxlanReader {
                         end,
                         mss: None,
                         from: m.from,
+                        port: None,
                     });
                 }
                 off = end;
@@ -93,6 +122,7 @@ impl Reader for VxlanReader {
                 }
             }
         }
+        relay.send(shared, &w.bufs);
         let mut pass = Pass {
             shared,
             snap,
@@ -108,7 +138,8 @@ impl Reader for VxlanReader {
                     end,
                     mss,
                     from,
-                } => pass.datagram(i, (off, end), from, mss),
+                    port,
+                } => pass.datagram(i, (off, end), from, mss, port),
                 RxItem::Decrypted {
                     i,
                     start,
@@ -141,28 +172,26 @@ struct Pass<'a, 'w> {
 }
 
 impl<'a> Pass<'a, '_> {
-    /// One VXLAN datagram at `off..end` of buffer `i`: only from a link's peer, only with a
-    /// VNI that peer has a link for.
+    /// One VXLAN datagram at `off..end` of buffer `i`: only from a link's peer (an endpoint
+    /// reach confirmed, or a plain link's address), only with a VNI that peer has a link for;
+    /// `known` when a relay brought it (the link then comes from the relay header's tag).
     fn datagram(
         &mut self,
         i: usize,
         (off, end): (usize, usize),
         from: std::net::SocketAddr,
         tunnel_mss: Option<usize>,
+        known: Option<PortId>,
     ) {
         let (shared, snap, bufs) = (self.shared, self.snap, self.bufs);
         let data = &bufs[i][off..end];
         shared.daemon.rx(data.len());
-        let ip = from.ip().to_canonical();
-        if !snap.udp_ips.contains(&ip) {
-            return shared.daemon.count_drop(DropReason::UnknownPeer);
-        }
-        let pkt = match VxlanPacket::new_checked(data) {
-            Ok(p) => p,
-            Err(_) => return shared.daemon.count_drop(DropReason::BadVxlan),
-        };
-        let Some(&port) = snap.udp_peers.get(&(ip, pkt.vni())) else {
-            return shared.daemon.count_drop(DropReason::UnknownVni);
+        let port = match known {
+            Some(p) => p,
+            None => match find_link(snap, from, data) {
+                Ok(p) => p,
+                Err(r) => return shared.daemon.count_drop(r),
+            },
         };
         if link_crypto(snap, port).is_some() {
             // Plaintext claiming to come from an encrypted link's peer: unauthenticated.
@@ -210,16 +239,146 @@ impl<'a> Pass<'a, '_> {
     }
 }
 
+/// The link a plaintext VXLAN datagram from `from` belongs to: a reach link whose peer's
+/// endpoint it is, else the plain link of its source address and VNI.
+fn find_link(snap: &Snapshot, from: SocketAddr, data: &[u8]) -> Result<PortId, DropReason> {
+    let ep = vnet_reach::canonical(from);
+    let reach = !snap.reach_endpoints.is_empty();
+    if !reach && !snap.udp_ips.contains(&ep.ip()) {
+        return Err(DropReason::UnknownPeer);
+    }
+    let pkt = VxlanPacket::new_checked(data).map_err(|_| DropReason::BadVxlan)?;
+    let vni = pkt.vni();
+    if let Some(&p) = snap.reach_endpoints.get(&(ep, vni)) {
+        return Ok(p);
+    }
+    if !snap.udp_ips.contains(&ep.ip()) {
+        return Err(DropReason::UnknownPeer);
+    }
+    snap.udp_peers
+        .get(&(ep.ip(), vni))
+        .copied()
+        .ok_or(DropReason::UnknownVni)
+}
+
+/// The first byte of a VXLAN header (the I flag).
+const VXLAN_FLAGS: u8 = 0x08;
+
+/// Relay datagrams of one receive batch: a relay forwards them (collected here, sent at the
+/// end of the batch); any other host takes those its relays bring for its reach links.
+#[derive(Default)]
+struct RelayOut {
+    /// (destination, buffer, range) of each datagram to forward, its tag already rewritten.
+    out: Vec<(SockAddr, usize, (usize, usize))>,
+}
+
+impl RelayOut {
+    /// A relay datagram at `off..end` of `buf` (buffer `i`) from `from`.
+    #[allow(clippy::too_many_arguments)]
+    fn arrived(
+        &mut self,
+        shared: &Shared,
+        snap: &Snapshot,
+        buf: &mut [u8],
+        (off, end): (usize, usize),
+        from: SocketAddr,
+        i: usize,
+        plan: &mut Vec<RxItem>,
+        cache: &mut OpenCache,
+    ) {
+        let len = end - off;
+        shared.daemon.rx(len);
+        let Ok((tag, at)) = vnet_reach::wire::parse_relay(&buf[off..end]) else {
+            return shared.daemon.count_drop(DropReason::BadVxlan);
+        };
+        let from = vnet_reach::canonical(from);
+        if let Some(table) = shared.reach.relay() {
+            // This host relays: pass it on, naming the source instead of the destination.
+            let now = shared.now_ns();
+            let r = table
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .forward(from, tag, len, now);
+            match r {
+                Ok((src, to)) => {
+                    vnet_reach::wire::set_relay_tag(&mut buf[off..end], src);
+                    let to = crate::reach::for_socket(to, snap.udp.local_addr().is_ipv6());
+                    self.out.push((SockAddr::from(to), i, (off, end)));
+                }
+                // Each refusal is counted by reason in the relay's table too (`show reach`).
+                Err(vnet_reach::RelayRefusal::RateLimited) => {
+                    shared.daemon.count_drop(DropReason::RateLimited)
+                }
+                Err(_) => shared.daemon.count_drop(DropReason::UnknownPeer),
+            }
+            return;
+        }
+        if !snap.relays.contains(&from) {
+            shared.reach.relayed_unknown.fetch_add(1, Relaxed);
+            return shared.daemon.count_drop(DropReason::UnknownPeer);
+        }
+        shared.reach.relayed_in.fetch_add(1, Relaxed);
+        let inner = &buf[off + at..end];
+        if is_crypto(inner) {
+            if let Some((start, stop, port)) =
+                open_datagram(shared, snap, cache, buf, (off + at, end), from, Some(tag))
+            {
+                plan.push(RxItem::Decrypted {
+                    i,
+                    start,
+                    end: stop,
+                    port,
+                });
+            }
+            return;
+        }
+        let Ok(pkt) = VxlanPacket::new_checked(inner) else {
+            return shared.daemon.count_drop(DropReason::BadVxlan);
+        };
+        let Some(&port) = snap.reach_tags.get(&(tag, pkt.vni())) else {
+            return shared.daemon.count_drop(DropReason::UnknownVni);
+        };
+        plan.push(RxItem::Vxlan {
+            i,
+            off: off + at,
+            end,
+            mss: None,
+            from,
+            port: Some(port),
+        });
+    }
+
+    /// Sends what a relay forwards: one `sendmmsg` for the batch.
+    fn send(&mut self, shared: &Shared, bufs: &[Vec<u8>]) {
+        if self.out.is_empty() {
+            return;
+        }
+        let msgs: Vec<(&SockAddr, [IoPart<'_>; 1])> = self
+            .out
+            .iter()
+            .map(|(to, i, (off, end))| (to, [IoPart::from(&bufs[*i][*off..*end])]))
+            .collect();
+        let snap = shared.snapshot.load();
+        let sent = snap.udp.send_many(&msgs);
+        for _ in sent..msgs.len() {
+            shared.daemon.count_drop(DropReason::TxError);
+        }
+        drop(msgs);
+        self.out.clear();
+    }
+}
+
 /// A datagram of a receive batch, ready to forward.
 #[derive(Clone, Copy)]
 pub(crate) enum RxItem {
-    /// Plaintext VXLAN at `off..end` of buffer `i`.
+    /// Plaintext VXLAN at `off..end` of buffer `i`; `port` when a relay brought it.
     Vxlan {
         i: usize,
         off: usize,
         end: usize,
         mss: Option<usize>,
         from: std::net::SocketAddr,
+        port: Option<PortId>,
     },
     /// A decrypted VXLAN datagram at `start..end` of buffer `i`, from encrypted link `port`.
     Decrypted {
@@ -240,6 +399,7 @@ fn link_crypto(snap: &Snapshot, port: PortId) -> Option<&Arc<LinkCrypto>> {
 /// An encrypted-link message at `off..end` of `buf`: a handshake message is answered; a data
 /// message is authenticated and decrypted, its plaintext (a VXLAN datagram) written over the
 /// ciphertext. Returns where the plaintext is and the link's port; every refusal is counted.
+/// `relayed`: a relay brought it from the peer with this tag.
 fn open_datagram(
     shared: &Shared,
     snap: &Snapshot,
@@ -247,11 +407,14 @@ fn open_datagram(
     buf: &mut [u8],
     (off, end): (usize, usize),
     from: std::net::SocketAddr,
+    relayed: Option<vnet_reach::Tag>,
 ) -> Option<(usize, usize, PortId)> {
     let len = end - off;
-    shared.daemon.rx(len);
-    let ip = from.ip().to_canonical();
-    if !snap.udp_ips.contains(&ip) {
+    if relayed.is_none() {
+        shared.daemon.rx(len);
+    }
+    let ep = vnet_reach::canonical(from);
+    if relayed.is_none() && snap.reach_endpoints.is_empty() && !snap.udp_ips.contains(&ep.ip()) {
         shared.daemon.count_drop(DropReason::UnknownPeer);
         return None;
     }
@@ -262,8 +425,20 @@ fn open_datagram(
             return None;
         }
     };
-    let Some(&port) = snap.udp_peers.get(&(ip, msg.vni())) else {
-        shared.daemon.count_drop(DropReason::UnknownVni);
+    let vni = msg.vni();
+    let found = match relayed {
+        Some(tag) => snap.reach_tags.get(&(tag, vni)),
+        None => snap
+            .reach_endpoints
+            .get(&(ep, vni))
+            .or_else(|| snap.udp_peers.get(&(ep.ip(), vni))),
+    };
+    let Some(&port) = found else {
+        let r = match relayed.is_none() && !snap.udp_ips.contains(&ep.ip()) {
+            true => DropReason::UnknownPeer,
+            false => DropReason::UnknownVni,
+        };
+        shared.daemon.count_drop(r);
         return None;
     };
     let counters = &snap.ports.get(&port)?.counters;

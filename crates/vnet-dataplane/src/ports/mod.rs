@@ -55,6 +55,8 @@ pub struct Opened {
     pub workers: Vec<Worker>,
     pub udp_peer: Option<IpAddr>,
     pub tcp_accept_peer: Option<IpAddr>,
+    /// A reach link's peer probe key and configured address (set by the engine).
+    pub reach: Option<(vnet_crypto::PublicKey, std::net::SocketAddr)>,
     pub kernel: Option<KernelAttach>,
     /// The port works only if the kernel takes it (a veth or netdev whose frames reach vnetd
     /// only through the kernel's programs): opening fails if the kernel refuses it.
@@ -74,6 +76,7 @@ impl Opened {
             workers: vec![],
             udp_peer: None,
             tcp_accept_peer: None,
+            reach: None,
             kernel: None,
             kernel_required: false,
             owned: vec![],

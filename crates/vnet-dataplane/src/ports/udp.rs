@@ -6,7 +6,7 @@
 //! sealed when the batch is sent, and the segments of a TSO frame keep their checksums
 //! partial when the peer takes them (the AEAD authenticates every byte).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -23,6 +23,7 @@ use crate::crypto::LinkCrypto;
 use crate::kernel::KernelAttach;
 use crate::port::{Frame, Port, Tx};
 use crate::ports::{OpenError, Opened};
+use crate::reach::{LinkPath, PathCell};
 use crate::sys::IoPart;
 use crate::udp::VxlanSocket;
 use crate::udp::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
@@ -42,12 +43,10 @@ pub fn open(
             "{to} is IPv6 but the UDP socket is bound to IPv4 (start vnetd with --bind ::)"
         )));
     }
-    let to_sa = match (local_v6, to) {
-        (true, SocketAddr::V4(v4)) => {
-            SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
-        }
-        _ => to,
-    };
+    let to_sa = crate::reach::for_socket(to, local_v6);
+    // A reach link starts at its configured address; vnetd's reach thread swaps the path
+    // (Engine::set_reach_path) as soon as it knows a better one.
+    let path = Arc::new(PathCell::from_pointee(LinkPath::direct(to_sa)));
     let counters = Arc::new(PortCounters::default());
     let mut workers = Vec::new();
     let crypto = match l.encrypt {
@@ -64,7 +63,7 @@ pub fn open(
                 peer_key,
                 l.vni,
                 sock.clone(),
-                SockAddr::from(to_sa),
+                path.clone(),
                 crate::crypto::timers_from_env(),
             ));
             workers.push(c.start_timer()?);
@@ -72,9 +71,11 @@ pub fn open(
         }
     };
     let plain = crypto.is_none();
+    let reach = l.reach.is_some();
     let tx = UdpLinkTx {
         sock: sock.clone(),
-        to: SockAddr::from(to_sa),
+        path,
+        fixed_peer: (!reach).then_some(to_sa),
         header: VxlanRepr { vni: l.vni }.header(),
         gso_refused: AtomicUsize::new(usize::MAX),
         crypto,
@@ -83,8 +84,14 @@ pub fn open(
     let mut o = Opened::new(Arc::new(tx), PortKind::OverlayLink);
     o.counters = counters;
     o.workers = workers;
-    o.udp_peer = Some(to.ip().to_canonical());
-    if plain {
+    if !reach {
+        // A reach link's datagrams are its peer's by the endpoints reach confirmed, never by
+        // an address alone (two sites may use the same private one).
+        o.udp_peer = Some(to.ip().to_canonical());
+    }
+    // Reach links run in user space for now: their endpoint moves, and through a NAT every
+    // datagram must leave from the socket's port (the fast path picks it by flow hash).
+    if plain && !reach {
         o.kernel = Some(KernelAttach::Link { remote: to });
     }
     Ok(o)
@@ -191,26 +198,35 @@ fn send_segmented(
 ) -> Result<(), DropReason> {
     let UdpLinkTx {
         sock,
-        to,
+        path,
         header,
         gso_refused,
         ..
     } = link;
+    let path = path.load_full();
+    let (to, prefix) = (&path.to, path.prefix());
     segment(frame, vh, seg).map_err(|_| DropReason::BadOffload)?;
     seg.pin_macs(macs);
     offload.gso(seg.len());
     let n = seg.len();
-    let dgram = |k: usize| VXLAN_HEADER_LEN + seg.segs[k].hdr.len() + seg.segs[k].payload.len();
+    let dgram = |k: usize| {
+        prefix.len() + VXLAN_HEADER_LEN + seg.segs[k].hdr.len() + seg.segs[k].payload.len()
+    };
     // segment() makes every datagram the same size but the last, so any run of consecutive
     // segments is a valid UDP_SEGMENT send; runs are bounded by count and by bytes.
     let per = (GSO_MAX_BYTES / dgram(0)).clamp(1, GSO_MAX_SEGMENTS);
-    let mut parts: Vec<IoPart<'_>> = Vec::with_capacity(per * 3);
+    let mut parts: Vec<IoPart<'_>> = Vec::with_capacity(per * 4);
     for i in (0..n).step_by(per) {
         let j = (i + per).min(n);
         parts.clear();
         for k in i..j {
             let [h, p] = seg.parts(frame, k);
-            parts.extend_from_slice(&[IoPart::from(&header[..]), h.into(), p.into()]);
+            parts.extend_from_slice(&[
+                IoPart::from(prefix),
+                IoPart::from(&header[..]),
+                h.into(),
+                p.into(),
+            ]);
         }
         let size = dgram(i);
         let gso = (j - i > 1 && sock.gso_enabled() && size < gso_refused.load(Relaxed))
@@ -228,10 +244,18 @@ fn send_segmented(
                     gso_refused.fetch_min(size, Relaxed);
                 }
                 // No segmentation offload for this run: its datagrams go in one sendmmsg.
-                let msgs: Vec<(&SockAddr, [IoPart<'_>; 3])> = (i..j)
+                let msgs: Vec<(&SockAddr, [IoPart<'_>; 4])> = (i..j)
                     .map(|k| {
                         let [h, p] = seg.parts(frame, k);
-                        (to, [IoPart::from(&header[..]), h.into(), p.into()])
+                        (
+                            to,
+                            [
+                                IoPart::from(prefix),
+                                IoPart::from(&header[..]),
+                                h.into(),
+                                p.into(),
+                            ],
+                        )
                     })
                     .collect();
                 if sock.send_many(&msgs) < msgs.len() {

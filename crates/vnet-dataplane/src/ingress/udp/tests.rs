@@ -141,7 +141,8 @@ fn encrypted_datagrams_open_in_place_reordered_and_replays_refused() {
     let (a, b) = established_pair(sock.clone());
     let link = UdpLinkTx {
         sock: sock.clone(),
-        to: socket2::SockAddr::from(sock.local_addr()),
+        path: crate::testing::path_to(sock.local_addr()),
+        fixed_peer: Some(sock.local_addr()),
         header: VxlanRepr { vni: 7 }.header(),
         gso_refused: AtomicUsize::new(usize::MAX),
         crypto: Some(b.clone()),
@@ -207,7 +208,7 @@ fn encrypted_end(
 ) -> End {
     use std::sync::atomic::AtomicUsize;
     let sock = sh.snapshot.load().udp.clone();
-    let to = socket2::SockAddr::from(peer.1);
+    let to = crate::testing::path_to(peer.1);
     let crypto = Arc::new(crate::crypto::LinkCrypto::new(
         name,
         key,
@@ -219,7 +220,8 @@ fn encrypted_end(
     ));
     let link = Arc::new(crate::batch::UdpLinkTx {
         sock: sock.clone(),
-        to,
+        path: to,
+        fixed_peer: Some(peer.1),
         header: VxlanRepr { vni: 7 }.header(),
         gso_refused: AtomicUsize::new(usize::MAX),
         crypto: Some(crypto.clone()),

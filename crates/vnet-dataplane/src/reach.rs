@@ -1,0 +1,145 @@
+//! The data path's side of reach (issue #31, `docs/design/reach.md`): where a reach link's
+//! datagrams go now (its [`LinkPath`], swapped whole when vnetd's reach thread chooses another
+//! path), the bounded hand-over of reach's own datagrams (pings, pongs, STUN answers) from the
+//! VXLAN socket's reader to that thread, and a relay's forwarding table. The decisions are
+//! `vnet-reach`'s; this module only carries them out.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use arc_swap::ArcSwap;
+use socket2::SockAddr;
+use vnet_reach::wire::{relay_header, RELAY_HEADER_LEN};
+use vnet_reach::{RelayTable, Tag};
+
+/// Reach datagrams waiting for the reach thread, at most (a flood beyond is dropped, counted).
+pub const INBOX_DEPTH: usize = 1024;
+
+/// Where a udp link's datagrams go: its peer's endpoint, or a relay's with the header that
+/// names the peer in front of every datagram.
+#[derive(Debug, Clone)]
+pub struct LinkPath {
+    pub to: SockAddr,
+    pub relay_header: Option<[u8; RELAY_HEADER_LEN]>,
+}
+
+impl LinkPath {
+    pub fn direct(to: SocketAddr) -> LinkPath {
+        LinkPath {
+            to: SockAddr::from(to),
+            relay_header: None,
+        }
+    }
+
+    /// Through the relay at `relay` to the peer tagged `peer`.
+    pub fn relayed(relay: SocketAddr, peer: Tag) -> LinkPath {
+        LinkPath {
+            to: SockAddr::from(relay),
+            relay_header: Some(relay_header(peer)),
+        }
+    }
+
+    /// The bytes in front of every datagram (empty on a direct path).
+    pub fn prefix(&self) -> &[u8] {
+        self.relay_header.as_ref().map_or(&[][..], |h| &h[..])
+    }
+}
+
+/// A link's current path, shared by its sending side and its handshakes.
+pub type PathCell = ArcSwap<LinkPath>;
+
+/// What a socket address is written as for this socket: an IPv4 peer of an IPv6 socket is
+/// IPv4-mapped.
+pub fn for_socket(to: SocketAddr, socket_is_v6: bool) -> SocketAddr {
+    match (socket_is_v6, to) {
+        (true, SocketAddr::V4(v4)) => {
+            SocketAddr::new(std::net::IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
+        }
+        _ => to,
+    }
+}
+
+/// How vnetd's reach thread is reached from the data path, and the relay's table; set once
+/// when vnetd starts reach (without it, reach's datagrams are dropped as not VXLAN).
+#[derive(Default)]
+pub struct ReachEdge {
+    inbox: OnceLock<SyncSender<(SocketAddr, Vec<u8>)>>,
+    relay: OnceLock<Arc<Mutex<RelayTable>>>,
+    /// Reach datagrams handed to the reach thread.
+    pub handed: AtomicU64,
+    /// Reach datagrams dropped because the reach thread's inbox was full (or absent).
+    pub inbox_full: AtomicU64,
+    /// Relay datagrams that arrived from a relay for one of our reach links.
+    pub relayed_in: AtomicU64,
+    /// Relay datagrams from anyone but a relay this host is bound to: dropped.
+    pub relayed_unknown: AtomicU64,
+}
+
+impl ReachEdge {
+    /// Opens the inbox; the receiver is the reach thread's. Only once.
+    pub fn open_inbox(&self) -> Option<Receiver<(SocketAddr, Vec<u8>)>> {
+        let (tx, rx) = sync_channel(INBOX_DEPTH);
+        self.inbox.set(tx).ok().map(|_| rx)
+    }
+
+    /// Makes this host a relay with `table`. Only once.
+    pub fn set_relay(&self, table: Arc<Mutex<RelayTable>>) -> bool {
+        self.relay.set(table).is_ok()
+    }
+
+    pub fn relay(&self) -> Option<&Arc<Mutex<RelayTable>>> {
+        self.relay.get()
+    }
+
+    /// Hands a reach datagram to the reach thread (copied); counted either way.
+    pub fn hand_over(&self, from: SocketAddr, bytes: &[u8]) {
+        let Some(tx) = self.inbox.get() else {
+            self.inbox_full.fetch_add(1, Relaxed);
+            return;
+        };
+        match tx.try_send((from, bytes.to_vec())) {
+            Ok(()) => {
+                self.handed.fetch_add(1, Relaxed);
+            }
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.inbox_full.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_inbox_is_bounded_and_counts() {
+        let e = ReachEdge::default();
+        let from: SocketAddr = "10.0.0.1:4789".parse().unwrap();
+        e.hand_over(from, b"x");
+        assert_eq!(e.inbox_full.load(Relaxed), 1, "no inbox yet");
+        let rx = e.open_inbox().unwrap();
+        assert!(e.open_inbox().is_none());
+        for _ in 0..INBOX_DEPTH + 10 {
+            e.hand_over(from, b"ping");
+        }
+        assert_eq!(e.handed.load(Relaxed), INBOX_DEPTH as u64);
+        assert_eq!(e.inbox_full.load(Relaxed), 11);
+        assert_eq!(rx.try_recv().unwrap(), (from, b"ping".to_vec()));
+    }
+
+    #[test]
+    fn paths() {
+        let d = LinkPath::direct("198.51.100.1:4789".parse().unwrap());
+        assert!(d.prefix().is_empty());
+        let r = LinkPath::relayed("198.51.100.9:4789".parse().unwrap(), Tag([7; 8]));
+        assert_eq!(r.prefix().len(), RELAY_HEADER_LEN);
+        assert_eq!(&r.prefix()[4..], &[7; 8]);
+        assert_eq!(
+            for_socket("10.0.0.1:1".parse().unwrap(), true),
+            "[::ffff:10.0.0.1]:1".parse::<SocketAddr>().unwrap()
+        );
+    }
+}

@@ -1,0 +1,565 @@
+//! vnetd's reach thread (issue #31, `docs/design/reach.md`): runs `vnet-reach`'s machine for
+//! this host. In: the host records the etcd agent hands over (every peer's probe key,
+//! candidates and relay role), reach's datagrams from the data path's inbox, the clock. Out:
+//! pings, pongs and STUN requests on the VXLAN socket (so a NAT's mapping is the one the data
+//! uses), each peer's path into the engine, the reach part of this host's record for the agent
+//! to publish, and a relay's bindings. Also where the probe key comes from: `--key-file`'s key,
+//! else `reach.key` in the state directory, made at the first start.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use socket2::SockAddr;
+use tracing::{debug, info, warn};
+use vnet_cluster::{CandidateRecord, HostId, HostReach, HostRecord, CAP_RELAY};
+use vnet_control::status::{ReachPeer, ReachReport};
+use vnet_crypto::{PrivateKey, PublicKey};
+use vnet_dataplane::reach::for_socket;
+use vnet_dataplane::shared::Shared;
+use vnet_dataplane::sys::IoPart;
+use vnet_dataplane::udp::VxlanSocket;
+use vnet_dataplane::ReachPath;
+use vnet_reach::{
+    Action, Candidate, CandidateKind, NatMapping, Now, OsRandom, Path as ReachRoute, PeerInfo,
+    ReachConfig, RelayTable, Tag,
+};
+
+use crate::daemon::Daemon;
+
+/// The probe key's file in the state directory (when there is no `--key-file`).
+pub const KEY_FILE: &str = "reach.key";
+/// How long the thread waits at most between two looks at its inputs.
+const MAX_WAIT: Duration = Duration::from_millis(50);
+/// This host's addresses are read again this often.
+const ADDRESSES_EVERY_MS: u64 = 30_000;
+/// `show reach` is refreshed this often.
+const REPORT_EVERY_MS: u64 = 250;
+/// A relay's bindings, at most.
+const MAX_RELAY_BINDINGS: usize = 4096;
+
+/// The key reach authenticates this host with: the host key when there is one, else the
+/// state directory's own (made now if it is not there yet).
+pub fn probe_key(state_dir: &Path, host_key: Option<&PrivateKey>) -> Result<PrivateKey> {
+    if let Some(k) = host_key {
+        return Ok(k.clone());
+    }
+    let path = state_dir.join(KEY_FILE);
+    let read = |p: &PathBuf| {
+        vnet_crypto::keys::file::read(p).with_context(|| format!("probe key {}", p.display()))
+    };
+    if !path.exists() {
+        let public = vnet_crypto::keys::file::generate(&path)
+            .with_context(|| format!("probe key {}", path.display()))?;
+        info!(key = %public, file = %path.display(), "reach: probe key made");
+    }
+    read(&path)
+}
+
+/// Removes the state directory's probe key (a teardown).
+pub fn remove_key(state_dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(state_dir.join(KEY_FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// What reach starts with (from the command line).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub host: HostId,
+    /// The VXLAN socket's port.
+    pub port: u16,
+    /// `--advertise-addr`, when given.
+    pub advertised: Option<IpAddr>,
+    /// `--stun` servers.
+    pub stun: Vec<SocketAddr>,
+    /// `--relay`, and the budget of each pair it relays between (`--relay-rate`, Mbit/s).
+    pub relay: bool,
+    pub relay_rate_mbit: u64,
+}
+
+/// What the daemon and the agent share with the reach thread.
+pub struct Handle {
+    hosts: Mutex<Option<BTreeMap<HostId, HostRecord>>>,
+    publish: Mutex<Option<HostReach>>,
+    report: Mutex<ReachReport>,
+    stop: AtomicBool,
+    probe_key: PublicKey,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Handle {
+    /// The host records changed (the agent's hook).
+    pub fn hosts_changed(&self, hosts: &BTreeMap<HostId, HostRecord>) {
+        *lock(&self.hosts) = Some(hosts.clone());
+    }
+
+    /// The reach part of this host's record to publish: the probe key from the start, the
+    /// rest once the machine has said it.
+    pub fn to_publish(&self) -> HostReach {
+        lock(&self.publish).clone().unwrap_or_else(|| HostReach {
+            probe_key: Some(self.probe_key.to_string()),
+            ..Default::default()
+        })
+    }
+
+    pub fn report(&self) -> ReachReport {
+        lock(&self.report).clone()
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Relaxed);
+    }
+}
+
+/// Starts the reach thread for `daemon`'s data path.
+pub fn start(
+    daemon: Arc<Daemon>,
+    key: PrivateKey,
+    s: Settings,
+) -> Result<(Arc<Handle>, std::thread::JoinHandle<()>)> {
+    let (shared, sock) = daemon.reach_edge();
+    let inbox = shared
+        .reach
+        .open_inbox()
+        .context("reach: the data path's inbox is taken")?;
+    let relay = s.relay.then(|| {
+        let t = Arc::new(Mutex::new(RelayTable::new(
+            s.relay_rate_mbit.saturating_mul(1_000_000),
+            // A burst of a few dozen large datagrams: a TSO frame's segments in one go.
+            256 * 1024,
+            MAX_RELAY_BINDINGS,
+        )));
+        shared.reach.set_relay(t.clone());
+        t
+    });
+    let handle = Arc::new(Handle {
+        hosts: Mutex::new(None),
+        publish: Mutex::new(None),
+        report: Mutex::new(ReachReport {
+            enabled: true,
+            relay: s.relay,
+            ..Default::default()
+        }),
+        stop: AtomicBool::new(false),
+        probe_key: key.public(),
+    });
+    let machine = vnet_reach::Reach::new(ReachConfig {
+        key,
+        port: s.port,
+        local: local_addresses(&daemon),
+        advertised: s.advertised.map(|a| SocketAddr::new(a, s.port)),
+        stun: s.stun.clone(),
+        relay: s.relay,
+    });
+    info!(tag = %machine.tag(), relay = s.relay, stun = ?s.stun, "reach starting");
+    let mut t = Thread {
+        daemon,
+        handle: handle.clone(),
+        inbox,
+        machine,
+        shared,
+        sock,
+        relay,
+        settings: s,
+        keys: HashMap::new(),
+        rng: OsRandom::new(),
+    };
+    let join = std::thread::Builder::new()
+        .name("reach".into())
+        .spawn(move || t.run())
+        .context("reach thread")?;
+    Ok((handle, join))
+}
+
+struct Thread {
+    daemon: Arc<Daemon>,
+    handle: Arc<Handle>,
+    inbox: Receiver<(SocketAddr, Vec<u8>)>,
+    machine: vnet_reach::Reach,
+    shared: Arc<Shared>,
+    sock: Arc<VxlanSocket>,
+    relay: Option<Arc<Mutex<RelayTable>>>,
+    settings: Settings,
+    /// Each peer's probe key by its tag (paths come out by tag, the engine takes keys).
+    keys: HashMap<Tag, (PublicKey, String)>,
+    rng: OsRandom,
+}
+
+impl Thread {
+    fn now(&self) -> Now {
+        Now {
+            mono_us: self.shared.now_ns() / 1000,
+            wall_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+        }
+    }
+
+    fn run(&mut self) {
+        let mut out = Vec::new();
+        let mut next_addresses = 0;
+        let mut next_report = 0;
+        loop {
+            if self.handle.stop.load(Relaxed) {
+                return;
+            }
+            let now = self.now();
+            let now_ms = now.mono_ms();
+            let hosts = lock(&self.handle.hosts).take();
+            if let Some(hosts) = hosts {
+                self.set_hosts(&hosts, now, &mut out);
+            }
+            if now_ms >= next_addresses {
+                self.machine.set_local(local_addresses(&self.daemon));
+                next_addresses = now_ms + ADDRESSES_EVERY_MS;
+            }
+            if now_ms >= self.machine.next_wake_ms(now) {
+                self.machine.tick(now, &mut self.rng, &mut out);
+            }
+            self.act(&mut out, now_ms);
+            if now_ms >= next_report {
+                if let Some(t) = &self.relay {
+                    lock(t).expire(now_ms);
+                }
+                self.report(now);
+                next_report = now_ms + REPORT_EVERY_MS;
+            }
+            let wait = Duration::from_millis(self.machine.next_wake_ms(now).saturating_sub(now_ms))
+                .clamp(Duration::from_millis(1), MAX_WAIT);
+            match self.inbox.recv_timeout(wait) {
+                Ok((from, bytes)) => {
+                    let now = self.now();
+                    self.machine
+                        .on_datagram(from, &bytes, now, &mut self.rng, &mut out);
+                    // Whatever else is queued, in one go.
+                    for (from, bytes) in self.inbox.try_iter().take(256) {
+                        self.machine
+                            .on_datagram(from, &bytes, now, &mut self.rng, &mut out);
+                    }
+                    self.act(&mut out, now.mono_ms());
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// The overlay's hosts now: every other host with a probe key is a peer.
+    fn set_hosts(&mut self, hosts: &BTreeMap<HostId, HostRecord>, now: Now, out: &mut Vec<Action>) {
+        let mut peers = Vec::new();
+        self.keys.clear();
+        for (id, rec) in hosts {
+            let Some(key) = rec.probe_key() else { continue };
+            if *id == self.settings.host {
+                continue;
+            }
+            self.keys.insert(Tag::of(&key), (key, id.to_string()));
+            peers.push(peer_info(id, rec, key));
+        }
+        if let Some(t) = &self.relay {
+            let members: Vec<Tag> = hosts
+                .values()
+                .filter_map(HostRecord::probe_key)
+                .map(|k| Tag::of(&k))
+                .collect();
+            lock(t).set_members(members);
+        }
+        debug!(peers = peers.len(), "reach: hosts changed");
+        self.machine.set_peers(peers, now, out);
+    }
+
+    fn act(&mut self, out: &mut Vec<Action>, now_ms: u64) {
+        let v6 = self.sock.local_addr().is_ipv6();
+        for a in out.drain(..) {
+            match a {
+                Action::Send { to, bytes } => {
+                    let to = SockAddr::from(for_socket(to, v6));
+                    if let Err(r) = self.sock.send_parts(&to, &[IoPart::from(&bytes[..])], None) {
+                        debug!(?r, "reach: datagram not sent");
+                    }
+                }
+                Action::Path(u) => {
+                    let Some((key, name)) = self.keys.get(&u.peer).cloned() else {
+                        continue;
+                    };
+                    let path = match &u.path {
+                        ReachRoute::Direct { endpoint, .. } => ReachPath {
+                            direct: Some(*endpoint),
+                            relay: None,
+                            accept: u.accept.clone(),
+                        },
+                        ReachRoute::Relayed { endpoint, .. } => ReachPath {
+                            direct: None,
+                            relay: Some(*endpoint),
+                            accept: u.accept.clone(),
+                        },
+                        ReachRoute::Unknown => ReachPath {
+                            direct: None,
+                            relay: None,
+                            accept: u.accept.clone(),
+                        },
+                    };
+                    info!(peer = %name, path = u.path.word(), to = ?path.direct.or(path.relay), "reach: path");
+                    self.daemon.set_reach_path(key, path);
+                }
+                Action::Publish(r) => {
+                    let relays = r
+                        .bound_relays
+                        .iter()
+                        .filter_map(|n| n.parse::<HostId>().ok())
+                        .collect();
+                    let rec = HostReach {
+                        probe_key: Some(self.handle.probe_key.to_string()),
+                        candidates: r
+                            .candidates
+                            .iter()
+                            .map(|c| CandidateRecord {
+                                addr: c.endpoint.ip(),
+                                port: c.endpoint.port(),
+                                kind: c.kind.as_str().to_string(),
+                            })
+                            .collect(),
+                        nat: (r.nat != NatMapping::Unknown).then(|| r.nat.as_str().to_string()),
+                        relays,
+                    };
+                    info!(candidates = rec.candidates.len(), nat = ?rec.nat, relays = ?rec.relays, "reach: publishing");
+                    *lock(&self.handle.publish) = Some(rec);
+                }
+                Action::RelayBind { tag, endpoint } => {
+                    if let Some(t) = &self.relay {
+                        if !lock(t).bind(tag, endpoint, now_ms) {
+                            warn!(%tag, %endpoint, "reach: relay binding refused");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn report(&self, now: Now) {
+        let st = self.machine.status(now);
+        let c = &st.counters;
+        let mut counters: Vec<(String, u64)> = [
+            ("pings_sent", c.pings_sent),
+            ("pongs_sent", c.pongs_sent),
+            ("pings_received", c.pings_received),
+            ("pongs_received", c.pongs_received),
+            ("stun_sent", c.stun_sent),
+            ("stun_received", c.stun_received),
+            ("unknown_sender", c.unknown_sender),
+            ("bad_auth", c.bad_auth),
+            ("replay", c.replay),
+            ("unsolicited", c.unsolicited),
+            ("malformed", c.malformed),
+            ("bad_key", c.bad_key),
+            ("inbox_full", self.shared.reach.inbox_full.load(Relaxed)),
+            ("relayed_in", self.shared.reach.relayed_in.load(Relaxed)),
+            (
+                "relayed_unknown",
+                self.shared.reach.relayed_unknown.load(Relaxed),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        if let Some(t) = &self.relay {
+            let t = lock(t);
+            let r = &t.counters;
+            counters.extend(
+                [
+                    ("relay_bindings", t.bindings() as u64),
+                    ("relay_forwarded", r.forwarded),
+                    ("relay_forwarded_bytes", r.forwarded_bytes),
+                    ("relay_unbound_source", r.unbound_source),
+                    ("relay_unknown_destination", r.unknown_destination),
+                    ("relay_rate_limited", r.rate_limited),
+                    ("relay_to_self", r.to_self),
+                    ("relay_refused_bindings", r.refused_bindings),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v)),
+            );
+        }
+        let report = ReachReport {
+            enabled: true,
+            relay: st.relay,
+            nat: st.nat.as_str().to_string(),
+            candidates: st
+                .candidates
+                .iter()
+                .map(|c| format!("{} {}", c.endpoint, c.kind.as_str()))
+                .collect(),
+            bound_relays: st.bound_relays,
+            peers: st
+                .peers
+                .iter()
+                .map(|p| ReachPeer {
+                    host: p.name.clone(),
+                    path: p.path.word().to_string(),
+                    endpoint: match &p.path {
+                        ReachRoute::Direct { endpoint, .. }
+                        | ReachRoute::Relayed { endpoint, .. } => Some(endpoint.to_string()),
+                        ReachRoute::Unknown => None,
+                    },
+                    rtt_us: p.rtt_us,
+                    nat: p.nat.as_str().to_string(),
+                    endpoints: p
+                        .endpoints
+                        .iter()
+                        .map(|e| {
+                            format!(
+                                "{} {} {}",
+                                e.endpoint,
+                                e.origin,
+                                if e.trusted { "trusted" } else { "-" }
+                            )
+                        })
+                        .collect(),
+                })
+                .collect(),
+            counters,
+        };
+        *lock(&self.handle.report) = report;
+    }
+}
+
+/// A peer as reach sees it from its record: its published candidates, and its record's address
+/// (the one it advertised or routes from) when it published none yet.
+fn peer_info(id: &HostId, rec: &HostRecord, key: PublicKey) -> PeerInfo {
+    let mut candidates: Vec<Candidate> = rec
+        .reach
+        .candidates
+        .iter()
+        .map(|c| Candidate {
+            endpoint: SocketAddr::new(c.addr, c.port),
+            kind: CandidateKind::parse(&c.kind).unwrap_or(CandidateKind::Reflexive),
+        })
+        .collect();
+    let own = SocketAddr::new(rec.addr, rec.udp_port);
+    if !candidates.iter().any(|c| c.endpoint == own) {
+        candidates.push(Candidate {
+            endpoint: own,
+            kind: CandidateKind::Local,
+        });
+    }
+    PeerInfo {
+        name: id.to_string(),
+        key,
+        candidates,
+        relay: rec.has_capability(CAP_RELAY),
+        bound_relays: rec.reach.relays.iter().map(|r| r.to_string()).collect(),
+        nat: rec
+            .reach
+            .nat
+            .as_deref()
+            .map_or(NatMapping::Unknown, NatMapping::parse),
+    }
+}
+
+/// This host's addresses (of its network namespace), for its local candidates: never one on a
+/// device of the overlay itself (a vnet interface's host-side device, such as the gateway a
+/// CNI host reaches its pods through, or a device vnet made): a path to such an address runs
+/// through the overlay, so the link would carry itself.
+fn local_addresses(daemon: &Daemon) -> Vec<IpAddr> {
+    let ours: Vec<String> = lock(&daemon.state)
+        .cfg
+        .interfaces
+        .iter()
+        .map(|i| i.ifname.clone())
+        .collect();
+    let read = |r: &mut vnet_netlink::Rtnl| -> std::io::Result<Vec<IpAddr>> {
+        let overlay: Vec<u32> = r
+            .links()?
+            .into_iter()
+            .filter(|l| on_overlay(&l.name, l.alias.as_deref(), &ours))
+            .map(|l| l.index)
+            .collect();
+        Ok(r.addresses()?
+            .into_iter()
+            .filter(|(index, _)| !overlay.contains(index))
+            .map(|(_, ip)| ip)
+            .collect())
+    };
+    match vnet_netlink::Rtnl::open().and_then(|mut r| read(&mut r)) {
+        Ok(a) => a,
+        Err(e) => {
+            warn!("reach: cannot list this host's addresses: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// Whether a device is part of the overlay: one of vnet's interfaces, or made by vnet (its
+/// alias says so).
+fn on_overlay(name: &str, alias: Option<&str>, interfaces: &[String]) -> bool {
+    interfaces.iter().any(|i| i == name) || alias.is_some_and(|a| a.starts_with("vnet:"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_devices_give_no_candidates() {
+        let ifs = vec!["vnet-gw".to_string(), "tap-vm1".to_string()];
+        assert!(on_overlay("vnet-gw", None, &ifs));
+        assert!(on_overlay("vnp-c1", Some("vnet:c1"), &ifs));
+        assert!(!on_overlay("eth0", None, &ifs));
+        assert!(!on_overlay("eth1", Some("uplink"), &ifs));
+    }
+
+    #[test]
+    fn a_peer_without_candidates_is_tried_at_its_address() {
+        let rec = HostRecord {
+            host_id: "b".parse().unwrap(),
+            addr: "10.0.0.2".parse().unwrap(),
+            udp_port: 4789,
+            tcp_port: None,
+            capabilities: vec!["vxlan".into(), "relay".into()],
+            public_key: None,
+            version: vnet_cluster::SCHEMA_VERSION,
+            reach: HostReach {
+                probe_key: None,
+                candidates: vec![CandidateRecord {
+                    addr: "198.51.100.2".parse().unwrap(),
+                    port: 40000,
+                    kind: "something-new".into(),
+                }],
+                nat: Some("edm".into()),
+                relays: vec!["r".parse().unwrap()],
+            },
+        };
+        let p = peer_info(&rec.host_id, &rec, PublicKey([1; 32]));
+        assert_eq!(p.candidates.len(), 2);
+        assert_eq!(p.candidates[0].kind, CandidateKind::Reflexive);
+        assert_eq!(p.candidates[1].endpoint, "10.0.0.2:4789".parse().unwrap());
+        assert!(p.relay);
+        assert_eq!(p.nat, NatMapping::EndpointDependent);
+        assert_eq!(p.bound_relays, vec!["r".to_string()]);
+    }
+}
+
+impl Daemon {
+    /// What the reach thread needs of the data path: its shared state (the inbox, a relay's
+    /// table, the clock) and the VXLAN socket.
+    fn reach_edge(&self) -> (Arc<Shared>, Arc<VxlanSocket>) {
+        let st = lock(&self.state);
+        (st.engine.shared().clone(), st.engine.udp_socket().clone())
+    }
+
+    /// Points the links to the peer with probe key `key` at `path`.
+    fn set_reach_path(&self, key: PublicKey, path: ReachPath) {
+        lock(&self.state).engine.set_reach_path(key, path);
+    }
+}
