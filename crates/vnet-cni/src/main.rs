@@ -264,25 +264,38 @@ fn add(cfg: &Config, env: &Env) -> Result<String, CniError> {
             },
         )
         .map_err(|e| netlink_error("setting up the container's interface", e))?;
-        let mut ips = ipam.ips.clone();
-        for ip in &mut ips {
-            ip.interface = Some(0);
-        }
-        Ok(AddResult {
-            cni_version: cfg.conf.cni_version.clone(),
-            interfaces: vec![InterfaceResult {
-                name: ifname.to_string(),
-                mac: info
-                    .address
-                    .map(|m| MacAddr(m).to_string())
-                    .unwrap_or_else(|| mac.to_string()),
-                mtu: info.mtu,
-                sandbox: Some(netns.display().to_string()),
-            }],
-            ips,
-            routes: ipam.routes.clone(),
-            dns: ipam.dns.clone(),
-        })
+        // The host's end of a veth, for chained plugins (a TAP has none).
+        let host = match link::host_end(&info, &name) {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("vnet-cni: the host end of {ifname}: {e}");
+                None
+            }
+        };
+        let container = InterfaceResult {
+            name: ifname.to_string(),
+            mac: info
+                .address
+                .map(|m| MacAddr(m).to_string())
+                .unwrap_or_else(|| mac.to_string()),
+            mtu: info.mtu,
+            sandbox: Some(netns.display().to_string()),
+        };
+        let host = host.map(|h| InterfaceResult {
+            name: h.name,
+            mac: h
+                .address
+                .map(|m| MacAddr(m).to_string())
+                .unwrap_or_default(),
+            mtu: h.mtu,
+            sandbox: None,
+        });
+        Ok(conf::add_result(
+            &cfg.conf.cni_version,
+            container,
+            host,
+            &ipam,
+        ))
     };
     match setup() {
         Ok(r) => serde_json::to_string(&r)
