@@ -71,6 +71,9 @@ class CriHost:
         ipam = conf["plugins"][0]["ipam"]
         ipam["ranges"][0][0]["gateway"] = gw
         ipam["routes"] = [{"dst": "0.0.0.0/0"}]
+        # vnet-cni takes these two capabilities (mac: the NIC's MAC; ips: passed on to
+        # host-local): does CRI pass them?
+        conf["plugins"][0]["capabilities"] = {"mac": True, "ips": True}
         conf["plugins"].append({"type": "portmap", "capabilities": {"portMappings": True}})
         conf["plugins"].append({"type": "bandwidth", "capabilities": {"bandwidth": True}})
         conflist.write_text(json.dumps(conf, indent=1))
@@ -231,8 +234,11 @@ def test_pods_through_cri_reach_each_other_and_leave_nothing(cri, record):
             a = add.args
             assert (a.get("K8S_POD_NAMESPACE"), a.get("K8S_POD_NAME"), a.get("K8S_POD_INFRA_CONTAINER_ID"),
                     a.get("K8S_POD_UID")) == ("vnet-test", p.name, p.id, f"uid-{p.name}"), add.env
-    record("containerd_add_environment", {k: v for k, v in cri["h1"].ctd.calls("ADD")[0].env.items()
-                                          if k != "CNI_PATH"})
+    first = cri["h1"].ctd.calls("ADD")[0]
+    record("containerd_add_environment", {k: v for k, v in first.env.items() if k != "CNI_PATH"})
+    # CRI has no MAC and no addresses to ask for: containerd passes neither capability.
+    record("containerd_runtime_config", first.config.get("runtimeConfig"))
+    assert not {"mac", "ips"} & set(first.config.get("runtimeConfig") or {}), first.config
     # Every pod pings every other (each pod runs its pings in one crictl exec; all at once).
     ips = [p.ip for ps in pods.values() for p in ps]
     before = {r: h.h.stats() for r, h in cri.hosts.items()}

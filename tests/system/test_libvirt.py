@@ -174,6 +174,16 @@ def owner(path) -> str:
     return f"{pwd.getpwuid(st.st_uid).pw_name}:{grp.getgrgid(st.st_gid).gr_name} {stat.filemode(st.st_mode)}"
 
 
+def lost_before_the_end(loss: dict, interval: float = 0.01, tail_s: float = 0.5) -> list:
+    """The pings of a ``Pinger.stop()`` never answered, but for those sent in its last
+    ``tail_s``: a TCG guest on a loaded machine answers up to ~0.15 s late, and ping stopped by
+    SIGINT counts the requests still on their way as lost (more than the one ``Pinger``
+    allows for). With more than the 20 it lists, all count."""
+    if loss["lost"] > len(loss["unanswered"]):
+        return loss["unanswered"]
+    return [s for s in loss["unanswered"] if s < loss["sent"] - tail_s / interval]
+
+
 def test_domains_boot_and_ping_across_the_overlay(virt, record):
     t0 = time.monotonic()
     since = {vm: virt.start(vm) for vm in VMS}
@@ -239,7 +249,7 @@ def test_vnetd_restarts_under_running_domains(virt, record):
         loss = p2.stop()
         losses[key] = {k: v for k, v in loss.items() if k != "tail"}
         assert owner(virt.socket) == "root:libvirt-qemu srwxrwx---", owner(virt.socket)
-        assert loss["lost"] == 0, f"vm2 lost pings across vnetd's {sig.name}: {loss}"
+        assert not lost_before_the_end(loss), f"vm2 lost pings across vnetd's {sig.name}: {loss}"
         assert virt.A.port("vm1")["nic"]["connected"], virt.failed("vm1")
     record("vhost_user_back_after_vnetd_ready_s", back)
     record("netdev_ping_10ms_across_restarts", losses)
