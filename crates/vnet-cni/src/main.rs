@@ -8,11 +8,12 @@
 //! (and, without etcd, `route add any MAC interface cni-…`, in the same atomic batch); the
 //! device is put into the container's namespace (by vnetd when the namespace is a named one,
 //! by the plugin otherwise), renamed to CNI_IFNAME, given the addresses and routes, and
-//! brought up. Any failure undoes what was done. DEL: `interface del` (a missing interface is
-//! not an error: DEL is idempotent; a stopped vnetd finds the deletion queued in its state
-//! directory when it starts) and IPAM DEL. CHECK: vnetd has the
-//! interface with the previous result's MAC, the container has the device with it, up, with
-//! its addresses; IPAM CHECK. STATUS (1.1): vnetd answers. GC (1.1): this network's interfaces
+//! brought up; the result names the container's NIC and, for a veth, its host end (no
+//! sandbox), which chained plugins such as `bandwidth` look for. Any failure undoes what was
+//! done. DEL: `interface del` (a missing interface is not an error: DEL is idempotent; a
+//! stopped vnetd finds the deletion queued in its state directory when it starts) and IPAM
+//! DEL. CHECK: vnetd has the interface with the previous result's MAC, the container has the
+//! device with it, up, with its addresses; IPAM CHECK. STATUS (1.1): vnetd answers. GC (1.1): this network's interfaces
 //! that belong to no valid attachment are removed. VERSION: 1.0.0 and 1.1.0.
 
 mod conf;
