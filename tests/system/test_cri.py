@@ -293,7 +293,7 @@ def test_pod_tcp_across_hosts_matches_cnitool_containers(cri, record):
     the namespaces' makers differ (containerd + vnet-cni, cnitool + vnet-cni). ``pod`` against
     ``cnitool_cgroup`` is recorded, not held: on this machine under load (other work on its 2
     cores, load average 8-13) iperf3 started by ``crictl exec`` (runc exec) gets about half
-    of what the same binary gets in the same namespaces and cgroups started otherwise
+    of what the same binary gets in the pods' namespaces outside the containers' CPU cgroups
     (docs/results/2026-11-28-issue33), which is not the network's doing; with the machine
     quieter (load 5) the two were level."""
     a, b = cri["h1"], cri["h2"]
