@@ -22,6 +22,7 @@ import grp
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -88,8 +89,9 @@ log_outputs = "3:file:{dir / 'libvirtd.log'}"
         /var/cache/libvirt/qemu: seconds under software emulation)."""
         t0 = time.monotonic()
         if self.virtlogd is None or self.virtlogd.poll() is not None:
-            if VIRTLOGD_SOCK.exists():
-                raise netlab.LabError(f"{VIRTLOGD_SOCK} exists: another virtlogd runs on this machine")
+            if VIRTLOGD_SOCK.exists() and _answers(VIRTLOGD_SOCK):
+                raise netlab.LabError(f"another virtlogd answers on {VIRTLOGD_SOCK}: stop it first")
+            VIRTLOGD_SOCK.unlink(missing_ok=True)  # left by a virtlogd that was killed
             with open(self.dir / "virtlogd.out", "ab") as out:
                 self.virtlogd = self.host.popen(VIRTLOGD, "--pid-file", self.dir / "virtlogd.pid",
                                                 host_mounts=True, stdin=subprocess.DEVNULL, stdout=out,
@@ -173,6 +175,17 @@ log_outputs = "3:file:{dir / 'libvirtd.log'}"
                     p.unlink()
                 except OSError:
                     pass
+
+
+def _answers(path: Path) -> bool:
+    """Whether something listens on the unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        try:
+            s.connect(str(path))
+            return True
+        except OSError:
+            return False
 
 
 # --- the domains ----------------------------------------------------------------------------

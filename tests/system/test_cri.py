@@ -324,17 +324,30 @@ def test_pod_tcp_across_hosts_matches_cnitool_containers(cri, record):
                                                            seconds, "-J"), timeout=seconds + 60),
         }
         runs = {k: [] for k in client}
-        load = []
+        load, remade = [], []
+
+        def link():
+            """h1's link to h2 (derived from etcd), or None while it is being made anew."""
+            return next((p for p in a.h.stats()["ports"] if p["name"] == LINK["h1"]), None)
 
         def run(kind):
-            s0 = a.h.stats()
-            res = netlab.parse_iperf(client[kind]().stdout)
-            s1 = a.h.stats()
-            kernel = netlab.port_of(s1, LINK["h1"]).get("kernel", {}).get("tx_bytes", 0) - \
-                netlab.port_of(s0, LINK["h1"]).get("kernel", {}).get("tx_bytes", 0)
-            assert kernel >= 0.95 * res.bytes, \
-                f"{kind}: the kernel fast path sent {kernel} B on the link for {res.bytes} B of TCP"
-            runs[kind].append(round(res.gbps, 3))
+            # On a loaded machine a host's 3-second etcd lease can lapse before its renewal
+            # ("requested lease not found"; the host registers again at once): the others
+            # remove the link to it and make it anew within 0.1 s, its counters from zero. A
+            # run across that cannot be checked against them: it is run again (and counted).
+            for _ in range(3):
+                l0 = netlab.wait_until(link, 10, what="h1's link to h2")
+                res = netlab.parse_iperf(client[kind]().stdout)
+                l1 = link()
+                if l1 is None or l1["tx_bytes"] < l0["tx_bytes"]:
+                    remade.append(kind)
+                    continue
+                kernel = l1.get("kernel", {}).get("tx_bytes", 0) - l0.get("kernel", {}).get("tx_bytes", 0)
+                assert kernel >= 0.95 * res.bytes, \
+                    f"{kind}: the kernel fast path sent {kernel} B on the link for {res.bytes} B of TCP"
+                runs[kind].append(round(res.gbps, 3))
+                return
+            raise AssertionError(f"the link to h2 was made anew during 3 runs of {kind} in a row")
 
         # Each pair compared runs back to back, its order alternating: the machine's load
         # (other work on its 2 cores) moves more from one second to the next than the paths
@@ -371,6 +384,7 @@ def test_pod_tcp_across_hosts_matches_cnitool_containers(cri, record):
         record("pod_netns_over_cnitool_ratio", network)
         record("pod_over_cnitool_cgroup_ratio", containers)
         record("load_average_1min", load)
+        record("runs_again_for_a_link_made_anew", remade)
         reached = sum(r >= 0.9 for r in network["rounds"])
         record("pod_netns_rounds_at_0_9_or_more", f"{reached} of {len(network['rounds'])}")
         assert network["rounds_median"] >= 0.9 or reached >= 4, \
