@@ -106,3 +106,27 @@ ensure_cnitool() {
     rm -f target/tools/.cnitool-*
     touch "$stamp"
 }
+
+# CRICTL_VERSION: the CRI client the containerd system test drives in kubelet's place (built
+# from the Go module proxy); it speaks CRI v1, which containerd 1.6 serves.
+CRICTL_VERSION=v1.37.0
+CRICTL="target/tools/crictl"
+
+# ensure_crictl: builds crictl into target/tools/ with the machine's Go (Go 1.21 or later, as
+# for cnitool), once per version (idempotent).
+ensure_crictl() {
+    local stamp="target/tools/.crictl-$CRICTL_VERSION"
+    [ -x "$CRICTL" ] && [ -e "$stamp" ] && return 0
+    if ! command -v go >/dev/null; then
+        if [ -x /usr/local/go/bin/go ]; then
+            export PATH="/usr/local/go/bin:$PATH"
+        else
+            ensure_packages golang-go
+        fi
+    fi
+    say "building crictl $CRICTL_VERSION (Go module proxy)"
+    mkdir -p target/tools
+    GOBIN="$PWD/target/tools" go install "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+    rm -f target/tools/.crictl-*
+    touch "$stamp"
+}

@@ -53,6 +53,16 @@ if ! python3 -c 'import pyflakes' 2>/dev/null; then
     python3 -m pip install -q pyflakes 2>/dev/null || apt-get install -y -qq python3-pyflakes >/dev/null
 fi
 
+# Issue #33: pods through containerd's CRI (tests/system/test_cri.py) and VMs through libvirt
+# (tests/system/test_libvirt.py). Debian's containerd 1.6 (its CRI plugin built in) and runc;
+# crictl (kubelet's stand-in) from the Go module proxy into target/tools, as cnitool; gcc and
+# a static libc build the pods' pause binary (no registry: the images are made by the test).
+# libvirt's daemons (libvirtd, virtlogd) and QEMU, whose packaged services are not started:
+# the tests start their own containerd and libvirtd by hand and stop them by PID.
+ensure_packages_no_start containerd libvirt-daemon-system
+ensure_packages libvirt-clients qemu-system-x86 gcc libc6-dev
+ensure_crictl
+
 [ -e /dev/net/tun ] || { mkdir -p /dev/net && mknod /dev/net/tun c 10 200; }
 modprobe tun 2>/dev/null || true
 modprobe vxlan 2>/dev/null || true

@@ -208,9 +208,11 @@ class Host(Netns):
     # -- the daemon --
     def start_vnetd(self, config: Optional[str] = None, config_path: Optional[Path] = None,
                     args: Iterable = (), token: Optional[str] = None, wait: bool = True,
-                    control: Optional[str] = None) -> Vnetd:
+                    control: Optional[str] = None, popen_kw: Optional[dict] = None) -> Vnetd:
         """Start vnetd here. ``config`` is written to a file (kept in ``config_path`` so a
-        restart can reuse it). With ``wait``, returns once the control port answers."""
+        restart can reuse it). With ``wait``, returns once the control port answers.
+        ``popen_kw``: more for subprocess.Popen (``group``, ``umask``: vnetd as a service
+        unit's ``Group=`` and ``UMask=`` start it)."""
         if not VNETD.exists():
             raise LabError(f"vnetd binary not found at {VNETD} (build with `cargo build --release` or set VNETD)")
         if config is not None:
@@ -234,7 +236,7 @@ class Host(Netns):
         env = dict(os.environ, RUST_LOG=os.environ.get("VNET_LOG", os.environ.get("RUST_LOG", "info")))
         with open(log, "wb") as f:
             proc = self.popen(*argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
-                              host_mounts=True)
+                              host_mounts=True, **(popen_kw or {}))
         self.vnetd = Vnetd(self, proc, log, [str(a) for a in argv])
         self.all_vnetd.append(self.vnetd)
         if wait:

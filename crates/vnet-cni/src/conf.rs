@@ -357,6 +357,31 @@ pub struct AddResult {
     pub dns: Option<Value>,
 }
 
+/// The ADD result: the container's NIC first (index 0, which the addresses name), then the
+/// host's end of its veth when it has one, without a sandbox: chained plugins that act on the
+/// host side of a pod's NIC (`bandwidth`, which finds it as the container NIC's veth peer)
+/// look for it there, as they find the bridge and ptp plugins' host ends.
+pub fn add_result(
+    cni_version: &str,
+    container: InterfaceResult,
+    host: Option<InterfaceResult>,
+    ipam: &IpamResult,
+) -> AddResult {
+    let mut ips = ipam.ips.clone();
+    for ip in &mut ips {
+        ip.interface = Some(0);
+    }
+    let mut interfaces = vec![container];
+    interfaces.extend(host.map(|h| InterfaceResult { sandbox: None, ..h }));
+    AddResult {
+        cni_version: cni_version.to_string(),
+        interfaces,
+        ips,
+        routes: ipam.routes.clone(),
+        dns: ipam.dns.clone(),
+    }
+}
+
 /// The version to speak with a delegated plugin: ours if it speaks it, else the newest one
 /// both speak that is not newer than ours (1.0 and 1.1 results are the same).
 pub fn delegate_version(ours: &str, theirs: &[String]) -> Option<String> {
@@ -485,6 +510,41 @@ mod tests {
         ])
         .unwrap();
         assert!(requested_mac(&c.conf, &e).is_err());
+    }
+
+    #[test]
+    fn the_result_names_the_host_end_of_the_veth() {
+        let ipam: IpamResult = serde_json::from_str(
+            r#"{"ips":[{"address":"10.77.0.10/24","gateway":"10.77.0.1"}],
+                "routes":[{"dst":"0.0.0.0/0"}]}"#,
+        )
+        .unwrap();
+        let container = InterfaceResult {
+            name: "eth0".into(),
+            mac: "52:54:00:00:00:01".into(),
+            mtu: Some(1400),
+            sandbox: Some("/var/run/netns/cni-1".into()),
+        };
+        let host = InterfaceResult {
+            name: "vh-0123456789ab".into(),
+            mac: "52:54:00:00:00:02".into(),
+            mtu: Some(1400),
+            sandbox: Some("ignored".into()),
+        };
+        let r = add_result("1.0.0", container.clone(), Some(host), &ipam);
+        let v = serde_json::to_value(&r).unwrap();
+        // The container's NIC keeps index 0 (the addresses name it); the host end has no
+        // sandbox, which is how `bandwidth` tells it from the container's.
+        assert_eq!(v["interfaces"][0]["name"], "eth0");
+        assert_eq!(v["interfaces"][0]["sandbox"], "/var/run/netns/cni-1");
+        assert_eq!(v["interfaces"][1]["name"], "vh-0123456789ab");
+        assert!(v["interfaces"][1].get("sandbox").is_none(), "{v}");
+        assert_eq!(v["ips"][0]["interface"], 0);
+        assert_eq!(v["ips"][0]["gateway"], "10.77.0.1");
+        assert_eq!(v["routes"][0]["dst"], "0.0.0.0/0");
+        // A TAP (no fast path): the container's NIC alone.
+        let r = add_result("1.0.0", container, None, &ipam);
+        assert_eq!(r.interfaces.len(), 1);
     }
 
     #[test]

@@ -105,6 +105,26 @@ pub fn configure(netns: &Path, s: Setup) -> io::Result<LinkDesc> {
     })
 }
 
+/// Whether `peer` is the host end vnetd made for its interface `interface` (vnetd marks the
+/// devices it makes with the alias `vnet:NAME`).
+pub fn is_host_end_of(peer: &LinkDesc, interface: &str) -> bool {
+    peer.kind.as_deref() == Some("veth")
+        && peer.alias.as_deref().and_then(|a| a.strip_prefix("vnet:")) == Some(interface)
+}
+
+/// The host's end of the container's NIC `container` (as `configure` returned it) when that
+/// NIC is a veth vnetd made for `interface`: the device in our (the runtime's, vnetd's)
+/// namespace at its peer index. `None` for a TAP.
+pub fn host_end(container: &LinkDesc, interface: &str) -> io::Result<Option<LinkDesc>> {
+    let (Some("veth"), Some(peer)) = (container.kind.as_deref(), container.peer_index) else {
+        return Ok(None);
+    };
+    let mut nl = Rtnl::open()?;
+    Ok(nl
+        .link_by_index(peer)?
+        .filter(|l| is_host_end_of(l, interface)))
+}
+
 /// Inside the container: the device `ifname` and its addresses (CHECK).
 pub fn inspect(netns: &Path, ifname: &str) -> io::Result<(LinkDesc, Vec<(IpAddr, u8)>)> {
     let ifname = ifname.to_string();
@@ -115,4 +135,32 @@ pub fn inspect(netns: &Path, ifname: &str) -> io::Result<(LinkDesc, Vec<(IpAddr,
         let addrs = nl.addresses_of(index)?;
         Ok((info, addrs))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(kind: &str, alias: Option<&str>) -> LinkDesc {
+        LinkDesc {
+            index: 7,
+            name: "vh-0123456789ab".into(),
+            kind: Some(kind.into()),
+            alias: alias.map(String::from),
+            mtu: Some(1400),
+            address: Some([0x52, 0x54, 0, 0, 0, 2]),
+            up: true,
+            peer_netns: Some(1),
+            peer_index: Some(2),
+        }
+    }
+
+    #[test]
+    fn only_vnetds_own_veth_end_is_the_host_end() {
+        assert!(is_host_end_of(&desc("veth", Some("vnet:cni-1")), "cni-1"));
+        // Another interface's, a device nobody marked, a device of another kind.
+        assert!(!is_host_end_of(&desc("veth", Some("vnet:cni-2")), "cni-1"));
+        assert!(!is_host_end_of(&desc("veth", None), "cni-1"));
+        assert!(!is_host_end_of(&desc("tun", Some("vnet:cni-1")), "cni-1"));
+    }
 }

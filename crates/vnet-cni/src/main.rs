@@ -8,11 +8,12 @@
 //! (and, without etcd, `route add any MAC interface cni-…`, in the same atomic batch); the
 //! device is put into the container's namespace (by vnetd when the namespace is a named one,
 //! by the plugin otherwise), renamed to CNI_IFNAME, given the addresses and routes, and
-//! brought up. Any failure undoes what was done. DEL: `interface del` (a missing interface is
-//! not an error: DEL is idempotent; a stopped vnetd finds the deletion queued in its state
-//! directory when it starts) and IPAM DEL. CHECK: vnetd has the
-//! interface with the previous result's MAC, the container has the device with it, up, with
-//! its addresses; IPAM CHECK. STATUS (1.1): vnetd answers. GC (1.1): this network's interfaces
+//! brought up; the result names the container's NIC and, for a veth, its host end (no
+//! sandbox), which chained plugins such as `bandwidth` look for. Any failure undoes what was
+//! done. DEL: `interface del` (a missing interface is not an error: DEL is idempotent; a
+//! stopped vnetd finds the deletion queued in its state directory when it starts) and IPAM
+//! DEL. CHECK: vnetd has the interface with the previous result's MAC, the container has the
+//! device with it, up, with its addresses; IPAM CHECK. STATUS (1.1): vnetd answers. GC (1.1): this network's interfaces
 //! that belong to no valid attachment are removed. VERSION: 1.0.0 and 1.1.0.
 
 mod conf;
@@ -264,25 +265,38 @@ fn add(cfg: &Config, env: &Env) -> Result<String, CniError> {
             },
         )
         .map_err(|e| netlink_error("setting up the container's interface", e))?;
-        let mut ips = ipam.ips.clone();
-        for ip in &mut ips {
-            ip.interface = Some(0);
-        }
-        Ok(AddResult {
-            cni_version: cfg.conf.cni_version.clone(),
-            interfaces: vec![InterfaceResult {
-                name: ifname.to_string(),
-                mac: info
-                    .address
-                    .map(|m| MacAddr(m).to_string())
-                    .unwrap_or_else(|| mac.to_string()),
-                mtu: info.mtu,
-                sandbox: Some(netns.display().to_string()),
-            }],
-            ips,
-            routes: ipam.routes.clone(),
-            dns: ipam.dns.clone(),
-        })
+        // The host's end of a veth, for chained plugins (a TAP has none).
+        let host = match link::host_end(&info, &name) {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("vnet-cni: the host end of {ifname}: {e}");
+                None
+            }
+        };
+        let container = InterfaceResult {
+            name: ifname.to_string(),
+            mac: info
+                .address
+                .map(|m| MacAddr(m).to_string())
+                .unwrap_or_else(|| mac.to_string()),
+            mtu: info.mtu,
+            sandbox: Some(netns.display().to_string()),
+        };
+        let host = host.map(|h| InterfaceResult {
+            name: h.name,
+            mac: h
+                .address
+                .map(|m| MacAddr(m).to_string())
+                .unwrap_or_default(),
+            mtu: h.mtu,
+            sandbox: None,
+        });
+        Ok(conf::add_result(
+            &cfg.conf.cni_version,
+            container,
+            host,
+            &ipam,
+        ))
     };
     match setup() {
         Ok(r) => serde_json::to_string(&r)
