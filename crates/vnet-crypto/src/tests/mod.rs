@@ -3,6 +3,7 @@
 //! peers (or a peer and an emulated old host) by hand.
 
 mod batch;
+mod flood;
 mod interop;
 mod negotiation;
 mod rekey;
