@@ -470,8 +470,9 @@ impl Peer {
         }
     }
 
-    /// The version of the next initiation: v3 to a peer known to speak it (until it has left
-    /// [`V3_ATTEMPTS_BEFORE_FALLBACK`] of them unanswered), else v3, v2 and v1 in turn.
+    /// The version of the next initiation: v3, v2 and v1 in turn; to a peer known to speak
+    /// v3, v3 until it has left [`V3_ATTEMPTS_BEFORE_FALLBACK`] of them unanswered, then v2,
+    /// v1 and v3 in turn (it may have been rolled back to an older vnetd).
     fn next_version(&self) -> Version {
         const ROTATION: [Version; 3] = [Version::V3, Version::V2, Version::V1];
         let versions = match self.max_version {
@@ -479,13 +480,15 @@ impl Peer {
             Version::V2 => &ROTATION[1..],
             Version::V1 => &ROTATION[2..],
         };
-        if self.max_version == Version::V3
-            && self.v3_peer
-            && self.v3_unanswered < V3_ATTEMPTS_BEFORE_FALLBACK
-        {
-            return Version::V3;
-        }
-        versions[self.attempts as usize % versions.len()]
+        let turn = if self.max_version == Version::V3 && self.v3_peer {
+            if self.v3_unanswered < V3_ATTEMPTS_BEFORE_FALLBACK {
+                return Version::V3;
+            }
+            self.attempts.saturating_sub(V3_ATTEMPTS_BEFORE_FALLBACK) as usize + 1
+        } else {
+            self.attempts as usize
+        };
+        versions[turn % versions.len()]
     }
 
     /// Called now and then (every 100 ms or so): expires sessions, and returns an initiation

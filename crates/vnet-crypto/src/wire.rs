@@ -79,8 +79,9 @@
 //! rotates v3, v2, v1 on its retransmissions until a response arrives, and starts again with
 //! v3 at the next handshake (a rekey), so an upgraded peer is noticed within one rekey. Once a
 //! v3 handshake completed with the peer, a link initiates only v3 (three attempts, 1.5 s)
-//! before it rotates again: a peer rolled back to an older vnetd is found within a rekey
-//! interval and a few seconds (sooner if it initiates itself, as it does at its start). v1 and
+//! before it tries v2, v1 and v3 in turn: a peer rolled back to an older vnetd is found within
+//! a rekey interval and 3.5 s (at once if it initiates itself, as it does at its start, and no
+//! flood spends the old versions' budget). v1 and
 //! v2 messages are never refused for the version alone, but they have their own budgets
 //! (without MACs, a forgery cannot be told from them before reading it): forged old-version
 //! messages can spend only those, and so delay only old-version handshakes. Someone who can

@@ -67,7 +67,10 @@ fn initiations_rotate_and_restart_with_v3() {
         }
     }
     // (at 0, 500 and 1500 ms; the next would be v3 at 3500)
-    assert_eq!(kinds, [MSG_INITIATION_V3, MSG_INITIATION_V2, MSG_INITIATION]);
+    assert_eq!(
+        kinds,
+        [MSG_INITIATION_V3, MSG_INITIATION_V2, MSG_INITIATION]
+    );
     // The v1 one gets through (say the others were lost): a ChaCha20-Poly1305 session.
     let (init, ms) = last_v1.unwrap();
     let Got::Reply(resp) = receive(&mut b, init, ms).unwrap() else {
@@ -110,7 +113,10 @@ fn a_response_of_the_other_version_is_refused() {
     let mut v2 = resp.clone();
     v2[0] = MSG_RESPONSE_V2;
     v2.truncate(crate::wire::RESPONSE_V2_LEN);
-    assert_eq!(receive(&mut a, v2.clone(), 1), Err(CryptoError::BadHandshake));
+    assert_eq!(
+        receive(&mut a, v2.clone(), 1),
+        Err(CryptoError::BadHandshake)
+    );
     let mut v1 = v2;
     v1[0] = MSG_RESPONSE;
     v1.pop();
