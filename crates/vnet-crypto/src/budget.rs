@@ -76,9 +76,11 @@ pub struct Seen {
 }
 
 /// Budgets let a link read about 16 handshake messages a second at most, so this covers the
-/// last minute of them even under a flood (and cookies, which make a replay pass `mac2`, last
-/// at most four).
-pub const SEEN_CAPACITY: usize = 1024;
+/// last 16 s of them even under a flood. An older genuine message replayed is read once more
+/// (and refused for its old time) only while its budget is not under load: under load it
+/// needs a `mac2`, which only the peer's messages of the last 4 minutes carry (a handful,
+/// all of them here). About 10 KB per link.
+pub const SEEN_CAPACITY: usize = 256;
 
 impl Seen {
     /// The fingerprint of a Noise handshake message (its ephemeral key comes first).
