@@ -71,3 +71,5 @@ say "building vnet (release)"
 cargo build --release --workspace --quiet
 # fplab, the fast path's stand-alone driver (tests/system/test_fastpath.py, bench/fastpath_variants.py)
 cargo build --release -p vnet-fastpath --examples --quiet
+# handshake_flood, the forged-handshake sender of tests/system/test_crypto.py
+cargo build --release -p vnet-crypto --example handshake_flood --quiet

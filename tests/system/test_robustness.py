@@ -68,10 +68,10 @@ def test_bad_vxlan_datagrams(lab):
     # random garbage (seeded): count what must be refused for which reason
     rng = random.Random(7348)
     junk = [bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 200))) for _ in range(150)]
-    # A first byte of 1 to 5 is an encrypted link's message type (vnet-crypto's wire format):
+    # A first byte of 1 to 7 or 16 is an encrypted link's message type (vnet-crypto's wire format):
     # such datagrams are parsed as one and refused as truncated, a bad handshake, an unknown VNI
     # or no session (this link is plaintext), never as bad VXLAN.
-    crypto_type = lambda j: bool(j) and 1 <= j[0] <= 5  # noqa: E731
+    crypto_type = lambda j: bool(j) and (1 <= j[0] <= 7 or j[0] == 16)  # noqa: E731
     n_crypto = sum(1 for j in junk if crypto_type(j))
     n_bad = sum(1 for j in junk if (len(j) < 8 or not j[0] & 0x08) and not crypto_type(j))
     n_vni = sum(1 for j in junk if len(j) >= 8 and j[0] & 0x08 and int.from_bytes(j[4:7], "big") != 1)

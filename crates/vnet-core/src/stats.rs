@@ -26,12 +26,18 @@ pub enum DropReason {
     BadHandshake,
     /// A guest sent a frame whose source MAC is not its interface's (and `any-source` is off).
     SpoofedSrc,
-    /// The port's token bucket (`rate`) was empty.
+    /// The port's token bucket (`rate`) was empty; or an encrypted link's handshake budget
+    /// was spent (a flood), or, under such load, a handshake message came without the cookie
+    /// MAC the link asked its peer for.
     RateLimited,
+    /// An encrypted link's handshake message without a valid MAC (v3's `mac1`: the sender
+    /// does not know this host's public key), or a cookie reply that did not authenticate:
+    /// refused before any key-exchange work.
+    BadMac,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 17] = [
+    pub const ALL: [DropReason; 18] = [
         DropReason::Truncated,
         DropReason::Oversize,
         DropReason::BadVxlan,
@@ -49,6 +55,7 @@ impl DropReason {
         DropReason::BadHandshake,
         DropReason::SpoofedSrc,
         DropReason::RateLimited,
+        DropReason::BadMac,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -70,6 +77,7 @@ impl DropReason {
             DropReason::BadHandshake => "bad_handshake",
             DropReason::SpoofedSrc => "spoofed_src",
             DropReason::RateLimited => "rate_limited",
+            DropReason::BadMac => "bad_mac",
         }
     }
 

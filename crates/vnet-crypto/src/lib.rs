@@ -9,14 +9,19 @@
 //! an explicit 64-bit counter, checked against a sliding replay window, as WireGuard does.
 //! The message formats and the negotiation are in [`wire`]; the AEAD in [`aead`]; a session's
 //! keys, counters and in-place sealing in [`session`]; the replay window in [`replay`]; the
-//! per-link handshake state machine, driven by a `now` argument, in [`peer`].
+//! per-link handshake state machine, driven by a `now` argument, in [`peer`]; what it spends on
+//! what arrives (budgets, replays) in [`budget`], and v3's MACs and cookies, which let it refuse
+//! forged handshake messages before any X25519 work, in [`cookie`].
 //!
-//! The first byte of every message is its type (1 to 5); a VXLAN header's first byte has the
-//! I flag (0x08) set, so plaintext VXLAN and these messages are never confused.
+//! The first byte of every message is its type (1 to 7, and 16); a VXLAN header's first byte
+//! has the I flag (0x08) set, which no type has, so plaintext VXLAN and these messages are
+//! never confused.
 
 #![forbid(unsafe_code)]
 
 pub mod aead;
+pub mod budget;
+pub mod cookie;
 pub mod keys;
 pub mod peer;
 pub mod replay;
@@ -47,8 +52,12 @@ pub enum CryptoError {
     BadAuth,
     #[error("message too large")]
     TooLarge,
-    #[error("handshake initiations over the link's budget")]
+    #[error("handshake messages over the link's budget")]
     Throttled,
+    #[error("handshake message without a valid MAC (the sender does not know this host's key)")]
+    BadMac,
+    #[error("under load: handshake message without a valid cookie MAC")]
+    CookieRequired,
 }
 
 /// The Noise protocol name: both hosts know each other's static key in advance (KK).

@@ -3,10 +3,19 @@
 //! - Each side starts a handshake (an initiation) as soon as it has no usable session, and
 //!   retransmits it (a fresh one each time) with exponential backoff until a response arrives.
 //!   Both sides may initiate at once; both handshakes then complete and either session works.
-//! - Initiations alternate between v2 (which offers the ciphers this host runs fast) and v1
-//!   (which a host before v2 answers), starting with v2 at every handshake; a responder
-//!   answers each in its own version. A v2 session uses AES-256-GCM when both hosts run it
-//!   fast, any other ChaCha20-Poly1305 (see [`crate::wire`]).
+//! - Initiations rotate through v3, v2 (which a host before v3 answers) and v1 (a host before
+//!   v2), starting with v3 at every handshake; a responder answers each in its own version.
+//!   Once a v3 handshake completed with the peer (or an authentic cookie reply came from it),
+//!   only v3 is sent until three v3 initiations in a row went unanswered (see
+//!   [`crate::wire`], rolling upgrades). A v2 or v3 session uses AES-256-GCM when both hosts
+//!   run it fast, any other ChaCha20-Poly1305.
+//! - What arrives costs bounded work ([`crate::budget`]): before any X25519 operation, a v3
+//!   message's `mac1` is checked ([`CryptoError::BadMac`]), then, while the budget of its kind
+//!   runs low, its `mac2` (without one: [`CryptoError::CookieRequired`], and a cookie reply
+//!   for the peer, [`Peer::take_cookie_reply`]), then whether it was read before
+//!   ([`CryptoError::Replay`]), then the budget ([`CryptoError::Throttled`]): v3 initiations,
+//!   v3 responses, v1/v2 initiations and v1/v2 responses each have their own, so forged
+//!   old-version messages delay only old-version handshakes.
 //! - The initiation carries the sender's wall-clock time, encrypted and authenticated; a
 //!   responder refuses an initiation whose time is not later than the last it accepted, so a
 //!   replayed initiation cannot make it start a session ([`CryptoError::Replay`]). A host that
@@ -25,13 +34,16 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use ring::rand::{SecureRandom, SystemRandom};
 use snow::HandshakeState;
 
 use crate::aead::{Cipher, Ciphers};
+use crate::budget::{Budget, Seen};
+use crate::cookie::{self, CookieJar, HeldCookie};
 use crate::keys::{PrivateKey, PublicKey};
 pub use crate::session::Session;
 use crate::session::SessionInit;
-use crate::wire::{self, Message, Version};
+use crate::wire::{self, Message, Version, COOKIE_NONCE_LEN, MACS_LEN};
 use crate::{CryptoError, NOISE_PARAMS};
 
 /// The caller's clock: a monotonic time for timers and the wall-clock time that initiations
@@ -74,21 +86,50 @@ pub struct PeerStats {
     pub responses_sent: u64,
     pub handshakes_completed: u64,
     pub rekeys: u64,
+    /// Initiations refused as replays (seen before, or a time not later than the last).
     pub initiations_replayed: u64,
     pub bad_handshakes: u64,
-    /// Initiations refused unread because the link's budget was spent (a flood).
+    /// Initiations refused unread because their budget was spent (a flood).
     pub initiations_throttled: u64,
     /// Handshakes completed with v1 messages: the peer predates cipher negotiation (or its v2
     /// messages were lost), and the session uses ChaCha20-Poly1305.
     pub handshakes_v1: u64,
+    /// Handshakes completed with v3 messages (MACs and cookies).
+    pub handshakes_v3: u64,
+    /// v3 messages refused unread for a bad `mac1` (the sender does not know this host's
+    /// public key), and cookie replies that did not open.
+    pub bad_macs: u64,
+    /// v3 messages refused unread under load for want of a valid `mac2`.
+    pub cookies_required: u64,
+    /// Responses refused unread because their budget was spent, or read before.
+    pub responses_throttled: u64,
+    pub responses_replayed: u64,
+    /// Cookie replies sent to the peer, and those not sent because their budget was spent.
+    pub cookie_replies_sent: u64,
+    pub cookie_replies_suppressed: u64,
+    /// Authentic cookie replies received from the peer.
+    pub cookie_replies_received: u64,
+    /// Handshake messages read (two X25519 operations each), whatever came of them.
+    pub handshakes_read: u64,
 }
 
 /// Initiations a link reads (two X25519 operations each) in a burst, and then one per
-/// `INITIATION_REFILL_MS`. A peer sends at most one per half second (retries back off from
-/// there, rekeys come every two minutes), so a genuine peer stays inside it; a flood of forged
-/// ones costs at most this much work, whatever its rate.
+/// `INITIATION_REFILL_MS`, for v3 and for v1/v2 each. A peer sends at most one per half second
+/// (retries back off from there, rekeys come every two minutes), so a genuine peer stays
+/// inside it; a flood of forged ones costs at most this much work, whatever its rate, and v3
+/// keeps the genuine peer inside it too (MACs and cookies).
 pub const INITIATION_BURST: u64 = 8;
 pub const INITIATION_REFILL_MS: u64 = 250;
+/// Responses to this host's pending initiation a link reads, likewise (v3 and v1/v2 each).
+pub const RESPONSE_BURST: u64 = 8;
+pub const RESPONSE_REFILL_MS: u64 = 250;
+/// Cookie replies a link sends: the peer needs one every two minutes; more only in case some
+/// are lost.
+pub const COOKIE_REPLY_BURST: u64 = 4;
+pub const COOKIE_REPLY_REFILL_MS: u64 = 100;
+/// v3 initiations sent in a row without a v3 answer before a link that knew its peer as v3
+/// tries older versions again (the peer may have been rolled back to an older vnetd).
+pub const V3_ATTEMPTS_BEFORE_FALLBACK: u32 = 3;
 
 /// Replaced sessions a link keeps for receiving. Two would do (when both hosts rekey at once,
 /// each installs two sessions in a row, and the peer may still be sending on the one before
@@ -127,16 +168,83 @@ pub(crate) fn parse_choice(
     }
 }
 
+/// What a link spends on what arrives from its peer's address ([`crate::budget`]).
+#[derive(Debug)]
+struct Budgets {
+    initiations: Budget,
+    legacy_initiations: Budget,
+    responses: Budget,
+    legacy_responses: Budget,
+    cookie_replies: Budget,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Budgets {
+            initiations: Budget::new(INITIATION_BURST, INITIATION_REFILL_MS),
+            legacy_initiations: Budget::new(INITIATION_BURST, INITIATION_REFILL_MS),
+            responses: Budget::new(RESPONSE_BURST, RESPONSE_REFILL_MS),
+            legacy_responses: Budget::new(RESPONSE_BURST, RESPONSE_REFILL_MS),
+            cookie_replies: Budget::new(COOKIE_REPLY_BURST, COOKIE_REPLY_REFILL_MS),
+        }
+    }
+}
+
+impl Budgets {
+    /// The budget of initiations (or responses) of `version`.
+    fn of(&mut self, initiation: bool, version: Version) -> &mut Budget {
+        match (initiation, version.has_macs()) {
+            (true, true) => &mut self.initiations,
+            (true, false) => &mut self.legacy_initiations,
+            (false, true) => &mut self.responses,
+            (false, false) => &mut self.legacy_responses,
+        }
+    }
+}
+
+/// The v3 keys of a link, fixed by the two static keys.
+struct LinkKeys {
+    /// `mac1` of messages to the peer (its public key), and to this host (its own).
+    mac1_out: [u8; 32],
+    mac1_in: [u8; 32],
+    /// Cookie replies this host seals, and those it opens (from the peer).
+    cookie_out: [u8; 32],
+    cookie_in: [u8; 32],
+}
+
+impl LinkKeys {
+    fn new(local: &PrivateKey, remote: &PublicKey) -> LinkKeys {
+        let me = local.public();
+        let ss = cookie::static_static(local, remote);
+        LinkKeys {
+            mac1_out: cookie::mac1_key(remote),
+            mac1_in: cookie::mac1_key(&me),
+            cookie_out: cookie::cookie_reply_key(&ss, &me),
+            cookie_in: cookie::cookie_reply_key(&ss, remote),
+        }
+    }
+}
+
+/// `N` bytes from the operating system's random source (none if it fails).
+fn random<const N: usize>() -> Option<[u8; N]> {
+    let mut b = [0u8; N];
+    SystemRandom::new().fill(&mut b).ok()?;
+    Some(b)
+}
+
 /// The handshake state machine of one link.
 pub struct Peer {
     local: PrivateKey,
     remote: PublicKey,
     vni: u32,
-    /// The ciphers this host offers in v2 initiations and accepts in v2 responses.
+    /// The ciphers this host offers in v2/v3 initiations and accepts in v2/v3 responses.
     ciphers: Ciphers,
     /// Whether this host offers (and accepts) [`CAP_PARTIAL_CHECKSUMS`].
     partial_checksums: bool,
+    /// The newest version this host speaks: v3, but for tests that play an older host.
+    max_version: Version,
     timers: Timers,
+    keys: LinkKeys,
     pending: Option<Pending>,
     /// The session data is sent on.
     current: Option<Arc<Session>>,
@@ -149,12 +257,21 @@ pub struct Peer {
     /// When to (re)send an initiation if still needed, and the current backoff.
     retry_at_ms: u64,
     backoff_ms: u64,
-    /// Initiations sent for the handshake under way: even ones are v2, odd ones v1.
+    /// Initiations sent for the handshake under way (they rotate through the versions).
     attempts: u32,
+    /// Whether the peer speaks v3 (a v3 handshake completed, or an authentic cookie reply
+    /// came); cleared when a v1/v2 handshake completes.
+    v3_peer: bool,
+    /// v3 initiations sent since the peer last answered in v3.
+    v3_unanswered: u32,
     next_index: u32,
-    /// The initiation budget: tokens left, and when the last one was added.
-    initiation_tokens: u64,
-    initiation_refill_ms: u64,
+    budgets: Budgets,
+    seen: Seen,
+    /// The cookies this host gives its peer, and the one the peer last gave it.
+    jar: CookieJar,
+    held: HeldCookie,
+    /// A cookie reply waiting to be sent.
+    cookie_reply: Option<Vec<u8>>,
     pub stats: PeerStats,
 }
 
@@ -169,20 +286,18 @@ impl std::fmt::Debug for Peer {
 }
 
 /// The Noise prologue: the handshake's version and the link's VNI, so that neither a
-/// message of the other version nor one of another link completes a handshake.
+/// message of another version nor one of another link completes a handshake.
 fn prologue(vni: u32, version: Version) -> [u8; 16] {
     let mut p = match version {
         Version::V1 => *b"vnet-kk-v1\0\0\0\0\0\0",
         Version::V2 => *b"vnet-kk-v2\0\0\0\0\0\0",
+        Version::V3 => *b"vnet-kk-v3\0\0\0\0\0\0",
     };
     p[12..].copy_from_slice(&vni.to_be_bytes());
     p
 }
 
-/// The two keys of a finished handshake's split: initiator-to-responder, then the reverse.
-/// They are Noise's transport keys (snow's own transport would use them the same way), taken
-/// out so that data messages can be sealed in place by the chosen AEAD.
-/// The largest handshake message this side writes (a v2 initiation or response).
+/// The largest handshake message this side writes (a v2/v3 initiation or response).
 const MAX_NOISE_LEN: usize = if wire::INITIATION_V2_NOISE_LEN > wire::RESPONSE_V2_NOISE_LEN {
     wire::INITIATION_V2_NOISE_LEN
 } else {
@@ -208,6 +323,9 @@ fn write_noise(
     Ok(())
 }
 
+/// The two keys of a finished handshake's split: initiator-to-responder, then the reverse.
+/// They are Noise's transport keys (snow's own transport would use them the same way), taken
+/// out so that data messages can be sealed in place by the chosen AEAD.
 fn split(hs: &mut HandshakeState) -> Result<([u8; 32], [u8; 32]), CryptoError> {
     if !hs.is_handshake_finished() {
         return Err(CryptoError::BadHandshake);
@@ -227,11 +345,13 @@ impl Peer {
         index_seed: u32,
     ) -> Peer {
         Peer {
+            keys: LinkKeys::new(&local, &remote),
             local,
             remote,
             vni,
             ciphers: Ciphers::detect(),
             partial_checksums: true,
+            max_version: Version::V3,
             timers,
             pending: None,
             current: None,
@@ -241,9 +361,14 @@ impl Peer {
             retry_at_ms: 0,
             backoff_ms: timers.retry_initial_ms,
             attempts: 0,
+            v3_peer: false,
+            v3_unanswered: 0,
             next_index: index_seed,
-            initiation_tokens: INITIATION_BURST,
-            initiation_refill_ms: 0,
+            budgets: Budgets::default(),
+            seen: Seen::default(),
+            jar: CookieJar::default(),
+            held: HeldCookie::default(),
+            cookie_reply: None,
             stats: PeerStats::default(),
         }
     }
@@ -266,8 +391,20 @@ impl Peer {
         self
     }
 
+    /// Speaks no version newer than `v`: plays a host from before it (tests of rolling
+    /// upgrades). Such a host takes the newer messages for something else than these.
+    pub fn up_to_version(mut self, v: Version) -> Peer {
+        self.max_version = v;
+        self
+    }
+
     pub fn remote(&self) -> PublicKey {
         self.remote
+    }
+
+    /// Whether this link takes its peer for a v3 host (see [`crate::wire`], rolling upgrades).
+    pub fn peer_speaks_v3(&self) -> bool {
+        self.v3_peer
     }
 
     fn alloc_index(&mut self) -> u32 {
@@ -333,6 +470,27 @@ impl Peer {
         }
     }
 
+    /// The version of the next initiation: v3, v2 and v1 in turn; to a peer known to speak
+    /// v3, v3 until it has left [`V3_ATTEMPTS_BEFORE_FALLBACK`] of them unanswered, then v2,
+    /// v1 and v3 in turn (it may have been rolled back to an older vnetd).
+    fn next_version(&self) -> Version {
+        const ROTATION: [Version; 3] = [Version::V3, Version::V2, Version::V1];
+        let versions = match self.max_version {
+            Version::V3 => &ROTATION[..],
+            Version::V2 => &ROTATION[1..],
+            Version::V1 => &ROTATION[2..],
+        };
+        let turn = if self.max_version == Version::V3 && self.v3_peer {
+            if self.v3_unanswered < V3_ATTEMPTS_BEFORE_FALLBACK {
+                return Version::V3;
+            }
+            self.attempts.saturating_sub(V3_ATTEMPTS_BEFORE_FALLBACK) as usize + 1
+        } else {
+            self.attempts as usize
+        };
+        versions[turn % versions.len()]
+    }
+
     /// Called now and then (every 100 ms or so): expires sessions, and returns an initiation
     /// to send when a handshake is needed and the backoff allows.
     pub fn tick(&mut self, now: Now) -> Option<Vec<u8>> {
@@ -345,20 +503,27 @@ impl Peer {
         if now.mono_ms < self.retry_at_ms {
             return None;
         }
-        let version = if self.attempts.is_multiple_of(2) {
-            Version::V2
-        } else {
-            Version::V1
-        };
+        let version = self.next_version();
         let msg = self.initiate(now, version).ok()?;
         self.attempts = self.attempts.wrapping_add(1);
+        if version == Version::V3 && self.v3_peer {
+            self.v3_unanswered = self.v3_unanswered.saturating_add(1);
+        }
         self.retry_at_ms = now.mono_ms + self.backoff_ms;
         self.backoff_ms = (self.backoff_ms * 2).min(self.timers.retry_max_ms);
         Some(msg)
     }
 
+    /// Appends the MACs of a v3 message to `out` (whose message starts at `start`): `mac1`
+    /// for the peer's key, `mac2` with the cookie the peer gave, if one is held.
+    fn append_macs(&self, out: &mut Vec<u8>, start: usize, now_ms: u64) {
+        out.resize(out.len() + MACS_LEN, 0);
+        let cookie = self.held.get(now_ms);
+        cookie::add_macs(&mut out[start..], &self.keys.mac1_out, cookie.as_ref());
+    }
+
     /// A new initiation (replacing any unanswered one). Its payload is the wall-clock time,
-    /// then (v2) the ciphers this host offers.
+    /// then (v2, v3) the ciphers this host offers.
     fn initiate(&mut self, now: Now, version: Version) -> Result<Vec<u8>, CryptoError> {
         let index = self.alloc_index();
         let mut hs = self.handshake_state(version, true)?;
@@ -371,88 +536,182 @@ impl Peer {
         payload[8] = self.ciphers.to_wire() | partial;
         let payload = match version {
             Version::V1 => &payload[..8],
-            Version::V2 => &payload[..],
+            Version::V2 | Version::V3 => &payload[..],
         };
         let (kind, _) = version.types();
         let (noise_len, _) = version.noise_lens();
-        let mut msg = Vec::with_capacity(8 + noise_len);
+        let mut msg = Vec::with_capacity(8 + noise_len + MACS_LEN);
         msg.extend_from_slice(&wire::header(kind, self.vni));
         msg.extend_from_slice(&index.to_le_bytes());
         write_noise(&mut hs, payload, noise_len, &mut msg)?;
+        if version.has_macs() {
+            self.append_macs(&mut msg, 0, now.mono_ms);
+        }
         self.pending = Some(Pending {
             handshake: hs,
             index,
             version,
-            offered_partial: version == Version::V2 && self.partial_checksums,
+            offered_partial: version != Version::V1 && self.partial_checksums,
         });
         self.stats.initiations_sent += 1;
         Ok(msg)
     }
 
     /// Handles a message that is not data; returns what to send back (a response to an
-    /// initiation, a keepalive after a response). Errors are counted by the caller:
-    /// [`CryptoError::Replay`] for an old initiation, [`CryptoError::BadHandshake`] otherwise.
+    /// initiation, a keepalive after a response; nothing, empty, after a cookie reply). Errors
+    /// are counted by the caller: [`CryptoError::Replay`] for a message read before or an old
+    /// initiation, [`CryptoError::BadMac`], [`CryptoError::CookieRequired`] and
+    /// [`CryptoError::Throttled`] for messages refused unread, [`CryptoError::BadHandshake`]
+    /// otherwise. A refusal may leave a cookie reply to send ([`Peer::take_cookie_reply`]).
     pub fn handle_handshake(
         &mut self,
         msg: &Message<'_>,
         now: Now,
     ) -> Result<Vec<u8>, CryptoError> {
+        let initiation = matches!(msg, Message::Initiation { .. });
         let r = match *msg {
+            Message::Initiation { version, .. } | Message::Response { version, .. }
+                if version > self.max_version =>
+            {
+                Err(CryptoError::NotCrypto)
+            }
+            Message::CookieReply { .. } if self.max_version < Version::V3 => {
+                Err(CryptoError::NotCrypto)
+            }
             Message::Initiation {
                 vni,
                 version,
                 sender,
                 noise,
-            } if vni == self.vni => self.on_initiation(version, sender, noise, now),
+                raw,
+            } if vni == self.vni => self.on_initiation(version, sender, noise, raw, now),
             Message::Response {
                 vni,
                 version,
                 sender,
                 receiver,
                 noise,
-            } if vni == self.vni => self.on_response(version, sender, receiver, noise, now),
+                raw,
+            } if vni == self.vni => self.on_response(version, sender, receiver, noise, raw, now),
+            Message::CookieReply { vni, raw, .. } if vni == self.vni => {
+                self.on_cookie_reply(raw, now)
+            }
             _ => Err(CryptoError::BadHandshake),
         };
+        let s = &mut self.stats;
         match r {
-            Err(CryptoError::Replay) => self.stats.initiations_replayed += 1,
-            Err(CryptoError::Throttled) => self.stats.initiations_throttled += 1,
-            Err(_) => self.stats.bad_handshakes += 1,
+            Err(CryptoError::Replay) if initiation => s.initiations_replayed += 1,
+            Err(CryptoError::Replay) => s.responses_replayed += 1,
+            Err(CryptoError::Throttled) if initiation => s.initiations_throttled += 1,
+            Err(CryptoError::Throttled) => s.responses_throttled += 1,
+            Err(CryptoError::BadMac) => s.bad_macs += 1,
+            Err(CryptoError::CookieRequired) => s.cookies_required += 1,
+            Err(_) => s.bad_handshakes += 1,
             Ok(_) => {}
         }
         r
     }
 
-    /// Takes one token of the initiation budget, refilled by the monotonic clock.
-    fn admit_initiation(&mut self, now_ms: u64) -> bool {
-        let refills = now_ms.saturating_sub(self.initiation_refill_ms) / INITIATION_REFILL_MS;
-        if refills > 0 {
-            self.initiation_tokens = self
-                .initiation_tokens
-                .saturating_add(refills)
-                .min(INITIATION_BURST);
-            self.initiation_refill_ms = self
-                .initiation_refill_ms
-                .saturating_add(refills.saturating_mul(INITIATION_REFILL_MS));
-        }
-        if self.initiation_tokens == 0 {
-            return false;
-        }
-        self.initiation_tokens -= 1;
-        true
+    /// The cookie reply a refusal left to send to the peer, if any.
+    pub fn take_cookie_reply(&mut self) -> Option<Vec<u8>> {
+        self.cookie_reply.take()
     }
 
-    /// Answers an initiation in its own version: v1 gets a ChaCha20-Poly1305 session, v2 the
-    /// best cipher both hosts run fast, named in the response.
+    /// What is checked of a handshake message before it is read (in this order, all cheap):
+    /// a v3 message's `mac1`; under load, its `mac2` (without it a cookie reply is left to
+    /// send); whether it was read before; its budget. Then it is noted as read.
+    fn admit(
+        &mut self,
+        initiation: bool,
+        version: Version,
+        sender: u32,
+        noise: &[u8],
+        raw: &[u8],
+        now: Now,
+    ) -> Result<(), CryptoError> {
+        let fingerprint = Seen::fingerprint(noise).ok_or(CryptoError::BadHandshake)?;
+        if version.has_macs() {
+            if !cookie::mac1_ok(raw, &self.keys.mac1_in) {
+                return Err(CryptoError::BadMac);
+            }
+            if self.budgets.of(initiation, version).under_load(now.mono_ms) {
+                self.rotate_cookie(now);
+                if !self.jar.mac2_ok(raw, now.mono_ms) {
+                    self.queue_cookie_reply(sender, now);
+                    return Err(CryptoError::CookieRequired);
+                }
+            }
+        }
+        if self.seen.contains(&fingerprint) {
+            return Err(CryptoError::Replay);
+        }
+        if !self.budgets.of(initiation, version).take(now.mono_ms) {
+            return Err(CryptoError::Throttled);
+        }
+        self.seen.insert(fingerprint);
+        self.stats.handshakes_read += 1;
+        Ok(())
+    }
+
+    fn rotate_cookie(&mut self, now: Now) {
+        self.jar
+            .rotate(now.mono_ms, now.wall_ns, &self.remote, random::<32>);
+    }
+
+    /// Leaves a cookie reply to the message whose sender index was `receiver`, if the cookie
+    /// replies' budget allows one.
+    fn queue_cookie_reply(&mut self, receiver: u32, now: Now) {
+        if !self.budgets.cookie_replies.take(now.mono_ms) {
+            self.stats.cookie_replies_suppressed += 1;
+            return;
+        }
+        let (Some((cookie, epoch)), Some(nonce)) =
+            (self.jar.current(), random::<COOKIE_NONCE_LEN>())
+        else {
+            return;
+        };
+        if let Ok(m) = cookie::seal_cookie_reply(
+            &self.keys.cookie_out,
+            self.vni,
+            receiver,
+            &nonce,
+            &cookie,
+            epoch,
+        ) {
+            self.cookie_reply = Some(m.to_vec());
+            self.stats.cookie_replies_sent += 1;
+        }
+    }
+
+    /// A cookie reply from the peer: its cookie is used for `mac2` from now on. A new one
+    /// (the peer is under load and had none of this host's messages with it) has the pending
+    /// initiation, which it probably refused, sent again at the next tick.
+    fn on_cookie_reply(&mut self, raw: &[u8], now: Now) -> Result<Vec<u8>, CryptoError> {
+        let (cookie, epoch) = cookie::open_cookie_reply(&self.keys.cookie_in, raw)?;
+        self.stats.cookie_replies_received += 1;
+        // Only a new cookie says anything: an old reply may be replayed by anyone who saw it.
+        if self.held.accept(cookie, epoch, now.mono_ms) {
+            // Only the peer can seal one: it speaks v3 (now).
+            self.v3_peer = true;
+            self.v3_unanswered = 0;
+            if self.pending.is_some() {
+                self.retry_at_ms = self.retry_at_ms.min(now.mono_ms);
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// Answers an initiation in its own version: v1 gets a ChaCha20-Poly1305 session, v2 and
+    /// v3 the best cipher both hosts run fast, named in the response.
     fn on_initiation(
         &mut self,
         version: Version,
         sender: u32,
         noise: &[u8],
+        raw: &[u8],
         now: Now,
     ) -> Result<Vec<u8>, CryptoError> {
-        if !self.admit_initiation(now.mono_ms) {
-            return Err(CryptoError::Throttled);
-        }
+        self.admit(true, version, sender, noise, raw, now)?;
         let mut hs = self.handshake_state(version, false)?;
         let mut payload = [0u8; 64];
         let n = hs
@@ -460,7 +719,7 @@ impl Peer {
             .map_err(|_| CryptoError::BadHandshake)?;
         let (cipher, partial) = match (version, n) {
             (Version::V1, 8) => (Cipher::ChaCha20Poly1305, false),
-            (Version::V2, wire::INITIATION_V2_PAYLOAD_LEN) => (
+            (Version::V2 | Version::V3, wire::INITIATION_V2_PAYLOAD_LEN) => (
                 self.ciphers.choose(Ciphers::from_wire(payload[8])),
                 self.partial_checksums && payload[8] & CAP_PARTIAL_CHECKSUMS != 0,
             ),
@@ -475,7 +734,7 @@ impl Peer {
         let index = self.alloc_index();
         let (_, kind) = version.types();
         let (_, noise_len) = version.noise_lens();
-        let mut out = Vec::with_capacity(12 + noise_len);
+        let mut out = Vec::with_capacity(12 + noise_len + MACS_LEN);
         out.extend_from_slice(&wire::header(kind, self.vni));
         out.extend_from_slice(&index.to_le_bytes());
         out.extend_from_slice(&sender.to_le_bytes());
@@ -486,9 +745,12 @@ impl Peer {
             }];
         let payload: &[u8] = match version {
             Version::V1 => &[],
-            Version::V2 => &choice,
+            Version::V2 | Version::V3 => &choice,
         };
         write_noise(&mut hs, payload, noise_len, &mut out)?;
+        if version.has_macs() {
+            self.append_macs(&mut out, 0, now.mono_ms);
+        }
         let (to_responder, to_initiator) = split(&mut hs)?;
         let s = self.session(
             (version, cipher, partial),
@@ -510,11 +772,19 @@ impl Peer {
         sender: u32,
         receiver: u32,
         noise: &[u8],
+        raw: &[u8],
         now: Now,
     ) -> Result<Vec<u8>, CryptoError> {
-        let pending = match &mut self.pending {
-            Some(p) if p.index == receiver && p.version == version => p,
-            _ => return Err(CryptoError::BadHandshake),
+        if !self
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.index == receiver && p.version == version)
+        {
+            return Err(CryptoError::BadHandshake);
+        }
+        self.admit(false, version, sender, noise, raw, now)?;
+        let Some(pending) = self.pending.as_mut() else {
+            return Err(CryptoError::BadHandshake);
         };
         // The sender index of our initiation travels in clear, so anyone can forge a response
         // to it: the pending handshake is kept until a response authenticates (snow restores
@@ -535,7 +805,7 @@ impl Peer {
         // An authentic response names a cipher this host offered (v1: ChaCha20-Poly1305).
         let (cipher, partial) = match (version, n) {
             (Version::V1, 0) => (Cipher::ChaCha20Poly1305, false),
-            (Version::V2, wire::RESPONSE_V2_PAYLOAD_LEN) => {
+            (Version::V2 | Version::V3, wire::RESPONSE_V2_PAYLOAD_LEN) => {
                 parse_choice(payload[0], self.ciphers, offered_partial)?
             }
             _ => return Err(CryptoError::BadHandshake),
@@ -585,10 +855,16 @@ impl Peer {
         })
     }
 
+    /// Installs the session of a completed handshake. A v3 one tells that the peer speaks v3;
+    /// a v1 or v2 one (which only the genuine peer can complete) that it may no longer.
     fn install(&mut self, s: Arc<Session>) {
-        if s.version() == Version::V1 {
-            self.stats.handshakes_v1 += 1;
+        match s.version() {
+            Version::V1 => self.stats.handshakes_v1 += 1,
+            Version::V2 => {}
+            Version::V3 => self.stats.handshakes_v3 += 1,
         }
+        self.v3_peer = s.version() == Version::V3;
+        self.v3_unanswered = 0;
         if let Some(old) = self.current.replace(s) {
             self.previous.insert(0, old);
             self.previous.truncate(KEEP_PREVIOUS);

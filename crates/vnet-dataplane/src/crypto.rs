@@ -57,7 +57,8 @@ pub fn drop_reason(e: CryptoError) -> DropReason {
         CryptoError::NoSession => DropReason::NoSession,
         CryptoError::Truncated => DropReason::Truncated,
         CryptoError::TooLarge => DropReason::Oversize,
-        CryptoError::Throttled => DropReason::RateLimited,
+        CryptoError::Throttled | CryptoError::CookieRequired => DropReason::RateLimited,
+        CryptoError::BadMac => DropReason::BadMac,
         CryptoError::BadHandshake | CryptoError::NotCrypto => DropReason::BadHandshake,
     }
 }
@@ -164,21 +165,27 @@ impl LinkCrypto {
         }
     }
 
-    /// A handshake message from the link's peer address; what it refused is counted on
-    /// `counters`.
+    /// A handshake message (or cookie reply) from the link's peer address; what it refused is
+    /// counted on `counters`. Answers (a response, a keepalive, a cookie reply) go to the
+    /// link's peer address, whatever the message's source port: a forged message can make
+    /// this host send only to its peer, and never more bytes than it received.
     pub fn handshake(&self, msg: &Message<'_>, counters: &PortCounters) {
         self.handshakes_received.fetch_add(1, Relaxed);
-        let (reply, established) = {
+        let (reply, cookie_reply, established) = {
             let mut p = self.peer();
             let r = p.handle_handshake(msg, self.now());
-            (r, p.stats.handshakes_completed)
+            (r, p.take_cookie_reply(), p.stats.handshakes_completed)
         };
         match reply {
+            Ok(m) if m.is_empty() => {}
             Ok(m) => self.send(&m),
             Err(e) => {
                 debug!(link = %self.name, "handshake refused: {e}");
                 counters.count_drop(drop_reason(e));
             }
+        }
+        if let Some(c) = cookie_reply {
+            self.send(&c);
         }
         self.note_established(established);
     }

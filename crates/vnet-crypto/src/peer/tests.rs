@@ -121,8 +121,15 @@ fn replayed_initiation_is_refused() {
 fn wrong_key_gets_no_session() {
     let (mut a, _) = pair();
     let (_, mut c) = pair(); // c expects someone else
+                             // A v3 initiation's mac1 is for b's key: c refuses it unread.
     let init = a.tick(at(0)).unwrap();
-    assert_eq!(answer(&mut c, &init, 0), Err(CryptoError::BadHandshake));
+    assert_eq!(init[0], wire::MSG_INITIATION_V3);
+    assert_eq!(answer(&mut c, &init, 0), Err(CryptoError::BadMac));
+    assert_eq!(c.stats.bad_macs, 1);
+    // The v2 retransmission has no MAC: c reads it, and it does not authenticate.
+    let init = a.tick(at(500)).unwrap();
+    assert_eq!(init[0], wire::MSG_INITIATION_V2);
+    assert_eq!(answer(&mut c, &init, 500), Err(CryptoError::BadHandshake));
     assert_eq!(c.stats.bad_handshakes, 1);
     assert_eq!(c.state(), "none");
 }
@@ -240,11 +247,18 @@ fn forged_response_does_not_cancel_the_handshake() {
     let init = a.tick(at(0)).unwrap();
     let resp = answer(&mut b, &init, 0).unwrap();
     // An attacker who saw the initiation answers first, with the right receiver index and
-    // garbage where the Noise message goes.
+    // garbage where the Noise message goes: refused unread for its MAC, or, if it knows a's
+    // public key and makes a good mac1, read and refused.
     let mut forged = resp.clone();
     for x in &mut forged[12..] {
         *x ^= 0x5a;
     }
+    assert_eq!(answer(&mut a, &forged, 1), Err(CryptoError::BadMac));
+    crate::cookie::add_macs(
+        &mut forged,
+        &crate::cookie::mac1_key(&a.local.public()),
+        None,
+    );
     assert_eq!(answer(&mut a, &forged, 1), Err(CryptoError::BadHandshake));
     // The genuine response still completes the handshake, and data flows.
     let keepalive = answer(&mut a, &resp, 2).unwrap();
@@ -270,7 +284,11 @@ fn stray_response_is_refused() {
 proptest! {
     /// Arbitrary or mutated messages give errors, never panics, and never a session.
     #[test]
-    fn hostile_messages(bytes in proptest::collection::vec(any::<u8>(), 0..120), flip in 0usize..64, kind in 1u8..4) {
+    fn hostile_messages(
+        bytes in proptest::collection::vec(any::<u8>(), 0..120),
+        flip in 0usize..128,
+        kind in proptest::sample::select(vec![1u8, 2, 3, 4, 5, 6, 7, wire::MSG_COOKIE_REPLY]),
+    ) {
         let (mut a, mut b) = pair();
         let mut m = bytes.clone();
         if !m.is_empty() { m[0] = kind; }
@@ -280,13 +298,15 @@ proptest! {
         }
         let _ = deliver(&mut b, &m, 0);
         prop_assert_eq!(b.state(), "none");
-        // A real initiation with one bit flipped is refused.
+        // A real (v3) initiation with one bit flipped before its mac2 is refused unread. (mac2
+        // is read only under load: a flipped one does not matter otherwise.)
         let mut init = a.tick(at(0)).unwrap();
         let i = flip % init.len();
-        if i >= 8 {
+        if (8..init.len() - wire::MAC_LEN).contains(&i) {
             init[i] ^= 1;
             let r = answer(&mut b, &init, 0);
-            prop_assert_eq!(r, Err(CryptoError::BadHandshake));
+            prop_assert_eq!(r, Err(CryptoError::BadMac));
+            prop_assert_eq!(b.stats.responses_sent, 0);
         }
     }
 
@@ -298,38 +318,4 @@ proptest! {
         let r = deliver(&mut b, &d[..cut.min(d.len() - 1)], 1);
         prop_assert!(r.is_err());
     }
-}
-
-#[test]
-fn an_initiation_flood_is_read_only_within_the_budget() {
-    let (mut a, mut b) = pair();
-    // Garbage initiations at 10 000/s for one second: only the burst and the refills are read
-    // (and refused as bad), the rest is refused unread.
-    let mut forged = a.tick(at(0)).unwrap();
-    for x in &mut forged[8..] {
-        *x ^= 0x77;
-    }
-    let m = Message::parse(&forged).unwrap();
-    let (mut bad, mut throttled) = (0, 0);
-    for i in 0..10_000u64 {
-        match b.handle_handshake(
-            &m,
-            Now {
-                mono_ms: i / 10,
-                wall_ns: 1,
-            },
-        ) {
-            Err(CryptoError::Throttled) => throttled += 1,
-            Err(_) => bad += 1,
-            Ok(_) => panic!("a forged initiation was answered"),
-        }
-    }
-    let budget = INITIATION_BURST + 999 / INITIATION_REFILL_MS;
-    assert_eq!(bad, budget);
-    assert_eq!(throttled, 10_000 - budget);
-    assert_eq!(b.stats.initiations_throttled, throttled);
-    // Once the flood stops, the genuine peer's next initiation gets through.
-    handshake(&mut a, &mut b, 2_000);
-    let d = seal(&a, b"after the flood", 2_001);
-    assert_eq!(deliver(&mut b, &d, 2_001).unwrap(), b"after the flood");
 }

@@ -1,8 +1,12 @@
 //! Tests across the crate's modules: cipher negotiation, interoperation with hosts before
-//! v2, the in-place batch API under threads, and rekeying under load. Helpers here drive two
+//! v2 and v3, the in-place batch API under threads, rekeying under load, v3's MACs, cookies
+//! and budgets, the downgrade rule, and floods of forged handshake messages. Helpers here drive two
 //! peers (or a peer and an emulated old host) by hand.
 
 mod batch;
+mod cookies;
+mod downgrade;
+mod flood;
 mod interop;
 mod negotiation;
 mod rekey;

@@ -1,7 +1,11 @@
-//! The v2 handshake's cipher negotiation between two current hosts.
+//! The cipher negotiation (v2, and v3 which carries it unchanged) between two current hosts,
+//! and the rotation of versions in initiations.
 
 use super::*;
-use crate::wire::{Version, MSG_INITIATION, MSG_INITIATION_V2, MSG_RESPONSE, MSG_RESPONSE_V2};
+use crate::wire::{
+    Version, MSG_INITIATION, MSG_INITIATION_V2, MSG_INITIATION_V3, MSG_RESPONSE, MSG_RESPONSE_V2,
+    MSG_RESPONSE_V3,
+};
 use crate::{Cipher, PublicKey, Session};
 
 /// What `f` says of each side's current session.
@@ -24,7 +28,7 @@ fn both_offering_aes_gcm_get_it() {
         established_cipher(&a, &b),
         (Cipher::Aes256Gcm, Cipher::Aes256Gcm)
     );
-    assert_eq!(a.current().unwrap().version(), Version::V2);
+    assert_eq!(a.current().unwrap().version(), Version::V3);
     assert_eq!((a.stats.handshakes_v1, b.stats.handshakes_v1), (0, 0));
     assert_delivers(&a, &mut b, b"over aes", 1);
     assert_delivers(&b, &mut a, b"and back", 1);
@@ -44,17 +48,17 @@ fn one_side_without_aes_gets_chacha() {
             (Cipher::ChaCha20Poly1305, Cipher::ChaCha20Poly1305),
             "{ca:?} initiating to {cb:?}"
         );
-        assert_eq!(a.current().unwrap().version(), Version::V2);
+        assert_eq!(a.current().unwrap().version(), Version::V3);
         assert_delivers(&b, &mut a, b"chacha", 1);
     }
 }
 
 #[test]
-fn initiations_alternate_and_restart_with_v2() {
+fn initiations_rotate_and_restart_with_v3() {
     let (mut a, mut b) = pair_with(Ciphers::ALL, Ciphers::ALL, Timers::default());
     let mut kinds = vec![];
     let mut last_v1 = None;
-    for ms in (0..4_000).step_by(100) {
+    for ms in (0..3_000).step_by(100) {
         if let Some(m) = a.tick(at(ms)) {
             kinds.push(m[0]);
             if m[0] == MSG_INITIATION {
@@ -62,16 +66,12 @@ fn initiations_alternate_and_restart_with_v2() {
             }
         }
     }
+    // (at 0, 500 and 1500 ms; the next would be v3 at 3500)
     assert_eq!(
         kinds,
-        [
-            MSG_INITIATION_V2,
-            MSG_INITIATION,
-            MSG_INITIATION_V2,
-            MSG_INITIATION
-        ]
+        [MSG_INITIATION_V3, MSG_INITIATION_V2, MSG_INITIATION]
     );
-    // The v1 one gets through (say the v2 ones were lost): a ChaCha20-Poly1305 session.
+    // The v1 one gets through (say the others were lost): a ChaCha20-Poly1305 session.
     let (init, ms) = last_v1.unwrap();
     let Got::Reply(resp) = receive(&mut b, init, ms).unwrap() else {
         panic!()
@@ -86,15 +86,18 @@ fn initiations_alternate_and_restart_with_v2() {
         (Cipher::ChaCha20Poly1305, Cipher::ChaCha20Poly1305)
     );
     assert_eq!((a.stats.handshakes_v1, b.stats.handshakes_v1), (1, 1));
-    // The rekey starts again with v2, and two current hosts get AES-256-GCM.
+    assert!(!a.peer_speaks_v3());
+    // The rekey starts again with v3, and two current hosts get AES-256-GCM.
     assert!(a.tick(at(ms + 119_900)).is_none());
     handshake(&mut a, &mut b, ms + 120_000);
     assert_eq!(
         established_cipher(&a, &b),
         (Cipher::Aes256Gcm, Cipher::Aes256Gcm)
     );
+    assert_eq!(a.current().unwrap().version(), Version::V3);
     assert_eq!(a.stats.rekeys, 1);
     assert_eq!(a.stats.handshakes_v1, 1);
+    assert!(a.peer_speaks_v3() && b.peer_speaks_v3());
 }
 
 #[test]
@@ -104,10 +107,17 @@ fn a_response_of_the_other_version_is_refused() {
     let Got::Reply(resp) = receive(&mut b, init, 0).unwrap() else {
         panic!()
     };
-    assert_eq!(resp[0], MSG_RESPONSE_V2);
-    // Relabelled as v1 (and cut to v1's length): the receiver index matches the pending
-    // initiation, the version does not.
-    let mut v1 = resp.clone();
+    assert_eq!(resp[0], MSG_RESPONSE_V3);
+    // Relabelled as v2 or v1 (and cut to its length): the receiver index matches the
+    // pending initiation, the version does not.
+    let mut v2 = resp.clone();
+    v2[0] = MSG_RESPONSE_V2;
+    v2.truncate(crate::wire::RESPONSE_V2_LEN);
+    assert_eq!(
+        receive(&mut a, v2.clone(), 1),
+        Err(CryptoError::BadHandshake)
+    );
+    let mut v1 = v2;
     v1[0] = MSG_RESPONSE;
     v1.pop();
     assert_eq!(receive(&mut a, v1, 1), Err(CryptoError::BadHandshake));
@@ -148,10 +158,17 @@ fn a_responder_cannot_impose_a_cipher_not_offered() {
     let mut a = Peer::new(ka.clone(), kb.public(), 5, Timers::default(), 1)
         .with_ciphers(Ciphers::CHACHA_ONLY);
     // Authentic responses naming AES-256-GCM (not offered) or an unknown cipher: refused.
-    for (i, choice) in [2u8, 0, 3, 0xff].into_iter().enumerate() {
-        let now = 10_000 * i as u64;
-        let init = a.tick(at(now)).unwrap();
-        assert_eq!(init[0], MSG_INITIATION_V2);
+    // (Initiations rotate v3, v2, v1: each v2 one is answered while it is pending.)
+    let mut now = 0;
+    let mut next_v2 = |a: &mut Peer| loop {
+        let m = a.tick(at(now));
+        now += 100;
+        if let Some(m) = m.filter(|m| m[0] == MSG_INITIATION_V2) {
+            return (m, now);
+        }
+    };
+    for choice in [2u8, 0, 3, 0xff] {
+        let (init, now) = next_v2(&mut a);
         let resp = answer_v2(&kb, ka.public(), &init, &[choice]);
         assert_eq!(
             receive(&mut a, resp, now),
@@ -159,13 +176,11 @@ fn a_responder_cannot_impose_a_cipher_not_offered() {
             "choice {choice}"
         );
         assert!(a.current().is_none());
-        // Let the next attempt be v2 again (v1 is in between).
-        a.tick(at(now + 5_000)).unwrap();
     }
     // Naming ChaCha20-Poly1305 works.
-    let init = a.tick(at(50_000)).unwrap();
+    let (init, now) = next_v2(&mut a);
     let resp = answer_v2(&kb, ka.public(), &init, &[1]);
-    assert!(matches!(receive(&mut a, resp, 50_000), Ok(Got::Reply(_))));
+    assert!(matches!(receive(&mut a, resp, now), Ok(Got::Reply(_))));
     assert_eq!(a.current().unwrap().cipher(), Cipher::ChaCha20Poly1305);
 }
 
@@ -243,17 +258,18 @@ fn partial_checksums_only_when_both_hosts_take_them() {
 #[test]
 fn a_v1_session_never_takes_partial_checksums() {
     let (mut a, mut b) = pair_with(Ciphers::ALL, Ciphers::ALL, Timers::default());
-    // the v2 initiation is lost; the v1 retransmission is answered
-    let _lost = a.tick(at(0)).expect("v2 initiation");
-    let init = a.tick(at(600)).expect("v1 retransmission");
+    // the v3 and v2 initiations are lost; the v1 retransmission is answered
+    let _lost = a.tick(at(0)).expect("v3 initiation");
+    let _lost = a.tick(at(600)).expect("v2 initiation");
+    let init = a.tick(at(1600)).expect("v1 retransmission");
     assert_eq!(init[0], MSG_INITIATION);
-    let Got::Reply(resp) = receive(&mut b, init, 600).unwrap() else {
+    let Got::Reply(resp) = receive(&mut b, init, 1600).unwrap() else {
         panic!("no response")
     };
-    let Got::Reply(keepalive) = receive(&mut a, resp, 600).unwrap() else {
+    let Got::Reply(keepalive) = receive(&mut a, resp, 1600).unwrap() else {
         panic!("no keepalive")
     };
-    receive(&mut b, keepalive, 600).unwrap();
+    receive(&mut b, keepalive, 1600).unwrap();
     assert_eq!(a.current().unwrap().version(), Version::V1);
     assert_eq!(partial_both(&a, &b), (false, false));
 }
