@@ -346,6 +346,53 @@ mod tests {
         assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
     }
 
+    /// Issue 32: a saved route to a link the agent derives (not there at a start) was left
+    /// out, and the start's rewritten file lost it. It waits for its link instead; a later
+    /// delete of it takes it out, a local link of its name brings it back.
+    #[test]
+    fn a_route_whose_link_is_not_there_waits_instead_of_being_left_out() {
+        let saved = "link add l0 udp 10.0.0.2\nroute add any 02:00:00:00:00:01 link d0\nroute add any 02:00:00:00:00:02 link l0\n";
+        let r = plan(Some(Saved::whole(saved)), None, None, &[], &mut gen()).unwrap();
+        assert_eq!(r.local.routes.len(), 1);
+        assert_eq!(
+            r.pending.script(),
+            "route add any 02:00:00:00:00:01 link d0\n"
+        );
+        assert!(r.notes.is_empty(), "{:?}", r.notes);
+        let record = |text: &str| Record {
+            seq: 1,
+            kind: Kind::Delta,
+            text: text.into(),
+        };
+        let del = [record("route del any 02:00:00:00:00:01 link d0\n")];
+        let r = plan(
+            Some(Saved {
+                text: saved,
+                journal: &del,
+            }),
+            None,
+            None,
+            &[],
+            &mut gen(),
+        )
+        .unwrap();
+        assert!(r.pending.is_empty() && r.notes.is_empty(), "{r:?}");
+        let link = [record("link add d0 udp 10.0.0.3\n")];
+        let r = plan(
+            Some(Saved {
+                text: saved,
+                journal: &link,
+            }),
+            None,
+            None,
+            &[],
+            &mut gen(),
+        )
+        .unwrap();
+        assert!(r.pending.is_empty(), "{r:?}");
+        assert_eq!(r.local.routes.len(), 2);
+    }
+
     #[test]
     fn the_cni_deletion_queue_is_honoured() {
         let saved = "interface add cni-x veth mac 02:00:00:00:00:01\nroute add any 02:00:00:00:00:01 interface cni-x\ninterface add b tap mac 02:00:00:00:00:02\n";
