@@ -20,6 +20,7 @@ import time
 
 from vnetlab import netlab
 from test_restart import MTU, overlay
+from vnetlab.etcdlab import TTL
 
 
 def segments(host) -> list:
@@ -206,3 +207,47 @@ def test_the_cni_deletion_queue_outlives_a_start_that_could_not_save(lab):
     assert "cni-gone" not in (A.state_dir / "config.vnet").read_text()
     assert not (A.state_dir / "cni-deleted" / "cni-gone").exists()
     assert not A.stats()["state"]["unsaved"]
+
+
+def test_a_route_to_a_derived_link_is_kept_across_restarts(lab, etcd):
+    """Issue 32: a route of the local configuration to a link the etcd agent derived was
+    accepted and journaled, but a restart restores the local configuration before the derived
+    links exist: the route was left out, and the start's rewritten state file lost it for good.
+    Now it waits for its link (saved, `pending` in `show stats`, a comment in `show config`)
+    and is in effect again once the agent derives the link: after a SIGTERM and a SIGKILL,
+    and when the link's host leaves the overlay (and the daemon restarts meanwhile) and comes
+    back."""
+    from test_etcd import Overlay, agent_args
+    ov = Overlay(lab, etcd, 2)
+    ov.wait_mesh()
+    h1, h2 = ov.hosts
+    extra = netlab.mac(9, 7, 1)
+    line = f"route add any {extra} link c-h2-v1"
+    h1.ctl(*line.split())
+    assert line in h1.ctl("show", "config")
+
+    def in_effect():
+        return ov.routes(h1).get(extra) == ("link", "c-h2-v1")
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        h1.stop_vnetd(sig=sig)
+        h1.start_vnetd(config_path=h1.config_path, args=agent_args(etcd, h1))
+        ov.wait_mesh()
+        netlab.wait_until(in_effect, 10, 0.1, what=f"the route to the derived link after a {sig.name}")
+        assert line in h1.ctl("show", "config")
+        assert h1.stats()["state"]["pending_routes"] == 0
+    # h2 leaves (killed, its lease expires): the route waits, saved, across a restart of h1.
+    h2.stop_vnetd(sig=signal.SIGKILL)
+    netlab.wait_until(lambda: "c-h2-v1" not in ov.derived_links(h1), int(TTL) + 10, 0.2,
+                      what="h2's link to go")
+    assert h1.stats()["state"]["pending_routes"] == 1
+    assert f"# {line}" in h1.ctl("show", "config")
+    h1.stop_vnetd()
+    h1.start_vnetd(config_path=h1.config_path, args=agent_args(etcd, h1))
+    assert h1.stats()["state"]["pending_routes"] == 1
+    assert line in (h1.state_dir / "config.vnet").read_text()
+    # h2 is back: so is the route.
+    h2.start_vnetd(config_path=h2.config_path, args=agent_args(etcd, h2))
+    ov.wait_mesh()
+    netlab.wait_until(in_effect, 10, 0.1, what="the route back with its link")
+    assert h1.stats()["state"]["pending_routes"] == 0
