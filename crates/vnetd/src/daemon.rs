@@ -483,9 +483,10 @@ impl Daemon {
         let pending_before = (!unwaited.is_empty()).then(|| st.pending.clone());
         let routes_only = cmds.iter().all(|(_, c)| is_route(c));
         let published = self.publish_before(&st, !routes_only);
-        let applied = match cmds.is_empty() {
-            true => Applied::default(),
-            false => apply_undoable(&mut st, &cmds)?,
+        let applied = if cmds.is_empty() {
+            Applied::default()
+        } else {
+            apply_undoable(&mut st, &cmds)?
         };
         let mut extra = String::new();
         for r in &unwaited {
@@ -599,11 +600,12 @@ impl Daemon {
             |c: &Command| vnet_cluster::render_command(c).unwrap_or_else(|| format!("{c:?}"));
         let mut rest: &[Command] = &cmds;
         let mut links_came = false;
+        let mut local_went = 0;
         while !rest.is_empty() {
             let numbered: Vec<(usize, Command)> = rest.iter().cloned().map(|c| (0, c)).collect();
             let (ok, failed) = match apply_in_at(&mut st, &numbered) {
                 Ok(a) => {
-                    took_local_routes(&mut st, &a.changes);
+                    local_went += took_local_routes(&mut st, &a.changes);
                     links_came |= a.changes.iter().any(|c| matches!(c, Change::AddLink(_)));
                     (rest, None)
                 }
@@ -612,7 +614,7 @@ impl Daemon {
                     let before: Vec<(usize, Command)> = numbered[..i].to_vec();
                     match apply_in_at(&mut st, &before) {
                         Ok(a) => {
-                            took_local_routes(&mut st, &a.changes);
+                            local_went += took_local_routes(&mut st, &a.changes);
                             links_came |= a.changes.iter().any(|c| matches!(c, Change::AddLink(_)));
                             (&rest[..i], Some((i, e)))
                         }
@@ -640,9 +642,11 @@ impl Daemon {
                 }
             }
         }
-        // Routes that waited for a link the agent brought are in effect again (local ones:
-        // the agent derives from the local configuration, so it looks again).
-        if links_came && bring_back(&mut st) > 0 {
+        // Routes that waited for a link the agent brought are in effect again, and local
+        // routes whose derived link went wait for it: the local configuration changed (the
+        // agent derives from it, so it looks again).
+        let came_back = if links_came { bring_back(&mut st) } else { 0 };
+        if local_went + came_back > 0 {
             self.local_changes.fetch_add(1, Relaxed);
         }
         // A refused command is not in the record: the next sync compares the whole sets.
@@ -942,15 +946,18 @@ fn bring_back(st: &mut State) -> usize {
 
 /// A link of the agent's that went took local routes along (a route of the local
 /// configuration to a derived link): they wait for it to come back, saved as before.
-/// Called before the record takes the agent's commands in.
-fn took_local_routes(st: &mut State, changes: &[Change]) {
+/// Called before the record takes the agent's commands in. Returns how many.
+fn took_local_routes(st: &mut State, changes: &[Change]) -> usize {
+    let mut n = 0;
     for c in changes {
         if let Change::Route(RouteChange::Removed { route, .. }) = c {
             if !st.derived.has_route(route) {
                 st.pending.push(route.clone());
+                n += 1;
             }
         }
     }
+    n
 }
 
 /// [`apply_in`], saying which command (its index in `cmds`) was refused.
