@@ -1,17 +1,35 @@
 //! One connection to vnetd's control port, with timeouts: `auth`, commands, atomic batches and
 //! `show ... json`. The bytes are the grammar's ([`crate::protocol`]); this only moves them.
+//!
+//! A connection the daemon closed before it authenticated, to make room for newer ones
+//! ([`protocol::EVICTED`]: someone floods the port with connections that never authenticate),
+//! ran nothing: the client connects again and sends the same request, a few times.
 
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use crate::protocol::{read_answer, Request};
+use crate::protocol::{self, read_answer, Request};
 use crate::Error;
+
+/// How many times a request the daemon closed unrun ([`protocol::EVICTED`]) is sent again.
+const EVICTED_RETRIES: u32 = 8;
 
 /// A connection to vnetd's control port.
 pub struct Control {
     r: BufReader<TcpStream>,
     w: TcpStream,
+    addr: SocketAddr,
+    timeout: Duration,
+    /// No answer came on this connection yet: a refusal as evicted means nothing ran.
+    fresh: bool,
+}
+
+fn open(addr: SocketAddr, timeout: Duration) -> Result<(BufReader<TcpStream>, TcpStream), Error> {
+    let s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| Error::Unreachable(addr, e))?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    Ok((BufReader::new(s.try_clone()?), s))
 }
 
 impl Control {
@@ -22,13 +40,13 @@ impl Control {
         timeout: Duration,
         token: Option<&str>,
     ) -> Result<Control, Error> {
-        let s =
-            TcpStream::connect_timeout(&addr, timeout).map_err(|e| Error::Unreachable(addr, e))?;
-        s.set_read_timeout(Some(timeout))?;
-        s.set_write_timeout(Some(timeout))?;
+        let (r, w) = open(addr, timeout)?;
         let mut c = Control {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
+            r,
+            w,
+            addr,
+            timeout,
+            fresh: true,
         };
         if let Some(t) = token {
             c.auth(t)?;
@@ -36,10 +54,26 @@ impl Control {
         Ok(c)
     }
 
-    /// Sends one request and reads its answer: the output lines.
+    /// Sends one request and reads its answer: the output lines. Sent again on a new
+    /// connection when the daemon closed this one unrun (see the module's header).
     pub fn call(&mut self, request: &Request) -> Result<Vec<String>, Error> {
-        self.w.write_all(request.as_bytes())?;
-        read_answer(&mut self.r)
+        let mut retries = 0;
+        loop {
+            self.w.write_all(request.as_bytes())?;
+            match read_answer(&mut self.r) {
+                Err(Error::Refused(m))
+                    if m == protocol::EVICTED && self.fresh && retries < EVICTED_RETRIES =>
+                {
+                    retries += 1;
+                    std::thread::sleep(Duration::from_millis(5 << retries.min(6)));
+                    (self.r, self.w) = open(self.addr, self.timeout)?;
+                }
+                answer => {
+                    self.fresh = false;
+                    return answer;
+                }
+            }
+        }
     }
 
     /// `auth TOKEN`.
@@ -114,6 +148,50 @@ mod tests {
         assert_eq!(c.command("show stats").expect("stats"), ["a", "b"]);
         drop(c);
         server.join().expect("server");
+    }
+
+    /// Closed unrun while waiting to authenticate: connected again, the same request sent
+    /// again; once an answer came, such a refusal is the daemon's answer (nothing is resent).
+    #[test]
+    fn a_connection_closed_unrun_is_made_again() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let evicted = format!("error {}\n", protocol::EVICTED);
+        let server = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for answer in [evicted.as_str(), evicted.as_str(), "ok 0\n"] {
+                let (s, _) = l.accept().expect("accept");
+                let mut w = s.try_clone().expect("clone");
+                let mut r = BufReader::new(s);
+                let mut line = String::new();
+                r.read_line(&mut line).expect("read");
+                seen.push(line);
+                w.write_all(answer.as_bytes()).expect("answer");
+                if answer == "ok 0\n" {
+                    // The same connection: a refusal now is an answer.
+                    let mut line = String::new();
+                    r.read_line(&mut line).expect("read");
+                    seen.push(line);
+                    w.write_all(format!("error {}\n", protocol::EVICTED).as_bytes())
+                        .expect("answer");
+                }
+            }
+            seen
+        });
+        let mut c = Control::connect(addr, T, Some("s3cret")).expect("connect");
+        assert!(matches!(
+            c.command("show stats"),
+            Err(Error::Refused(m)) if m == protocol::EVICTED
+        ));
+        assert_eq!(
+            server.join().expect("server"),
+            [
+                "auth s3cret\n",
+                "auth s3cret\n",
+                "auth s3cret\n",
+                "show stats\n"
+            ]
+        );
     }
 
     #[test]

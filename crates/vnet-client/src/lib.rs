@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 pub use client::Control;
-pub use protocol::{Request, MAX_BATCH_BYTES, MAX_BATCH_LINES};
+pub use protocol::{Request, EVICTED, MAX_BATCH_BYTES, MAX_BATCH_LINES};
 pub use token::{Token, TokenFile};
 
 /// Why a call to vnetd failed, told apart as a caller reacts differently (vnet-cni answers

@@ -14,6 +14,12 @@ use crate::Error;
 pub const MAX_BATCH_BYTES: usize = 1 << 20;
 /// The most lines of one batch the daemon takes (`vnet_control::MAX_SCRIPT_LINES`).
 pub const MAX_BATCH_LINES: usize = 100_000;
+/// The daemon's refusal of a connection it closed while the connection waited to
+/// authenticate (or, without a token, to send its first line), to make room for newer ones:
+/// nothing the connection sent was run, so a client connects again and sends it again.
+pub const EVICTED: &str =
+    "closed while waiting to authenticate (too many connections waiting): connect again";
+
 /// The longest answer line the client reads (a `show ... json` is one line; a big
 /// configuration's stays far below).
 pub const MAX_ANSWER_LINE: usize = 64 << 20;

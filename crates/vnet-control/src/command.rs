@@ -389,4 +389,4 @@ mod settings;
 mod tests;
 mod words;
 
-pub use parse::{parse_line, parse_script};
+pub use parse::{parse_config, parse_line, parse_script};

@@ -14,12 +14,13 @@ mod routes;
 pub mod status;
 
 pub use command::{
-    parse_line, parse_script, Command, DestKind, DestRef, DispatchMode, FastPathMode,
+    parse_config, parse_line, parse_script, Command, DestKind, DestRef, DispatchMode, FastPathMode,
     InterfaceKind, InterfaceSpec, LinkKind, LinkSpec, NotifyMode, ParseError, PolicyUpdate,
     RateLimit, RouteOp, RouteSpec, ScriptError, Setting, ShowWhat, YieldStrategy, MAX_CPU,
     MAX_LINE_LEN, MAX_SCRIPT_LINES,
 };
 pub use model::{
     Change, Config, ConfigError, DataPathSettings, Interface, Link, PortPolicy, RouteChange,
+    MAX_CONFIG_LINES, MAX_LISTENERS, MAX_PORTS, MAX_ROUTES,
 };
 pub use routes::{Route, Routes};

@@ -352,3 +352,81 @@ proptest::proptest! {
         proptest::prop_assert_eq!(c, start);
     }
 }
+
+/// The largest configuration the model accepts (every port, route and listener it allows,
+/// every setting changed) renders within `MAX_CONFIG_LINES`, each line within `MAX_LINE_LEN`,
+/// and reads back whole with `parse_config`; `parse_script` refuses it for its length. So a
+/// configuration built over the control port in many batches is always restorable (issue 32:
+/// a saved configuration over 100,000 lines stopped vnetd's start for good).
+#[test]
+fn the_largest_configuration_reads_back() {
+    let mut cfg = Config::default();
+    let mut gen = mac_gen();
+    let mut apply = |cfg: &mut Config, line: &str| {
+        let cmd = parse_line(line).unwrap().unwrap();
+        cfg.apply(&cmd, &mut gen)
+            .unwrap_or_else(|e| panic!("{line}: {e}"));
+    };
+    let cpus: Vec<String> = (960..1024).map(|c| c.to_string()).collect();
+    for s in [
+        "set learn on".to_string(),
+        "set mode polling".into(),
+        "set dispatchers 64".into(),
+        "set yield timed".into(),
+        "set yield-sleep-us 1000000".into(),
+        "set yield-nowork-us 10000000".into(),
+        "set adaptive-high 100000000".into(),
+        "set adaptive-low 99999999".into(),
+        "set adaptive-window-ms 10000".into(),
+        format!("set cpus {}", cpus.join(",")),
+        "set cut-through off".into(),
+        "set notify batch".into(),
+        "set notify-beta-mbps 1000000".into(),
+        "set notify-alpha-mbps 999999".into(),
+        "set fastpath off".into(),
+    ] {
+        apply(&mut cfg, &s);
+    }
+    for l in 0..MAX_LISTENERS {
+        apply(&mut cfg, &format!("listen tcp 10.0.0.1:{}", 1000 + l));
+    }
+    let long = |k: usize| format!("{k:0>32}");
+    // Socket paths of the most bytes allowed (107).
+    let sock = |k: usize| format!("/{}{k:04}", "s".repeat(102));
+    for k in 0..MAX_PORTS {
+        let line = if k % 2 == 0 {
+            format!(
+                "interface add {} vhost-user {} mac 02:10:00:00:{:02x}:{:02x} mtu 65535 vni 16777215 queues 16 client any-source rate 1000000 burst 1048576",
+                long(k), sock(k), k / 256, k % 256
+            )
+        } else {
+            format!(
+                "link add {} udp [fd00::{k:x}]:65535 vni 16777215 rate 1000000 burst 1048576",
+                long(k)
+            )
+        };
+        apply(&mut cfg, &line);
+    }
+    for r in 0..MAX_ROUTES {
+        let to = long(1 + 2 * (r % (MAX_PORTS / 2)));
+        apply(
+            &mut cfg,
+            &format!(
+                "route add not 02:20:00:{:02x}:{:02x}:{:02x} not 02:30:00:{:02x}:{:02x}:{:02x} link {to}",
+                r >> 16, (r >> 8) & 255, r & 255, r >> 16, (r >> 8) & 255, r & 255
+            ),
+        );
+    }
+    let script = cfg.to_script();
+    let lines = script.lines().count();
+    assert!(lines > crate::MAX_SCRIPT_LINES, "{lines}");
+    assert!(lines <= MAX_CONFIG_LINES, "{lines} > {MAX_CONFIG_LINES}");
+    let longest = script.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest <= crate::MAX_LINE_LEN, "{longest}");
+    assert!(parse_script(&script).is_err());
+    let mut back = Config::default();
+    for (_, cmd) in crate::parse_config(&script).expect("parse_config") {
+        back.apply(&cmd, &mut mac_gen()).expect("apply");
+    }
+    assert_eq!(back, cfg);
+}

@@ -230,11 +230,32 @@ pub struct DaemonCounters {
     pub control_errors: u64,
 }
 
+/// Whether the daemon's configuration is being saved (its state directory), what of it waits,
+/// and who may control the daemon.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StateStatus {
+    /// The last write of the local configuration to the state directory failed: a change
+    /// is refused until one succeeds.
+    pub failing: bool,
+    /// The running configuration has changes a restart would lose (the daemon keeps trying
+    /// to save them).
+    pub unsaved: bool,
+    /// Writes to the state directory that failed.
+    pub errors: u64,
+    pub last_error: Option<String>,
+    /// Routes of the local configuration waiting for their link (one the etcd agent
+    /// derives): saved, not in effect (`show config` lists them).
+    pub pending_routes: u64,
+    /// The control port takes no token: every local user controls the daemon.
+    pub control_without_token: bool,
+}
+
 /// `show stats json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct StatsReport {
     pub ports: Vec<PortStatus>,
     pub daemon: DaemonCounters,
+    pub state: StateStatus,
     pub dispatch: DispatchStatus,
     /// The kernel fast path (None when it is not loaded).
     pub kernel: Option<KernelPathStatus>,

@@ -146,6 +146,39 @@ pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> Str
         d.control_errors,
     );
 
+    // The state directory: whether the configuration is being saved (issue 32).
+    let st = &snap.stats.state;
+    b.gauge1(
+        "state_saving",
+        "1 while the local configuration is being saved; 0 after a write to the state directory failed (changes are refused until one succeeds).",
+        None,
+        if st.failing { 0.0 } else { 1.0 },
+    );
+    b.gauge1(
+        "state_unsaved",
+        "1 while the running configuration has changes a restart would lose.",
+        None,
+        if st.unsaved { 1.0 } else { 0.0 },
+    );
+    b.counter1(
+        "state_write_errors",
+        "Writes to the state directory that failed.",
+        None,
+        st.errors,
+    );
+    b.gauge1(
+        "state_pending_routes",
+        "Routes of the local configuration waiting for their link (saved, not in effect).",
+        None,
+        st.pending_routes as f64,
+    );
+    b.gauge1(
+        "control_token_required",
+        "1 when the control port asks for a token; 0 when every local user controls the daemon.",
+        None,
+        if st.control_without_token { 0.0 } else { 1.0 },
+    );
+
     datapath::links(&mut b, snap);
     datapath::kernel(&mut b, snap);
     datapath::dispatch(&mut b, snap);

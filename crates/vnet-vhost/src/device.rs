@@ -10,7 +10,6 @@
 //! only by the device thread, so a dispatcher writing into this guest's receive ring never
 //! waits for its transmit work.
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::num::Wrapping;
@@ -27,7 +26,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vnet_core::DropReason;
 use vnet_dataplane::forward::FwdCtx;
 use vnet_dataplane::Ingress;
-use vnet_offload::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
+use vnet_offload::VIRTIO_NET_HDR_LEN;
 
 use crate::msg::{MemRegion, F_PROTOCOL_FEATURES};
 use crate::notify::{Notifier, NotifyCounters, NotifyPolicy, RingView};
@@ -124,7 +123,7 @@ pub struct Ring {
     pub started: bool,
     pub notifier: Notifier,
     /// Receive rings: frames waiting for buffers (or for the device thread, when copying).
-    pub backlog: VecDeque<(VirtioNetHdr, Vec<u8>)>,
+    pub backlog: crate::rx::Backlog,
 }
 
 impl Ring {
@@ -136,7 +135,7 @@ impl Ring {
             enabled: false,
             started: false,
             notifier: Notifier::new(cfg.policy, cfg.alpha, cfg.beta),
-            backlog: VecDeque::new(),
+            backlog: crate::rx::Backlog::default(),
         })
     }
 

@@ -1,6 +1,11 @@
 //! The daemon's state: the configuration model and the engine that realizes it, and the
 //! answers to control-language commands.
 //!
+//! A change of the local configuration is acknowledged only once it is on disk (issue 32): a
+//! journal record that cannot be written undoes the change and refuses the command (nothing
+//! changed); a record that cannot be synced is saved by a whole write instead, and when that
+//! fails too the command fails saying the change is in effect and not saved (`persist.rs`).
+//!
 //! A change holds the state lock while the engine works (netlink, BPF writes: seconds at
 //! worst for a device), so readers (`show`, `/metrics`) do not queue behind it: a change that
 //! reaches the engine first publishes what readers see ([`View`]), rendered from the state as
@@ -14,16 +19,20 @@ use vnet_agent::SyncReport;
 use vnet_cluster::ClusterState;
 use vnet_control::status::{
     ClusterReport, ClusterStatus, DaemonCounters, InterfaceStatus, InterfaceTable, LinkStatus,
-    LinkTable, ListenerTable, MatrixReport, RouteStatus, RouteTable, StatsReport,
+    LinkTable, ListenerTable, MatrixReport, RouteStatus, RouteTable, StateStatus, StatsReport,
 };
 use vnet_control::Interface;
-use vnet_control::{parse_line, parse_script, Change, Command, Config, DestKind, ShowWhat};
+use vnet_control::{
+    parse_config, parse_line, parse_script, Change, Command, Config, DestKind, RouteChange,
+    ShowWhat,
+};
 use vnet_dataplane::{Engine, Leave};
 use vnet_wire::MacAddr;
 
 use crate::delta::local_delta;
 use crate::derived::DerivedRecord;
-use crate::journal::Kind;
+use crate::journal::{self, Kind};
+use crate::pending::Pending;
 use crate::persist::{Appended, Saver};
 
 pub struct State {
@@ -37,6 +46,9 @@ pub struct State {
     /// changed since (the value of `local_changes` then): the agent's next delta applies to
     /// it as it is. None after a refused command, a restore, or before the first sync.
     pub derived_in_step: Option<u64>,
+    /// Routes of the local configuration waiting for their link (`pending.rs`): saved with
+    /// it, not in `cfg`.
+    pub pending: Pending,
     /// Called by a change that reaches the engine, before it does (tests: a slow change).
     #[cfg(test)]
     pub before_engine: Option<Box<dyn FnMut() + Send>>,
@@ -48,9 +60,12 @@ impl State {
         self.derived.local_config(&self.cfg)
     }
 
-    /// The local configuration's script, rendered from the running one (no copy of it).
+    /// The local configuration's script, rendered from the running one (no copy of it), with
+    /// the routes waiting for their link after it: what is saved.
     pub fn local_script(&self) -> String {
-        self.derived.local_script(&self.cfg)
+        let mut s = self.derived.local_script(&self.cfg);
+        s.push_str(&self.pending.script());
+        s
     }
 }
 
@@ -73,6 +88,9 @@ pub struct Daemon {
     /// `teardown` was asked for on the control port: the daemon removes everything it made
     /// on its way out.
     pub teardown: AtomicBool,
+    /// The control port takes no token (every local user controls the daemon): said in
+    /// `show stats` and `/metrics`.
+    pub control_without_token: AtomicBool,
     /// What readers see while a change is in the engine (None otherwise): see the header.
     published: Mutex<Option<Arc<View>>>,
     /// The reach thread's handle (`--etcd`): `show reach`.
@@ -89,6 +107,8 @@ struct View {
     listeners: ListenerTable,
     derived: Vec<String>,
     local_config: Config,
+    /// `show config`'s lines for the routes waiting for their link.
+    pending_shown: String,
     matrix: MatrixReport,
 }
 
@@ -103,6 +123,7 @@ impl View {
             listeners: ListenerTable(st.cfg.listeners.clone()),
             derived: derived_lines(st),
             local_config: st.local_config(),
+            pending_shown: st.pending.shown(),
             matrix: matrix_of(st),
         }
     }
@@ -141,6 +162,22 @@ impl Ports {
     }
 }
 
+/// What a successful apply did, enough to take it back.
+#[derive(Default)]
+struct Applied {
+    changes: Vec<Change>,
+    /// The configuration before (None: a change of routes only, taken back by its changes).
+    before: Option<Config>,
+}
+
+/// What a start's restore did.
+pub struct Restore {
+    /// What was left out, in words.
+    pub notes: Vec<String>,
+    /// Whether the configuration as restored is on disk (Err: why not).
+    pub saved: Result<(), String>,
+}
+
 /// The whole local configuration with the journal cut at `seq` (a start, a compaction).
 struct Whole {
     seq: u64,
@@ -156,6 +193,7 @@ impl Daemon {
                 engine,
                 derived: DerivedRecord::default(),
                 derived_in_step: None,
+                pending: Pending::default(),
                 #[cfg(test)]
                 before_engine: None,
             }),
@@ -166,6 +204,7 @@ impl Daemon {
             saver,
             generation: AtomicU64::new(0),
             teardown: AtomicBool::new(false),
+            control_without_token: AtomicBool::new(false),
             published: Mutex::new(None),
             reach: std::sync::OnceLock::new(),
         }
@@ -210,35 +249,51 @@ impl Daemon {
 
     /// Appends a change of the local configuration to the journal (called with the state
     /// locked, right after the change: records go in the order of the changes); the sync
-    /// happens after the unlock, in [`Daemon::saved`]. `ports`: the change made or removed
-    /// devices.
-    fn journal(&self, st: &State, changes: &[Change], ports: bool) -> Option<Saving> {
-        let saver = self.saver.as_ref()?;
+    /// happens after the unlock, in [`Daemon::saved`]. `extra`: lines the changes do not say
+    /// (waiting routes deleted). `ports`: the change made or removed devices. Err: the record
+    /// could not be written (the caller undoes the change).
+    fn journal(
+        &self,
+        st: &State,
+        changes: &[Change],
+        extra: &str,
+        ports: bool,
+    ) -> Result<Option<Saving>, String> {
+        let Some(saver) = self.saver.as_ref() else {
+            return Ok(None);
+        };
         let delta = local_delta(changes, &|r| st.derived.has_route(r), &|l| {
             st.derived.has_link(l)
+        })
+        .map(|mut t| {
+            t.push_str(extra);
+            t
         });
         let appended = match delta {
             Some(text) if text.is_empty() => None,
-            Some(text) => Some(saver.append(Kind::Delta, &text)),
-            None => Some(saver.append(Kind::Snapshot, &st.local_script())),
+            // A change whose lines would not fit a record (a batch replacing 100,000 routes)
+            // is saved as the whole configuration, which always fits.
+            Some(text) if text.len() < journal::MAX_PAYLOAD => {
+                Some(saver.append(Kind::Delta, &text)?)
+            }
+            _ => Some(saver.append(Kind::Snapshot, &st.local_script())?),
         };
-        Some(Saving {
+        Ok(Some(Saving {
             appended,
             ports: ports.then(|| Ports::of(st)),
-        })
+        }))
     }
 
     /// The change's record on disk (then it may be acknowledged), and its devices recorded.
-    fn saved(&self, saving: Option<Saving>) {
+    fn saved(&self, saving: Option<Saving>) -> Result<(), String> {
         let (Some(saver), Some(s)) = (&self.saver, saving) else {
-            return;
+            return Ok(());
         };
-        if let Some(a) = s.appended {
-            saver.sync(a);
-        }
+        let synced = s.appended.map_or(Ok(()), |a| saver.sync(a));
         if let Some(p) = s.ports {
             record_ports(saver, p);
         }
+        synced
     }
 
     /// The whole local configuration, the journal cut where it is (called with the state
@@ -253,12 +308,27 @@ impl Daemon {
         })
     }
 
-    fn save_whole(&self, w: Option<Whole>) {
+    fn save_whole(&self, w: Option<Whole>) -> Result<(), String> {
         let (Some(saver), Some(w)) = (&self.saver, w) else {
-            return;
+            return Ok(());
         };
-        saver.whole(w.seq, &w.script);
+        let saved = saver.whole(w.seq, &w.script);
         record_ports(saver, w.ports);
+        saved
+    }
+
+    /// How the state directory's writes go, and who may control the daemon (`pending`: the
+    /// routes waiting for their link).
+    fn state_status(&self, pending: usize) -> StateStatus {
+        let h = self.saver.as_ref().map(Saver::health).unwrap_or_default();
+        StateStatus {
+            failing: h.failing,
+            unsaved: h.unsaved,
+            errors: h.errors,
+            last_error: h.last_error,
+            pending_routes: pending as u64,
+            control_without_token: self.control_without_token.load(Relaxed),
+        }
     }
 
     /// The local configuration rendered for a compaction of the journal (the state
@@ -277,7 +347,9 @@ impl Daemon {
         st.engine.commit_kernel_takeover();
         let w = self.whole(&st);
         drop(st);
-        self.save_whole(w);
+        if let Err(e) = self.save_whole(w) {
+            tracing::warn!("state: {e}");
+        }
     }
 
     fn derived_snapshot(&self, st: &State) -> Option<(u64, String)> {
@@ -309,20 +381,24 @@ impl Daemon {
     /// config file accounts for (`file_part`) must come up whole, as a config file always
     /// had to; the rest (runtime changes of earlier runs) comes up line by line, and a line the
     /// host can no longer realize (a container's namespace gone while no vnetd ran) is left
-    /// out and said. Then the derived links and routes of the last run, line by line.
-    /// Returns what was left out; an error is the config file's part failing.
+    /// out and said. Then the derived links and routes of the last run, line by line; then the
+    /// routes that waited for a link that is here now (the others wait on, saved). An error is
+    /// the config file's part failing.
     pub fn restore(
         &self,
         local: &Config,
         file_part: &Config,
         derived: Option<&str>,
-    ) -> Result<Vec<String>, String> {
+        pending: Pending,
+    ) -> Result<Restore, String> {
         let mut notes = Vec::new();
         let mut st = self.lock();
-        let whole = parse_script(&local.to_script()).map_err(|e| e.to_string())?;
+        // Bounded as a configuration, not as a script: what the control port accepted in
+        // many batches is longer than one script may be.
+        let whole = parse_config(&local.to_script()).map_err(|e| e.to_string())?;
         let published = self.publish_before(&st, true);
         if apply_in(&mut st, &whole).is_err() {
-            let file = parse_script(&file_part.to_script()).map_err(|e| e.to_string())?;
+            let file = parse_config(&file_part.to_script()).map_err(|e| e.to_string())?;
             apply_in(&mut st, &file).map_err(|e| format!("config file: {e}"))?;
             let rest = file_part.diff_script(local);
             for line in rest.lines() {
@@ -347,13 +423,21 @@ impl Daemon {
                 Err(e) => notes.push(format!("derived link or route not restored: {line}: {e}")),
             }
         }
+        st.pending = pending;
+        bring_back(&mut st);
+        if !st.pending.is_empty() {
+            notes.push(format!(
+                "{} route(s) wait for their link (saved, shown in show config; in effect once the etcd agent derives it)",
+                st.pending.len()
+            ));
+        }
         let whole = self.whole(&st);
         let derived_snap = self.derived_snapshot(&st);
         drop(published);
         drop(st);
-        self.save_whole(whole);
+        let saved = self.save_whole(whole);
         self.save_derived(derived_snap);
-        Ok(notes)
+        Ok(Restore { notes, saved })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -393,18 +477,54 @@ impl Daemon {
         self.apply_commands(cmds)
     }
 
-    /// A change of the local configuration (config file, control port).
+    /// A change of the local configuration (config file, control port): acknowledged (Ok)
+    /// only once it is on disk.
     fn apply_commands(&self, cmds: Vec<(usize, Command)>) -> Result<String, String> {
         let mut st = self.lock();
+        // Deletes of routes that wait for their link: not the model's (it does not hold them).
+        let (cmds, unwaited) = st.pending.deletes(cmds, &st.cfg);
+        let pending_before = (!unwaited.is_empty()).then(|| st.pending.clone());
         let routes_only = cmds.iter().all(|(_, c)| is_route(c));
         let published = self.publish_before(&st, !routes_only);
-        let changes = apply_in(&mut st, &cmds)?;
+        let applied = if cmds.is_empty() {
+            Applied::default()
+        } else {
+            apply_undoable(&mut st, &cmds)?
+        };
+        let mut extra = String::new();
+        for r in &unwaited {
+            st.pending.forget(r);
+            extra.push_str(&format!("route del {}\n", crate::pending::spec_of(r)));
+        }
+        let saving = match self.journal(&st, &applied.changes, &extra, !routes_only) {
+            Ok(s) => s,
+            Err(e) => {
+                // Not on disk: taken back, so that what runs is what a restart restores.
+                undo(&mut st, applied);
+                if let Some(p) = pending_before {
+                    st.pending = p;
+                }
+                return Err(format!(
+                    "not applied: the state directory cannot be written ({e}); nothing changed"
+                ));
+            }
+        };
+        if applied
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::AddLink(_)))
+        {
+            bring_back(&mut st);
+        }
         self.local_changes.fetch_add(1, Relaxed);
-        let saving = self.journal(&st, &changes, !routes_only);
         drop(published);
         drop(st);
         // On disk before the change is acknowledged.
-        self.saved(saving);
+        self.saved(saving).map_err(|e| {
+            format!(
+                "applied but NOT SAVED: {e}; the change is in effect and a restart would lose it (vnetd keeps trying to save it: show stats)"
+            )
+        })?;
         Ok(String::new())
     }
 
@@ -482,15 +602,25 @@ impl Daemon {
         let text =
             |c: &Command| vnet_cluster::render_command(c).unwrap_or_else(|| format!("{c:?}"));
         let mut rest: &[Command] = &cmds;
+        let mut links_came = false;
+        let mut local_went = 0;
         while !rest.is_empty() {
             let numbered: Vec<(usize, Command)> = rest.iter().cloned().map(|c| (0, c)).collect();
             let (ok, failed) = match apply_in_at(&mut st, &numbered) {
-                Ok(_) => (rest, None),
+                Ok(a) => {
+                    local_went += took_local_routes(&mut st, &a.changes);
+                    links_came |= a.changes.iter().any(|c| matches!(c, Change::AddLink(_)));
+                    (rest, None)
+                }
                 Err((i, e)) => {
                     // Everything before the refused command, as one script.
                     let before: Vec<(usize, Command)> = numbered[..i].to_vec();
                     match apply_in_at(&mut st, &before) {
-                        Ok(_) => (&rest[..i], Some((i, e))),
+                        Ok(a) => {
+                            local_went += took_local_routes(&mut st, &a.changes);
+                            links_came |= a.changes.iter().any(|c| matches!(c, Change::AddLink(_)));
+                            (&rest[..i], Some((i, e)))
+                        }
                         Err((j, e2)) => {
                             // Not expected (they went before it); report the first, go on after.
                             report.failed.push(format!("{}: {e2}", text(&rest[j])));
@@ -515,6 +645,13 @@ impl Daemon {
                 }
             }
         }
+        // Routes that waited for a link the agent brought are in effect again, and local
+        // routes whose derived link went wait for it: the local configuration changed (the
+        // agent derives from it, so it looks again).
+        let came_back = if links_came { bring_back(&mut st) } else { 0 };
+        if local_went + came_back > 0 {
+            self.local_changes.fetch_add(1, Relaxed);
+        }
         // A refused command is not in the record: the next sync compares the whole sets.
         st.derived_in_step = report.failed.is_empty().then_some(local_now);
         drop(published);
@@ -534,14 +671,16 @@ impl Daemon {
     /// `show stats json`.
     pub fn stats(&self) -> StatsReport {
         let control_errors = self.control_errors.load(Relaxed);
-        self.read(
+        let mut s = self.read(
             |st| stats_report(st, control_errors),
             |v| {
                 let mut s = v.stats.clone();
                 s.daemon.control_errors = control_errors;
                 s
             },
-        )
+        );
+        s.state = self.state_status(s.state.pending_routes as usize);
+        s
     }
 
     /// `show links json`.
@@ -722,6 +861,10 @@ fn stats_report(st: &State, control_errors: u64) -> StatsReport {
             drops: daemon.drops,
             control_errors,
         },
+        state: StateStatus {
+            pending_routes: st.pending.len() as u64,
+            ..StateStatus::default()
+        },
         dispatch: st.engine.dispatch_status(),
         kernel: st.engine.kernel_status(),
     }
@@ -754,11 +897,74 @@ fn at(line: usize, msg: String) -> String {
 /// Applies commands to the running configuration and the engine atomically: all or none;
 /// returns what changed. `line` 0 means a single command (no line number in errors).
 fn apply_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<Vec<Change>, String> {
+    apply_in_at(st, cmds).map(|a| a.changes).map_err(|(_, e)| e)
+}
+
+/// [`apply_in`], with what it takes to undo it.
+fn apply_undoable(st: &mut State, cmds: &[(usize, Command)]) -> Result<Applied, String> {
     apply_in_at(st, cmds).map_err(|(_, e)| e)
 }
 
+/// Takes back what [`apply_undoable`] did (a change that could not be saved).
+fn undo(st: &mut State, a: Applied) {
+    for c in a.changes.iter().rev() {
+        if let Err(e) = st.engine.apply(&c.inverse()) {
+            tracing::error!("could not undo {c:?}: {e}");
+        }
+    }
+    match a.before {
+        Some(cfg) => {
+            st.cfg = cfg;
+            let State { cfg, engine, .. } = &mut *st;
+            engine.rebuild(cfg);
+        }
+        None => {
+            let routes: Vec<RouteChange> = a
+                .changes
+                .into_iter()
+                .filter_map(|c| match c {
+                    Change::Route(rc) => Some(rc),
+                    _ => None,
+                })
+                .collect();
+            st.cfg.undo_routes(&routes);
+            st.engine.publish_routes();
+        }
+    }
+}
+
+/// Routes that wait for a link the configuration has now go back into effect (one it
+/// refuses waits on). Returns how many.
+fn bring_back(st: &mut State) -> usize {
+    let ready = st.pending.ready(&st.cfg);
+    let mut n = 0;
+    for cmd in ready {
+        match apply_in(st, &[(0, cmd.clone())]) {
+            Ok(_) => n += 1,
+            Err(_) => st.pending.put_back(&cmd),
+        }
+    }
+    n
+}
+
+/// A link of the agent's that went took local routes along (a route of the local
+/// configuration to a derived link): they wait for it to come back, saved as before.
+/// Called before the record takes the agent's commands in. Returns how many.
+fn took_local_routes(st: &mut State, changes: &[Change]) -> usize {
+    let mut n = 0;
+    for c in changes {
+        if let Change::Route(RouteChange::Removed { route, .. }) = c {
+            if !st.derived.has_route(route) {
+                st.pending.push(route.clone());
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
 /// [`apply_in`], saying which command (its index in `cmds`) was refused.
-fn apply_in_at(st: &mut State, cmds: &[(usize, Command)]) -> Result<Vec<Change>, (usize, String)> {
+fn apply_in_at(st: &mut State, cmds: &[(usize, Command)]) -> Result<Applied, (usize, String)> {
     if cmds.iter().all(|(_, c)| is_route(c)) {
         return apply_routes_in(st, cmds);
     }
@@ -788,10 +994,13 @@ fn apply_in_at(st: &mut State, cmds: &[(usize, Command)]) -> Result<Vec<Change>,
             return Err((*i, at(*line, e.to_string())));
         }
     }
-    st.cfg = cfg;
+    let before = std::mem::replace(&mut st.cfg, cfg);
     let State { cfg, engine, .. } = &mut *st;
     engine.rebuild(cfg);
-    Ok(changes.into_iter().map(|(_, _, c)| c).collect())
+    Ok(Applied {
+        changes: changes.into_iter().map(|(_, _, c)| c).collect(),
+        before: Some(before),
+    })
 }
 
 fn is_route(c: &Command) -> bool {
@@ -802,10 +1011,7 @@ fn is_route(c: &Command) -> bool {
 /// configuration changes in place and a refused line takes back the lines before it (no copy
 /// of the configuration), and the engine applies the typed changes to the destinations they
 /// touch (no rebuild). Route changes cannot fail in the engine.
-fn apply_routes_in(
-    st: &mut State,
-    cmds: &[(usize, Command)],
-) -> Result<Vec<Change>, (usize, String)> {
+fn apply_routes_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<Applied, (usize, String)> {
     let mut done: Vec<vnet_control::RouteChange> = Vec::new();
     let mut gen = MacAddr::random;
     for (i, (line, cmd)) in cmds.iter().enumerate() {
@@ -827,7 +1033,10 @@ fn apply_routes_in(
         }
     }
     st.engine.publish_routes();
-    Ok(changes)
+    Ok(Applied {
+        changes,
+        before: None,
+    })
 }
 
 impl Daemon {
@@ -846,9 +1055,13 @@ impl Daemon {
         let json = *json;
         let mut out = match what {
             // The local configuration only; derived objects are in `show cluster`.
-            ShowWhat::Config => self
-                .read(State::local_config, |v| v.local_config.clone())
-                .to_script(),
+            ShowWhat::Config => {
+                let (cfg, pending) = self.read(
+                    |st| (st.local_config(), st.pending.shown()),
+                    |v| (v.local_config.clone(), v.pending_shown.clone()),
+                );
+                cfg.to_script() + &pending
+            }
             ShowWhat::Interfaces => shown(&self.interface_table(), json),
             ShowWhat::Links => shown(&LinkTable(self.links()), json),
             ShowWhat::Routes(None) => shown(&RouteTable(self.routes()), json),

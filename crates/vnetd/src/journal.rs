@@ -17,10 +17,21 @@
 //!
 //! A record: `[u32 LE payload length][u32 LE CRC-32 of the next 8 + length bytes]
 //! [u64 LE sequence][payload]`, the payload a kind byte ([`Kind`]) and UTF-8 control-language
-//! lines. Reading stops at the first record that is short (a write torn by a crash), has a bad
-//! checksum, a length beyond [`MAX_PAYLOAD`] or a sequence that does not follow: nothing after
-//! it can be applied safely, and nothing after it was acknowledged (a change is acknowledged
-//! only once its record and every one before it are synced).
+//! lines. Reading a segment stops at the first record that is short (a write torn by a crash
+//! or by a full disk), has a bad checksum, a length beyond [`MAX_PAYLOAD`] or a sequence that
+//! does not follow: nothing after it in that segment can be read safely. A write that failed is
+//! never acknowledged (the daemon undoes the change), and the next record goes to a new segment
+//! with the same sequence, so a tail cut short this way is no loss.
+//!
+//! A start replays the records after the file's sequence, in order. Should a record be missing
+//! all the same (a segment damaged or lost on disk), the records after it are still replayed,
+//! on top of what came before, and the hole is said as a warning: the changes after it were
+//! acknowledged, and dropping them all (as a stop at the hole did) loses more than it keeps.
+//! A `config.vnet` without a header (written by a vnetd before the journal, or edited by
+//! hand) is newer than every segment beside it: those are not replayed over it.
+//!
+//! Sequences stay below [`SEQ_LIMIT`]: a header, a segment's name or a record beyond it is
+//! damage (no start adds one to `u64::MAX`), and the journal refuses to number a record there.
 
 use std::fmt;
 
@@ -34,10 +45,15 @@ pub const SEGMENT_PREFIX: &str = "config.journal.";
 /// Bytes before a record's payload: length, checksum, sequence.
 const RECORD_HEAD: usize = 16;
 
-/// The largest payload a record may have: a control-port batch is at most 1 MiB, and a
-/// snapshot record holds the whole local configuration (at most 65,536 routes of about 60
-/// bytes, plus the rest). A length beyond it is damage, not a record.
+/// The largest payload a record may have: a snapshot record holds the whole local
+/// configuration (at most 100,000 routes of at most about 100 bytes, 4,096 ports of at most
+/// about 300, and the rest: about 11 MiB; tested), and a change whose lines would be longer
+/// is saved as a snapshot instead. A length beyond it is damage, not a record.
 pub const MAX_PAYLOAD: usize = 16 << 20;
+
+/// Sequences are below this (2^63: a daemon appending a million records a second takes
+/// 290,000 years to reach it); one at or beyond it is damage.
+pub const SEQ_LIMIT: u64 = 1 << 63;
 
 /// What a record's lines mean.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,14 +95,42 @@ pub fn header(seq: u64) -> String {
     format!("{HEADER_PREFIX}{seq}\n")
 }
 
-/// The sequence a `config.vnet` says it includes (0 without the header: a file written before
-/// the journal existed, or none).
-pub fn file_sequence(text: &str) -> u64 {
+/// What `config.vnet` says of the journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Base {
+    /// There is no `config.vnet`: the journal's records, from the first, are the configuration.
+    NoFile,
+    /// A file without a header (or with one beyond [`SEQ_LIMIT`]): written by a vnetd that knows
+    /// no journal, or edited by hand, after every segment beside it.
+    Unnumbered,
+    /// The file includes the records up to this one.
+    Includes(u64),
+}
+
+/// What a `config.vnet`'s text (None: no file) says of the journal.
+pub fn base(text: Option<&str>) -> Base {
+    match text {
+        None => Base::NoFile,
+        Some(t) => match file_sequence(t) {
+            Some(seq) => Base::Includes(seq),
+            None => Base::Unnumbered,
+        },
+    }
+}
+
+/// The sequence a `config.vnet` says it includes (None without a header, or with one that
+/// cannot be: at or beyond [`SEQ_LIMIT`]).
+pub fn file_sequence(text: &str) -> Option<u64> {
     text.lines()
         .next()
         .and_then(|l| l.strip_prefix(HEADER_PREFIX))
         .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
+        .filter(|&n| n < SEQ_LIMIT)
+}
+
+/// The sequence after `last`, None when the journal cannot number another record.
+pub fn next_seq(last: u64) -> Option<u64> {
+    last.checked_add(1).filter(|&n| n < SEQ_LIMIT)
 }
 
 /// A segment's file name.
@@ -94,7 +138,8 @@ pub fn segment_name(first_seq: u64) -> String {
     format!("{SEGMENT_PREFIX}{first_seq:016x}")
 }
 
-/// The first sequence a segment's file name says (None: not a segment's name).
+/// The first sequence a segment's file name says (None: not a segment's name). A name with
+/// a sequence at or beyond [`SEQ_LIMIT`] is a segment's, damaged: [`replay`] leaves it out.
 pub fn segment_first(name: &str) -> Option<u64> {
     let hex = name.strip_prefix(SEGMENT_PREFIX)?;
     if hex.len() != 16 {
@@ -177,7 +222,11 @@ pub fn decode(bytes: &[u8]) -> Decoded {
         let mut seq_bytes = [0u8; 8];
         seq_bytes.copy_from_slice(&rest[8..16]);
         let seq = u64::from_le_bytes(seq_bytes);
+        if seq >= SEQ_LIMIT {
+            return stop(at, Stop::Damaged("sequence"), records);
+        }
         if let Some(prev) = records.last() {
+            // Below SEQ_LIMIT: no overflow.
             if seq != prev.seq + 1 {
                 let expected = prev.seq + 1;
                 return stop(
@@ -209,39 +258,53 @@ pub fn decode(bytes: &[u8]) -> Decoded {
     }
 }
 
-/// What a start replays: the records after the file's sequence, in order and without a gap.
+/// What a start replays: the records after the file's sequence, in order.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Replay {
     pub records: Vec<Record>,
     /// The highest sequence found anywhere (the file's, a segment's name, a record's, replayed
-    /// or not): the next record's sequence follows it, so nothing left on disk is taken for
-    /// a newer record.
+    /// or not; below [`SEQ_LIMIT`]): the next record's sequence follows it, so nothing left on
+    /// disk is taken for a newer record.
     pub highest: u64,
-    /// What was not replayed, in words.
+    /// What was not replayed and is no loss (a tail a crash or a failed write cut short), in
+    /// words.
     pub notes: Vec<String>,
+    /// What may be a loss (a record missing before others, segments older than the file or
+    /// damaged), in words: the daemon logs them as warnings.
+    pub warnings: Vec<String>,
 }
 
-/// Plans the replay: `file_seq` from `config.vnet`'s header, `segments` as (first sequence,
-/// bytes) in any order.
-pub fn replay(file_seq: u64, segments: &mut [(u64, Vec<u8>)]) -> Replay {
+/// Plans the replay: `base` from `config.vnet`, `segments` as (first sequence, bytes) in any
+/// order.
+pub fn replay(base: Base, segments: &mut [(u64, Vec<u8>)]) -> Replay {
     segments.sort_by_key(|(first, _)| *first);
+    let file_seq = match base {
+        Base::Includes(n) => n,
+        Base::NoFile | Base::Unnumbered => 0,
+    };
     let mut out = Replay {
         highest: file_seq,
         ..Replay::default()
     };
+    // Below SEQ_LIMIT (file_sequence, decode): no overflow.
     let mut next = file_seq + 1;
-    let mut broken = false;
     for (first, bytes) in segments.iter() {
+        let name = segment_name(*first);
+        if *first >= SEQ_LIMIT {
+            out.warnings.push(format!(
+                "journal segment {name}: left out (its name says a sequence no journal reaches: damaged)"
+            ));
+            continue;
+        }
         out.highest = out.highest.max(*first);
         let d = decode(bytes);
         if let Some(last) = d.records.last() {
             out.highest = out.highest.max(last.seq);
         }
-        if broken {
-            if d.records.iter().any(|r| r.seq >= next) {
-                out.notes.push(format!(
-                    "journal segment {}: left out (it comes after a record that is missing or damaged)",
-                    segment_name(*first)
+        if base == Base::Unnumbered {
+            if !d.records.is_empty() {
+                out.warnings.push(format!(
+                    "journal segment {name}: left out: config.vnet has no journal header (written by an older vnetd, or edited), so it is newer than the segment"
                 ));
             }
             continue;
@@ -251,23 +314,28 @@ pub fn replay(file_seq: u64, segments: &mut [(u64, Vec<u8>)]) -> Replay {
                 continue; // already in the file
             }
             if r.seq != next {
-                out.notes.push(format!(
-                    "journal segment {}: record {} where {next} was expected; it and everything after it left out",
-                    segment_name(*first),
-                    r.seq
+                out.warnings.push(format!(
+                    "journal segment {name}: records {next} to {} are missing (damaged or lost on disk): the changes after them are replayed on top of what came before; check the configuration",
+                    r.seq - 1
                 ));
-                broken = true;
-                break;
             }
-            next += 1;
+            next = r.seq + 1;
             out.records.push(r);
         }
-        if let (false, Some((at, why))) = (broken, d.stopped) {
-            out.notes.push(format!(
-                "journal segment {}: {} bytes from offset {at} ignored: {why} (a change not acknowledged when the daemon stopped)",
-                segment_name(*first),
-                bytes.len() - at
-            ));
+        if let Some((at, why)) = d.stopped {
+            let left = bytes.len() - at;
+            // A record cut short, or blocks allocated and never written, at the end: a
+            // write a crash or a failed write interrupted, which nobody was told had worked.
+            // Anything else there is damage to what may have been acknowledged.
+            if why == Stop::Torn || bytes[at..].iter().all(|&b| b == 0) {
+                out.notes.push(format!(
+                    "journal segment {name}: {left} bytes from offset {at} ignored: {why} (a change never acknowledged: cut short by a crash or a failed write)"
+                ));
+            } else {
+                out.warnings.push(format!(
+                    "journal segment {name}: {left} bytes from offset {at} ignored: {why}: the changes they held, if any, are lost; check the configuration"
+                ));
+            }
         }
     }
     out

@@ -10,6 +10,7 @@ mod delta;
 mod derived;
 mod journal;
 mod observe;
+mod pending;
 mod persist;
 mod reach;
 mod restore;
@@ -423,7 +424,8 @@ fn run(args: Args) -> Result<()> {
         }
         _ => None,
     };
-    let cni_deleted = state.take_cni_deletions()?;
+    // Consumed only once the configuration without them is saved (below).
+    let cni_deleted = state.cni_deletions()?;
     let file_text = args
         .config
         .as_ref()
@@ -431,7 +433,7 @@ fn run(args: Args) -> Result<()> {
         .transpose()?;
     let saved_local = state.read(state::LOCAL)?;
     let journal = journal::replay(
-        saved_local.as_deref().map_or(0, journal::file_sequence),
+        journal::base(saved_local.as_deref()),
         &mut state.read_segments()?,
     );
     let saved = match (&saved_local, journal.records.is_empty()) {
@@ -512,11 +514,20 @@ fn run(args: Args) -> Result<()> {
     for n in journal.notes.iter().chain(&plan.notes) {
         info!("restore: {n}");
     }
-    match daemon.restore(&plan.local, &plan.file_part, saved_derived.as_deref()) {
-        Ok(notes) => {
-            for n in notes {
+    for w in &journal.warnings {
+        warn!("restore: {w}");
+    }
+    let restored = match daemon.restore(
+        &plan.local,
+        &plan.file_part,
+        saved_derived.as_deref(),
+        plan.pending,
+    ) {
+        Ok(r) => {
+            for n in &r.notes {
                 warn!("restore: {n}");
             }
+            r
         }
         Err(e) => {
             daemon.shutdown(Leave::Keep);
@@ -528,11 +539,21 @@ fn run(args: Args) -> Result<()> {
                 None => bail!("{e}"),
             }
         }
-    }
+    };
     daemon.commit_takeover();
     if let Some(s) = daemon.saver() {
-        if let Some(f) = &plan.file_applied {
-            s.dir().write(state::FILE, f)?;
+        match &restored.saved {
+            Ok(()) => {
+                // The saved configuration has the config file's changes and is without the
+                // queued deletions: only now are they done.
+                if let Some(f) = &plan.file_applied {
+                    if let Err(e) = s.dir().write(state::FILE, f) {
+                        warn!("state: writing the config file as applied: {e:#} (its changes are applied again at the next start)");
+                    }
+                }
+                s.dir().remove_cni_deletions(&cni_deleted);
+            }
+            Err(e) => warn!("state: the configuration as restored is not saved ({e}): vnetd runs, refuses changes until the state directory can be written, and keeps trying"),
         }
         if saved.is_some() {
             info!(state_dir = %args.state_dir.display(), "state restored");
@@ -547,8 +568,15 @@ fn run(args: Args) -> Result<()> {
         .map(|st| st.engine.made_devices())
         .unwrap_or_default();
     remove_made(&earlier, &made_now)?;
-    if !args.control.ip().is_loopback() && token.is_none() {
-        tracing::warn!(control = %args.control, "control port is not on loopback and has no token");
+    if token.is_none() {
+        daemon
+            .control_without_token
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if args.control.ip().is_loopback() {
+            warn!(control = %args.control, "the control port has no token: every local user can control this daemon, which runs as root (give --token-file)");
+        } else {
+            warn!(control = %args.control, "the control port is not on loopback and has no token: anyone who reaches it controls this daemon (give --token-file)");
+        }
     }
     if let Some(addr) = args.http {
         if let Err(e) = start_http(addr, &daemon, token.clone(), etcd.as_ref()) {

@@ -5,12 +5,15 @@
 //! vnetd ran taken out. On a first start (no saved state) the config file alone.
 //!
 //! The config file stays strict (a bad line refuses the start, as it always did); what was
-//! saved is carried over line by line, and a line that no longer fits is left out and said.
+//! saved is carried over line by line, and a line that no longer fits is left out and said,
+//! but for a route to a link that is not there: it waits for its link (`pending.rs`; the
+//! etcd agent derives links only after the start), saved and shown, not left out.
 
-use vnet_control::{parse_line, parse_script, Command, Config};
+use vnet_control::{parse_line, parse_script, Change, Command, Config};
 use vnet_wire::MacAddr;
 
 use crate::journal::{Kind, Record};
+use crate::pending::Pending;
 
 /// The saved local configuration: `config.vnet`'s text and the journal's records after it
 /// (`journal::replay`).
@@ -30,21 +33,25 @@ impl<'a> Saved<'a> {
 
 /// The saved local configuration as a configuration: the file, then each record replayed on
 /// it line by line (a snapshot record replaces what came before), as the daemon's journal
-/// says its changes (`delta.rs`).
+/// says its changes (`delta.rs`); with the routes that wait for their link.
 pub fn saved_config(
     saved: &Saved<'_>,
     gen: &mut dyn FnMut() -> MacAddr,
     notes: &mut Vec<String>,
-) -> Config {
-    let mut cfg = lenient(saved.text, "saved configuration", gen, notes);
+) -> (Config, Pending) {
+    let mut pending = Pending::default();
+    let mut cfg = lenient(saved.text, "saved configuration", &mut pending, gen, notes);
     for r in saved.journal {
         let what = format!("journal record {}", r.seq);
         match r.kind {
-            Kind::Delta => apply_lenient(&mut cfg, &r.text, &what, gen, notes),
-            Kind::Snapshot => cfg = lenient(&r.text, &what, gen, notes),
+            Kind::Delta => apply_lenient(&mut cfg, &mut pending, &r.text, &what, gen, notes),
+            Kind::Snapshot => {
+                pending = Pending::default();
+                cfg = lenient(&r.text, &what, &mut pending, gen, notes);
+            }
         }
     }
-    cfg
+    (cfg, pending)
 }
 
 /// What to realize at start.
@@ -52,6 +59,8 @@ pub fn saved_config(
 pub struct Restored {
     /// The local configuration.
     pub local: Config,
+    /// Routes of the local configuration waiting for their link (not in `local`).
+    pub pending: Pending,
     /// The config file as applied now (to save), when `--config` was given.
     pub file_applied: Option<String>,
     /// The part of `local` the config file accounts for (it must come up whole; the rest,
@@ -61,20 +70,23 @@ pub struct Restored {
     pub notes: Vec<String>,
 }
 
-/// A configuration from saved text, line by line (a line that does not apply is noted).
+/// A configuration from saved text, line by line (a line that does not apply is noted, a
+/// route whose link is not there waits in `pending`).
 fn lenient(
     text: &str,
     what: &str,
+    pending: &mut Pending,
     gen: &mut dyn FnMut() -> MacAddr,
     notes: &mut Vec<String>,
 ) -> Config {
     let mut cfg = Config::default();
-    apply_lenient(&mut cfg, text, what, gen, notes);
+    apply_lenient(&mut cfg, pending, text, what, gen, notes);
     cfg
 }
 
 fn apply_lenient(
     cfg: &mut Config,
+    pending: &mut Pending,
     text: &str,
     what: &str,
     gen: &mut dyn FnMut() -> MacAddr,
@@ -84,12 +96,29 @@ fn apply_lenient(
         match parse_line(line) {
             Ok(None) => {}
             Ok(Some(cmd)) if cmd.is_query() => {}
-            Ok(Some(cmd)) => {
-                if let Err(e) = cfg.apply(&cmd, gen) {
-                    notes.push(format!("{what} line {}: {line:?} left out: {e}", n + 1));
+            Ok(Some(cmd)) => match cfg.apply(&cmd, gen) {
+                Ok(changes) => {
+                    if changes.iter().any(|c| matches!(c, Change::AddLink(_))) {
+                        bring_back(cfg, pending, gen);
+                    }
                 }
-            }
+                Err(_) if pending.wait_if_linkless(&cmd, cfg) || pending.delete(&cmd, cfg) => {}
+                Err(e) => notes.push(format!("{what} line {}: {line:?} left out: {e}", n + 1)),
+            },
             Err(e) => notes.push(format!("{what} line {}: {line:?} left out: {e}", n + 1)),
+        }
+    }
+}
+
+/// The waiting routes whose link is there now go into `cfg` (one that `cfg` refuses waits on).
+pub(crate) fn bring_back(
+    cfg: &mut Config,
+    pending: &mut Pending,
+    gen: &mut dyn FnMut() -> MacAddr,
+) {
+    for cmd in pending.ready(cfg) {
+        if cfg.apply(&cmd, gen).is_err() {
+            pending.put_back(&cmd);
         }
     }
 }
@@ -164,15 +193,17 @@ pub fn plan(
             r.file_part = r.local.clone();
         }
         (Some(saved), None) => {
-            r.local = saved_config(&saved, gen, &mut r.notes);
+            (r.local, r.pending) = saved_config(&saved, gen, &mut r.notes);
             if let Some(t) = saved_file {
-                r.file_part = lenient(t, "saved config file", gen, &mut r.notes);
+                let mut none = Pending::default();
+                r.file_part = lenient(t, "saved config file", &mut none, gen, &mut r.notes);
             }
         }
         (Some(saved), Some(text)) => {
-            r.local = saved_config(&saved, gen, &mut r.notes);
+            (r.local, r.pending) = saved_config(&saved, gen, &mut r.notes);
+            let mut none = Pending::default();
             let before = saved_file
-                .map(|t| lenient(t, "saved config file", gen, &mut r.notes))
+                .map(|t| lenient(t, "saved config file", &mut none, gen, &mut r.notes))
                 .unwrap_or_default();
             let now = file_config(text, &before, gen)?;
             let diff = before.diff_script(&now);
@@ -181,7 +212,14 @@ pub fn plan(
                     "the config file changed since it was last applied: applying {} line(s) of difference",
                     diff.lines().count()
                 ));
-                apply_lenient(&mut r.local, &diff, "config file change", gen, &mut r.notes);
+                apply_lenient(
+                    &mut r.local,
+                    &mut r.pending,
+                    &diff,
+                    "config file change",
+                    gen,
+                    &mut r.notes,
+                );
             }
             r.file_applied = Some(now.to_script());
             r.file_part = now;
@@ -306,6 +344,53 @@ mod tests {
         let r = plan(Some(Saved::whole(saved)), None, None, &[], &mut gen()).unwrap();
         assert_eq!(names(&r.local), ["a"]);
         assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
+    }
+
+    /// Issue 32: a saved route to a link the agent derives (not there at a start) was left
+    /// out, and the start's rewritten file lost it. It waits for its link instead; a later
+    /// delete of it takes it out, a local link of its name brings it back.
+    #[test]
+    fn a_route_whose_link_is_not_there_waits_instead_of_being_left_out() {
+        let saved = "link add l0 udp 10.0.0.2\nroute add any 02:00:00:00:00:01 link d0\nroute add any 02:00:00:00:00:02 link l0\n";
+        let r = plan(Some(Saved::whole(saved)), None, None, &[], &mut gen()).unwrap();
+        assert_eq!(r.local.routes.len(), 1);
+        assert_eq!(
+            r.pending.script(),
+            "route add any 02:00:00:00:00:01 link d0\n"
+        );
+        assert!(r.notes.is_empty(), "{:?}", r.notes);
+        let record = |text: &str| Record {
+            seq: 1,
+            kind: Kind::Delta,
+            text: text.into(),
+        };
+        let del = [record("route del any 02:00:00:00:00:01 link d0\n")];
+        let r = plan(
+            Some(Saved {
+                text: saved,
+                journal: &del,
+            }),
+            None,
+            None,
+            &[],
+            &mut gen(),
+        )
+        .unwrap();
+        assert!(r.pending.is_empty() && r.notes.is_empty(), "{r:?}");
+        let link = [record("link add d0 udp 10.0.0.3\n")];
+        let r = plan(
+            Some(Saved {
+                text: saved,
+                journal: &link,
+            }),
+            None,
+            None,
+            &[],
+            &mut gen(),
+        )
+        .unwrap();
+        assert!(r.pending.is_empty(), "{r:?}");
+        assert_eq!(r.local.routes.len(), 2);
     }
 
     #[test]

@@ -207,25 +207,30 @@ impl StateDir {
         self.write(RESOURCES, &text)
     }
 
-    /// The interfaces the CNI plugin deleted while no vnetd ran, and removes their records.
-    pub fn take_cni_deletions(&self) -> Result<Vec<String>> {
+    /// The interfaces the CNI plugin deleted while no vnetd ran. Their records stay until
+    /// [`StateDir::remove_cni_deletions`], once the configuration without them is saved (a
+    /// crash before that must find them again).
+    pub fn cni_deletions(&self) -> Result<Vec<String>> {
         let dir = self.dir.join(CNI_DELETED);
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
             Err(e) => return Err(e).with_context(|| format!("{}", dir.display())),
         };
-        let mut names = Vec::new();
-        for e in entries.flatten() {
-            if let Some(n) = e.file_name().to_str() {
-                if !n.starts_with('.') {
-                    names.push(n.to_string());
-                }
-            }
-            let _ = fs::remove_file(e.path());
-        }
+        let mut names: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| !n.starts_with('.'))
+            .collect();
         names.sort();
         Ok(names)
+    }
+
+    /// Removes the deletion queue's records of `names` (taken out of a saved configuration).
+    pub fn remove_cni_deletions(&self, names: &[String]) {
+        for n in names {
+            let _ = fs::remove_file(self.dir.join(CNI_DELETED).join(n));
+        }
     }
 
     /// Removes every state file (a teardown); the lock stays until the process ends.
@@ -352,8 +357,10 @@ mod tests {
         assert_eq!(s.resources().unwrap(), r);
         fs::create_dir_all(d.join(CNI_DELETED)).unwrap();
         fs::write(d.join(CNI_DELETED).join("cni-x"), "").unwrap();
-        assert_eq!(s.take_cni_deletions().unwrap(), vec!["cni-x".to_string()]);
-        assert!(s.take_cni_deletions().unwrap().is_empty());
+        assert_eq!(s.cni_deletions().unwrap(), vec!["cni-x".to_string()]);
+        assert_eq!(s.cni_deletions().unwrap(), vec!["cni-x".to_string()]);
+        s.remove_cni_deletions(&["cni-x".to_string()]);
+        assert!(s.cni_deletions().unwrap().is_empty());
         s.clear().unwrap();
         assert_eq!(s.read(LOCAL).unwrap(), None);
         assert_eq!(s.resources().unwrap(), Resources::default());

@@ -116,12 +116,28 @@ pub fn parse_line(line: &str) -> Result<Option<Command>, ParseError> {
 
 /// Parses a whole script. Refuses it at the first bad line (1-based) or when it is too long.
 pub fn parse_script(text: &str) -> Result<Vec<(usize, Command)>, ScriptError> {
+    parse_bounded(text, MAX_SCRIPT_LINES, "script")
+}
+
+/// Parses a configuration as [`crate::Config::to_script`] renders it (the state directory's
+/// saved configuration): as [`parse_script`], but within [`crate::MAX_CONFIG_LINES`], the most
+/// lines any configuration the model accepts renders to, rather than a script's
+/// [`MAX_SCRIPT_LINES`] (a configuration built in many batches is longer than one may be).
+pub fn parse_config(text: &str) -> Result<Vec<(usize, Command)>, ScriptError> {
+    parse_bounded(text, crate::model::MAX_CONFIG_LINES, "configuration")
+}
+
+fn parse_bounded(
+    text: &str,
+    max_lines: usize,
+    what: &str,
+) -> Result<Vec<(usize, Command)>, ScriptError> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        if i >= MAX_SCRIPT_LINES {
+        if i >= max_lines {
             return Err(ScriptError {
                 line: i + 1,
-                message: format!("script longer than {MAX_SCRIPT_LINES} lines"),
+                message: format!("{what} longer than {max_lines} lines"),
             });
         }
         match parse_line(line) {

@@ -272,6 +272,37 @@ impl Display for StatsReport {
             drops_text(&r.daemon.drops),
             r.daemon.control_errors
         )?;
+        let st = &r.state;
+        match (&st.last_error, st.failing || st.unsaved) {
+            (Some(e), true) => writeln!(
+                f,
+                "state: NOT BEING SAVED{}: {e} ({} failed writes); a change is refused until the state directory can be written",
+                if st.unsaved {
+                    " (the running configuration has changes a restart would lose)"
+                } else {
+                    ""
+                },
+                st.errors
+            )?,
+            (_, true) => writeln!(f, "state: NOT BEING SAVED ({} failed writes)", st.errors)?,
+            (_, false) if st.errors > 0 => {
+                writeln!(f, "state: saved ({} failed writes before)", st.errors)?
+            }
+            (_, false) => writeln!(f, "state: saved")?,
+        }
+        if st.pending_routes > 0 {
+            writeln!(
+                f,
+                "pending: {} routes wait for their link (show config)",
+                st.pending_routes
+            )?;
+        }
+        if st.control_without_token {
+            writeln!(
+                f,
+                "control: no token: every local user controls this daemon (give vnetd --token-file)"
+            )?;
+        }
         let d = &r.dispatch;
         let s = &d.settings;
         let onoff = |v: bool| if v { "on" } else { "off" };
@@ -512,6 +543,7 @@ mod tests {
                 drops: BTreeMap::from([("unknown_peer".to_string(), 3)]),
                 control_errors: 1,
             },
+            state: StateStatus::default(),
             dispatch: DispatchStatus {
                 settings: DataPathSettings::default(),
                 dispatchers: vec![
@@ -619,6 +651,7 @@ link      up                      5            0              0            1    
   interface vm1: kernel forwarded 5 frames in, 6 out; 7 handed to vnetd, 8 from vnetd
 "#;
     const STATS_REST: &str = r#"daemon: 100 datagrams received; drops: unknown_peer=3; control errors: 1
+state: saved
 data path: mode adaptive (1 dispatchers, yield immediate, T_sleep 50 us, T_nowork 1000 us, adaptive 1000..10000 pkt/s over 5 ms); UDP GSO on, GRO off
   dispatcher 0: now polling, 1 switches, 3 wake-ups, 10 frames, 3.33 frames per wake-up, 2 descriptors, 0 restarts
   dispatcher 1: now guest-driven, 0 switches, 0 wake-ups, 0 frames, 0 frames per wake-up, 1 descriptors, 2 restarts
@@ -670,6 +703,30 @@ data path: mode adaptive (1 dispatchers, yield immediate, T_sleep 50 us, T_nowor
                 "stats without kernel",
                 stats(false).to_string(),
                 format!("{STATS_PORTS}{STATS_REST}"),
+            ),
+            (
+                "stats of a daemon whose state is not being saved",
+                {
+                    let mut s = stats(false);
+                    s.state = StateStatus {
+                        failing: true,
+                        unsaved: true,
+                        errors: 3,
+                        last_error: Some("syncing the journal: Input/output error".into()),
+                        pending_routes: 2,
+                        control_without_token: true,
+                    };
+                    s.to_string()
+                },
+                format!(
+                    "{STATS_PORTS}{}",
+                    STATS_REST.replace(
+                        "state: saved\n",
+                        "state: NOT BEING SAVED (the running configuration has changes a restart would lose): syncing the journal: Input/output error (3 failed writes); a change is refused until the state directory can be written\n\
+                         pending: 2 routes wait for their link (show config)\n\
+                         control: no token: every local user controls this daemon (give vnetd --token-file)\n"
+                    )
+                ),
             ),
         ];
         for (what, got, want) in cases {

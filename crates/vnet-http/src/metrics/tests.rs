@@ -3,7 +3,7 @@
 use super::*;
 use vnet_control::status::{
     DaemonCounters, DataPathKind, DispatchStatus, DispatcherStatus, LinkState, LinkStatus,
-    OffloadStatus, PolicyStatus, PortRole, PortStatus, StatsReport,
+    OffloadStatus, PolicyStatus, PortRole, PortStatus, StateStatus, StatsReport,
 };
 use vnet_control::DataPathSettings;
 use vnet_core::PortCountersSnapshot;
@@ -39,6 +39,14 @@ fn snapshot() -> HostSnapshot {
                 rx_bytes: 900,
                 drops: Default::default(),
                 control_errors: 2,
+            },
+            state: StateStatus {
+                failing: true,
+                unsaved: false,
+                errors: 4,
+                last_error: Some("appending to the journal: No space left on device".into()),
+                pending_routes: 3,
+                control_without_token: true,
             },
             dispatch: DispatchStatus {
                 settings: DataPathSettings::default(),
@@ -95,6 +103,11 @@ fn the_exposition() {
         r#"vnet_link_state{link="to-b",state="down"} 0"#,
         "vnet_udp_received_datagrams_total 9",
         "vnet_control_errors_total 2",
+        "vnet_state_saving 0",
+        "vnet_state_unsaved 0",
+        "vnet_state_write_errors_total 4",
+        "vnet_state_pending_routes 3",
+        "vnet_control_token_required 0",
         r#"vnet_dispatcher_restarts_total{dispatcher="0"} 2"#,
         r#"vnet_http_refused_total{reason="timeout"} 1"#,
         r#"vnet_port_data_path{role="interface",port="vm1",vni="7",path="user"} 1"#,

@@ -8,13 +8,15 @@ use vnet_wire::MacAddr;
 use super::*;
 use crate::derived::DerivedRecord;
 use crate::journal::{Kind, Record};
-use crate::restore::{saved_config, Saved};
+use crate::pending::Pending;
+use crate::restore::{bring_back, saved_config, Saved};
 
-/// The running configuration and the agent's record, as the daemon keeps them, with a MAC
-/// generator that never repeats.
+/// The running configuration, the agent's record and the routes waiting for their link, as
+/// the daemon keeps them, with a MAC generator that never repeats.
 struct Model {
     cfg: Config,
     derived: DerivedRecord,
+    pending: Pending,
     macs: u32,
 }
 
@@ -29,12 +31,17 @@ fn pick<'a>(k: u8, words: &[&'a str]) -> &'a str {
 }
 
 impl Model {
-    /// A local change: the commands all or none (as `apply_in`); its journal record.
+    /// A local change: the commands all or none (as `Daemon::apply_commands`: deletes of
+    /// waiting routes aside, the rest as `apply_in`); its journal record.
     fn local(&mut self, lines: &[String]) -> Option<Option<String>> {
+        let mut cmds = Vec::new();
+        for l in lines {
+            cmds.push((0, parse_line(l).ok()??));
+        }
+        let (cmds, unwaited) = self.pending.deletes(cmds, &self.cfg);
         let mut cfg = self.cfg.clone();
         let mut changes = Vec::new();
-        for l in lines {
-            let cmd = parse_line(l).ok()??;
+        for (_, cmd) in cmds {
             let mut n = self.macs;
             let r = cfg.apply(&cmd, &mut || {
                 n += 1;
@@ -44,10 +51,29 @@ impl Model {
             changes.extend(r.ok()?);
         }
         self.cfg = cfg;
+        let mut extra = String::new();
+        for r in &unwaited {
+            self.pending.forget(r);
+            extra.push_str(&format!("route del {}\n", crate::pending::spec_of(r)));
+        }
         let d = &self.derived;
-        Some(local_delta(&changes, &|r| d.has_route(r), &|l| {
-            d.has_link(l)
-        }))
+        let delta = local_delta(&changes, &|r| d.has_route(r), &|l| d.has_link(l)).map(|mut t| {
+            t.push_str(&extra);
+            t
+        });
+        if changes.iter().any(|c| matches!(c, Change::AddLink(_))) {
+            bring_back(
+                &mut self.cfg,
+                &mut self.pending,
+                &mut nth_mac_from(&mut self.macs),
+            );
+        }
+        Some(delta)
+    }
+
+    /// What a start would read back from the file written whole now.
+    fn whole_script(&self) -> String {
+        self.derived.local_script(&self.cfg) + &self.pending.script()
     }
 
     /// An agent's change: to the running configuration and, when it applied, to the record.
@@ -65,24 +91,55 @@ impl Model {
             Command::LinkDel(name) => self.derived.config().links.iter().any(|l| &l.name == name),
             _ => true,
         };
-        if owned
-            && self
-                .cfg
-                .apply(&cmd, &mut || MacAddr([2, 0, 0, 0, 0, 1]))
-                .is_ok()
-        {
-            let _ = self.derived.apply(&cmd);
+        if !owned {
+            return;
+        }
+        let Ok(changes) = self.cfg.apply(&cmd, &mut || MacAddr([2, 0, 0, 0, 0, 1])) else {
+            return;
+        };
+        // A derived link that goes takes local routes along: they wait for it.
+        for c in &changes {
+            if let Change::Route(vnet_control::RouteChange::Removed { route, .. }) = c {
+                if !self.derived.has_route(route) {
+                    self.pending.push(route.clone());
+                }
+            }
+        }
+        let _ = self.derived.apply(&cmd);
+        if changes.iter().any(|c| matches!(c, Change::AddLink(_))) {
+            bring_back(
+                &mut self.cfg,
+                &mut self.pending,
+                &mut nth_mac_from(&mut self.macs),
+            );
         }
     }
 }
 
-fn lenient(text: &str) -> Config {
+/// MACs that never repeat (a route brought back draws none, but the signature takes one).
+fn nth_mac_from(n: &mut u32) -> impl FnMut() -> MacAddr + '_ {
+    move || {
+        *n += 1;
+        nth_mac(*n)
+    }
+}
+
+/// A configuration read back as a start reads it: the configuration, and the waiting routes'
+/// lines in order (their order is not what a start keeps: where a route waits comes from when
+/// its link went, at run time, and from where its line is, read back).
+fn lenient(text: &str) -> (Config, Vec<String>) {
     let mut notes = Vec::new();
-    saved_config(
+    read_back(saved_config(
         &Saved::whole(text),
         &mut || MacAddr([2, 9, 9, 9, 9, 9]),
         &mut notes,
-    )
+    ))
+}
+
+fn read_back((cfg, pending): (Config, Pending)) -> (Config, Vec<String>) {
+    let mut lines: Vec<String> = pending.script().lines().map(str::to_string).collect();
+    lines.sort();
+    (cfg, lines)
 }
 
 fn mac_word(k: u8) -> &'static str {
@@ -169,7 +226,12 @@ proptest! {
         ),
         start in 0usize..3,
     ) {
-        let mut m = Model { cfg: Config::default(), derived: DerivedRecord::default(), macs: 0 };
+        let mut m = Model {
+            cfg: Config::default(),
+            derived: DerivedRecord::default(),
+            pending: Pending::default(),
+            macs: 0,
+        };
         // Some state before the file was last written whole.
         for l in ["interface add i0 tap vni 1", "link add l0 udp 10.0.0.9 vni 1",
                   "route add any 02:00:00:00:00:01 interface i0"].iter().take(start) {
@@ -177,7 +239,7 @@ proptest! {
         }
         m.agent("link add d0 udp 10.1.0.1 vni 1");
         m.agent("route add any 02:00:00:00:00:02 link d0");
-        let file = m.derived.local_script(&m.cfg);
+        let file = m.whole_script();
         let mut records: Vec<Record> = Vec::new();
         for (who, cmds) in steps {
             if who == 0 {
@@ -193,17 +255,17 @@ proptest! {
                     None => Record {
                         seq,
                         kind: Kind::Snapshot,
-                        text: m.derived.local_script(&m.cfg),
+                        text: m.whole_script(),
                     },
                 });
             }
-            let whole = lenient(&m.derived.local_script(&m.cfg));
+            let whole = lenient(&m.whole_script());
             let mut notes = Vec::new();
-            let replayed = saved_config(
+            let replayed = read_back(saved_config(
                 &Saved { text: &file, journal: &records },
                 &mut || MacAddr([2, 9, 9, 9, 9, 9]),
                 &mut notes,
-            );
+            ));
             prop_assert_eq!(&replayed, &whole, "records {:?}", records);
         }
     }
@@ -221,6 +283,7 @@ fn a_change_says_what_it_did() {
     let mut m = Model {
         cfg: Config::default(),
         derived: DerivedRecord::default(),
+        pending: Pending::default(),
         macs: 0,
     };
     // An interface given a random MAC: the record has the MAC it got.
