@@ -506,6 +506,20 @@ fn on_overlay(name: &str, alias: Option<&str>, interfaces: &[String]) -> bool {
     interfaces.iter().any(|i| i == name) || alias.is_some_and(|a| a.starts_with("vnet:"))
 }
 
+impl Daemon {
+    /// What the reach thread needs of the data path: its shared state (the inbox, a relay's
+    /// table, the clock) and the VXLAN socket.
+    fn reach_edge(&self) -> (Arc<Shared>, Arc<VxlanSocket>) {
+        let st = lock(&self.state);
+        (st.engine.shared().clone(), st.engine.udp_socket().clone())
+    }
+
+    /// Points the links to the peer with probe key `key` at `path`.
+    fn set_reach_path(&self, key: PublicKey, path: ReachPath) {
+        lock(&self.state).engine.set_reach_path(key, path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -547,19 +561,5 @@ mod tests {
         assert!(p.relay);
         assert_eq!(p.nat, NatMapping::EndpointDependent);
         assert_eq!(p.bound_relays, vec!["r".to_string()]);
-    }
-}
-
-impl Daemon {
-    /// What the reach thread needs of the data path: its shared state (the inbox, a relay's
-    /// table, the clock) and the VXLAN socket.
-    fn reach_edge(&self) -> (Arc<Shared>, Arc<VxlanSocket>) {
-        let st = lock(&self.state);
-        (st.engine.shared().clone(), st.engine.udp_socket().clone())
-    }
-
-    /// Points the links to the peer with probe key `key` at `path`.
-    fn set_reach_path(&self, key: PublicKey, path: ReachPath) {
-        lock(&self.state).engine.set_reach_path(key, path);
     }
 }
