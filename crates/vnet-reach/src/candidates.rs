@@ -96,6 +96,9 @@ pub enum Observer {
 struct Observation {
     seen: SocketAddr,
     observer_ip: IpAddr,
+    /// When the observer first saw `seen` (the candidates' order: stable while nothing
+    /// changes, so the published record does not either).
+    first_ms: u64,
     at_ms: u64,
 }
 
@@ -153,11 +156,17 @@ impl SelfView {
                 self.observed.remove(&oldest);
             }
         }
+        let seen = canonical(seen);
+        let first_ms = match self.observed.get(&by) {
+            Some(o) if o.seen == seen => o.first_ms,
+            _ => now_ms,
+        };
         self.observed.insert(
             by,
             Observation {
-                seen: canonical(seen),
+                seen,
                 observer_ip: observer_ip.to_canonical(),
+                first_ms,
                 at_ms: now_ms,
             },
         );
@@ -188,9 +197,9 @@ impl SelfView {
         }
     }
 
-    /// The candidates to publish: the advertised endpoint, then what observers saw (the most
-    /// recent first), then the host's own addresses; no endpoint twice, at most
-    /// [`MAX_CANDIDATES`].
+    /// The candidates to publish: the advertised endpoint, then what observers saw (the longest
+    /// seen first: the list changes only when what is seen does, never with each answer), then
+    /// the host's own addresses; no endpoint twice, at most [`MAX_CANDIDATES`].
     pub fn candidates(&self, now_ms: u64) -> Vec<Candidate> {
         let mut out: Vec<Candidate> = Vec::new();
         let mut push = |endpoint: SocketAddr, kind| {
@@ -202,7 +211,7 @@ impl SelfView {
             push(a, CandidateKind::Advertised);
         }
         let mut fresh: Vec<&Observation> = self.fresh(now_ms).collect();
-        fresh.sort_by_key(|o| std::cmp::Reverse(o.at_ms));
+        fresh.sort_by_key(|o| (o.first_ms, o.seen));
         for o in fresh {
             if !self.is_local(o.seen) && usable(o.seen.ip()) {
                 push(o.seen, CandidateKind::Reflexive);
@@ -297,8 +306,30 @@ mod tests {
         let c = v.candidates(100);
         assert_eq!(c.len(), MAX_CANDIDATES);
         assert_eq!(c[0].kind, CandidateKind::Advertised);
-        // The most recent observation first among the reflexive ones.
-        assert_eq!(c[1].endpoint.port(), 1039);
+        // The longest-seen observation first among the reflexive ones (the oldest 8 observers
+        // were forgotten for newer ones).
+        assert_eq!(c[1].endpoint.port(), 1008);
         assert_eq!(v.observed.len(), MAX_OBSERVERS);
+    }
+
+    #[test]
+    fn the_list_does_not_change_with_every_answer() {
+        let mut v = SelfView::new(4789, vec![ip("192.168.1.5")], None);
+        let a = Observer::Peer(Tag([1; 8]));
+        let b = Observer::Peer(Tag([2; 8]));
+        v.observe(a, ip("198.51.100.1"), ep("203.0.113.5:1000"), 0);
+        v.observe(b, ip("198.51.100.2"), ep("203.0.113.5:2000"), 5);
+        let first = v.candidates(10);
+        // The answers go on, in any order: the list stays as it is.
+        for t in 1..50 {
+            let (o, p, port) = if t % 3 == 0 { (a, "198.51.100.1", 1000) } else { (b, "198.51.100.2", 2000) };
+            v.observe(o, ip(p), SocketAddr::new(ip("203.0.113.5"), port), 10 + t);
+            assert_eq!(v.candidates(10 + t), first);
+        }
+        // An observer seeing a new mapping moves it behind the others.
+        v.observe(a, ip("198.51.100.1"), ep("203.0.113.5:1001"), 100);
+        let c = v.candidates(100);
+        assert_eq!(c[0].endpoint.port(), 2000);
+        assert_eq!(c[1].endpoint.port(), 1001);
     }
 }

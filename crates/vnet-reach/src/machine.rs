@@ -25,8 +25,16 @@ const REPLAY_CACHE: usize = 4096;
 /// How often each STUN server is asked again (it also keeps the mapping alive).
 pub const STUN_INTERVAL_MS: u64 = 20_000;
 const STUN_TIMEOUT_MS: u64 = 5_000;
-/// The published record changes at most this often (etcd writes).
-pub const PUBLISH_MIN_MS: u64 = 1_000;
+/// The published record changes at most this often (etcd writes; in a steady state it does
+/// not change at all).
+pub const PUBLISH_MIN_MS: u64 = 200;
+/// Pings from keys not (yet) known, kept this long to be read once their sender's record
+/// arrives: two hosts starting together each learn of the other at a different moment, and
+/// the first pings would otherwise wait for the next discovery round.
+pub const STRANGER_TTL_MS: u64 = 5_000;
+/// Such pings kept, at most (the oldest go first), and the largest one kept.
+const MAX_STRANGERS: usize = 64;
+const MAX_STRANGER_LEN: usize = 256;
 /// Relays a host binds to, at most (the fastest).
 pub const MAX_BOUND_RELAYS: usize = 3;
 
@@ -228,6 +236,8 @@ pub struct Reach {
     stun: Vec<StunServer>,
     published: Option<SelfRecord>,
     last_publish_ms: Option<u64>,
+    /// Pings from unknown keys: (key, from, datagram, when), read again when the key appears.
+    strangers: VecDeque<(PublicKey, SocketAddr, Vec<u8>, u64)>,
     pub counters: ReachCounters,
 }
 
@@ -253,6 +263,7 @@ impl Reach {
                 .collect(),
             published: None,
             last_publish_ms: None,
+            strangers: VecDeque::new(),
             counters: ReachCounters::default(),
         }
     }
@@ -272,7 +283,13 @@ impl Reach {
 
     /// The overlay's other hosts now (this host's own record is left out by the caller or
     /// here). Paths of peers that left are withdrawn (as `Path::Unknown` with no endpoints).
-    pub fn set_peers(&mut self, peers: Vec<PeerInfo>, now: Now, out: &mut Vec<Action>) {
+    pub fn set_peers(
+        &mut self,
+        peers: Vec<PeerInfo>,
+        now: Now,
+        rng: &mut dyn Random,
+        out: &mut Vec<Action>,
+    ) {
         let now_ms = now.mono_ms();
         let mut keep: HashSet<Tag> = HashSet::new();
         for info in peers {
@@ -311,6 +328,22 @@ impl Reach {
             .filter(|t| !keep.contains(t))
             .copied()
             .collect();
+        // Pings that came before their sender's record: read now (still fresh, still once).
+        self.strangers
+            .retain(|(_, _, _, at)| now_ms.saturating_sub(*at) <= STRANGER_TTL_MS);
+        let known: Vec<(SocketAddr, Vec<u8>)> = self
+            .strangers
+            .iter()
+            .filter(|(k, ..)| keep.contains(&Tag::of(k)))
+            .map(|(_, from, bytes, _)| (*from, bytes.clone()))
+            .collect();
+        self.strangers
+            .retain(|(k, ..)| !keep.contains(&Tag::of(k)));
+        for (from, bytes) in known {
+            if let Err(e) = self.on_probe(from, &bytes, now, rng, out) {
+                self.counters.refuse(e);
+            }
+        }
         for tag in gone {
             if let Some(p) = self.peers.remove(&tag) {
                 if p.emitted.is_some() {
@@ -373,11 +406,20 @@ impl Reach {
     ) -> Result<(), ReachError> {
         let hdr = wire::peek_probe(buf)?;
         let tag = Tag::of(&hdr.sender);
-        let peer = self
+        let Some(peer) = self
             .peers
             .get_mut(&tag)
             .filter(|p| p.info.key == hdr.sender)
-            .ok_or(ReachError::UnknownSender)?;
+        else {
+            if hdr.kind == Kind::Ping && buf.len() <= MAX_STRANGER_LEN {
+                if self.strangers.len() >= MAX_STRANGERS {
+                    self.strangers.pop_front();
+                }
+                self.strangers
+                    .push_back((hdr.sender, from, buf.to_vec(), now.mono_ms()));
+            }
+            return Err(ReachError::UnknownSender);
+        };
         let (hdr, body) = wire::open_probe(&peer.pair, buf)?;
         let now_ms = now.mono_ms();
         match body {

@@ -276,7 +276,7 @@ impl Thread {
             lock(t).set_members(members);
         }
         debug!(peers = peers.len(), "reach: hosts changed");
-        self.machine.set_peers(peers, now, out);
+        self.machine.set_peers(peers, now, &mut self.rng, out);
     }
 
     fn act(&mut self, out: &mut Vec<Action>, now_ms: u64) {

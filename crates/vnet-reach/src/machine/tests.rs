@@ -239,7 +239,9 @@ impl Net {
                 for i in 0..self.hosts.len() {
                     let peers = self.peers_of(i);
                     let mut out = Vec::new();
-                    self.hosts[i].reach.set_peers(peers, t, &mut out);
+                    let mut rng = std::mem::take(&mut self.rng);
+                    self.hosts[i].reach.set_peers(peers, t, &mut rng, &mut out);
+                    self.rng = rng;
                     self.act(i, out);
                 }
             }
@@ -543,4 +545,49 @@ fn stun_answers_count_only_when_asked() {
         st.candidates[0].endpoint,
         "203.0.113.9:40000".parse().unwrap()
     );
+}
+
+#[test]
+fn a_ping_before_its_senders_record_is_answered_when_the_record_comes() {
+    // b pings a before a has b's record: refused for now, answered as soon as it arrives.
+    let mut net = Net::new(&[(NatKind::None, false), (NatKind::None, false)]);
+    let b_key = PrivateKey([2; 32]);
+    let bp = b_key.public();
+    let pair = PairKey::derive(&b_key, &bp, &net.hosts[0].key).unwrap();
+    let t = now(0);
+    let mut rng = CountingRandom(99);
+    let ping = ProbeBody::Ping(Ping {
+        txid: [3; 12],
+        wall_ms: t.wall_ms,
+    });
+    let m = seal(&pair, Kind::Ping, 0, bp, &ping, 0, &mut rng);
+    let from = net.hosts[1].private;
+    let mut out = Vec::new();
+    net.hosts[0].reach.on_datagram(from, &m, t, &mut rng, &mut out);
+    assert_eq!(net.hosts[0].reach.counters.unknown_sender, 1);
+    assert!(out.is_empty());
+    let peers = net.peers_of(0);
+    net.hosts[0]
+        .reach
+        .set_peers(peers.clone(), now(100), &mut rng, &mut out);
+    let pongs = out
+        .iter()
+        .filter(|a| matches!(a, Action::Send { to, bytes } if *to == from && bytes[0] == wire::MSG_PONG))
+        .count();
+    assert_eq!(pongs, 1, "{out:?}");
+    // Once: the same datagram again is a replay, and later records read nothing more.
+    out.clear();
+    net.hosts[0].reach.on_datagram(from, &m, now(200), &mut rng, &mut out);
+    assert_eq!(net.hosts[0].reach.counters.replay, 1);
+    // A stranger's ping older than the TTL is not read when the key arrives.
+    let mut net = Net::new(&[(NatKind::None, false), (NatKind::None, false)]);
+    let mut out = Vec::new();
+    net.hosts[0].reach.on_datagram(from, &m, t, &mut rng, &mut out);
+    let peers = net.peers_of(0);
+    net.hosts[0]
+        .reach
+        .set_peers(peers, now(STRANGER_TTL_MS + 1), &mut rng, &mut out);
+    assert!(!out
+        .iter()
+        .any(|a| matches!(a, Action::Send { bytes, .. } if bytes[0] == wire::MSG_PONG)));
 }
