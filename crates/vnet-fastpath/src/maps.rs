@@ -172,9 +172,11 @@ macro_rules! maps {
                 s.push_str(&format!(
                     "map {} {} {} {} {}\n",
                     stringify!($name),
-                    <$k as BpfType>::C_NAME.unwrap_or(stringify!($k)),
+                    // A plain type by its size alone (how `stringify!` spaces a type is
+                    // the compiler's choice, not the layout's).
+                    <$k as BpfType>::C_NAME.unwrap_or("-"),
                     std::mem::size_of::<$k>(),
-                    <$v as BpfType>::C_NAME.unwrap_or(stringify!($v)),
+                    <$v as BpfType>::C_NAME.unwrap_or("-"),
                     std::mem::size_of::<$v>(),
                 ));
             )*
