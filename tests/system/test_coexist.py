@@ -295,7 +295,8 @@ LEGACY_COMMIT = "bdb276f"
 @pytest.fixture(scope="module")
 def legacy_vnetd():
     """A vnetd from before instances: ``VNETD_LEGACY``, or built once from LEGACY_COMMIT (its
-    tree from git, its own target directory under target/, kept for later runs)."""
+    tree from git, a target directory of its own under target/; about 20 minutes on 2 busy
+    cores): the binary is kept there for later runs."""
     given = os.environ.get("VNETD_LEGACY")
     if given:
         return Path(given)
@@ -319,6 +320,8 @@ def legacy_vnetd():
         shutil.copy(out / "build" / "release" / "vnetd", binary)
     finally:
         shutil.rmtree(src, ignore_errors=True)
+        # Only the binary is kept (the build directory is over a gigabyte).
+        shutil.rmtree(out / "build", ignore_errors=True)
     return binary
 
 
