@@ -135,12 +135,12 @@ def test_package_installs_and_starts(lab, deb, record):
     assert "--token-file" in argv and "/etc/vnet/token" in argv
     h = lab.host("pkg")
     h.token_file = token
-    if Path("/sys/fs/bpf/vnet").exists():
-        pytest.skip("/sys/fs/bpf/vnet exists: a vnet runs on this machine, and the installed daemon "
-                    "of this test would share its pins")
     proc = None
+    pins = None
     try:
         proc = start_installed(lab, h, root, argv)
+        pins = pin_dir(root)
+        assert pins.is_dir(), f"the installed vnetd pinned nothing at {pins}"
         assert "to-b" in h.ctl("show", "links")
         assert "link add to-b udp 10.99.0.9" in h.ctl("show", "config")
         # Without the token, the control port refuses.
@@ -156,7 +156,13 @@ def test_package_installs_and_starts(lab, deb, record):
         # A stop leaves the overlay for the next vnetd: this one is the last.
         teardown_installed(h, root)
     assert proc.returncode == 0, (lab.workdir / "vnetd-installed.log").read_text()[-3000:]
-    assert not Path("/sys/fs/bpf/vnet").exists()
+    assert pins is not None and not pins.exists()
+
+
+def pin_dir(root: Path) -> Path:
+    """Where the installed vnetd pinned its fast path (its own directory in bpffs, named by
+    its instance and network namespace: its state directory says which)."""
+    return Path(json.loads((root / "var/lib/vnet/host.json").read_text())["bpf_dir"])
 
 
 def teardown_installed(h, root: Path, check: bool = True) -> None:
@@ -237,10 +243,6 @@ def test_upgrade_by_a_rebuilt_deb_loses_nothing(lab, deb, rebuilt_deb, record):
     goes on, the guests keep their devices. Then removing the package takes the overlay away
     (its prerm tears down), and a purge deletes the token and the state."""
     from test_restart import Pinger, Stream, ifindex, addresses
-    pins = Path("/sys/fs/bpf/vnet")
-    if pins.exists():
-        pytest.skip(f"{pins} exists: a vnet runs on this machine, and the installed daemon of "
-                    "this test would share its pins")
     root = lab.workdir / "root"
     root.mkdir()
     extract(deb, root)
@@ -272,7 +274,8 @@ route add any {b1.mac} link peer
         for g in (a1, a2):
             lab.wait_ping(g, b1.ip_addr, timeout=10)
         assert A.interface("vm-a1")["path"] == "kernel"
-        assert pins.is_dir(), "the installed vnetd pinned nothing"
+        pins = pin_dir(root)
+        assert pins.is_dir(), f"the installed vnetd pinned nothing at {pins}"
         devs = {g.name: (ifindex(g, A.interface(n)["ifname"]), addresses(g, A.interface(n)["ifname"]))
                 for g, n in ((a1, "vm-a1"), (a2, "cni-a2"))}
         pings = [Pinger(a1, b1.ip_addr), Pinger(b1, a2.ip_addr)]
@@ -305,6 +308,7 @@ route add any {b1.mac} link peer
         assert after == devs, "a guest's device was replaced"
         log = (lab.workdir / "vnetd-installed.log").read_text()
         assert "takeover complete written=0 deleted=0" in log, log[-3000:]
+        assert pin_dir(root) == pins, "the upgraded vnetd pinned elsewhere"
     except BaseException:
         if proc is not None:
             netlab.stop_pid(proc)

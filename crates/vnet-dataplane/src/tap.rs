@@ -32,8 +32,8 @@ const IFF_MULTI_QUEUE: i16 = libc::IFF_MULTI_QUEUE as i16;
 
 static NO_USO_LOGGED: AtomicBool = AtomicBool::new(false);
 
-/// An open TAP device. vnetd's own TAPs are persistent (`TUNSETPERSIST`) and carry the alias
-/// `vnet:NAME` ([`crate::made`]): closing them leaves the device (the guest keeps its NIC and
+/// An open TAP device. vnetd's own TAPs are persistent (`TUNSETPERSIST`) and carry its alias
+/// `vnet:INSTANCE:NAME` ([`crate::made`]): closing them leaves the device (the guest keeps its NIC and
 /// addresses across a restart; a TAP without a reader has no carrier); [`Tap::remove`] deletes
 /// it. A TAP someone else made is attached to and never removed.
 #[derive(Debug)]
@@ -45,7 +45,7 @@ pub struct Tap {
     vnet_hdr: bool,
     /// vnetd made it (persistent, with its alias).
     made: bool,
-    /// It was there already: a TAP an earlier vnetd made, adopted.
+    /// It was there already: a TAP an earlier run of this vnetd made, adopted.
     adopted: bool,
 }
 
@@ -91,55 +91,79 @@ fn set_offload(fd: RawFd) -> io::Result<()> {
 /// What is at the TAP's name in its namespace before vnetd opens it.
 enum Found {
     Nothing,
-    /// A TAP vnetd made for this interface (an earlier run's): adopted.
-    Ours,
+    /// A TAP this vnetd made for this interface (an earlier run's): adopted (and marked
+    /// anew when its alias is of the old format).
+    Ours {
+        mark: bool,
+    },
     /// A TAP someone else made: attached to, never removed.
     Foreign,
-    /// Another kind of device vnetd made for this interface (a veth from a run with the
+    /// Another kind of device this vnetd made for this interface (a veth from a run with the
     /// kernel fast path): removed first.
     OursOtherKind(u32),
 }
 
+/// Whose the device `l` is, for interface `iface`: recorded (an old-format alias) at its name
+/// now or at the name the interface asks for (a guest may have renamed it since).
+fn whose_tap<'a>(
+    me: &made::Owner,
+    iface: &Interface,
+    l: &'a crate::netlink::LinkDesc,
+) -> made::Whose<'a> {
+    let at = made::MadeDevice::new(iface.netns.as_deref(), &l.name);
+    let asked = made::MadeDevice::new(iface.netns.as_deref(), &iface.ifname);
+    me.whose(l.alias.as_deref(), &[&at, &asked])
+}
+
 /// Opens the TAP's queues and sets it up, in the thread's current namespace (the caller
 /// runs it inside the interface's namespace).
-fn open_here(iface: &Interface, flags: i16) -> io::Result<(Vec<File>, String, bool, bool)> {
+fn open_here(
+    iface: &Interface,
+    flags: i16,
+    me: &made::Owner,
+) -> io::Result<(Vec<File>, String, bool, bool)> {
     let mut nl = Rtnl::open()?;
-    let mine = made::alias(&iface.name);
-    // By its name, or else by vnet's alias: a guest may have renamed its NIC (a CNI plugin
-    // renames it to the container's eth0).
+    let mine = me.alias(&iface.name);
+    // By its name, or else by this vnetd's alias: a guest may have renamed its NIC (a CNI
+    // plugin renames it to the container's eth0).
     let at_name = nl.link(&iface.ifname)?;
     let existing = match at_name {
         Some(l) => Some(l),
         None => nl.links()?.into_iter().find(|l| {
-            l.kind.as_deref() == Some("tun") && l.alias.as_deref() == Some(mine.as_str())
+            l.kind.as_deref() == Some("tun")
+                && whose_tap(me, iface, l).mine() == Some(iface.name.as_str())
         }),
     };
     let found = match &existing {
         None => Found::Nothing,
-        Some(l) => match (l.kind.as_deref(), l.alias.as_deref()) {
-            (Some("tun"), a) if a == Some(mine.as_str()) => Found::Ours,
-            (Some("tun"), a) if made::owner(a).is_some() => {
+        Some(l) => match (l.kind.as_deref(), whose_tap(me, iface, l)) {
+            (Some("tun"), w) if w.mine() == Some(iface.name.as_str()) => Found::Ours {
+                mark: me.needs_mark(l.alias.as_deref(), &iface.name),
+            },
+            (Some("tun"), made::Whose::NotVnet) => Found::Foreign,
+            (Some("tun"), w) => {
                 return Err(io::Error::new(
                     io::ErrorKind::AlreadyExists,
-                    format!(
-                        "TAP {} belongs to vnet interface {}",
-                        iface.ifname,
-                        made::owner(a).unwrap_or_default()
-                    ),
+                    format!("TAP {} is {}", iface.ifname, w.describe()),
                 ))
             }
-            (Some("tun"), _) => Found::Foreign,
-            (_, a) if a == Some(mine.as_str()) => Found::OursOtherKind(l.index),
-            _ => {
+            (_, w) if w.mine() == Some(iface.name.as_str()) => Found::OursOtherKind(l.index),
+            (_, made::Whose::NotVnet) => {
                 return Err(io::Error::new(
                     io::ErrorKind::AlreadyExists,
                     format!("device {} exists and is not a TAP", iface.ifname),
                 ))
             }
+            (_, w) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("device {} exists and is {}", iface.ifname, w.describe()),
+                ))
+            }
         },
     };
     let name = match (&found, &existing) {
-        (Found::Ours | Found::Foreign, Some(l)) => l.name.clone(),
+        (Found::Ours { .. } | Found::Foreign, Some(l)) => l.name.clone(),
         _ => iface.ifname.clone(),
     };
     if let Found::OursOtherKind(index) = found {
@@ -163,6 +187,8 @@ fn open_here(iface: &Interface, flags: i16) -> io::Result<(Vec<File>, String, bo
     if created {
         set_persist(queues[0].as_raw_fd(), true)
             .map_err(|e| io::Error::new(e.kind(), format!("TUNSETPERSIST {name}: {e}")))?;
+    }
+    if created || matches!(found, Found::Ours { mark: true }) {
         nl.set_alias(l.index, &mine)?;
     }
     // Only what differs is set: an adopted TAP keeps its state (its addresses above all).
@@ -175,10 +201,11 @@ fn open_here(iface: &Interface, flags: i16) -> io::Result<(Vec<File>, String, bo
             .map_err(|e| io::Error::new(e.kind(), format!("set MTU of {name}: {e}")))?;
     }
     // A TAP it adopts keeps its administrative state; a new or foreign one is brought up.
-    if !matches!(found, Found::Ours) {
+    let adopted = matches!(found, Found::Ours { .. });
+    if !adopted {
         nl.set_up(l.index, true)?;
     }
-    Ok((queues, name, made, matches!(found, Found::Ours)))
+    Ok((queues, name, made, adopted))
 }
 
 impl Tap {
@@ -196,12 +223,13 @@ impl Tap {
         // The device is created (or found) in the namespace of the thread that opens the
         // clone device: the queues are opened inside the interface's namespace, and work from
         // any thread afterwards.
+        let me = made::owner();
         let (queues, ifname, made, adopted) = match iface.netns.as_deref() {
-            None => open_here(iface, flags)?,
+            None => open_here(iface, flags, &me)?,
             Some(ns) => {
                 let ns = netns::open_netns(ns)?;
                 let i = iface.clone();
-                netns::in_netns(&ns, move || open_here(&i, flags))?
+                netns::in_netns(&ns, move || open_here(&i, flags, &me))?
             }
         };
         if adopted {

@@ -1,6 +1,9 @@
 //! The programs on devices: tcx links, pinned by a name that says which program on which
 //! device, so a later vnetd finds them ([`held_links`]) and swaps its programs into them
-//! instead of detaching (frames flow throughout); the underlay devices' attachments.
+//! instead of detaching (frames flow throughout); the underlay devices' attachments. A device
+//! is named by its ifindex, which means something in one network namespace only (a tcx link
+//! says no more of itself): the pin directory is one namespace's (vnetd names it by the
+//! namespace's cookie, `pin.rs`), so a link found there is on this namespace's device.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, OwnedFd};

@@ -49,6 +49,8 @@ pub(crate) struct LinkState {
 /// The pin directory and what an earlier vnetd left in it.
 pub(crate) struct Pins {
     pub dir: PathBuf,
+    /// The directory of the maps in it, named by their layout's hash (`maps-HASH`).
+    pub maps_dir: String,
     /// The earlier vnetd's state (empty when there was none), taken back as ports and links
     /// attach.
     pub earlier: Earlier,
@@ -63,7 +65,7 @@ pub(crate) struct Pins {
 
 impl Pins {
     pub fn map_path(&self, name: &str) -> PathBuf {
-        self.dir.join("maps").join(name)
+        self.dir.join(&self.maps_dir).join(name)
     }
 
     pub fn link_path(&self, name: &str) -> PathBuf {

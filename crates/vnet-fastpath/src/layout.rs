@@ -110,6 +110,14 @@ macro_rules! bpf_layout {
             }
         )*
 
+        /// Every constant of the interface, by name (for the layout's hash).
+        pub const CONSTS: &[(&str, u64)] = &[$( (stringify!($cname), ($cval) as u64), )*];
+
+        /// Every value of the enums: (enum, name, value) (for the layout's hash).
+        pub const ENUM_VALUES: &[(&str, &str, usize)] = &[$( $(
+            (stringify!($ename), stringify!($vname), $vval),
+        )* )*];
+
         /// Every struct of the interface as Rust lays it out (for the check against BTF).
         pub const STRUCTS: &[StructLayout] = &[$(
             StructLayout {
@@ -171,6 +179,59 @@ macro_rules! bpf_layout {
 include!("layout_def.rs");
 
 const _: () = assert!(counter::COUNT.is_power_of_two() && global::COUNT.is_power_of_two());
+
+/// The layout in words, one line per struct field, constant and enum value, with `maps` (which
+/// map holds which types, `maps.rs`) after them: what a map pinned by one version of vnet
+/// means to another. Comments and names of no field are left out, so only a change to what
+/// the bytes mean changes it.
+pub fn signature(maps: &str) -> String {
+    let mut s = String::new();
+    for st in STRUCTS {
+        s.push_str(&format!("struct {} {}\n", st.c_name, st.size));
+        for f in st.fields {
+            s.push_str(&format!(" {} {} {}\n", f.name, f.offset, f.size));
+        }
+    }
+    for (name, value) in CONSTS {
+        s.push_str(&format!("const {name} {value}\n"));
+    }
+    for (e, name, value) in ENUM_VALUES {
+        s.push_str(&format!("enum {e} {name} {value}\n"));
+    }
+    s.push_str(maps);
+    s
+}
+
+/// The layout's hash (FNV-1a, 64 bits, of [`signature`]): in the name of the directory the
+/// maps are pinned in, so a vnet of another layout never reuses them (issue #32).
+pub fn layout_hash(maps: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in signature(maps).bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The hash of the layout every vnet had before pinned maps carried one (they are in `maps/`,
+/// with no hash): such maps are reused only by a vnet whose layout hashes the same.
+pub const UNHASHED_LAYOUT: u64 = 0x7260_971b_887a_e19d;
+
+/// Where a pin directory's maps of layout `hash` are: `maps-HASH`.
+pub fn maps_dir_name(hash: u64) -> String {
+    format!("maps-{hash:016x}")
+}
+
+/// The directories of a pin directory whose maps a vnet of layout `hash` may reuse, best
+/// first: its own, then `maps/` (pinned by a vnet from before the hash) when its layout is
+/// the one every such vnet had.
+pub fn reusable_maps_dirs(hash: u64) -> Vec<String> {
+    let mut v = vec![maps_dir_name(hash)];
+    if hash == UNHASHED_LAYOUT {
+        v.push("maps".to_string());
+    }
+    v
+}
 
 /// An action word: kind in the top byte, slot below.
 pub fn action(kind: u32, slot: u32) -> u32 {
@@ -305,6 +366,30 @@ mod tests {
         assert!(h.contains("#define ACT_SHIFT 24u\n"));
         assert!(h.contains("\tC_RX_FRAMES = 0,\n"));
         assert!(h.starts_with("/* Generated") && h.ends_with("#endif\n"));
+    }
+
+    #[test]
+    fn the_hash_follows_what_the_bytes_mean() {
+        let h = layout_hash("map ports\n");
+        assert_eq!(h, layout_hash("map ports\n"), "stable");
+        assert_ne!(h, layout_hash("map ports2\n"), "the maps are part of it");
+        let sig = signature("");
+        assert!(sig.contains("struct port_val 32\n slot 0 4\n"), "{sig}");
+        assert!(sig.contains("const ACT_SHIFT 24\n"));
+        assert!(sig.contains("enum vnet_counter RX_FRAMES 0\n"));
+        assert!(!sig.contains("//"), "comments are not the layout");
+    }
+
+    #[test]
+    fn unhashed_maps_are_reused_only_under_the_layout_they_had() {
+        assert_eq!(
+            reusable_maps_dirs(UNHASHED_LAYOUT),
+            vec![maps_dir_name(UNHASHED_LAYOUT), "maps".to_string()]
+        );
+        assert_eq!(
+            reusable_maps_dirs(1),
+            vec!["maps-0000000000000001".to_string()]
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::attach::held_links;
 use crate::compile::CompiledTable;
 use crate::error::{Error, Unavailable};
 use crate::fastpath::{FastPath, OuterCacheInvalidator, Pins};
+use crate::layout;
 use crate::maps::{open_maps, FastpathSkelBuilder, Maps};
 use crate::pin;
 use crate::progs::{self, Progs};
@@ -102,8 +103,10 @@ impl FastPath {
     }
 
     fn load(cfg: &FastPathConfig) -> Result<FastPath, libbpf_rs::Error> {
+        let hash = layout::layout_hash(&crate::maps::signature());
+        let maps_dir = layout::maps_dir_name(hash);
         let pin_dir = cfg.pin_dir.as_ref().and_then(|d| {
-            match pin::ensure_dir(&d.join("maps")).and_then(|()| pin::ensure_dir(&d.join("links"))) {
+            match pin::ensure_dir(&d.join(&maps_dir)).and_then(|()| pin::ensure_dir(&d.join("links"))) {
                 Ok(()) => Some(d.clone()),
                 Err(e) => {
                     tracing::warn!(dir = %d.display(), "kernel fast path: cannot pin ({e}): forwarding stops whenever vnetd does");
@@ -128,29 +131,43 @@ impl FastPath {
                 m.set_max_entries(*n)?;
             }
         }
-        // An earlier vnetd's pinned maps are reused when every one is there with the layout
-        // and size this object asks for; otherwise the maps are new (and the earlier ones go
-        // once the links run programs that use the new ones).
+        // An earlier vnetd's pinned maps are reused when they are of this layout (the hash in
+        // their directory's name, or the layout of every vnet before the hash for `maps/`) and
+        // every one is there with the type and size this object asks for; otherwise the maps
+        // are new (and the earlier ones go once the links run programs that use the new ones).
         let mut reused = false;
         if let Some(dir) = &pin_dir {
-            let mut found = Vec::new();
-            for (name, m, _) in &maps {
-                let Ok(h) = MapHandle::from_pinned_path(dir.join("maps").join(name)) else {
-                    continue;
-                };
-                let same = h.map_type() == m.map_type()
-                    && h.key_size() == m.key_size()
-                    && h.value_size() == m.value_size()
-                    && h.max_entries() == m.max_entries()
-                    && h.info().is_ok_and(|i| i.info.map_flags == m.map_flags());
-                found.push((*name, h, same));
-            }
-            if found.len() == maps.len() && found.iter().all(|(_, _, same)| *same) {
-                for ((_, m, _), (_, h, _)) in maps.iter_mut().zip(&found) {
-                    m.reuse_fd(h.as_fd())?;
+            let mut other = false;
+            for sub in layout::reusable_maps_dirs(hash) {
+                let mut found = Vec::new();
+                for (name, m, _) in &maps {
+                    let Ok(h) = MapHandle::from_pinned_path(dir.join(&sub).join(name)) else {
+                        continue;
+                    };
+                    let same = h.map_type() == m.map_type()
+                        && h.key_size() == m.key_size()
+                        && h.value_size() == m.value_size()
+                        && h.max_entries() == m.max_entries()
+                        && h.info().is_ok_and(|i| i.info.map_flags == m.map_flags());
+                    found.push((*name, h, same));
                 }
-                reused = true;
-            } else if !found.is_empty() {
+                if found.len() == maps.len() && found.iter().all(|(_, _, same)| *same) {
+                    for ((_, m, _), (_, h, _)) in maps.iter_mut().zip(&found) {
+                        m.reuse_fd(h.as_fd())?;
+                    }
+                    reused = true;
+                    if sub != maps_dir {
+                        // Pinned before the hash: moved to where this layout's maps are.
+                        if let Err(e) = pin::move_maps(dir, &sub, &maps_dir) {
+                            tracing::warn!(dir = %dir.display(), "kernel fast path: the maps stay in {sub}: {e}");
+                        }
+                    }
+                    break;
+                }
+                other |= !found.is_empty();
+            }
+            other |= !reused && pin::other_maps_dirs(dir, &maps_dir).next().is_some();
+            if other {
                 tracing::warn!(
                     "kernel fast path: the pinned maps are of another layout or size (another version of vnet, or changed --fastpath-* sizes): new maps, filled before the programs switch to them"
                 );
@@ -189,6 +206,7 @@ impl FastPath {
             }
             Pins {
                 dir,
+                maps_dir,
                 earlier,
                 held,
                 holding,
@@ -220,7 +238,8 @@ impl FastPath {
         Ok(fp)
     }
 
-    /// Pins the maps (replacing an earlier vnetd's pins of other maps).
+    /// Pins the maps (replacing an earlier vnetd's pins of other maps), then lets go of the
+    /// pins of maps of another layout (no program uses them any more).
     pub(crate) fn pin_maps(&mut self) -> std::io::Result<()> {
         let Some(p) = &mut self.pins else {
             return Ok(());
@@ -229,6 +248,12 @@ impl FastPath {
             pin::pin(m.as_fd(), &p.map_path(name))?;
         }
         p.maps_to_pin = false;
+        let others: Vec<_> = pin::other_maps_dirs(&p.dir, &p.maps_dir).collect();
+        for d in others {
+            if let Err(e) = pin::remove_dir(&d) {
+                tracing::warn!(dir = %d.display(), "kernel fast path: the maps of another layout stay pinned: {e}");
+            }
+        }
         Ok(())
     }
 

@@ -164,6 +164,25 @@ macro_rules! maps {
             vec![$( (stringify!($name), &mut m.$name, size_of($size)), )*]
         }
 
+        /// Which map holds which types, one line each (part of the layout's hash: a map that
+        /// changed its key or value means other bytes even at the same sizes).
+        pub(crate) fn signature() -> String {
+            let mut s = String::new();
+            $(
+                s.push_str(&format!(
+                    "map {} {} {} {} {}\n",
+                    stringify!($name),
+                    // A plain type by its size alone (how `stringify!` spaces a type is
+                    // the compiler's choice, not the layout's).
+                    <$k as BpfType>::C_NAME.unwrap_or("-"),
+                    std::mem::size_of::<$k>(),
+                    <$v as BpfType>::C_NAME.unwrap_or("-"),
+                    std::mem::size_of::<$v>(),
+                ));
+            )*
+            s
+        }
+
         /// (name, key size, key struct, value size, value struct) as Rust declares them.
         #[cfg(test)]
         const DECLARED: &[(&str, usize, Option<&str>, usize, Option<&str>)] = &[$(
@@ -345,6 +364,21 @@ mod tests {
             errs.is_empty(),
             "the BPF object and src/layout.rs / src/maps.rs disagree:\n{}",
             errs.join("\n")
+        );
+    }
+
+    #[test]
+    fn the_layout_is_the_one_unhashed_maps_have() {
+        // Maps pinned by a vnet from before the layout hash (in `maps/`) are reused only while
+        // the layout is the one those versions had. A change of src/layout_def.rs or of the
+        // maps! table makes this fail: then the older vnets' maps are of another layout (a
+        // takeover from one starts with new maps), and this test goes, UNHASHED_LAYOUT stays.
+        let h = crate::layout::layout_hash(&signature());
+        assert_eq!(
+            h,
+            crate::layout::UNHASHED_LAYOUT,
+            "layout hash {h:#018x}:\n{}",
+            crate::layout::signature(&signature())
         );
     }
 

@@ -5,6 +5,13 @@
 //! programs into the links (`BPF_LINK_UPDATE`, atomic per link) and goes on writing the same
 //! maps. The same design as Cilium's agent (maps and programs pinned, taken over on restart).
 //!
+//! A pin directory is one daemon's (issue #32): vnetd names it by its instance and its network
+//! namespace (a tcx link's device is an ifindex, which means something in one namespace only),
+//! and the maps in it sit in `maps-HASH`, HASH their layout's ([`crate::layout::layout_hash`]).
+//! A teardown removes a directory only when it looks as vnet makes them
+//! ([`not_a_pin_dir`]). A bpffs that is the process's own (a private mount namespace) dies with
+//! it, and the pins with it: said at warning level.
+//!
 //! The thin, unsafe layer over libbpf's object calls is here, each call with its reason
 //! (with the `kernel` feature; the bpffs directory calls, which a teardown needs, are always
 //! here).
@@ -14,7 +21,8 @@ use std::io;
 #[cfg(feature = "kernel")]
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 /// The magic number of bpffs (`BPF_FS_MAGIC`).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -39,10 +47,42 @@ pub fn is_bpffs(path: &Path) -> bool {
     r == 0 && st.f_type as i64 == BPF_FS_MAGIC
 }
 
+/// The inode of a process's mount namespace (`None`: not readable, as PID 1's in some
+/// sandboxes).
+fn mnt_ns(pid: &str) -> Option<u64> {
+    std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// Whether the bpffs at `root` is this process's own rather than the host's: its mount
+/// namespace is not PID 1's (or cannot be told from it) and it mounted the bpffs itself, or the
+/// bpffs is another filesystem than the one PID 1 sees there. Pins in such a bpffs go when
+/// the mount namespace goes (`ip netns exec`'s, a container's).
+pub fn private_bpffs(root: &Path, mounted_here: bool) -> bool {
+    let (me, init) = (mnt_ns("self"), mnt_ns("1"));
+    if me.is_some() && me == init {
+        return false;
+    }
+    if mounted_here {
+        return true;
+    }
+    let rel = root.strip_prefix("/").unwrap_or(root);
+    match (
+        std::fs::metadata(root),
+        std::fs::metadata(Path::new("/proc/1/root").join(rel)),
+    ) {
+        (Ok(a), Ok(b)) => a.dev() != b.dev(),
+        _ => false,
+    }
+}
+
 /// Makes sure `dir` exists on a bpffs: mounts bpffs at /sys/fs/bpf when nothing is mounted
 /// there (as systemd does at boot, and Cilium's agent where it did not), then creates `dir`.
+/// Says at warning level when the bpffs is this process's own ([`private_bpffs`]).
 pub fn ensure_dir(dir: &Path) -> io::Result<()> {
     let root = Path::new(BPFFS);
+    let mut mounted = false;
     if dir.starts_with(root) && !is_bpffs(root) {
         std::fs::create_dir_all(root)?;
         let (src, fstype) = (CString::new("bpf")?, CString::new("bpf")?);
@@ -64,6 +104,14 @@ pub fn ensure_dir(dir: &Path) -> io::Result<()> {
                 format!("no bpffs at {BPFFS} and mounting one failed: {e}"),
             ));
         }
+        mounted = true;
+    }
+    if dir.starts_with(root) && private_bpffs(root, mounted) {
+        tracing::warn!(
+            "the bpffs at {BPFFS} is this vnetd's own{} (a private mount namespace: `ip netns exec`, a container without the host's {BPFFS}): the pinned kernel fast path will not outlive this vnetd, and the next one starts it afresh (guests lose frames across a restart). Give vnetd the host's {BPFFS} (`nsenter --net` instead of `ip netns exec`; a container: bind-mount {BPFFS})",
+            if mounted { ", mounted now" } else { "" }
+        );
+    } else if mounted {
         tracing::info!("mounted bpffs at {BPFFS}");
     }
     std::fs::create_dir_all(dir)?;
@@ -187,6 +235,89 @@ pub fn prog_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
     // length it is given.
     let info = unsafe { info_by_fd(fd, libbpf_sys::bpf_prog_get_info_by_fd)? };
     Ok(info.id)
+}
+
+/// The identity of this process's network namespace: its cookie (`SO_NETNS_COOKIE`, never
+/// reused while the machine runs, as pins are not kept across a reboot).
+pub fn netns_cookie() -> io::Result<u64> {
+    let sock = std::os::unix::net::UnixDatagram::unbound()?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SO_NETNS_COOKIE (linux/asm-generic/socket.h), Linux 5.14.
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    // SAFETY: a valid socket; `cookie` has `len` bytes for the kernel to write a u64 into.
+    let r = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&sock),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// What a pin directory holds at its top (`maps-HASH` of each layout, `maps` of vnets from
+/// before the hash, `links`): whether `name` is one of them.
+pub fn is_pin_entry(name: &str) -> bool {
+    name == "links" || name == "maps" || name.starts_with("maps-")
+}
+
+/// The directories of maps in `dir` other than `own` (maps of another layout).
+pub fn other_maps_dirs<'a>(dir: &Path, own: &'a str) -> impl Iterator<Item = PathBuf> + 'a {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(move |e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n != own && n != "links" && is_pin_entry(n))
+        })
+        .map(|e| e.path())
+}
+
+/// Moves the maps pinned in `dir/from` to `dir/to` (an empty or absent directory): the maps
+/// stay the same objects.
+pub fn move_maps(dir: &Path, from: &str, to: &str) -> io::Result<()> {
+    std::fs::rename(dir.join(from), dir.join(to))
+}
+
+/// Why `dir` is not a pin directory as vnet makes them (`None`: it is one, or there is nothing
+/// there): on a bpffs, a directory and not a link to one, holding nothing but `maps*` and
+/// `links` directories. A teardown removes nothing else, whatever a state file names.
+pub fn not_a_pin_dir(dir: &Path) -> Option<String> {
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Err(e) => return Some(format!("cannot look at it: {e}")),
+    };
+    if meta.file_type().is_symlink() {
+        return Some("it is a symbolic link".into());
+    }
+    if !meta.is_dir() {
+        return Some("it is not a directory".into());
+    }
+    if !is_bpffs(dir) {
+        return Some("it is not on a bpffs".into());
+    }
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) => return Some(format!("cannot list it: {e}")),
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir || !is_pin_entry(&name) {
+            return Some(format!("it holds {name:?}, which vnet does not pin"));
+        }
+    }
+    None
 }
 
 /// Removes a pin directory and everything pinned in it (a teardown).

@@ -328,13 +328,16 @@ fn start_http(
 fn teardown_offline(args: &Args) -> Result<()> {
     let state = StateDir::open(&args.state_dir)
         .context("teardown (a running vnetd tears down with `vnetctl teardown`)")?;
-    let resources = state.resources()?;
+    let (resources, instance) = identify(&state)?;
     let removed = remove_made(&resources, &[])?;
-    let bpf = resources
-        .bpf_dir
-        .clone()
-        .unwrap_or_else(|| state::bpf_dir_for(&args.state_dir));
-    vnet_dataplane::kernel::remove_pinned(&bpf);
+    // This instance's pins in this namespace, and wherever host.json says they are (a daemon
+    // in a chroot, another mount or network namespace), each only if it is vnet's.
+    let legacy = state::legacy_pin_dir(&args.state_dir);
+    let own = state::pin_dir(instance, state::netns_id());
+    remove_pin_dir(&own, instance, &legacy);
+    if let Some(d) = resources.bpf_dir.as_ref().filter(|d| **d != own) {
+        remove_pin_dir(d, instance, &legacy);
+    }
     // The programs are gone: no device keeps forwarding for them.
     if resources.netns.is_none() || resources.netns == state::netns_inode() {
         for o in resources.forwarding_originals() {
@@ -347,8 +350,90 @@ fn teardown_offline(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// Removes the devices an earlier vnetd made (`resources.made`, and any device of this
-/// namespace with a vnet alias) except `keep`, what this one has adopted. Returns how many.
+/// Who this vnetd is (issue #32): its state directory's instance, and what an earlier vnetd
+/// of it recorded (`host.json`, set aside when damaged). Sets the process's owner of devices
+/// (`made::set_owner`): the instance, and the devices recorded as made here, which it may
+/// adopt when they carry the alias of a vnetd from before instances (an upgrade).
+fn identify(state: &StateDir) -> Result<(state::Resources, vnet_dataplane::made::Instance)> {
+    let (instance, note) = state.instance()?;
+    if let Some(n) = note {
+        warn!("{n}");
+    }
+    let (resources, note) = state.resources_or_set_aside()?;
+    if let Some(n) = note {
+        warn!("{n}");
+    }
+    let here = resources.netns.is_none() || resources.netns == state::netns_inode();
+    let recorded = resources
+        .made
+        .iter()
+        .filter(|_| here)
+        .map(|(netns, ifname)| vnet_dataplane::made::MadeDevice::new(netns.as_deref(), ifname));
+    vnet_dataplane::made::set_owner(vnet_dataplane::made::Owner::new(instance, recorded));
+    Ok((resources, instance))
+}
+
+/// Removes a pin directory of this state directory's (by its name: `state::pin_dir_name`)
+/// that holds only what vnet pins on a bpffs (`pin::not_a_pin_dir`); anything else that a
+/// state file names is left alone, and said so.
+fn remove_pin_dir(
+    dir: &std::path::Path,
+    instance: vnet_dataplane::made::Instance,
+    legacy: &std::path::Path,
+) {
+    let mut why: Vec<String> = vnet_fastpath::pin::not_a_pin_dir(dir).into_iter().collect();
+    if let state::PinDirName::Foreign(w) = state::pin_dir_name(dir, instance, legacy) {
+        why.push(w);
+    }
+    if !why.is_empty() {
+        warn!(dir = %dir.display(), "not removing {}: {}", dir.display(), why.join("; "));
+    } else if dir.exists() {
+        vnet_dataplane::kernel::remove_pinned(dir);
+    }
+}
+
+/// Moves the pins of a vnetd from before instances (`host.json` names the directory it used
+/// for this state directory, in this network namespace) to this instance's directory, so the
+/// takeover finds them there: frames go on flowing, the pins are the same objects.
+fn adopt_legacy_pins(
+    earlier: &state::Resources,
+    here: bool,
+    state_dir: &std::path::Path,
+    instance: vnet_dataplane::made::Instance,
+    pin_dir: &std::path::Path,
+) {
+    let Some(old) = &earlier.bpf_dir else {
+        return;
+    };
+    let legacy = state::legacy_pin_dir(state_dir);
+    if !here
+        || old == pin_dir
+        || state::pin_dir_name(old, instance, &legacy) != state::PinDirName::Legacy
+        || !old.exists()
+    {
+        return;
+    }
+    if let Some(why) = vnet_fastpath::pin::not_a_pin_dir(old) {
+        warn!(dir = %old.display(), "the pins of the vnetd before this version are left where they are: {why}");
+        return;
+    }
+    if pin_dir.exists() {
+        warn!(dir = %old.display(), own = %pin_dir.display(), "the pins of the vnetd before this version are left where they are: this vnetd's pin directory exists already");
+        return;
+    }
+    match std::fs::rename(old, pin_dir) {
+        Ok(()) => {
+            info!(from = %old.display(), to = %pin_dir.display(), "the pins of the vnetd before this version moved to this vnetd's pin directory")
+        }
+        Err(e) => {
+            warn!(dir = %old.display(), "the pins of the vnetd before this version could not be moved to {}: {e}", pin_dir.display())
+        }
+    }
+}
+
+/// Removes the devices an earlier run of this vnetd made (`resources.made`, and any device of
+/// this namespace with its alias) except `keep`, what this one has adopted: only devices
+/// whose alias says they are this vnetd's (`made::remove_leftover`). Returns how many.
 fn remove_made(
     resources: &state::Resources,
     keep: &[vnet_dataplane::made::MadeDevice],
@@ -375,7 +460,7 @@ fn remove_made(
     for d in candidates.iter().filter(|d| !keep.contains(d)) {
         match remove_leftover(d) {
             Ok(true) => {
-                info!(device = %d.ifname, netns = ?d.netns, "removed a device vnet made that no interface uses any more");
+                info!(device = %d.ifname, netns = ?d.netns, "removed a device this vnetd made that no interface uses any more");
                 n += 1;
             }
             Ok(false) => {}
@@ -406,9 +491,11 @@ fn run(args: Args) -> Result<()> {
     let mut etcd = etcd_setup(&args, key.as_ref().map(|k| k.public()))?;
     // The lock first: a second vnetd stops here, before it touches anything.
     let state = StateDir::open(&args.state_dir)?;
-    let mut resources = state.resources()?;
+    let (mut resources, instance) = identify(&state)?;
     let netns = state::netns_inode();
-    if resources.netns.is_some() && resources.netns != netns {
+    let here = resources.netns.is_none() || resources.netns == netns;
+    info!(%instance, "this vnetd's instance (in its devices' alias and its pin directory)");
+    if !here {
         warn!(state_dir = %args.state_dir.display(), "the state directory was last used in another network namespace: none of its devices are here; restoring its configuration only");
         resources.made.clear();
         resources.etcd_lease = None;
@@ -478,7 +565,8 @@ fn run(args: Args) -> Result<()> {
     if args.no_kernel_fastpath {
         info!("kernel fast path off (--no-kernel-fastpath): everything runs in user space");
     } else {
-        let pin_dir = state::bpf_dir_for(&args.state_dir);
+        let pin_dir = state::pin_dir(instance, state::netns_id());
+        adopt_legacy_pins(&earlier, here, &args.state_dir, instance, &pin_dir);
         let cfg = vnet_fastpath::FastPathConfig {
             max_ports: args.fastpath_ports,
             max_links: args.fastpath_links,
@@ -646,7 +734,11 @@ fn run(args: Args) -> Result<()> {
     }
     if teardown {
         daemon.shutdown(Leave::Remove);
-        vnet_dataplane::kernel::remove_pinned(&state::bpf_dir_for(&args.state_dir));
+        remove_pin_dir(
+            &state::pin_dir(instance, state::netns_id()),
+            instance,
+            &state::legacy_pin_dir(&args.state_dir),
+        );
         if let Some(s) = daemon.saver() {
             s.flush();
             let leftovers = s.resources();

@@ -18,7 +18,11 @@
 //! - `derived.vnet`: what the etcd agent applied (links and routes to other hosts), so the
 //!   next vnetd forwards to them from its first instant, before etcd answers;
 //! - `host.json`: what vnetd made or changed on the host ([`Resources`]), for adoption,
-//!   leftovers and teardown;
+//!   leftovers and teardown; a damaged one is set aside (`host.json.damaged`) and the start
+//!   goes on without it (the devices are still found by their alias);
+//! - `instance`: this state directory's [`Instance`], made at its first start: in the alias of
+//!   every device vnetd makes and in its pin directory's name, so a vnetd adopts and removes
+//!   only its own (several may share a network namespace, each with its state directory);
 //! - `cni-deleted/NAME`: interfaces the CNI plugin deleted while no vnetd ran (a deletion
 //!   queue, as Cilium's CNI keeps one), taken out at the next start;
 //! - `lock`: held (`flock`) for the daemon's life; a second vnetd refuses to start.
@@ -30,11 +34,17 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use vnet_dataplane::made::Instance;
 
 pub const LOCAL: &str = "config.vnet";
 pub const FILE: &str = "config-file.vnet";
 pub const DERIVED: &str = "derived.vnet";
 pub const RESOURCES: &str = "host.json";
+/// Where a damaged `host.json` is set aside.
+pub const RESOURCES_DAMAGED: &str = "host.json.damaged";
+pub const INSTANCE: &str = "instance";
+/// Where a damaged `instance` is set aside.
+const INSTANCE_DAMAGED: &str = "instance.damaged";
 pub const CNI_DELETED: &str = "cni-deleted";
 const LOCK: &str = "lock";
 
@@ -195,11 +205,62 @@ impl StateDir {
             .collect())
     }
 
+    #[cfg(test)]
     pub fn resources(&self) -> Result<Resources> {
         match self.read(RESOURCES)? {
             None => Ok(Resources::default()),
             Some(t) => serde_json::from_str(&t).with_context(|| format!("{RESOURCES} is damaged")),
         }
+    }
+
+    /// `host.json`; a damaged one (it is rewritten whole, so only a fault outside vnetd
+    /// damages it) is set aside as `host.json.damaged`, with why, and the start goes on
+    /// without it: what it would have told (devices made, the lease, the pin directory, the
+    /// devices' `forwarding`) is then found by the devices' alias or starts afresh.
+    pub fn resources_or_set_aside(&self) -> Result<(Resources, Option<String>)> {
+        let Some(t) = self.read(RESOURCES)? else {
+            return Ok((Resources::default(), None));
+        };
+        match serde_json::from_str(&t) {
+            Ok(r) => Ok((r, None)),
+            Err(e) => {
+                let (from, to) = (self.dir.join(RESOURCES), self.dir.join(RESOURCES_DAMAGED));
+                fs::rename(&from, &to).with_context(|| {
+                    format!("{RESOURCES} is damaged ({e}) and cannot be set aside")
+                })?;
+                Ok((
+                    Resources::default(),
+                    Some(format!(
+                        "{} is damaged ({e}): set aside as {}; starting without it",
+                        from.display(),
+                        to.display()
+                    )),
+                ))
+            }
+        }
+    }
+
+    /// This state directory's instance, made (64 random bits) and kept at its first start; a
+    /// damaged file is set aside (its devices are then no one's: left alone) with a note.
+    pub fn instance(&self) -> Result<(Instance, Option<String>)> {
+        let note = match self.read(INSTANCE)? {
+            Some(t) => match t.trim().parse::<Instance>() {
+                Ok(i) => return Ok((i, None)),
+                Err(e) => {
+                    fs::rename(self.dir.join(INSTANCE), self.dir.join(INSTANCE_DAMAGED))
+                        .with_context(|| format!("{INSTANCE} is damaged ({e})"))?;
+                    Some(format!("{INSTANCE} is damaged ({e}): set aside as {INSTANCE_DAMAGED}; the devices it marked are left alone, this state directory has a new instance"))
+                }
+            },
+            None => None,
+        };
+        let mut bits = [0u8; 8];
+        File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut bits))
+            .context("a new instance: /dev/urandom")?;
+        let i = Instance::from_bits(u64::from_ne_bytes(bits));
+        self.write(INSTANCE, &format!("{i}\n"))?;
+        Ok((i, note))
     }
 
     pub fn write_resources(&self, r: &Resources) -> Result<()> {
@@ -235,7 +296,15 @@ impl StateDir {
 
     /// Removes every state file (a teardown); the lock stays until the process ends.
     pub fn clear(&self) -> Result<()> {
-        for name in [LOCAL, FILE, DERIVED, RESOURCES] {
+        for name in [
+            LOCAL,
+            FILE,
+            DERIVED,
+            RESOURCES,
+            RESOURCES_DAMAGED,
+            INSTANCE,
+            INSTANCE_DAMAGED,
+        ] {
             match fs::remove_file(self.dir.join(name)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -284,10 +353,27 @@ pub fn netns_inode() -> Option<u64> {
     fs::metadata("/proc/self/ns/net").ok().map(|m| m.ino())
 }
 
-/// The pinned kernel objects' directory for a state directory: `/sys/fs/bpf/vnet` for the
-/// default one, `/sys/fs/bpf/vnet-HASH` for any other (test labs run many daemons, each with
-/// its own state directory, on one bpffs).
-pub fn bpf_dir_for(state_dir: &Path) -> PathBuf {
+/// The pinned kernel objects' directory of vnetd `instance` in the network namespace
+/// `netns` (its cookie): `/sys/fs/bpf/vnet-INSTANCE-NETNS`. Its own, whatever the state
+/// directory's path, and one per namespace: a tcx link's device is an ifindex, which means
+/// something in one namespace only (a state directory used from another namespace starts
+/// afresh there and leaves the first one's pins alone).
+pub fn pin_dir(instance: Instance, netns: u64) -> PathBuf {
+    Path::new(vnet_fastpath::pin::BPFFS).join(format!("vnet-{instance}-{netns:x}"))
+}
+
+/// The identity of this process's network namespace for [`pin_dir`]: its cookie, or else (a
+/// kernel before 5.14) its inode.
+pub fn netns_id() -> u64 {
+    vnet_fastpath::pin::netns_cookie()
+        .ok()
+        .or_else(netns_inode)
+        .unwrap_or(0)
+}
+
+/// The pin directory a vnetd from before instances used for a state directory:
+/// `/sys/fs/bpf/vnet` for the default one, `/sys/fs/bpf/vnet-HASH` for any other.
+pub fn legacy_pin_dir(state_dir: &Path) -> PathBuf {
     let canonical = fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
     if canonical == Path::new(crate::DEFAULT_STATE_DIR) {
         return PathBuf::from("/sys/fs/bpf/vnet");
@@ -299,6 +385,41 @@ pub fn bpf_dir_for(state_dir: &Path) -> PathBuf {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     PathBuf::from(format!("/sys/fs/bpf/vnet-{:012x}", h & 0xffff_ffff_ffff))
+}
+
+/// Whose a pin directory named in `host.json` is, by its path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PinDirName {
+    /// This instance's (`vnet-INSTANCE-NETNS`, of any namespace).
+    Own,
+    /// Where a vnetd from before instances pinned for this state directory (`legacy`, or
+    /// `/sys/fs/bpf/vnet`, the default state directory's: seen from inside a chroot).
+    Legacy,
+    /// Not a name vnet gives this state directory's pins: never removed.
+    Foreign(String),
+}
+
+/// Whose the pin directory at `path` is for `instance` (pure: the name only; what is in it,
+/// and whether it is on a bpffs, is `vnet_fastpath::pin::not_a_pin_dir`'s).
+pub fn pin_dir_name(path: &Path, instance: Instance, legacy: &Path) -> PinDirName {
+    if path == legacy || path == Path::new("/sys/fs/bpf/vnet") {
+        return PinDirName::Legacy;
+    }
+    let own = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix(&format!("vnet-{instance}-")))
+        .is_some_and(|ns| {
+            !ns.is_empty() && ns.len() <= 16 && ns.bytes().all(|c| c.is_ascii_hexdigit())
+        });
+    if own && path.is_absolute() {
+        PinDirName::Own
+    } else {
+        PinDirName::Foreign(format!(
+            "its name is not that of this state directory's pins (vnet-{instance}-NETNS, or {} from before instances)",
+            legacy.display()
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -369,14 +490,112 @@ mod tests {
     }
 
     #[test]
-    fn pin_directories_differ_by_state_directory() {
+    fn pin_directories_are_the_instances_in_its_namespace() {
+        let (i, j) = (Instance::from_bits(0xa1), Instance::from_bits(0xb2));
         assert_eq!(
-            bpf_dir_for(Path::new("/var/lib/vnet")),
+            pin_dir(i, 0x1f),
+            PathBuf::from("/sys/fs/bpf/vnet-00000000000000a1-1f")
+        );
+        assert_ne!(pin_dir(i, 3), pin_dir(i, 4), "one per network namespace");
+        assert_ne!(pin_dir(i, 3), pin_dir(j, 3), "one per instance");
+        // Where vnetds from before instances pinned.
+        assert_eq!(
+            legacy_pin_dir(Path::new("/var/lib/vnet")),
             PathBuf::from("/sys/fs/bpf/vnet")
         );
-        let a = bpf_dir_for(Path::new("/tmp/a/state"));
-        let b = bpf_dir_for(Path::new("/tmp/b/state"));
-        assert_ne!(a, b);
+        let a = legacy_pin_dir(Path::new("/tmp/a/state"));
+        assert_ne!(a, legacy_pin_dir(Path::new("/tmp/b/state")));
         assert!(a.to_string_lossy().starts_with("/sys/fs/bpf/vnet-"));
+    }
+
+    #[test]
+    fn a_teardown_knows_its_own_pin_directories_by_name() {
+        let i = Instance::from_bits(0xa1);
+        let legacy = PathBuf::from("/sys/fs/bpf/vnet-0123456789ab");
+        assert_eq!(pin_dir_name(&pin_dir(i, 3), i, &legacy), PinDirName::Own);
+        assert_eq!(
+            pin_dir_name(
+                Path::new("/elsewhere/bpf/vnet-00000000000000a1-1f"),
+                i,
+                &legacy
+            ),
+            PinDirName::Own,
+            "a bpffs mounted elsewhere"
+        );
+        assert_eq!(pin_dir_name(&legacy, i, &legacy), PinDirName::Legacy);
+        assert_eq!(
+            pin_dir_name(Path::new("/sys/fs/bpf/vnet"), i, &legacy),
+            PinDirName::Legacy
+        );
+        for foreign in [
+            "/tmp/something",
+            "/sys/fs/bpf",
+            "/sys/fs/bpf/cilium",
+            "/sys/fs/bpf/vnet-00000000000000b2-3",
+            "/sys/fs/bpf/vnet-00000000000000a1-",
+            "/sys/fs/bpf/vnet-00000000000000a1-3/..",
+            "/sys/fs/bpf/vnet-00000000000000a1-zz",
+            "vnet-00000000000000a1-3",
+            "/sys/fs/bpf/vnet-012345678900",
+        ] {
+            assert!(
+                matches!(
+                    pin_dir_name(Path::new(foreign), i, &legacy),
+                    PinDirName::Foreign(_)
+                ),
+                "{foreign}"
+            );
+        }
+    }
+
+    #[test]
+    fn instances_are_made_once_and_kept() {
+        let d = tmp();
+        let s = StateDir::open(&d).expect("open");
+        let (a, note) = s.instance().unwrap();
+        assert!(note.is_none());
+        assert_eq!(s.instance().unwrap().0, a, "kept");
+        fs::write(d.join(INSTANCE), "garbage\n").unwrap();
+        let (b, note) = s.instance().unwrap();
+        assert_ne!(a, b);
+        assert!(note.unwrap().contains("set aside"));
+        assert_eq!(
+            fs::read_to_string(d.join(INSTANCE_DAMAGED)).unwrap(),
+            "garbage\n"
+        );
+        assert_eq!(s.instance().unwrap().0, b);
+        s.clear().unwrap();
+        assert!(!d.join(INSTANCE).exists() && !d.join(INSTANCE_DAMAGED).exists());
+        drop(s);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_damaged_host_json_is_set_aside() {
+        let d = tmp();
+        let s = StateDir::open(&d).expect("open");
+        assert_eq!(
+            s.resources_or_set_aside().unwrap(),
+            (Resources::default(), None)
+        );
+        s.write(RESOURCES, "{\"made\": [[null, \"vh-1\"]], trunc")
+            .unwrap();
+        assert!(s.resources().is_err());
+        let (r, note) = s.resources_or_set_aside().unwrap();
+        assert_eq!(r, Resources::default());
+        let note = note.expect("a note");
+        assert!(
+            note.contains("damaged") && note.contains(RESOURCES_DAMAGED),
+            "{note}"
+        );
+        assert!(!d.join(RESOURCES).exists());
+        assert!(d.join(RESOURCES_DAMAGED).exists());
+        // The next start finds nothing to set aside.
+        assert_eq!(
+            s.resources_or_set_aside().unwrap(),
+            (Resources::default(), None)
+        );
+        drop(s);
+        let _ = fs::remove_dir_all(&d);
     }
 }

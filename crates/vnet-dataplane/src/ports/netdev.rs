@@ -37,7 +37,7 @@ pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
         return Ok(o);
     }
     let mtu = dev.mtu.unwrap_or(1500);
-    let names = Names::of(&i.name);
+    let names = Names::find(&mut nl, &crate::made::owner(), &i.name)?;
     let delivery = if dev.kind.as_deref() == Some("veth") && dev.peer_netns.is_some() {
         Delivery::Peer
     } else {

@@ -1,8 +1,9 @@
 //! What the two kernel-forwarded interface kinds (`veth`, `netdev`) share: the punt TAP that
 //! carries a fast-path port's slow-path frames between the kernel and vnetd, the names vnetd
-//! gives the devices it makes for such a port (derived from the interface's name, so the next
-//! vnetd finds and adopts them after a restart or a crash), and quieting the host stack on
-//! those devices; and the port such an interface becomes.
+//! gives the devices it makes for such a port (derived from its instance and the interface's
+//! name, so the next run of the same vnetd finds and adopts them after a restart or a crash,
+//! and two vnetds of one network namespace never reach for the same name), and quieting the
+//! host stack on those devices; and the port such an interface becomes.
 
 use std::io;
 use std::sync::Arc;
@@ -13,6 +14,8 @@ use vnet_fastpath::Delivery;
 use vnet_wire::MacAddr;
 
 use crate::kernel::KernelAttach;
+use crate::made::{Instance, MadeDevice, Owner};
+use crate::netlink::Rtnl;
 use crate::ports::nic::tap_port;
 use crate::ports::Opened;
 use crate::sys;
@@ -28,20 +31,52 @@ pub struct Names {
 }
 
 impl Names {
-    pub fn of(interface: &str) -> Names {
+    /// The names vnetd `instance` gives interface `name`'s devices (`None`: the names of a
+    /// vnetd from before instances, derived from the interface's name alone).
+    pub fn of(instance: Option<Instance>, interface: &str) -> Names {
         // FNV-1a, 64 bits: stable across runs and versions (a killed daemon's successor must
         // derive the same names), and 48 bits make a collision among one host's interfaces
         // negligible.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in interface.bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        let mut eat = |bytes: &[u8]| {
+            for b in bytes {
+                h ^= *b as u64;
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        };
+        if let Some(i) = instance {
+            eat(&i.bits().to_be_bytes());
+            eat(b":");
         }
+        eat(interface.as_bytes());
         let tag = format!("{:012x}", h & 0xffff_ffff_ffff);
         Names {
             host: format!("vh-{tag}"),
             punt: format!("vp-{tag}"),
         }
+    }
+
+    /// The names of interface `interface`'s devices for this vnetd (`me`): its own, unless a
+    /// device it may adopt is at the old names (a vnetd from before instances made it: an
+    /// upgrade; the device keeps its name, renaming a guest's veth would cut it off).
+    pub fn find(nl: &mut Rtnl, me: &Owner, interface: &str) -> io::Result<Names> {
+        let own = Names::of(me.instance, interface);
+        let old = Names::of(None, interface);
+        if own == old || nl.link(&own.host)?.is_some() || nl.link(&own.punt)?.is_some() {
+            return Ok(own);
+        }
+        for dev in [old.host.clone(), old.punt.clone()] {
+            if let Some(l) = nl.link(&dev)? {
+                if me.is_mine_for(
+                    l.alias.as_deref(),
+                    &[&MadeDevice::new(None, &dev)],
+                    interface,
+                ) {
+                    return Ok(old);
+                }
+            }
+        }
+        Ok(own)
     }
 
     /// A locally administered MAC for the punt TAP (never seen by a guest).
@@ -117,16 +152,25 @@ mod tests {
 
     #[test]
     fn names_are_stable_short_and_distinct() {
-        let a = Names::of("c1");
-        assert_eq!(a, Names::of("c1"));
+        let me = Some(Instance::from_bits(0xa1));
+        let a = Names::of(me, "c1");
+        assert_eq!(a, Names::of(me, "c1"));
+        assert_ne!(
+            a,
+            Names::of(Some(Instance::from_bits(0xb2)), "c1"),
+            "another vnetd's"
+        );
+        assert_ne!(a, Names::of(None, "c1"), "the old names");
         assert_eq!(a.host.len(), 15);
         assert_eq!(a.punt.len(), 15);
         assert!(a.host.starts_with("vh-") && a.punt.starts_with("vp-"));
         assert_eq!(a.host[3..], a.punt[3..]);
         let names: std::collections::HashSet<String> = (0..10_000)
-            .map(|i| Names::of(&format!("if{i}")).host)
+            .map(|i| Names::of(me, &format!("if{i}")).host)
             .collect();
         assert_eq!(names.len(), 10_000);
         assert!(a.punt_mac().is_unicast());
+        // The old names are those vnetd gave before instances (an upgrade finds them).
+        assert_eq!(Names::of(None, "c1").host, "vh-7f07b54a6859");
     }
 }

@@ -5,9 +5,10 @@
 //! code). Without the kernel fast path (not loaded, or refused), the guest gets a TAP named DEV
 //! instead, served by vnetd like any `tap` interface: the same device name, MAC and MTU.
 //!
-//! The veth outlives vnetd ([`crate::made`]): the next vnetd finds the host end by its name and
-//! alias and adopts the pair as it is (the guest keeps its device and addresses); only when the
-//! port goes for good (`interface del`, a teardown) is it deleted, both ends.
+//! The veth outlives vnetd ([`crate::made`]): the next run of the same vnetd finds the host end
+//! by its name and its alias and adopts the pair as it is (the guest keeps its device and
+//! addresses); a host end with another vnetd's alias is never touched. Only when the port goes
+//! for good (`interface del`, a teardown) is it deleted, both ends.
 
 use std::fs::File;
 use std::io;
@@ -16,7 +17,7 @@ use vnet_control::{Interface, InterfaceKind};
 use vnet_core::PortId;
 use vnet_fastpath::Delivery;
 
-use crate::made::{self, Made, MadeDevice};
+use crate::made::{self, Made, MadeDevice, Owner};
 use crate::netlink::{LinkDesc, Rtnl};
 use crate::netns;
 use crate::ports::nic::open_tap;
@@ -55,24 +56,34 @@ fn ctx(e: io::Error, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
-/// What an earlier vnetd left at the host end's name.
+/// What an earlier run of this vnetd left at the host end's name.
 enum Earlier {
     Nothing,
     /// A pair whose guest end is where the interface wants it: adopted (with the guest end's
     /// index in its namespace, when that is known).
     Adoptable(LinkDesc, Option<u32>),
-    /// vnet's, but not as the interface wants it now: deleted and made anew.
+    /// This vnetd's, but not as the interface wants it now: deleted and made anew.
     Stale(LinkDesc),
 }
 
-fn earlier(nl: &mut Rtnl, names: &Names, i: &Interface, ns: Option<&File>) -> io::Result<Earlier> {
+fn earlier(
+    nl: &mut Rtnl,
+    me: &Owner,
+    names: &Names,
+    i: &Interface,
+    ns: Option<&File>,
+) -> io::Result<Earlier> {
     let Some(host) = nl.link(&names.host)? else {
         return Ok(Earlier::Nothing);
     };
-    if host.alias.as_deref() != Some(made::alias(&i.name).as_str()) {
+    let whose = me.whose(
+        host.alias.as_deref(),
+        &[&MadeDevice::new(None, &names.host)],
+    );
+    if whose.mine() != Some(i.name.as_str()) {
         return Err(io::Error::new(
             io::ErrorKind::AlreadyExists,
-            format!("device {} exists and is not vnet's", names.host),
+            format!("device {} exists and is {}", names.host, whose.describe()),
         ));
     }
     if host.kind.as_deref() != Some("veth") {
@@ -133,12 +144,14 @@ fn guest_end(end: GuestEnd, mac: [u8; 6], mtu: u32, up: bool, ns: Option<&File>)
 }
 
 pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
-    let names = Names::of(&i.name);
+    let me = made::owner();
+    let mut nl = Rtnl::open()?;
+    let names = Names::find(&mut nl, &me, &i.name)?;
     if !kernel {
-        // A veth an earlier vnetd made with the kernel path goes: the guest gets a TAP.
-        let mut nl = Rtnl::open()?;
+        // A veth an earlier run made with the kernel path goes: the guest gets a TAP.
         if let Some(l) = nl.link(&names.host)? {
-            if l.alias.as_deref() == Some(made::alias(&i.name).as_str()) {
+            let at = MadeDevice::new(None, &names.host);
+            if me.is_mine_for(l.alias.as_deref(), &[&at], &i.name) {
                 nl.del_link(l.index)?;
             }
         }
@@ -148,15 +161,14 @@ pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
         };
         return open_tap(&tap, id);
     }
-    let mut nl = Rtnl::open()?;
     let ns = i.netns.as_deref().map(netns::open_netns).transpose()?;
-    let (host, adopted) = match earlier(&mut nl, &names, i, ns.as_ref())? {
+    let (host, adopted) = match earlier(&mut nl, &me, &names, i, ns.as_ref())? {
         Earlier::Adoptable(host, guest) => (host, Some(guest)),
         found => {
             if let Earlier::Stale(old) = found {
                 tracing::info!(
                     device = %names.host,
-                    "replacing the veth an earlier vnetd made for interface {}", i.name
+                    "replacing the veth an earlier run made for interface {}", i.name
                 );
                 nl.del_link(old.index)?;
             }
@@ -171,11 +183,11 @@ pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
     let mut pair = VethPair {
         host: names.host.clone(),
     };
-    let r = finish(&mut nl, &names, i, id, &host, adopted, ns.as_ref());
+    let r = finish(&mut nl, &me, &names, i, id, &host, adopted, ns.as_ref());
     match r {
         Ok(mut o) => {
             if adopted.is_some() {
-                tracing::info!(device = %names.host, guest = %i.ifname, "veth adopted (made by an earlier vnetd)");
+                tracing::info!(device = %names.host, guest = %i.ifname, "veth adopted (made by an earlier run of this vnetd)");
             }
             o.owned.push(Box::new(pair));
             Ok(o)
@@ -191,9 +203,12 @@ pub fn open(i: &Interface, id: PortId, kernel: bool) -> io::Result<Opened> {
 }
 
 /// Sets the pair up (only what differs, for an adopted one: `adopted` holds the guest end's
-/// index when known) and opens the punt TAP.
+/// index when known; one marked in the old format is marked as this vnetd's) and opens the
+/// punt TAP.
+#[allow(clippy::too_many_arguments)]
 fn finish(
     nl: &mut Rtnl,
+    me: &Owner,
     names: &Names,
     i: &Interface,
     id: PortId,
@@ -201,8 +216,8 @@ fn finish(
     adopted: Option<Option<u32>>,
     ns: Option<&File>,
 ) -> io::Result<Opened> {
-    if adopted.is_none() {
-        nl.set_alias(host.index, &made::alias(&i.name))?;
+    if adopted.is_none() || me.needs_mark(host.alias.as_deref(), &i.name) {
+        nl.set_alias(host.index, &me.alias(&i.name))?;
     }
     if host.mtu != Some(i.mtu) {
         nl.set_mtu(host.index, i.mtu)

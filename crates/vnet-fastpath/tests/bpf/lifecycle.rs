@@ -117,6 +117,22 @@ fn pinned_config(what: &str) -> (std::path::PathBuf, FastPathConfig) {
     (dir, cfg)
 }
 
+/// Where the maps are pinned in pin directory `dir`: `maps-HASH`, HASH their layout's.
+fn maps_dir(dir: &std::path::Path) -> std::path::PathBuf {
+    let found: Vec<_> = std::fs::read_dir(dir)
+        .expect("the pin directory")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("maps-"))
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    found[0].clone()
+}
+
 /// The ports and links of `lab_with` under other ids, attached by a FastPath that takes over;
 /// `with_b`: port B and its route too.
 fn take_over(fp: &mut FastPath, with_b: bool) -> ApplyReport {
@@ -217,11 +233,56 @@ fn pinned_maps_of_another_size_are_replaced_not_reused() {
         TCX_REDIRECT
     );
     assert_eq!(tcx_count(pa), 1);
-    let fwd = libbpf_rs::MapHandle::from_pinned_path(dir.join("maps/fwd")).expect("fwd pinned");
+    let fwd =
+        libbpf_rs::MapHandle::from_pinned_path(maps_dir(&dir).join("fwd")).expect("fwd pinned");
     assert_eq!(
         libbpf_rs::MapCore::max_entries(&fwd),
         1024,
         "the new map is the pinned one"
+    );
+    fp.teardown();
+    assert!(!dir.exists());
+}
+
+#[test]
+fn pinned_maps_are_reused_only_by_their_layout() {
+    let (dir, cfg) = pinned_config("layout");
+    let Some(l) = lab_with(cfg.clone()) else {
+        return;
+    };
+    let pa = l.pa;
+    drop(l);
+    let own = maps_dir(&dir);
+    let f = frame(B, A, 100);
+
+    // Maps pinned by a vnet from before the layout hash (in `maps/`), of the layout this one
+    // has: reused, and moved to this layout's directory.
+    std::fs::rename(&own, dir.join("maps")).unwrap();
+    let mut fp = FastPath::open(&cfg).expect("open over unhashed maps");
+    let report = take_over(&mut fp, true);
+    assert_eq!(
+        (report.written, report.deleted),
+        (0, 0),
+        "the maps were reused"
+    );
+    assert!(own.join("fwd").exists() && !dir.join("maps").exists());
+    drop(fp);
+
+    // Maps of another layout (another hash; the same types and sizes): not reused. New maps,
+    // filled, then pinned in place of those, which go.
+    let other = dir.join("maps-0000000000000001");
+    std::fs::rename(&own, &other).unwrap();
+    let mut fp = FastPath::open(&cfg).expect("open over another layout's maps");
+    assert!(fp.taking_over(), "the attachments are still to take over");
+    let report = take_over(&mut fp, true);
+    assert_eq!(report.written, 4, "the whole table into new maps");
+    assert!(!other.exists(), "the other layout's maps stayed pinned");
+    assert_eq!(maps_dir(&dir), own);
+    assert_eq!(
+        fp.test_run(Program::PortIngress, &f, pa, 0)
+            .unwrap()
+            .verdict,
+        TCX_REDIRECT
     );
     fp.teardown();
     assert!(!dir.exists());
