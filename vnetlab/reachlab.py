@@ -42,13 +42,16 @@ class Bed:
     ``wanlab`` NAT kind) with one host (``h1``, ``h2``, ...) and its veth guest (``g1``, ...)."""
 
     def __init__(self, lab: netlab.Lab, kinds: list, relays: int = 1, encrypt: bool = False,
-                 relay_rate: Optional[int] = None, extra_args: tuple = ()):
+                 relay_rate: Optional[int] = None, extra_args: tuple = (), mtu: Optional[int] = 1450):
         self.lab = lab
         self.wan = wanlab.WanLab(lab)
         self.kinds = list(kinds)
         self.encrypt = encrypt
         self.relay_rate = relay_rate
         self.extra_args = list(extra_args)
+        # The guests' MTU: 1450 leaves room for VXLAN's 50 bytes on a 1500-byte underlay, as
+        # on any VXLAN overlay (None: the interface's default, 1500).
+        self.mtu = mtu
         self.etcd = EtcdServer(lab, overlay=OVERLAY)
         self.wan.adopt(self.etcd.ns)
         self.relays = [self.wan.public_host(f"R{i}") for i in range(1, relays + 1)]
@@ -81,9 +84,10 @@ class Bed:
 
     def start_host(self, name: str) -> None:
         h, g = self.hosts[name], self.guests[name]
-        h.start_vnetd(config=f"interface add vm veth mac {g.mac} netns {g.name} vni 1\n",
+        mtu = f" mtu {self.mtu}" if self.mtu else ""
+        h.start_vnetd(config=f"interface add vm veth mac {g.mac} netns {g.name} vni 1{mtu}\n",
                       args=self._args(name, h))
-        g.configure(h.interface("vm")["ifname"])
+        g.configure(h.interface("vm")["ifname"], self.mtu)
         self.up[name] = time.time()
         self.joined[name] = self.wait_joined(h)
 

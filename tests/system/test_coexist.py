@@ -359,8 +359,11 @@ def test_an_upgrade_from_a_vnetd_without_instances_adopts_everything(lab, record
     log = A.vnetd.log_text()
     assert "veth adopted" in log and "TAP adopted" in log, log[-3000:]
     assert "removed a device" not in log, log[-3000:]
-    assert "takeover complete written=0 deleted=0" in log, log[-3000:]
-    assert "maps=\"reused\"" in log or "maps=reused" in log, log[-3000:]
+    # Its maps are of another layout (reach's link keys carry the remote's port, #31): not
+    # reused but filled anew before the pinned attachments take the new programs, so the
+    # guests above lost nothing all the same. (A vnet of the layout before the hash would have
+    # reused them: `layout::reusable_maps_dirs`, unit-tested, and test_restart's restarts.)
+    assert "maps=\"new\"" in log or "maps=new" in log, log[-3000:]
     # Everything is marked as this instance's now, the pins are in its directory.
     me = instance_of(A)
     assert set(aliases(A)) == set(old_aliases)

@@ -175,9 +175,24 @@ impl Engine {
         if self.reach_paths.get(&peer) == Some(&path) {
             return;
         }
+        let mut in_kernel = Vec::new();
         for rt in self.ports.values() {
             if rt.reach.map(|(k, _)| k) == Some(peer) {
                 self.realize_reach_path(rt, &path);
+                if rt.kernel {
+                    in_kernel.push((rt.id, rt.reach.map(|(_, c)| c)));
+                }
+            }
+        }
+        if let Some(k) = &mut self.kernel {
+            for (id, configured) in in_kernel {
+                // A relay's path goes through vnetd; no path known yet: the configured address.
+                let to = match (path.direct, path.relay) {
+                    (Some(ep), _) => Some(ep),
+                    (None, Some(_)) => None,
+                    (None, None) => configured,
+                };
+                k.set_link_path(id, to);
             }
         }
         info!(peer = %vnet_reach::Tag::of(&peer), direct = ?path.direct, relay = ?path.relay,
@@ -461,11 +476,8 @@ impl Engine {
         );
         // A new link to a peer whose path reach already knows takes it at once.
         if let Some((key, _)) = o.reach {
-            if let (Some(rt), Some(p)) = (
-                self.ports.get(&(kind, name.to_string())),
-                self.reach_paths.get(&key),
-            ) {
-                self.realize_reach_path(rt, p);
+            if let Some(p) = self.reach_paths.remove(&key) {
+                self.set_reach_path(key, p);
             }
         }
         Ok(())

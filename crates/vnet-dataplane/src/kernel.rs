@@ -32,8 +32,12 @@ pub enum KernelAttach {
         mtu: u32,
         delivery: Delivery,
     },
-    /// A plain udp link to `remote`.
-    Link { remote: SocketAddr },
+    /// A plain udp link to `remote`; `src_port` for a reach link (every datagram from the
+    /// VXLAN socket's port, the peer's found by its port too).
+    Link {
+        remote: SocketAddr,
+        src_port: Option<u16>,
+    },
 }
 
 /// The kernel fast path of one engine.
@@ -153,36 +157,98 @@ impl KernelPath {
                 self.ports.insert(id, ifindex);
                 Ok(true)
             }
-            KernelAttach::Link { remote } => {
+            KernelAttach::Link { remote, src_port } => {
                 let IpAddr::V4(r) = remote.ip().to_canonical() else {
                     return Ok(false);
                 };
-                let Some((local, dev)) = underlay_for(r, self.bound) else {
+                let under = underlay_for(r, self.bound);
+                if under.is_none() && src_port.is_none() {
                     warn!(%remote, "no underlay device that this link's datagrams cross (or a link to this host itself): its frames go through vnetd");
                     return Ok(false);
-                };
+                }
+                // A reach link whose first address leads nowhere waits in vnetd's hands (punt)
+                // until reach finds its path (`set_link_path`).
                 let spec = LinkSpec {
                     id,
                     vni,
                     remote: r,
-                    local,
+                    local: under.map_or(Ipv4Addr::UNSPECIFIED, |(l, _)| l),
                     udp_port: remote.port(),
                     rate: rate(policy),
                     via_device: None,
+                    src_port,
+                    punt: under.is_none(),
                 };
-                if !self.underlays.contains_key(&dev) {
-                    self.fp.attach_underlay(dev).map_err(|e| e.to_string())?;
-                    info!(
-                        ifindex = dev,
-                        "kernel fast path: decapsulating on the underlay device"
-                    );
+                if let Some((_, dev)) = under {
+                    self.use_underlay(id, dev)?;
                 }
                 self.fp.set_link(&spec).map_err(|e| e.to_string())?;
-                *self.underlays.entry(dev).or_default() += 1;
-                self.link_underlay.insert(id, dev);
                 self.links.insert(id, spec);
                 Ok(true)
             }
+        }
+    }
+
+    /// Link `id` decapsulates on underlay device `dev` (the program attached there first).
+    fn use_underlay(&mut self, id: PortId, dev: u32) -> Result<(), String> {
+        if self.link_underlay.get(&id) == Some(&dev) {
+            return Ok(());
+        }
+        if !self.underlays.contains_key(&dev) {
+            self.fp.attach_underlay(dev).map_err(|e| e.to_string())?;
+            info!(
+                ifindex = dev,
+                "kernel fast path: decapsulating on the underlay device"
+            );
+        }
+        *self.underlays.entry(dev).or_default() += 1;
+        if let Some(old) = self.link_underlay.insert(id, dev) {
+            self.release_underlay(old);
+        }
+        Ok(())
+    }
+
+    fn release_underlay(&mut self, dev: u32) {
+        let n = self.underlays.entry(dev).or_default();
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.underlays.remove(&dev);
+            let _ = self.fp.detach_underlay(dev);
+        }
+    }
+
+    /// Reach moved link `id`: straight to `to`, or (None) through vnetd, which sends through a
+    /// relay. A link the kernel does not serve is left alone.
+    pub fn set_link_path(&mut self, id: PortId, to: Option<SocketAddr>) {
+        let Some(mut spec) = self.links.get(&id).copied() else {
+            return;
+        };
+        let dest = to.and_then(|ep| match ep.ip().to_canonical() {
+            IpAddr::V4(r) => underlay_for(r, self.bound).map(|u| (r, ep.port(), u)),
+            IpAddr::V6(_) => None,
+        });
+        match dest {
+            Some((r, port, (local, dev))) => {
+                if let Err(e) = self.use_underlay(id, dev) {
+                    warn!(
+                        port = id.0,
+                        "kernel fast path: underlay for a new path: {e}"
+                    );
+                    spec.punt = true;
+                } else {
+                    spec.remote = r;
+                    spec.udp_port = port;
+                    spec.local = local;
+                    spec.punt = false;
+                }
+            }
+            None => spec.punt = true,
+        }
+        match self.fp.set_link(&spec) {
+            Ok(()) => {
+                self.links.insert(id, spec);
+            }
+            Err(e) => warn!(port = id.0, "kernel fast path: link path: {e}"),
         }
     }
 
@@ -198,12 +264,7 @@ impl KernelPath {
                 warn!(port = id.0, "kernel fast path: link removal: {e}");
             }
             if let Some(dev) = self.link_underlay.remove(&id) {
-                let n = self.underlays.entry(dev).or_default();
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    self.underlays.remove(&dev);
-                    let _ = self.fp.detach_underlay(dev);
-                }
+                self.release_underlay(dev);
             }
         }
     }

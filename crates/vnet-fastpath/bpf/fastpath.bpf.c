@@ -437,7 +437,8 @@ static __always_inline int encap_to_link(struct __sk_buff *skb, const struct lin
 		return -C_ENCAP_FAIL;
 
 	hash = bpf_get_hash_recalc(skb);
-	/* Source port from the flow hash in 32768..60999, as the kernel's VXLAN picks it. */
+	/* Source port from the flow hash in 32768..60999, as the kernel's VXLAN picks it, unless
+	 * the link's is fixed (a reach link: a NAT keeps one mapping, for the socket's port). */
 	hash ^= hash << 16;
 
 	tot = len + OUTER_LEN;
@@ -457,7 +458,8 @@ static __always_inline int encap_to_link(struct __sk_buff *skb, const struct lin
 	h.o.ip.saddr = l->local_be;
 	h.o.ip.daddr = l->remote_be;
 	h.o.ip.check = ip_csum(&h.o.ip);
-	h.o.udp.source = bpf_htons(32768 + (__u16)(((__u64)hash * (60999 - 32768)) >> 32));
+	h.o.udp.source = l->sport_be ? l->sport_be :
+				       bpf_htons(32768 + (__u16)(((__u64)hash * (60999 - 32768)) >> 32));
 	h.o.udp.dest = l->dport_be;
 	tot -= sizeof(struct iphdr);
 	h.o.udp.len = bpf_htons(tot > 0xffff ? 0xffff : tot);
@@ -536,8 +538,8 @@ int port_ingress(struct __sk_buff *skb)
 	case ACT_LINK: {
 		struct link_val *l = bpf_map_lookup_elem(&links, &slot);
 
-		if (!l || !l->remote_be)
-			goto punt;
+		if (!l || !l->remote_be || (l->flags & LINK_PUNT))
+			goto punt; /* vnetd sends it (a relay's path, or none known yet) */
 		if (l->vni != p->vni) {
 			count_global(G_VNI_MISMATCH);
 			goto punt;
@@ -646,9 +648,17 @@ int underlay_ingress(struct __sk_buff *skb)
 	 * receipt), so the link is found as vnetd finds it; the others it drops (bad_vxlan). */
 	if (!(h.vx_flags & bpf_htonl(0x08000000)))
 		return TCX_NEXT;
+	/* A reach link is found by its peer's port too (two hosts behind one NAT share its
+	 * address), any other link by address. */
 	key.remote_be = h.ip.saddr;
 	key.vni = bpf_ntohl(h.vx_vni) >> 8;
+	key.sport_be = h.udp.source;
+	key.pad = 0;
 	lslot = bpf_map_lookup_elem(&links_rx, &key);
+	if (!lslot) {
+		key.sport_be = 0;
+		lslot = bpf_map_lookup_elem(&links_rx, &key);
+	}
 	if (!lslot) {
 		count_global(G_UNKNOWN_LINK);
 		return TCX_NEXT;
@@ -710,6 +720,8 @@ int tunnel_ingress(struct __sk_buff *skb)
 		return TCX_NEXT;
 	key.remote_be = bpf_htonl(tk.remote_ipv4);
 	key.vni = tk.tunnel_id;
+	key.sport_be = 0;
+	key.pad = 0;
 	lslot = bpf_map_lookup_elem(&links_rx, &key);
 	if (!lslot)
 		return TCX_NEXT;

@@ -143,6 +143,8 @@ fn main() -> Result<()> {
             udp_port: f[3].parse()?,
             rate: rates.get(&id.0).copied(),
             via_device: via,
+            src_port: None,
+            punt: false,
         })?;
         cports.push(CompilePort {
             id,

@@ -254,11 +254,25 @@ pub fn ip_of_be(v: u32) -> Ipv4Addr {
 }
 
 impl LinkKey {
-    pub fn new(remote: Ipv4Addr, vni: u32) -> LinkKey {
+    /// The key of datagrams from `remote` in `vni`; from its UDP port `sport` when the link
+    /// is found by port too (0: any port).
+    pub fn new(remote: Ipv4Addr, sport: u16, vni: u32) -> LinkKey {
         LinkKey {
             remote_be: ip_be(remote),
             vni,
+            sport_be: sport.to_be(),
+            pad: 0,
         }
+    }
+
+    /// The receive key of link value `v`: its remote's address, and its port when the link's
+    /// source port is fixed (a reach link's peer sends from the port we send to).
+    pub fn of(v: &LinkVal) -> LinkKey {
+        let sport = match v.sport_be {
+            0 => 0,
+            _ => u16::from_be(v.dport_be),
+        };
+        LinkKey::new(v.remote(), sport, v.vni)
     }
 }
 
@@ -324,7 +338,7 @@ mod tests {
     #[test]
     fn network_order_fields_hold_network_order() {
         // BTF tells sizes and offsets, not byte order: these are checked here.
-        let k = LinkKey::new(Ipv4Addr::new(10, 0, 0, 1), 3);
+        let k = LinkKey::new(Ipv4Addr::new(10, 0, 0, 1), 0, 3);
         assert_eq!(&k.as_bytes()[0..4], &[10, 0, 0, 1]);
         assert_eq!(&k.as_bytes()[4..8], &3u32.to_ne_bytes());
         let l = LinkVal {

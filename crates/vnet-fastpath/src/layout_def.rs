@@ -19,6 +19,9 @@ bpf_layout! {
         PORT_RATE: u32 = 4;
         /// The link has a token bucket in `rates`, for what arrives from it (`link_val.flags`).
         LINK_RATE: u16 = 4;
+        /// vnetd sends the link's frames (its path goes through a relay, or is not known yet):
+        /// punt (`link_val.flags`).
+        LINK_PUNT: u16 = 8;
         /// Forwarding action kinds, in the top byte of an action (`ACT_KIND << ACT_SHIFT | slot`):
         /// no rule of this rank, look at the next rank.
         ACT_NONE: u32 = 0;
@@ -126,6 +129,11 @@ bpf_layout! {
             /// Remote IPv4.
             remote_be: u32,
             vni: u32,
+            /// The remote's UDP source port for a link whose datagrams leave from one port
+            /// (a reach link: two hosts behind one NAT share its address); 0 for a link found
+            /// by address (a kernel VXLAN peer picks its source port by flow hash).
+            sport_be: u16,
+            pad: u16,
         }
         /// A plain udp link (`links` by slot).
         link_val as LinkVal {
@@ -138,7 +146,11 @@ bpf_layout! {
             dport_be: u16,
             /// LINK_*.
             flags: u16,
-            reserved: u32,
+            /// The outer UDP source port, fixed (a reach link: through a NAT every datagram
+            /// must leave from the port its mapping was made with, the VXLAN socket's); 0: from
+            /// the flow hash, as the kernel's VXLAN picks it.
+            sport_be: u16,
+            reserved: u16,
             /// Variant (a): a collect-metadata VXLAN device; 0 = encapsulate here.
             via_ifindex: u32,
             pad: u32,

@@ -368,21 +368,6 @@ mod tests {
     }
 
     #[test]
-    fn the_layout_is_the_one_unhashed_maps_have() {
-        // Maps pinned by a vnet from before the layout hash (in `maps/`) are reused only while
-        // the layout is the one those versions had. A change of src/layout_def.rs or of the
-        // maps! table makes this fail: then the older vnets' maps are of another layout (a
-        // takeover from one starts with new maps), and this test goes, UNHASHED_LAYOUT stays.
-        let h = crate::layout::layout_hash(&signature());
-        assert_eq!(
-            h,
-            crate::layout::UNHASHED_LAYOUT,
-            "layout hash {h:#018x}:\n{}",
-            crate::layout::signature(&signature())
-        );
-    }
-
-    #[test]
     fn every_map_of_the_object_is_declared() {
         // A map added to bpf/fastpath.bpf.c needs its line in `maps!` (or the loader would
         // neither size nor pin it).

@@ -240,11 +240,11 @@ impl FastPath {
         if spec.vni > 0x00ff_ffff || spec.remote.is_unspecified() || spec.udp_port == 0 {
             return Err(Error::Invalid(format!("link {:?}: {spec:?}", spec.id)));
         }
-        let new_key = LinkKey::new(spec.remote, spec.vni);
+        let new_key = rx_key(spec);
         if let Some((other, _)) = self
             .links
             .iter()
-            .find(|(id, l)| **id != spec.id && LinkKey::new(l.spec.remote, l.spec.vni) == new_key)
+            .find(|(id, l)| **id != spec.id && rx_key(&l.spec) == new_key)
         {
             return Err(Error::Invalid(format!(
                 "link {:?}: ({}, VNI {}) is already link {other:?}",
@@ -300,7 +300,8 @@ impl FastPath {
                 layout::LINK_RATE
             } else {
                 0
-            },
+            } | if spec.punt { layout::LINK_PUNT } else { 0 },
+            sport_be: spec.src_port.unwrap_or(0).to_be(),
             via_ifindex: spec.via_device.unwrap_or(0),
             ..LinkVal::default()
         };
@@ -310,7 +311,7 @@ impl FastPath {
         }
         self.maps.links_rx.update(&new_key, &slot)?;
         if let Some(o) = old {
-            let old_key = LinkKey::new(o.remote, o.vni);
+            let old_key = rx_key(&o);
             if old_key != new_key {
                 let _ = self.maps.links_rx.delete(&old_key);
             }
@@ -326,11 +327,19 @@ impl FastPath {
     pub fn del_link(&mut self, id: PortId) -> Result<(), Error> {
         let st = self.links.remove(&id).ok_or(Error::UnknownLink(id))?;
         let res = self.reapply();
-        let _ = self
-            .maps
-            .links_rx
-            .delete(&LinkKey::new(st.spec.remote, st.spec.vni));
+        let _ = self.maps.links_rx.delete(&rx_key(&st.spec));
         self.maps.links.update(&st.slot, &LinkVal::default())?;
         res.map(|_| ())
     }
+}
+
+/// How the underlay program finds a link's datagrams: by (remote, VNI), and the remote's port
+/// when the link's ports are fixed.
+fn rx_key(spec: &LinkSpec) -> LinkKey {
+    let sport = if spec.src_port.is_some() {
+        spec.udp_port
+    } else {
+        0
+    };
+    LinkKey::new(spec.remote, sport, spec.vni)
 }

@@ -104,6 +104,12 @@ pub struct LinkSpec {
     /// Variant (a), kept for measurement: a collect-metadata VXLAN device to hand frames to
     /// instead of encapsulating in the program.
     pub via_device: Option<u32>,
+    /// Every datagram leaves from this UDP port (the VXLAN socket's: a reach link, whose
+    /// path may cross NATs), and the remote's come from `udp_port`: the link is found by
+    /// (remote, port, VNI). None: the source port from the flow hash, found by (remote, VNI).
+    pub src_port: Option<u16>,
+    /// vnetd sends its frames (the path is through a relay, or not known yet).
+    pub punt: bool,
 }
 
 /// The kernel path's counters of one port or link, summed over CPUs.

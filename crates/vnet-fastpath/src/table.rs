@@ -210,10 +210,7 @@ impl FastPath {
             let _ = self.maps.port_slots.update(&pv.slot, &PortVal::default());
         }
         for (slot, lv) in &earlier.links {
-            let _ = self
-                .maps
-                .links_rx
-                .delete(&LinkKey::new(lv.remote(), lv.vni));
+            let _ = self.maps.links_rx.delete(&LinkKey::of(lv));
             let _ = self.maps.links.update(slot, &LinkVal::default());
         }
         for (name, fd) in held {

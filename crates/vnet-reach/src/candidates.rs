@@ -322,7 +322,11 @@ mod tests {
         let first = v.candidates(10);
         // The answers go on, in any order: the list stays as it is.
         for t in 1..50 {
-            let (o, p, port) = if t % 3 == 0 { (a, "198.51.100.1", 1000) } else { (b, "198.51.100.2", 2000) };
+            let (o, p, port) = if t % 3 == 0 {
+                (a, "198.51.100.1", 1000)
+            } else {
+                (b, "198.51.100.2", 2000)
+            };
             v.observe(o, ip(p), SocketAddr::new(ip("203.0.113.5"), port), 10 + t);
             assert_eq!(v.candidates(10 + t), first);
         }

@@ -337,8 +337,7 @@ impl Reach {
             .filter(|(k, ..)| keep.contains(&Tag::of(k)))
             .map(|(_, from, bytes, _)| (*from, bytes.clone()))
             .collect();
-        self.strangers
-            .retain(|(k, ..)| !keep.contains(&Tag::of(k)));
+        self.strangers.retain(|(k, ..)| !keep.contains(&Tag::of(k)));
         for (from, bytes) in known {
             if let Err(e) = self.on_probe(from, &bytes, now, rng, out) {
                 self.counters.refuse(e);

@@ -89,10 +89,13 @@ pub fn open(
         // an address alone (two sites may use the same private one).
         o.udp_peer = Some(to.ip().to_canonical());
     }
-    // Reach links run in user space for now: their endpoint moves, and through a NAT every
-    // datagram must leave from the socket's port (the fast path picks it by flow hash).
-    if plain && !reach {
-        o.kernel = Some(KernelAttach::Link { remote: to });
+    // A reach link's datagrams leave from the socket's port in the kernel too (a NAT keeps
+    // one mapping for the link), and its path moves (Engine::set_reach_path).
+    if plain {
+        o.kernel = Some(KernelAttach::Link {
+            remote: to,
+            src_port: reach.then(|| sock.local_addr().port()),
+        });
     }
     Ok(o)
 }

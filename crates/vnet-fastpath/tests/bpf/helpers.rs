@@ -188,6 +188,8 @@ pub fn link_spec(id: PortId, vni: u32, remote: Ipv4Addr, rate: Option<Rate>) -> 
         udp_port: 4789,
         rate,
         via_device: None,
+        src_port: None,
+        punt: false,
     }
 }
 

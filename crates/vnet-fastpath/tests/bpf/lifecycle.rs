@@ -255,16 +255,14 @@ fn pinned_maps_are_reused_only_by_their_layout() {
     let own = maps_dir(&dir);
     let f = frame(B, A, 100);
 
-    // Maps pinned by a vnet from before the layout hash (in `maps/`), of the layout this one
-    // has: reused, and moved to this layout's directory.
+    // Maps pinned by a vnet from before the layout hash (in `maps/`): this layout is no longer
+    // theirs (reach's link keys have the remote's port, #31), so they are not reused either:
+    // new maps, filled, pinned in this layout's directory; `maps/` goes. (Had the layouts been
+    // equal they would have been reused and moved: `layout::reusable_maps_dirs`, unit-tested.)
     std::fs::rename(&own, dir.join("maps")).unwrap();
     let mut fp = FastPath::open(&cfg).expect("open over unhashed maps");
     let report = take_over(&mut fp, true);
-    assert_eq!(
-        (report.written, report.deleted),
-        (0, 0),
-        "the maps were reused"
-    );
+    assert_eq!(report.written, 4, "the whole table into new maps");
     assert!(own.join("fwd").exists() && !dir.join("maps").exists());
     drop(fp);
 

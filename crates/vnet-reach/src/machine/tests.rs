@@ -563,7 +563,9 @@ fn a_ping_before_its_senders_record_is_answered_when_the_record_comes() {
     let m = seal(&pair, Kind::Ping, 0, bp, &ping, 0, &mut rng);
     let from = net.hosts[1].private;
     let mut out = Vec::new();
-    net.hosts[0].reach.on_datagram(from, &m, t, &mut rng, &mut out);
+    net.hosts[0]
+        .reach
+        .on_datagram(from, &m, t, &mut rng, &mut out);
     assert_eq!(net.hosts[0].reach.counters.unknown_sender, 1);
     assert!(out.is_empty());
     let peers = net.peers_of(0);
@@ -577,12 +579,16 @@ fn a_ping_before_its_senders_record_is_answered_when_the_record_comes() {
     assert_eq!(pongs, 1, "{out:?}");
     // Once: the same datagram again is a replay, and later records read nothing more.
     out.clear();
-    net.hosts[0].reach.on_datagram(from, &m, now(200), &mut rng, &mut out);
+    net.hosts[0]
+        .reach
+        .on_datagram(from, &m, now(200), &mut rng, &mut out);
     assert_eq!(net.hosts[0].reach.counters.replay, 1);
     // A stranger's ping older than the TTL is not read when the key arrives.
     let mut net = Net::new(&[(NatKind::None, false), (NatKind::None, false)]);
     let mut out = Vec::new();
-    net.hosts[0].reach.on_datagram(from, &m, t, &mut rng, &mut out);
+    net.hosts[0]
+        .reach
+        .on_datagram(from, &m, t, &mut rng, &mut out);
     let peers = net.peers_of(0);
     net.hosts[0]
         .reach
