@@ -1,9 +1,9 @@
 //! Coalescing (software GRO): consecutive segments of one TCP flow become one large frame with
 //! a virtio-net header, so the receiving guest's stack handles 64 KB at a time.
 
-use crate::checksum::{checksum, fold, sum};
 use crate::headers::{parse_l3l4, Layout, L3, L4};
-use crate::virtio::VirtioNetHdr;
+use vnet_wire::checksum::{checksum, fold, sum};
+use vnet_wire::VirtioNetHdr;
 
 /// Most payload bytes in one coalesced frame (its IP length must fit 16 bits).
 pub const MAX_GRO_PAYLOAD: usize = 65535 - 60 - 60;

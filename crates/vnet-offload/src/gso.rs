@@ -2,10 +2,10 @@
 
 use std::ops::Range;
 
-use crate::checksum::{fold, sum};
 use crate::headers::{parse_l3l4, L3, L4};
-use crate::virtio::VirtioNetHdr;
 use crate::OffloadError;
+use vnet_wire::checksum::{fold, sum};
+use vnet_wire::VirtioNetHdr;
 
 /// Fewest bytes per segment a guest may ask for: a hostile `gso_size` of 1 would otherwise
 /// turn one 64 KB frame into 65536 segments.
@@ -252,8 +252,8 @@ pub fn segment_with(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::checksum::checksum;
     pub use crate::test_frames::{tso_frame, valid};
+    use vnet_wire::checksum::checksum;
 
     fn join(list: &SegmentList, frame: &[u8], i: usize) -> Vec<u8> {
         list.parts(frame, i).concat()

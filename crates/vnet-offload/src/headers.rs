@@ -1,7 +1,7 @@
 //! Just enough of Ethernet, IPv4, IPv6, TCP and UDP to segment and coalesce.
 
-use crate::checksum::sum;
 use crate::OffloadError;
+use vnet_wire::checksum::sum;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum L3 {
