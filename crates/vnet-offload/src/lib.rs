@@ -4,8 +4,9 @@
 //! that needs them ([`segment`]), and on receive merges consecutive segments of a TCP flow back
 //! into one large frame for the guest ([`Coalescer`]), so both guests' stacks see 64 KB at a time.
 //!
-//! The Internet checksum and the virtio-net header live in `vnet-wire`, beside the headers they
-//! serve, and are re-exported here, where the data path has always found them.
+//! The headers are read and rewritten through `vnet-wire`'s views (IPv4, IPv6, TCP, UDP, the
+//! virtio-net header); the Internet checksum and the virtio-net header live there too and are
+//! re-exported here, where the data path has always found them.
 //!
 //! Pure: no I/O. Every parser treats its input as hostile and returns an [`OffloadError`].
 
