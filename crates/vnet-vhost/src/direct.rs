@@ -12,7 +12,8 @@
 //! for another guest is ever read back from memory the guest can rewrite. The device thread
 //! waits on these sockets; when one is readable it notifies the guest early (optimistic
 //! policy), takes as many datagrams as the guest offers receive buffers, and checks each: a
-//! frame for this interface (VXLAN of the link's VNI, accepted by the route table) is copied
+//! frame for this interface (VXLAN of the link's VNI, read with `vnet-wire`'s VXLAN view,
+//! accepted by the route table) is copied
 //! with its virtio-net header into the next receive buffer and published; any other (another
 //! VNI, transit, broadcast for elsewhere, no route) goes to the ordinary path from the bounce
 //! buffer. Used only when this interface is the only one in its VNI on this host, learning is
@@ -32,7 +33,7 @@ use vnet_core::DropReason;
 use vnet_dataplane::forward::FwdCtx;
 use vnet_dataplane::sys::{MmsgReceiver, Msg};
 use vnet_dataplane::DirectLink;
-use vnet_wire::{MacAddr, VXLAN_HEADER_LEN};
+use vnet_wire::{MacAddr, VirtioNetHdr, VxlanPacket, VXLAN_HEADER_LEN};
 
 use crate::device::{Dev, HDR_LEN};
 use crate::notify::Action;
@@ -158,12 +159,6 @@ fn is_icmp_report(e: &io::Error) -> bool {
     )
 }
 
-/// What a datagram from a link's peer is: VXLAN (the I flag) of which VNI.
-fn vxlan_vni(h: &[u8]) -> Option<u32> {
-    (h.len() >= VXLAN_HEADER_LEN && h[0] & 0x08 != 0)
-        .then(|| u32::from_be_bytes([0, h[4], h[5], h[6]]))
-}
-
 impl Dev {
     /// Receives what `d`'s peer sent into `b`, then this guest's frames into its receive
     /// buffers (one copy each); see the module header.
@@ -283,11 +278,12 @@ impl Dev {
                 self.ingress.count_link_drop(d.link.port, len, r);
                 continue;
             }
-            let Some(vni) = vxlan_vni(&b.buf[at + PAD..at + HDR_LEN]) else {
+            let Ok(vxlan) = VxlanPacket::new_checked(&b.buf[at + PAD..at + HDR_LEN]) else {
                 self.ingress
                     .count_link_drop(d.link.port, len, DropReason::BadVxlan);
                 continue;
             };
+            let vni = vxlan.vni();
             let flen = len - VXLAN_HEADER_LEN;
             if vni != d.link.vni {
                 b.others.push((vni, k, flen));
@@ -313,8 +309,7 @@ impl Dev {
             // virtio_net_hdr_v1 over the VXLAN header: no offload flags (the guest checks
             // the checksum), one buffer; then header and frame in one copy.
             let s = &mut b.buf[at..at + HDR_LEN + flen];
-            s[..HDR_LEN].fill(0);
-            s[HDR_LEN - 2] = 1;
+            s[..HDR_LEN].copy_from_slice(&VirtioNetHdr::default().emit_mrg_rxbuf(1));
             if mem.write_slice(s, b.bufs[w].1).is_err() {
                 continue;
             }
@@ -405,12 +400,12 @@ impl Dev {
                     .count_link_drop(d.link.port, len, DropReason::Truncated);
                 continue;
             }
-            let Some(vni) = vxlan_vni(&buf[..len]) else {
+            let Ok(vxlan) = VxlanPacket::new_checked(&buf[..len]) else {
                 self.ingress
                     .count_link_drop(d.link.port, len, DropReason::BadVxlan);
                 continue;
             };
-            let f = buf[VXLAN_HEADER_LEN..len].to_vec();
+            let (vni, f) = (vxlan.vni(), vxlan.payload().to_vec());
             if vni == d.link.vni {
                 frames.push(f);
             } else {
@@ -438,21 +433,6 @@ impl Dev {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn vxlan_datagrams_are_told_apart_by_vni() {
-        let h = vnet_wire::VxlanRepr { vni: 7 }.header();
-        assert_eq!(vxlan_vni(&h), Some(7));
-        assert_eq!(
-            vxlan_vni(&vnet_wire::VxlanRepr { vni: 8 }.header()),
-            Some(8)
-        );
-        // The I flag missing: not VXLAN (an encrypted link's message starts with 1..3).
-        let mut bad = h;
-        bad[0] = 3;
-        assert_eq!(vxlan_vni(&bad), None);
-        assert_eq!(vxlan_vni(&h[..4]), None);
-    }
 
     #[test]
     fn an_icmp_error_for_the_shared_sockets_datagram_is_not_fatal() {
