@@ -51,5 +51,5 @@ mod worker;
 mod testing;
 
 pub use engine::{Engine, EngineError, Leave, NicFactory};
-pub use ingress::guest::{DirectLink, GuestFrame, Ingress, GUEST_HEAD};
+pub use ingress::guest::{CutThrough, DecidedFrames, DirectLink, GuestFrame, Ingress, GUEST_HEAD};
 pub use nic::GuestNic;
