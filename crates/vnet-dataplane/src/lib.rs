@@ -51,5 +51,7 @@ mod worker;
 mod testing;
 
 pub use engine::{Engine, EngineError, Leave, NicFactory};
-pub use ingress::guest::{CutThrough, DecidedFrames, DirectLink, GuestFrame, Ingress, GUEST_HEAD};
+pub use ingress::guest::{
+    CutThrough, CutThroughLink, DecidedFrames, GuestFrame, Ingress, GUEST_HEAD,
+};
 pub use nic::GuestNic;

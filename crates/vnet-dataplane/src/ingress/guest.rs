@@ -1,9 +1,12 @@
 //! How a NIC that is not read by the dispatchers (vhost-user, with its own thread) hands its
 //! guest's frames to the overlay, and the vhost-user cut-through receive's way in: which UDP
-//! links it reads itself ([`Ingress::direct_links`]), the one forwarding decision for
+//! links it reads itself ([`Ingress::cut_through_links`]), the one forwarding decision for
 //! each frame it reads ([`Ingress::cut_through`], the same as every other ingress's: counters,
 //! guard, learning, traffic matrix, route cache), and the ordinary path for what is not for
 //! its guest alone ([`Ingress::forward_decided`], [`Ingress::forward_other_vni`]).
+//!
+//! ("Cut-through" names the vhost-user receive path here; a *direct link* is something else,
+//! the raw-Ethernet link onto a host NIC, `ports::direct`.)
 //!
 //! A frame the guest transmitted may be handed over where it lies, in the guest's shared
 //! memory ([`GuestFrame::Shared`]): the guest can rewrite those bytes at any moment, so vnet
@@ -30,9 +33,10 @@ use crate::shared::Shared;
 /// forwarding path reads (Ethernet, IP, TCP/UDP) fits.
 pub const GUEST_HEAD: usize = 128;
 
-/// A UDP link a vhost-user interface receives from directly (see [`Ingress::direct_links`]).
+/// A UDP link whose datagrams a vhost-user interface receives itself, by cut-through (see
+/// [`Ingress::cut_through_links`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DirectLink {
+pub struct CutThroughLink {
     pub port: PortId,
     pub peer: SocketAddr,
     pub local: SocketAddr,
@@ -134,10 +138,10 @@ impl Ingress {
         self.shared.snapshot.load().table.generation()
     }
 
-    /// The UDP links this interface may receive from directly (vhost-user cut-through):
-    /// those of its VNI, when it is the only interface in that VNI and learning is off, so
-    /// that every frame from such a link is either for it or not for this host at all.
-    pub fn direct_links(&self) -> Vec<DirectLink> {
+    /// The UDP links this interface may receive from itself (vhost-user cut-through): those
+    /// of its VNI, when it is the only interface in that VNI and learning is off, so that
+    /// every frame from such a link is either for it or not for this host at all.
+    pub fn cut_through_links(&self) -> Vec<CutThroughLink> {
         let snap = self.shared.snapshot.load();
         if self.shared.learning.load(Relaxed) {
             return vec![];
@@ -171,7 +175,7 @@ impl Ingress {
                 if l.crypto.is_some() || encrypted_peers.contains(&l.to.as_socket()) {
                     return None;
                 }
-                l.to.as_socket().map(|peer| DirectLink {
+                l.to.as_socket().map(|peer| CutThroughLink {
                     port: *id,
                     peer,
                     local,

@@ -34,7 +34,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vnet_core::DropReason;
 use vnet_dataplane::forward::FwdCtx;
 use vnet_dataplane::sys::{MmsgReceiver, Msg};
-use vnet_dataplane::{CutThrough, DecidedFrames, DirectLink};
+use vnet_dataplane::{CutThrough, CutThroughLink, DecidedFrames};
 use vnet_wire::{VirtioNetHdr, VxlanPacket, VXLAN_HEADER_LEN};
 
 use crate::device::{Dev, HDR_LEN};
@@ -52,13 +52,13 @@ const PAD: usize = HDR_LEN - VXLAN_HEADER_LEN;
 const SLOT_FRAME_MIN: usize = 9216 + 18;
 
 /// A connected socket for one UDP link.
-pub struct DirectSock {
+pub struct CutThroughSock {
     pub fd: OwnedFd,
-    pub link: DirectLink,
+    pub link: CutThroughLink,
 }
 
-impl DirectSock {
-    pub fn open(link: DirectLink) -> io::Result<DirectSock> {
+impl CutThroughSock {
+    pub fn open(link: CutThroughLink) -> io::Result<CutThroughSock> {
         let sock = Socket::new(
             Domain::for_address(link.local),
             Type::DGRAM,
@@ -78,7 +78,7 @@ impl DirectSock {
         };
         sock.connect(&SockAddr::from(peer))?;
         sock.set_nonblocking(true)?;
-        Ok(DirectSock {
+        Ok(CutThroughSock {
             fd: sock.into(),
             link,
         })
@@ -168,7 +168,7 @@ fn is_icmp_report(e: &io::Error) -> bool {
 impl Dev {
     /// Receives what `d`'s peer sent into `b`, then this guest's frames into its receive
     /// buffers (one copy each); see the module header.
-    pub fn direct_receive(&self, d: &DirectSock, b: &mut Bounce) -> io::Result<Received> {
+    pub fn cut_through_receive(&self, d: &CutThroughSock, b: &mut Bounce) -> io::Result<Received> {
         let Some(mem) = self.mem.load_full() else {
             return Ok(Received::Off);
         };
@@ -349,7 +349,7 @@ impl Dev {
     /// The datagrams of a batch that were not for this guest, from the bounce buffer: those
     /// of the link's VNI to the ports their verdicts name, the others from the link of their
     /// VNI to that peer.
-    fn forward_others(&self, ctx: &mut FwdCtx, d: &DirectSock, b: &mut Bounce) {
+    fn forward_others(&self, ctx: &mut FwdCtx, d: &CutThroughSock, b: &mut Bounce) {
         if !b.later.is_empty() {
             let (buf, msgs, stride) = (&b.buf, &b.msgs, b.stride);
             self.ingress.forward_decided(ctx, &mut b.later, |k| {
@@ -369,7 +369,7 @@ impl Dev {
     }
 
     /// Takes the datagrams on `d` the ordinary way (copied, through the route table).
-    pub fn plain_receive(&self, d: &DirectSock) -> io::Result<usize> {
+    pub fn plain_receive(&self, d: &CutThroughSock) -> io::Result<usize> {
         let mut buf = vec![0u8; 65536];
         let mut frames: Vec<Vec<u8>> = Vec::new();
         let mut others: Vec<(u32, Vec<u8>)> = Vec::new();
@@ -442,7 +442,7 @@ mod tests {
         let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = peer.local_addr().unwrap();
         drop(peer);
-        let d = DirectSock::open(DirectLink {
+        let d = CutThroughSock::open(CutThroughLink {
             port: vnet_core::PortId(1),
             peer: to,
             local: "127.0.0.1:0".parse().unwrap(),
