@@ -2,11 +2,15 @@
 //! RFC 793, RFC 8200 section 8.1) that TCP, UDP and ICMPv6 checksums cover. Here, below every
 //! view, because IPv4 headers, ICMP errors and the offloads' segments all need the same sum,
 //! and the offloads need it fast (it is a pass over every payload byte of a TSO frame).
+//! `#[inline]` because its callers are in other crates now: a 20-byte header or an 8-byte
+//! address sum inlined into the caller folds to a few additions (measured: without it,
+//! `vnet_offload::left_partial` took ~3 ns more per frame after the move from vnet-offload).
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Adds `data` to a running ones'-complement sum. `data` is taken to start at an even offset of
 /// the checksummed region. The result is not folded; feed it to [`fold`].
+#[inline]
 pub fn sum(data: &[u8], initial: u64) -> u64 {
     // Add native-endian 32-bit words into four 64-bit lanes: no carries to propagate (2^32
     // words fit), and the compiler vectorizes it. The ones'-complement sum is byte-order
@@ -39,6 +43,7 @@ pub fn sum(data: &[u8], initial: u64) -> u64 {
     initial + be as u64
 }
 
+#[inline]
 fn fold_native(mut s: u64) -> u16 {
     s = (s & 0xffff_ffff) + (s >> 32);
     s = (s & 0xffff_ffff) + (s >> 32);
@@ -48,11 +53,13 @@ fn fold_native(mut s: u64) -> u16 {
 }
 
 /// Folds a running sum to 16 bits (not complemented).
+#[inline]
 pub fn fold(s: u64) -> u16 {
     fold_native(s)
 }
 
 /// The checksum of `data` alone: the complement of its folded sum.
+#[inline]
 pub fn checksum(data: &[u8]) -> u16 {
     !fold(sum(data, 0))
 }
@@ -77,6 +84,7 @@ pub fn pseudo_header_v6(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, len: u32)
 
 /// The checksum of `data` under a pseudo-header sum, as it goes into a TCP/UDP/ICMPv6 field
 /// that held zero while `data` was summed.
+#[inline]
 pub fn checksum_with(pseudo: u64, data: &[u8]) -> u16 {
     !fold(sum(data, pseudo))
 }
