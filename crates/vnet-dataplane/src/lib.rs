@@ -52,5 +52,7 @@ mod worker;
 mod testing;
 
 pub use engine::{Engine, EngineError, Leave, NicFactory, ReachPath};
-pub use ingress::guest::{DirectLink, GuestFrame, Ingress, GUEST_HEAD};
+pub use ingress::guest::{
+    CutThrough, CutThroughLink, DecidedFrames, GuestFrame, Ingress, GUEST_HEAD,
+};
 pub use nic::GuestNic;
