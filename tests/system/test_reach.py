@@ -7,6 +7,7 @@ wide-area lab (``vnetlab/wanlab.py``, its own tests in test_wanlab.py) through
 ``vnetlab/reachlab.py``."""
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -226,3 +227,37 @@ def test_a_punched_link_runs_on_the_kernel_fast_path(lab, record):
     ct = bed.sites[0].router.conntrack()
     mappings = [line for line in ct.splitlines() if "dport=4789" in line and "udp" in line]
     assert mappings, ct
+
+
+def test_no_black_hole_on_a_small_mtu_path_that_drops_fragments(lab, record):
+    """Guests with MTU 1500 behind NATs, one site's path 1280 bytes and its firewall dropping
+    IP fragments: reach links carry DF, the path's MTU is learned from the router's ICMP, and a
+    frame too big is answered to its guest with "fragmentation needed" (mtu = path - 50), so
+    the guests' TCP adapts: a ping of 1400 bytes with DF gets that answer within 1 s of the
+    first one too big, and an iperf3 TCP stream runs (on the kernel fast path)."""
+    bed = reachlab.Bed(lab, ["port-restricted", "port-restricted"], relays=1, mtu=None,
+                       site_kw=[{"wan_mtu": 1280, "firewall": {"drop_fragments": True}}, {}])
+    bed.start()
+    bed.wait_paths(timeout=15)
+    g1, g2 = bed.guests["h1"], bed.guests["h2"]
+    t0 = time.time()
+    told = None
+    while time.time() - t0 < 5 and told is None:
+        r = g1.exec("ping", "-c", "1", "-s", "1400", "-M", "do", "-W", "0.3", g2.ip_addr, check=False)
+        m = re.search(r"Frag needed and DF set \(mtu = (\d+)\)|message too long, mtu=(\d+)", r.stdout + r.stderr)
+        if m:
+            told = (time.time() - t0, int(m.group(1) or m.group(2)))
+    assert told is not None, "the guest was never told its frames do not fit"
+    assert told[1] == 1280 - 50, told
+    res = lab.iperf(g2, g2.ip_addr, g1, seconds=3)
+    st = bed.hosts["h1"].ctl_json("show", "stats", "json")
+    link = next(p for p in st["ports"] if p["name"] == "c-h2-v1")
+    peer = {p["host"]: p for p in bed.reach("h1")["peers"]}["h2"]
+    record("small_mtu", {"told_after_s": round(told[0], 2), "mtu_told": told[1],
+                         "tcp_gbps": round(res.gbps, 2), "path_mtu": peer["mtu"],
+                         "too_big": link["drops"].get("too_big", 0)})
+    assert told[0] < 2.0, told
+    assert peer["mtu"] == 1280, peer
+    assert res.bytes > 10_000_000, res
+    assert (link.get("kernel") or {}).get("tx_bytes", 0) > 0.9 * res.bytes, link
+    assert bed.sites[0].router.fw_counters(), "the firewall had no rule"

@@ -8,6 +8,7 @@
 //! itself, and hands the others on later: `ingress::guest`). What happens on the way out is
 //! the port kind's business (`ports`, above); this module knows no port kind.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use vm_memory::VolatileSlice;
@@ -250,7 +251,7 @@ pub fn process<'a>(
             scratch,
             queue: *queue,
         };
-        transmit(shared, snap, &mut out, v, a, batch);
+        transmit(shared, snap, &mut out, ingress, v, a, batch);
     }
 }
 
@@ -264,11 +265,13 @@ pub(crate) struct Egress<'c> {
 }
 
 /// Hands a frame the decision let in to each port of its verdict, counting what each sent or
-/// dropped.
+/// dropped. A frame a link's path cannot carry (`too_big`) is answered to `ingress`, its
+/// sender, with ICMP "fragmentation needed" / "packet too big".
 pub(crate) fn transmit<'a>(
     shared: &Shared,
     snap: &'a Snapshot,
     out: &mut Egress<'_>,
+    ingress: PortId,
     v: Verdict<'_>,
     a: Arrival<'a>,
     batch: &mut TxBatch<'a>,
@@ -298,9 +301,67 @@ pub(crate) fn transmit<'a>(
         };
         match port.port.send(&mut tx, &frame) {
             Ok(()) => port.counters.tx(len),
+            Err(DropReason::TooBig) => {
+                port.counters.count_drop(DropReason::TooBig);
+                let limit = port.port.as_udp().and_then(|u| u.path.load().limit);
+                if let Some(limit) = limit {
+                    answer_too_big(shared, snap, out, ingress, &frame, limit);
+                }
+            }
             Err(reason) => port.counters.count_drop(reason),
         }
     }
+}
+
+/// Tells the sender of `frame` (behind port `to`) that its IP packets may be at most `limit`
+/// bytes on the way it took: the ICMP reply goes out through that port at once, in a batch of
+/// its own.
+fn answer_too_big(
+    shared: &Shared,
+    snap: &Snapshot,
+    out: &mut Egress<'_>,
+    to: PortId,
+    frame: &Frame<'_>,
+    limit: usize,
+) {
+    let Some(port) = snap.ports.get(&to) else {
+        return;
+    };
+    // `head` holds at least the first 128 bytes of any frame: every header a quote needs.
+    let mut whole = frame.head.to_vec();
+    whole[..12].copy_from_slice(&frame.macs);
+    let crate::too_big::TooBig::Reply(reply) = crate::too_big::too_big(&whole, limit) else {
+        return;
+    };
+    let mut macs = [0u8; 12];
+    macs.copy_from_slice(&reply[..12]);
+    let answer = Frame {
+        vh: VirtioNetHdr::default(),
+        macs,
+        head: &reply,
+        tail: None,
+        origin: Origin::Local,
+        sole: true,
+    };
+    let mut batch = TxBatch::default();
+    let mut tx = Tx {
+        offload: &shared.offload,
+        port: to,
+        counters: &port.counters,
+        queue: out.queue,
+        seg: out.seg,
+        coalescers: out.coalescers,
+        scratch: out.scratch,
+        batch: &mut batch,
+    };
+    match port.port.send(&mut tx, &answer) {
+        Ok(()) => {
+            port.counters.tx(reply.len());
+            shared.reach.too_big_answered.fetch_add(1, Relaxed);
+        }
+        Err(reason) => port.counters.count_drop(reason),
+    }
+    batch.flush(&shared.offload, &shared.daemon, &snap.udp);
 }
 
 #[cfg(test)]

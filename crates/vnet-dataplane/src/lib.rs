@@ -44,6 +44,7 @@ pub mod reach;
 pub mod shared;
 pub mod sys;
 pub mod tap;
+pub mod too_big;
 pub mod udp;
 pub mod underlay_watch;
 mod worker;

@@ -240,7 +240,7 @@ impl Ingress {
                 targets: &later.targets[targets.start as usize..targets.end as usize],
             };
             let a = Arrival::local(VirtioNetHdr::default(), frame(*key));
-            transmit(&self.shared, &snap, &mut out, v, a, &mut batch);
+            transmit(&self.shared, &snap, &mut out, self.port, v, a, &mut batch);
         }
         batch.flush(&self.shared.offload, &self.shared.daemon, &snap.udp);
         ctx.flush(&self.shared);
