@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
 use socket2::SockAddr;
+use vnet_core::DropReason;
 use vnet_reach::wire::{relay_header, RELAY_HEADER_LEN};
 use vnet_reach::{RelayTable, Tag};
 
@@ -110,18 +111,26 @@ impl ReachEdge {
         self.relay.get()
     }
 
-    /// Hands a reach datagram to the reach thread (copied); counted either way.
-    pub fn hand_over(&self, from: SocketAddr, bytes: &[u8]) {
+    /// Whether this daemon runs reach (its reach thread opened the inbox).
+    pub fn enabled(&self) -> bool {
+        self.inbox.get().is_some()
+    }
+
+    /// Hands a reach datagram to the reach thread (copied). Not taken: without reach it is
+    /// no datagram this daemon knows (`bad_vxlan`, as before reach); with a full inbox, a
+    /// flood (`queue_full`, and `inbox_full` in `show reach`).
+    pub fn hand_over(&self, from: SocketAddr, bytes: &[u8]) -> Result<(), DropReason> {
         let Some(tx) = self.inbox.get() else {
-            self.inbox_full.fetch_add(1, Relaxed);
-            return;
+            return Err(DropReason::BadVxlan);
         };
         match tx.try_send((from, bytes.to_vec())) {
             Ok(()) => {
                 self.handed.fetch_add(1, Relaxed);
+                Ok(())
             }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.inbox_full.fetch_add(1, Relaxed);
+                Err(DropReason::QueueFull)
             }
         }
     }
@@ -135,13 +144,17 @@ mod tests {
     fn the_inbox_is_bounded_and_counts() {
         let e = ReachEdge::default();
         let from: SocketAddr = "10.0.0.1:4789".parse().unwrap();
-        e.hand_over(from, b"x");
-        assert_eq!(e.inbox_full.load(Relaxed), 1, "no inbox yet");
+        assert_eq!(
+            e.hand_over(from, b"x"),
+            Err(DropReason::BadVxlan),
+            "no reach here"
+        );
         let rx = e.open_inbox().unwrap();
         assert!(e.open_inbox().is_none());
-        for _ in 0..INBOX_DEPTH + 10 {
-            e.hand_over(from, b"ping");
-        }
+        let full = (0..INBOX_DEPTH + 10)
+            .filter(|_| e.hand_over(from, b"ping") == Err(DropReason::QueueFull))
+            .count();
+        assert_eq!(full, 10);
         assert_eq!(e.handed.load(Relaxed), INBOX_DEPTH as u64);
         assert_eq!(e.inbox_full.load(Relaxed), 11);
         assert_eq!(rx.try_recv().unwrap(), (from, b"ping".to_vec()));
