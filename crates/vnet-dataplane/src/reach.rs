@@ -156,7 +156,7 @@ mod tests {
             .count();
         assert_eq!(full, 10);
         assert_eq!(e.handed.load(Relaxed), INBOX_DEPTH as u64);
-        assert_eq!(e.inbox_full.load(Relaxed), 11);
+        assert_eq!(e.inbox_full.load(Relaxed), 10);
         assert_eq!(rx.try_recv().unwrap(), (from, b"ping".to_vec()));
     }
 
