@@ -302,15 +302,97 @@ pub(crate) fn transmit<'a>(
         match port.port.send(&mut tx, &frame) {
             Ok(()) => port.counters.tx(len),
             Err(DropReason::TooBig) => {
-                port.counters.count_drop(DropReason::TooBig);
                 let limit = port.port.as_udp().and_then(|u| u.path.load().limit);
-                if let Some(limit) = limit {
+                let Some(limit) = limit else {
+                    port.counters.count_drop(DropReason::TooBig);
+                    continue;
+                };
+                if !fragment_too_big(shared, snap, out, *t, &frame, limit) {
+                    port.counters.count_drop(DropReason::TooBig);
                     answer_too_big(shared, snap, out, ingress, &frame, limit);
                 }
             }
             Err(reason) => port.counters.count_drop(reason),
         }
     }
+}
+
+/// Sends `frame`, an IPv4 datagram without DF too large for port `to`'s path, as fragments
+/// whose IP packets are at most `limit` bytes (`fragment.rs`), as a router would; in a batch of
+/// their own, flushed at once. `false`: not such a frame (DF, not IPv4, a segmentation offload
+/// frame) or not sent; the caller answers or drops it.
+fn fragment_too_big(
+    shared: &Shared,
+    snap: &Snapshot,
+    out: &mut Egress<'_>,
+    to: PortId,
+    frame: &Frame<'_>,
+    limit: usize,
+) -> bool {
+    let Some(port) = snap.ports.get(&to) else {
+        return false;
+    };
+    // A frame the guest left to be segmented is TCP or UDP with its own sizes: never cut.
+    if frame.vh.gso_kind() != VirtioNetHdr::GSO_NONE {
+        return false;
+    }
+    // Cheap refusal first: only IPv4 without DF is fragmented (its header is in `head`).
+    let ip = frame.head.get(ETHERNET_HEADER_LEN..).unwrap_or(&[]);
+    let v4_no_df = frame.head.get(12..14) == Some(&[0x08, 0x00][..])
+        && ip.len() >= 20
+        && ip[0] >> 4 == 4
+        && ip[6] & 0x40 == 0;
+    if !v4_no_df {
+        return false;
+    }
+    let mut whole = Vec::with_capacity(frame.len());
+    whole.extend_from_slice(frame.head);
+    if let Some(t) = frame.tail {
+        let at = whole.len();
+        whole.resize(at + t.len(), 0);
+        if t.copy_to(&mut whole[at..]) != t.len() {
+            return false;
+        }
+    }
+    whole[..12].copy_from_slice(&frame.macs);
+    // A checksum left to the NIC is computed before the datagram is cut (the receiver checks
+    // it over the reassembled datagram).
+    if frame.vh.needs_csum() && vnet_offload::complete_checksum(&mut whole, &frame.vh).is_err() {
+        return false;
+    }
+    let Ok(frags) = crate::fragment::fragment_ipv4(&whole, limit) else {
+        return false;
+    };
+    let mut batch = TxBatch::default();
+    for f in &frags {
+        let mut macs = [0u8; 12];
+        macs.copy_from_slice(&f[..12]);
+        let piece = Frame {
+            vh: VirtioNetHdr::default(),
+            macs,
+            head: f,
+            tail: None,
+            origin: frame.origin,
+            sole: true,
+        };
+        let mut tx = Tx {
+            offload: &shared.offload,
+            port: to,
+            counters: &port.counters,
+            queue: out.queue,
+            seg: out.seg,
+            coalescers: out.coalescers,
+            scratch: out.scratch,
+            batch: &mut batch,
+        };
+        match port.port.send(&mut tx, &piece) {
+            Ok(()) => port.counters.tx(f.len()),
+            Err(reason) => port.counters.count_drop(reason),
+        }
+    }
+    batch.flush(&shared.offload, &shared.daemon, &snap.udp);
+    shared.reach.fragmented.fetch_add(1, Relaxed);
+    true
 }
 
 /// Tells the sender of `frame` (behind port `to`) that its IP packets may be at most `limit`
