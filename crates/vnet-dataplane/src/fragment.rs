@@ -41,6 +41,10 @@ pub fn fragment_ipv4(frame: &[u8], max_ip: usize) -> Result<Vec<Vec<u8>>, Fragme
     if p.dont_frag() {
         return Err(FragmentError::DontFragment);
     }
+    // A router drops a header whose checksum is wrong; fragments would carry fresh ones.
+    if !p.verify_checksum() {
+        return Err(FragmentError::Malformed);
+    }
     let hl = p.header_len();
     let total = p.total_len() as usize;
     if total < hl || total > ip.len() {
@@ -247,9 +251,15 @@ mod tests {
             fragment_ipv4(&v4(600, &bad, false), 300),
             Err(FragmentError::Malformed)
         );
+        // A header checksum that is wrong.
+        let mut bad_sum = v4(600, &[], false);
+        bad_sum[14 + 10] ^= 0xff;
+        assert_eq!(fragment_ipv4(&bad_sum, 300), Err(FragmentError::Malformed));
         // A total length beyond the frame.
         let mut long = v4(100, &[], false);
-        Ipv4Packet::new_unchecked(&mut long[14..]).set_total_len(400);
+        let mut p = Ipv4Packet::new_unchecked(&mut long[14..]);
+        p.set_total_len(400);
+        p.fill_checksum();
         assert_eq!(fragment_ipv4(&long, 100), Err(FragmentError::Malformed));
     }
 
