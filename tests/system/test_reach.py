@@ -109,6 +109,38 @@ def test_a_nat_that_forgets_its_mappings_costs_a_moment_not_the_link(lab, record
     record("flushed_at", round(t0, 3))
 
 
+def test_a_site_whose_firewall_drops_all_udp_reaches_everyone_through_a_tcp_tunnel(lab, record):
+    """Site S1's firewall drops every UDP datagram (TCP passes, as many corporate firewalls
+    do); S2 is behind a port-restricted NAT. h1's reach gets no answer from the relay over UDP,
+    opens a TCP tunnel to the relay's VXLAN port, and its links go through the relay over it:
+    the guests ping each other both ways and a TCP stream runs. The relay reads nothing it
+    carries (the link is encrypted end to end here: the relay has no key of theirs)."""
+    bed = reachlab.Bed(lab, ["none", "port-restricted"], relays=1, encrypt=True,
+                       site_kw=[{"firewall": {"drop_udp": True}}, {}])
+    t0 = time.time()
+    bed.start()
+    paths = bed.wait_paths(timeout=20, want=lambda a, b: {"relayed-tcp"} if a == "h1" else {"relayed"})
+    first = bed.first_reply("h1", "h2", 10)
+    assert first is not None, "no reply through the tunnel"
+    assert bed.path("h1", "r1") == "tunneled", bed.reach("h1")["peers"]
+    got = reachlab.ping_all(bed, count=5)
+    res = lab.iperf(bed.guests["h2"], bed.guests["h2"].ip_addr, bed.guests["h1"], seconds=3)
+    h1, r1 = dict(bed.reach("h1")["counters"]), dict(bed.reach("R1")["counters"])
+    fw = bed.sites[0].router.fw_counters()
+    record("tcp_tunnel", {"paths": {f"{a}-{b}": p for (a, b), p in paths.items()},
+                          "first_reply_s": round(first - t0, 2), "pings": {f"{a}-{b}": n for (a, b), n in got.items()},
+                          "tcp_gbps": round(res.gbps, 3), "firewall": fw,
+                          "h1_tunnel_out": h1.get("tunnel_datagrams_out"), "h1_tunnel_in": h1.get("tunnel_datagrams_in"),
+                          "relay_tunnels_open": r1.get("tunnels_open"), "relay_forwarded": r1.get("relay_forwarded")})
+    assert all(n == 5 for n in got.values()), got
+    assert res.bytes > 1_000_000, res
+    assert h1["tunnels_open"] == 1 and r1["tunnels_open"] == 1, (h1, r1)
+    # The stream crossed the tunnel and the relay, and the firewall did drop UDP.
+    assert h1["tunnel_datagrams_out"] > 500 and h1["tunnel_datagrams_in"] > 500, h1
+    assert r1["relay_forwarded"] > 1000, r1
+    assert any(n > 0 for n in fw.values()), fw
+
+
 def test_links_move_to_another_relay_when_theirs_dies(lab, record):
     """Two hosts behind symmetric NATs (no direct path) and two relays: the one their link
     goes through is killed; the link moves to the other within the trust time and the

@@ -197,8 +197,9 @@ impl Engine {
             for (id, configured) in in_kernel {
                 // A relay's path goes through vnetd; no path known yet: the configured address.
                 let to = match (path.direct, path.relay) {
-                    (Some(ep), _) => Some(ep),
-                    (None, Some(_)) => None,
+                    // A TCP tunnel's local end (loopback) goes through vnetd, as a relay does.
+                    (Some(ep), _) if !ep.ip().is_loopback() => Some(ep),
+                    (Some(_), _) | (None, Some(_)) => None,
                     (None, None) => configured,
                 };
                 k.set_link_path(id, to, path.mtu);

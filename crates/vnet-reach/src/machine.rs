@@ -11,7 +11,7 @@ use vnet_crypto::{PrivateKey, PublicKey};
 use crate::candidates::{Candidate, NatMapping, Observer, SelfView};
 use crate::endpoint::canonical;
 use crate::keys::{PairKey, Tag, NONCE_LEN};
-use crate::path::PeerPath;
+use crate::path::{Origin, PeerPath};
 use crate::stun;
 use crate::wire::{
     self, Kind, Ping, Pong, ProbeBody, ProbeHeader, FLAG_BIND, FLAG_PAD_REPLY, TXID_LEN,
@@ -37,6 +37,9 @@ const MAX_STRANGERS: usize = 64;
 const MAX_STRANGER_LEN: usize = 256;
 /// Relays a host binds to, at most (the fastest).
 pub const MAX_BOUND_RELAYS: usize = 3;
+/// A relay that has not answered over UDP for this long is asked for a TCP tunnel (UDP is
+/// filtered on the way: the last fallback). Discovery's first rounds (0-1 s) come before.
+pub const TUNNEL_AFTER_MS: u64 = 2_000;
 
 /// What the machine was started with.
 #[derive(Debug, Clone)]
@@ -73,19 +76,31 @@ pub enum Path {
     /// No way known yet: the links send to their configured address, as without reach.
     Unknown,
     /// Straight to one of the peer's endpoints; `punched` when it is not one of the peer's own
-    /// or advertised addresses.
-    Direct { endpoint: SocketAddr, punched: bool },
-    /// Through a relay (by name) at its endpoint, with the relay header naming the peer.
-    Relayed { relay: String, endpoint: SocketAddr },
+    /// or advertised addresses; `tunnel` when the endpoint is a TCP tunnel's local end (the
+    /// peer is a relay, or a member that came in over TCP).
+    Direct {
+        endpoint: SocketAddr,
+        punched: bool,
+        tunnel: bool,
+    },
+    /// Through a relay (by name) at its endpoint, with the relay header naming the peer;
+    /// `tunnel` when that endpoint is a TCP tunnel's local end.
+    Relayed {
+        relay: String,
+        endpoint: SocketAddr,
+        tunnel: bool,
+    },
 }
 
 impl Path {
     pub fn word(&self) -> &'static str {
         match self {
             Path::Unknown => "unknown",
+            Path::Direct { tunnel: true, .. } => "tunneled",
             Path::Direct { punched: false, .. } => "direct",
             Path::Direct { punched: true, .. } => "punched",
-            Path::Relayed { .. } => "relayed",
+            Path::Relayed { tunnel: false, .. } => "relayed",
+            Path::Relayed { tunnel: true, .. } => "relayed-tcp",
         }
     }
 }
@@ -238,6 +253,10 @@ pub struct Reach {
     last_publish_ms: Option<u64>,
     /// Pings from unknown keys: (key, from, datagram, when), read again when the key appears.
     strangers: VecDeque<(PublicKey, SocketAddr, Vec<u8>, u64)>,
+    /// The local ends of this host's TCP tunnels (to relays, or from members when this host
+    /// relays): what comes from them came over TCP, and says nothing of how the underlay
+    /// sees this host.
+    tunnels: HashSet<SocketAddr>,
     pub counters: ReachCounters,
 }
 
@@ -264,8 +283,45 @@ impl Reach {
             published: None,
             last_publish_ms: None,
             strangers: VecDeque::new(),
+            tunnels: HashSet::new(),
             counters: ReachCounters::default(),
         }
+    }
+
+    /// The relays to reach over a TCP tunnel now, each with the endpoints to connect to (its
+    /// published candidates; a relay listens for tunnels on TCP at its VXLAN port): relay
+    /// peers that have not answered over UDP for [`TUNNEL_AFTER_MS`].
+    pub fn tunnels_wanted(&self, now: Now) -> Vec<(Tag, Vec<SocketAddr>)> {
+        let now_ms = now.mono_ms();
+        self.peers
+            .iter()
+            .filter(|(_, p)| p.info.relay)
+            .filter(|(_, p)| p.path.udp_down_for_ms(now_ms) >= TUNNEL_AFTER_MS)
+            .map(|(tag, p)| {
+                let eps = p.info.candidates.iter().map(|c| c.endpoint).collect();
+                (*tag, eps)
+            })
+            .collect()
+    }
+
+    /// A TCP tunnel opened; `local` is the local end its datagrams come from and go to.
+    /// `toward`: the relay this host opened it to (None: a member's, to this relay).
+    pub fn tunnel_opened(&mut self, local: SocketAddr, toward: Option<Tag>, now: Now) {
+        let local = canonical(local);
+        self.tunnels.insert(local);
+        if let Some(p) = toward.and_then(|t| self.peers.get_mut(&t)) {
+            p.path.set_tunnel(Some(local), now.mono_ms());
+        }
+    }
+
+    /// A TCP tunnel closed: its local end is no peer's endpoint any more.
+    pub fn tunnel_closed(&mut self, local: SocketAddr, now: Now, out: &mut Vec<Action>) {
+        let local = canonical(local);
+        self.tunnels.remove(&local);
+        for p in self.peers.values_mut() {
+            p.path.forget(local);
+        }
+        self.refresh(now, out);
     }
 
     pub fn tag(&self) -> Tag {
@@ -443,7 +499,8 @@ impl Reach {
                 let bytes = seal(&peer.pair, Kind::Pong, 0, self.public, &pong, len, rng);
                 out.push(Action::Send { to: from, bytes });
                 self.counters.pongs_sent += 1;
-                peer.path.on_ping(from, now_ms);
+                peer.path
+                    .on_ping(from, now_ms, self.tunnels.contains(&from));
                 if hdr.flags & FLAG_BIND != 0 && self.relay {
                     out.push(Action::RelayBind {
                         tag,
@@ -455,8 +512,11 @@ impl Reach {
             ProbeBody::Pong(pong) => {
                 peer.path.on_pong(from, pong.txid, now.mono_us)?;
                 self.counters.pongs_received += 1;
-                self.view
-                    .observe(Observer::Peer(tag), from.ip(), pong.observed, now_ms);
+                // Through a tunnel the peer saw the tunnel's far end, not this host.
+                if !self.tunnels.contains(&from) {
+                    self.view
+                        .observe(Observer::Peer(tag), from.ip(), pong.observed, now_ms);
+                }
                 Ok(())
             }
         }
@@ -506,14 +566,16 @@ impl Reach {
         for p in self.peers.values_mut() {
             p.path.choose(now_ms);
         }
-        // Relays this host can use: relay peers with a trusted path, fastest first.
-        let mut relays: Vec<(u64, String, SocketAddr)> = self
+        // Relays this host can use: relay peers with a trusted path, over UDP before over a
+        // tunnel, fastest first.
+        let mut relays: Vec<(bool, u64, String, SocketAddr)> = self
             .peers
             .values()
             .filter(|p| p.info.relay)
             .filter_map(|p| {
                 let c = p.path.chosen()?;
                 Some((
+                    c.origin == Origin::Tunnel,
                     c.rtt_us.unwrap_or(u64::MAX),
                     p.info.name.clone(),
                     c.endpoint,
@@ -527,13 +589,17 @@ impl Reach {
                 Some(c) => Path::Direct {
                     endpoint: c.endpoint,
                     punched: c.origin.punched(),
+                    tunnel: c.origin == Origin::Tunnel,
                 },
                 None => relays
                     .iter()
-                    .find(|(_, name, _)| *name != p.info.name && p.info.bound_relays.contains(name))
-                    .map(|(_, name, ep)| Path::Relayed {
+                    .find(|(_, _, name, _)| {
+                        *name != p.info.name && p.info.bound_relays.contains(name)
+                    })
+                    .map(|(tunnel, _, name, ep)| Path::Relayed {
                         relay: name.clone(),
                         endpoint: *ep,
+                        tunnel: *tunnel,
                     })
                     .unwrap_or(Path::Unknown),
             };
@@ -552,7 +618,7 @@ impl Reach {
         let record = SelfRecord {
             candidates: self.view.candidates(now_ms),
             nat: self.view.nat(now_ms),
-            bound_relays: relays.into_iter().map(|(_, n, _)| n).collect(),
+            bound_relays: relays.into_iter().map(|(_, _, n, _)| n).collect(),
         };
         let due = self
             .last_publish_ms
@@ -612,10 +678,7 @@ impl Reach {
                         .iter()
                         .map(|e| EndpointStatus {
                             endpoint: e.endpoint,
-                            origin: match e.origin {
-                                crate::path::Origin::Published(k) => k.as_str(),
-                                crate::path::Origin::PeerReflexive => "peer-reflexive",
-                            },
+                            origin: e.origin.as_str(),
                             trusted: e.trusted(now_ms),
                             rtt_us: e.rtt_us,
                         })

@@ -42,6 +42,10 @@ pub enum Origin {
     Published(CandidateKind),
     /// A ping from the peer came from it.
     PeerReflexive,
+    /// A TCP tunnel's local end (a UDP socket of this host's vnetd that carries datagrams over
+    /// a TCP connection to or from a relay): the last resort where UDP does not pass, used only
+    /// while no endpoint over UDP answers.
+    Tunnel,
 }
 
 impl Origin {
@@ -60,6 +64,15 @@ impl Origin {
             Origin::Published(CandidateKind::Advertised) => 1,
             Origin::Published(CandidateKind::Reflexive) => 2,
             Origin::PeerReflexive => 3,
+            Origin::Tunnel => 4,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Published(k) => k.as_str(),
+            Origin::PeerReflexive => "peer-reflexive",
+            Origin::Tunnel => "tcp-tunnel",
         }
     }
 }
@@ -111,6 +124,8 @@ pub struct PeerPath {
     /// The next discovery round (all endpoints), in ms.
     next_round_ms: u64,
     step: usize,
+    /// Since when no endpoint over UDP has been trusted (None: one is).
+    udp_down_since_ms: Option<u64>,
 }
 
 impl PeerPath {
@@ -118,7 +133,38 @@ impl PeerPath {
         PeerPath {
             discovery_start_ms: Some(now_ms),
             next_round_ms: now_ms,
+            udp_down_since_ms: Some(now_ms),
             ..PeerPath::default()
+        }
+    }
+
+    /// How long (ms) the peer has had no trusted endpoint over UDP as of the last
+    /// [`PeerPath::choose`]; 0 while it has one.
+    pub fn udp_down_for_ms(&self, now_ms: u64) -> u64 {
+        self.udp_down_since_ms
+            .map_or(0, |t| now_ms.saturating_sub(t))
+    }
+
+    /// The local end of a TCP tunnel to the peer (a relay) opened (`Some`) or closed (`None`).
+    /// The tunnel is an endpoint like the others (pinged, trusted only once it answers), ranked
+    /// below every endpoint over UDP.
+    pub fn set_tunnel(&mut self, tunnel: Option<SocketAddr>, now_ms: u64) {
+        self.endpoints
+            .retain(|e| e.origin != Origin::Tunnel || Some(e.endpoint) == tunnel);
+        if let Some(t) = tunnel {
+            let t = canonical(t);
+            match self.endpoints.iter_mut().find(|e| e.endpoint == t) {
+                Some(e) => e.origin = Origin::Tunnel,
+                None => self
+                    .endpoints
+                    .push(EndpointState::new(t, Origin::Tunnel, now_ms)),
+            }
+        }
+        if self
+            .chosen
+            .is_some_and(|c| !self.endpoints.iter().any(|e| e.endpoint == c))
+        {
+            self.chosen = None;
         }
     }
 
@@ -149,10 +195,12 @@ impl PeerPath {
         }
         let before: Vec<SocketAddr> = self.published().collect();
         self.endpoints.retain(|e| {
-            e.origin == Origin::PeerReflexive || wanted.iter().any(|(w, _)| *w == e.endpoint)
+            matches!(e.origin, Origin::PeerReflexive | Origin::Tunnel)
+                || wanted.iter().any(|(w, _)| *w == e.endpoint)
         });
         for (ep, kind) in wanted {
             match self.endpoints.iter_mut().find(|e| e.endpoint == ep) {
+                Some(e) if e.origin == Origin::Tunnel => {}
                 Some(e) => e.origin = Origin::Published(kind),
                 None => {
                     self.endpoints
@@ -175,15 +223,30 @@ impl PeerPath {
     fn published(&self) -> impl Iterator<Item = SocketAddr> + '_ {
         self.endpoints
             .iter()
-            .filter(|e| e.origin != Origin::PeerReflexive)
+            .filter(|e| matches!(e.origin, Origin::Published(_)))
             .map(|e| e.endpoint)
+    }
+
+    /// The endpoint `at` is gone (a tunnel's local end, closed).
+    pub fn forget(&mut self, at: SocketAddr) {
+        let at = canonical(at);
+        self.endpoints.retain(|e| e.endpoint != at);
+        if self.chosen == Some(at) {
+            self.chosen = None;
+        }
     }
 
     /// An authenticated, fresh ping from the peer came from `from`: a new endpoint is learned
     /// (the peer's NAT's mapping towards this host) and pinged at the next [`PeerPath::due`].
-    pub fn on_ping(&mut self, from: SocketAddr, now_ms: u64) {
+    /// `tunnel`: `from` is the local end of a TCP tunnel (the peer came in over TCP).
+    pub fn on_ping(&mut self, from: SocketAddr, now_ms: u64, tunnel: bool) {
         let from = canonical(from);
         if self.endpoints.iter().any(|e| e.endpoint == from) {
+            return;
+        }
+        if tunnel {
+            self.endpoints
+                .push(EndpointState::new(from, Origin::Tunnel, now_ms));
             return;
         }
         let reflexive = self
@@ -303,16 +366,34 @@ impl PeerPath {
     /// is clearly faster, else the best trusted one (lowest round trip, the peer's own address
     /// first at equal cost), else none (discovery starts again). Returns the choice.
     pub fn choose(&mut self, now_ms: u64) -> Option<SocketAddr> {
-        let key = |e: &EndpointState| (e.rtt_us.unwrap_or(u64::MAX), e.origin.rank());
+        // A tunnel only when nothing over UDP answers: any UDP endpoint beats it.
+        let key = |e: &EndpointState| {
+            (
+                e.origin == Origin::Tunnel,
+                e.rtt_us.unwrap_or(u64::MAX),
+                e.origin.rank(),
+            )
+        };
         let best = self
             .endpoints
             .iter()
             .filter(|e| e.trusted(now_ms))
             .min_by_key(|e| key(e))
             .map(|e| (e.endpoint, e.rtt_us.unwrap_or(u64::MAX)));
+        let udp_up = self
+            .endpoints
+            .iter()
+            .any(|e| e.origin != Origin::Tunnel && e.trusted(now_ms));
+        self.udp_down_since_ms = match (udp_up, self.udp_down_since_ms) {
+            (true, _) => None,
+            (false, Some(t)) => Some(t),
+            (false, None) => Some(now_ms),
+        };
+        let current_tunnel = self.chosen().is_some_and(|c| c.origin == Origin::Tunnel);
         let current = self
             .chosen()
             .filter(|c| c.trusted(now_ms))
+            .filter(|_| !(current_tunnel && udp_up))
             .map(|c| (c.endpoint, c.rtt_us.unwrap_or(u64::MAX)));
         self.chosen = match (current, best) {
             (Some((c, crtt)), Some((b, brtt))) if b != c => {

@@ -3,8 +3,9 @@
 //! candidates and relay role), reach's datagrams from the data path's inbox, the clock. Out:
 //! pings, pongs and STUN requests on the VXLAN socket (so a NAT's mapping is the one the data
 //! uses), each peer's path into the engine, the reach part of this host's record for the agent
-//! to publish, and a relay's bindings. Also where the probe key comes from: `--key-file`'s key,
-//! else `reach.key` in the state directory, made at the first start.
+//! to publish, and a relay's bindings; the TCP tunnels to relays where UDP does not pass
+//! (`reach_tunnel`), and on a relay the listener for them. Also where the probe key comes
+//! from: `--key-file`'s key, else `reach.key` in the state directory, made at the first start.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -31,6 +32,7 @@ use vnet_reach::{
 };
 
 use crate::daemon::Daemon;
+use crate::reach_tunnel::{TunnelEvent, Tunnels};
 
 /// The probe key's file in the state directory (when there is no `--key-file`).
 pub const KEY_FILE: &str = "reach.key";
@@ -165,6 +167,14 @@ pub fn start(
         relay: s.relay,
     });
     info!(tag = %machine.tag(), relay = s.relay, stun = ?s.stun, "reach starting");
+    let vxlan = sock.local_addr();
+    let mut tunnels = Tunnels::new(vxlan);
+    if s.relay {
+        // Members whose UDP does not pass reach the relay over TCP at its VXLAN port.
+        if let Err(e) = tunnels.listen(vxlan) {
+            warn!(%vxlan, "reach: no TCP tunnels to this relay: {e}");
+        }
+    }
     let mut t = Thread {
         daemon,
         handle: handle.clone(),
@@ -177,6 +187,7 @@ pub fn start(
         keys: HashMap::new(),
         paths: HashMap::new(),
         rng: OsRandom::new(),
+        tunnels,
     };
     let join = std::thread::Builder::new()
         .name("reach".into())
@@ -199,6 +210,7 @@ struct Thread {
     /// The path each peer's links take now, as given to the engine (its MTU kept current).
     paths: HashMap<Tag, (PublicKey, ReachPath)>,
     rng: OsRandom,
+    tunnels: Tunnels,
 }
 
 impl Thread {
@@ -231,6 +243,7 @@ impl Thread {
                 self.machine.set_local(local_addresses(&self.daemon));
                 next_addresses = now_ms + ADDRESSES_EVERY_MS;
             }
+            self.tunnels_step(now, &mut out);
             if now_ms >= self.machine.next_wake_ms(now) {
                 self.machine.tick(now, &mut self.rng, &mut out);
             }
@@ -266,13 +279,46 @@ impl Thread {
         }
     }
 
+    /// The tunnels' news into the machine, and the tunnels the machine wants opened.
+    fn tunnels_step(&mut self, now: Now, out: &mut Vec<Action>) {
+        for e in self.tunnels.events(now.mono_ms()) {
+            match e {
+                TunnelEvent::Opened { local, toward, .. } => {
+                    self.machine.tunnel_opened(local, toward, now)
+                }
+                TunnelEvent::Closed {
+                    local: Some(local), ..
+                } => self.machine.tunnel_closed(local, now, out),
+                TunnelEvent::Closed { local: None, .. } => {}
+            }
+        }
+        let wanted = self.machine.tunnels_wanted(now);
+        self.tunnels.reconcile(&wanted, now.mono_ms());
+    }
+
+    /// The path MTU towards `endpoint`: through a tunnel, the path to the tunnel's TCP peer
+    /// (TCP carries any datagram, the relay sends it on over UDP).
+    fn mtu_towards(&self, endpoint: SocketAddr) -> Option<usize> {
+        path_mtu(self.tunnels.remote_of(endpoint).unwrap_or(endpoint))
+    }
+
     /// Asks the kernel each path's MTU again (it learns a smaller one from an ICMP
     /// "fragmentation needed" a router sent back for a DF datagram): a change goes to the
     /// engine, which then tells guests whose frames no longer fit.
     fn refresh_mtus(&mut self) {
         let mut changed = Vec::new();
+        let mtus: HashMap<Tag, Option<usize>> = self
+            .paths
+            .iter()
+            .map(|(tag, (_, path))| {
+                (
+                    *tag,
+                    path.direct.or(path.relay).and_then(|e| self.mtu_towards(e)),
+                )
+            })
+            .collect();
         for (tag, (key, path)) in self.paths.iter_mut() {
-            let mtu = path.direct.or(path.relay).and_then(path_mtu);
+            let mtu = mtus.get(tag).copied().flatten();
             if mtu != path.mtu {
                 info!(peer = %tag, from = ?path.mtu, to = ?mtu, "reach: path MTU");
                 path.mtu = mtu;
@@ -331,7 +377,7 @@ impl Thread {
                         direct,
                         relay,
                         accept: u.accept.clone(),
-                        mtu: direct.or(relay).and_then(path_mtu),
+                        mtu: direct.or(relay).and_then(|e| self.mtu_towards(e)),
                     };
                     info!(peer = %name, path = u.path.word(), to = ?path.direct.or(path.relay), mtu = ?path.mtu, "reach: path");
                     if u.path == ReachRoute::Unknown && u.accept.is_empty() {
@@ -378,6 +424,7 @@ impl Thread {
     fn report(&self, now: Now) {
         let st = self.machine.status(now);
         let c = &st.counters;
+        let tc = &self.tunnels.counters;
         let mut counters: Vec<(String, u64)> = [
             ("pings_sent", c.pings_sent),
             ("pongs_sent", c.pongs_sent),
@@ -402,6 +449,12 @@ impl Thread {
                 self.shared.reach.too_big_answered.load(Relaxed),
             ),
             ("fragmented", self.shared.reach.fragmented.load(Relaxed)),
+            ("tunnels_open", tc.open.load(Relaxed) as u64),
+            ("tunnels_opened", tc.opened.load(Relaxed)),
+            ("tunnels_refused", tc.refused.load(Relaxed)),
+            ("tunnel_malformed", tc.malformed.load(Relaxed)),
+            ("tunnel_datagrams_out", tc.datagrams_out.load(Relaxed)),
+            ("tunnel_datagrams_in", tc.datagrams_in.load(Relaxed)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -95,6 +95,17 @@ struct Host {
     first_direct: BTreeMap<String, u64>,
     first_any: BTreeMap<String, u64>,
     binds: Vec<(Tag, SocketAddr)>,
+    /// A firewall in front of the host drops all UDP (TCP passes).
+    udp_blocked: bool,
+}
+
+/// A TCP tunnel of the simulation: a member's local end and the relay's, each a UDP endpoint
+/// on its own host (as vnetd's tunnel sockets are).
+struct SimTunnel {
+    member: usize,
+    relay: usize,
+    member_end: SocketAddr,
+    relay_end: SocketAddr,
 }
 
 struct Net {
@@ -102,6 +113,9 @@ struct Net {
     queue: VecDeque<(u64, SocketAddr, SocketAddr, Vec<u8>)>,
     now_ms: u64,
     rng: CountingRandom,
+    tunnels: Vec<SimTunnel>,
+    /// Tunnels the hosts asked for, in order (member, relay).
+    tunnels_asked: Vec<(usize, usize)>,
 }
 
 const LATENCY_MS: u64 = 5;
@@ -147,6 +161,7 @@ impl Net {
                     first_direct: BTreeMap::new(),
                     first_any: BTreeMap::new(),
                     binds: Vec::new(),
+                    udp_blocked: false,
                 }
             })
             .collect();
@@ -155,12 +170,55 @@ impl Net {
             queue: VecDeque::new(),
             now_ms: 0,
             rng: CountingRandom::default(),
+            tunnels: Vec::new(),
+            tunnels_asked: Vec::new(),
+        }
+    }
+
+    /// Opens the tunnels the hosts want (to relays they can reach over TCP: every one here).
+    fn open_tunnels(&mut self) {
+        let t = now(self.now_ms);
+        for i in 0..self.hosts.len() {
+            for (tag, _) in self.hosts[i].reach.tunnels_wanted(t) {
+                let Some(r) = self.hosts.iter().position(|h| h.reach.tag() == tag) else {
+                    continue;
+                };
+                if self.tunnels.iter().any(|x| x.member == i && x.relay == r) {
+                    continue;
+                }
+                let member_end =
+                    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 77, i as u8, 1)), 40_000);
+                let relay_end = SocketAddr::new(
+                    IpAddr::V4(Ipv4Addr::new(10, 88, r as u8, 1)),
+                    40_000 + i as u16,
+                );
+                self.hosts[i].reach.tunnel_opened(member_end, Some(tag), t);
+                self.hosts[r].reach.tunnel_opened(relay_end, None, t);
+                self.tunnels.push(SimTunnel {
+                    member: i,
+                    relay: r,
+                    member_end,
+                    relay_end,
+                });
+                self.tunnels_asked.push((i, r));
+            }
         }
     }
 
     /// The host a public destination reaches, and the private endpoint it arrives at.
     fn deliver_to(&self, src: SocketAddr, dst: SocketAddr) -> Option<(usize, SocketAddr)> {
+        for x in &self.tunnels {
+            if src == dst && dst == x.member_end {
+                return Some((x.member, dst));
+            }
+            if src == dst && dst == x.relay_end {
+                return Some((x.relay, dst));
+            }
+        }
         for (i, h) in self.hosts.iter().enumerate() {
+            if h.udp_blocked {
+                continue;
+            }
             match &h.nat {
                 None if h.private == dst => return Some((i, dst)),
                 Some(n) if IpAddr::V4(n.public) == dst.ip() => {
@@ -176,6 +234,25 @@ impl Net {
         for a in actions {
             match a {
                 Action::Send { to, bytes } => {
+                    // Into a tunnel: out of its other end, into the other host's VXLAN
+                    // socket (queued with the far end as both source and destination).
+                    let far = self.tunnels.iter().find_map(|x| {
+                        if x.member == i && to == x.member_end {
+                            Some(x.relay_end)
+                        } else if x.relay == i && to == x.relay_end {
+                            Some(x.member_end)
+                        } else {
+                            None
+                        }
+                    });
+                    if let Some(far) = far {
+                        self.queue
+                            .push_back((self.now_ms + LATENCY_MS, far, far, bytes));
+                        continue;
+                    }
+                    if self.hosts[i].udp_blocked {
+                        continue;
+                    }
                     let h = &mut self.hosts[i];
                     let src = match &mut h.nat {
                         None => h.private,
@@ -234,6 +311,9 @@ impl Net {
         while self.now_ms < until_ms {
             self.now_ms += 5;
             let t = now(self.now_ms);
+            if self.now_ms.is_multiple_of(100) {
+                self.open_tunnels();
+            }
             // etcd's watch: everyone sees the others' records every 100 ms.
             if self.now_ms.is_multiple_of(100) {
                 for i in 0..self.hosts.len() {
@@ -328,6 +408,66 @@ fn the_nat_matrix() {
             assert!(tags.contains(&net.hosts[2].reach.tag()), "{a:?}-{b:?}");
         }
     }
+}
+
+#[test]
+fn a_host_whose_udp_is_filtered_reaches_everyone_through_a_tunnel_to_the_relay() {
+    use NatKind::*;
+    // h0 the public relay, h1 behind a firewall that drops all UDP, h2 behind a NAT.
+    let mut net = Net::new(&[(None, true), (None, false), (PortRestricted, false)]);
+    net.hosts[1].udp_blocked = true;
+    net.run(10_000);
+    // Only h1 asked for a tunnel, to the relay, and not before UDP had its chance.
+    assert_eq!(net.tunnels_asked, vec![(1, 0)]);
+    // h1 reaches the relay over the tunnel and h2 through the relay over the tunnel; h2
+    // reaches h1 through the relay over UDP (the relay's far end is the tunnel).
+    assert!(
+        matches!(net.path(1, 0), Path::Direct { tunnel: true, .. }),
+        "{:?}",
+        net.path(1, 0)
+    );
+    assert!(
+        matches!(&net.path(1, 2), Path::Relayed { relay, tunnel: true, .. } if relay == "h0"),
+        "{:?}",
+        net.path(1, 2)
+    );
+    assert!(
+        matches!(&net.path(2, 1), Path::Relayed { relay, tunnel: false, .. } if relay == "h0"),
+        "{:?}",
+        net.path(2, 1)
+    );
+    assert!(matches!(net.path(0, 1), Path::Direct { tunnel: true, .. }));
+    assert_eq!(net.path(1, 0).word(), "tunneled");
+    assert_eq!(net.path(1, 2).word(), "relayed-tcp");
+    // The relay bound h1 at its tunnel end; nothing seen through the tunnel became a
+    // candidate of either side.
+    let relay_end = net.tunnels[0].relay_end;
+    assert!(net.hosts[0]
+        .binds
+        .contains(&(net.hosts[1].reach.tag(), relay_end)));
+    for i in [0, 1] {
+        let rec = net.hosts[i].record.clone().unwrap();
+        assert!(
+            rec.candidates
+                .iter()
+                .all(|c| c.kind != CandidateKind::Reflexive),
+            "h{i}: {:?}",
+            rec.candidates
+        );
+    }
+    // UDP passes again: h1 leaves the tunnel for UDP within a discovery round.
+    net.hosts[1].udp_blocked = false;
+    let before = net.now_ms;
+    net.run(before + 12_000);
+    assert!(
+        matches!(net.path(1, 0), Path::Direct { tunnel: false, .. }),
+        "{:?}",
+        net.path(1, 0)
+    );
+    assert!(net.hosts[1]
+        .reach
+        .tunnels_wanted(now(net.now_ms))
+        .is_empty());
 }
 
 #[test]

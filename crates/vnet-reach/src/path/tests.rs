@@ -55,7 +55,7 @@ fn only_an_answered_endpoint_carries_data() {
     let mut p = PeerPath::new(0);
     p.set_published(&[cand("203.0.113.1:4789", CandidateKind::Reflexive)], 0);
     // A ping from somewhere else is learned, not used.
-    p.on_ping(ep("203.0.113.1:50000"), 0);
+    p.on_ping(ep("203.0.113.1:50000"), 0, false);
     assert_eq!(p.choose(0), None);
     let o = p.due(0, &mut rng);
     assert_eq!(o.len(), 2);
@@ -176,6 +176,7 @@ fn peer_reflexive_endpoints_are_bounded() {
         p.on_ping(
             SocketAddr::new("203.0.113.9".parse().unwrap(), 1000 + port),
             port as u64,
+            false,
         );
     }
     let n = p
@@ -228,4 +229,63 @@ fn the_wake_time_is_never_in_the_past_nor_a_busy_loop() {
     let _ = p.due(100_000 * MS, &mut rng);
     p.choose(100_000);
     assert!(p.next_wake_ms(100_000) > 100_000);
+}
+
+/// Answers every outstanding ping to `to` at `at_ms` with a round trip of `rtt_ms`.
+fn answer_after(p: &mut PeerPath, orders: &[PingOrder], to: SocketAddr, sent_ms: u64, rtt_ms: u64) {
+    for o in orders.iter().filter(|o| o.to == to) {
+        p.on_pong(o.to, o.txid, (sent_ms + rtt_ms) * MS).unwrap();
+    }
+}
+
+#[test]
+fn a_tunnel_carries_only_while_nothing_over_udp_answers() {
+    let mut rng = CountingRandom::default();
+    let udp = ep("198.51.100.7:4789");
+    let tunnel = ep("10.9.0.1:41000");
+    let mut p = PeerPath::new(0);
+    p.set_published(&[cand("198.51.100.7:4789", CandidateKind::Local)], 0);
+    // UDP never answers: down since the start.
+    let o = p.due(0, &mut rng);
+    assert_eq!(o.len(), 1);
+    assert_eq!(p.choose(1_500), None);
+    assert_eq!(p.udp_down_for_ms(1_500), 1_500);
+    // The tunnel opens: pinged at once, carries once it answers.
+    p.set_tunnel(Some(tunnel), 2_000);
+    let o = p.due(2_000 * MS, &mut rng);
+    assert!(o.iter().any(|o| o.to == tunnel), "{o:?}");
+    answer_after(&mut p, &o, tunnel, 2_000, 5);
+    assert_eq!(p.choose(2_005), Some(tunnel));
+    assert_eq!(p.udp_down_for_ms(2_005), 2_005);
+    // UDP answers, slower than the tunnel: UDP carries all the same.
+    let o = p.due(3_000 * MS, &mut rng);
+    answer_after(&mut p, &o, udp, 3_000, 40);
+    assert_eq!(p.choose(3_040), Some(udp));
+    assert_eq!(p.udp_down_for_ms(3_040), 0);
+    // UDP stops answering (only the tunnel's heartbeats are answered): back to the tunnel
+    // once UDP is no longer trusted.
+    let mut t = 3_040;
+    while t < 12_000 {
+        t += 500;
+        let o = p.due(t * MS, &mut rng);
+        answer_after(&mut p, &o, tunnel, t, 5);
+        p.choose(t + 5);
+    }
+    assert_eq!(p.choose(12_005), Some(tunnel));
+    assert!(p.udp_down_for_ms(12_005) > 0);
+    // Closed: the tunnel is forgotten, nothing carries.
+    p.set_tunnel(None, 12_010);
+    assert!(p.endpoints().iter().all(|e| e.origin != Origin::Tunnel));
+    assert_eq!(p.choose(12_010), None);
+}
+
+#[test]
+fn a_peer_that_comes_in_over_a_tunnel_is_learned_as_one() {
+    let mut p = PeerPath::new(0);
+    p.on_ping(ep("10.9.0.1:41000"), 0, true);
+    assert_eq!(p.endpoints()[0].origin, Origin::Tunnel);
+    assert!(!p.endpoints()[0].origin.punched());
+    // A published candidate set that changes keeps the tunnel.
+    p.set_published(&[cand("198.51.100.7:4789", CandidateKind::Local)], 10);
+    assert!(p.endpoints().iter().any(|e| e.origin == Origin::Tunnel));
 }
