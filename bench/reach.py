@@ -9,10 +9,13 @@
    started as a new user would: ``--etcd`` (with the overlay and host id it requires), a config
    holding only its guest's interface. For every pair of guests: whether they reach (ping),
    the first reply after both daemons were up, and TCP throughput (iperf3) where they reach.
-2. The wide-area path: two public hosts, one behind vnet-pathem (10 ms each way, 0.5 % loss each
-   way: 20 ms RTT), both with vnetd on etcd and a veth guest (MTU 1450: nothing fragments):
-   native TCP between the hosts against the guests' TCP over vnet, interleaved rounds, and ping
-   RTT both ways; vnet's link counters show the guests' bytes crossed the overlay.
+2. The wide-area path: two pairs of public hosts, in each one behind its own vnet-pathem (10 ms
+   each way, 0.5 % loss each way: 20 ms RTT), all with vnetd on etcd and a veth guest (MTU
+   1450: nothing fragments), one pair's links plain and the other's encrypted: native TCP
+   (BBR and CUBIC), ping and MPI ping-pong (NetPIPE) between the hosts against the same
+   between their guests over vnet, interleaved rounds; vnet's link counters show the guests'
+   bytes crossed the overlay; meanwhile a guest-to-guest echo every 0.1 s, each host's reach
+   path, etcd lease and sessions, and the links' rekeys are watched (no stall, no lease lost).
 
 Output (``--out``, default results/reach-<UTC time>): reach.json, summary.md, reach.png.
 """
@@ -39,6 +42,7 @@ WAN_PATH = dict(delay="10ms", loss="0.5%")
 # TCP congestion control: this machine's default is BBR, which does not take random loss for
 # congestion; CUBIC (Linux's usual default) does. Both, so the figures mean something either way.
 CCS = ("bbr", "cubic")
+PHASES = ("matrix", "tries", "throughput", "wan", "forwarder")
 
 
 def parse_args(argv=None):
@@ -47,7 +51,13 @@ def parse_args(argv=None):
     ap.add_argument("--deadline", type=float, help="seconds a pair may take to reach (default 20; quick 10)")
     ap.add_argument("--tcp-seconds", type=int, help="seconds per iperf3 run (default 8; quick 3)")
     ap.add_argument("--tries", type=int, help="first-reply tries per pair of NAT kinds (default 20; quick 3)")
+    ap.add_argument("--phases", default=",".join(PHASES),
+                    help=f"phases to run, comma separated (default all: {','.join(PHASES)})")
     a = ap.parse_args(argv)
+    a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
+    bad = [x for x in a.phases if x not in PHASES]
+    if bad:
+        ap.error(f"unknown phase(s) {', '.join(bad)}; phases are {', '.join(PHASES)}")
     a.rounds = a.rounds or (1 if a.quick else 5)
     a.deadline = a.deadline or (10.0 if a.quick else 20.0)
     a.tcp_seconds = a.tcp_seconds or (3 if a.quick else 8)
@@ -55,10 +65,18 @@ def parse_args(argv=None):
     return a
 
 
-def start_host(h: netlab.Host, g: netlab.Guest, etcd: EtcdServer, overlay: str, a, mtu=None) -> float:
-    """vnetd with only --etcd (and what it requires) and one veth guest; when it answered."""
+def start_host(h: netlab.Host, g: netlab.Guest, etcd: EtcdServer, overlay: str, a, mtu=None,
+               encrypt: bool = False, lab: netlab.Lab | None = None) -> float:
+    """vnetd with only --etcd (and what it requires) and one veth guest; when it answered.
+    ``encrypt``: with a host key (``--key-file``), so its links to other keyed hosts encrypt."""
     line = f"interface add vm veth mac {g.mac} netns {g.name} vni 1" + (f" mtu {mtu}" if mtu else "")
-    h.start_vnetd(config=line + "\n", args=["--etcd", etcd.endpoint, "--overlay", overlay, "--host-id", h.role])
+    args = ["--etcd", etcd.endpoint, "--overlay", overlay, "--host-id", h.role]
+    if encrypt:
+        key = lab.workdir / f"{h.role}.key"
+        if not key.exists():
+            h.exec(str(netlab.VNETD), "--gen-key", str(key))
+        args += ["--key-file", str(key)]
+    h.start_vnetd(config=line + "\n", args=args)
     up = time.time()
     for words in a.vnet_set:
         h.ctl("set", *words.split())
@@ -306,49 +324,181 @@ def run_throughput(lab, wan, etcd, a, prog: Progress, doc: dict, rng) -> None:
     doc["throughput"] = samples
 
 
-def run_wan(lab: netlab.Lab, wan: wanlab.WanLab, etcd: EtcdServer, a, prog: Progress, doc: dict, rng) -> None:
-    prog.show("wide-area path: building")
-    w1 = wan.public_host("W1")
-    w2 = wan.public_host("W2", path=wanlab.Path(**WAN_PATH))
-    g1 = lab.guest("wg1", ip="192.168.81.1", mac=netlab.mac(2, 1, 1))
-    g2 = lab.guest("wg2", ip="192.168.81.2", mac=netlab.mac(2, 2, 1))
-    start_host(w1, g1, etcd, OVERLAY_WAN, a, mtu=1450)
-    start_host(w2, g2, etcd, OVERLAY_WAN, a, mtu=1450)
-    lab.wait_ping(g1, g2.ip_addr, timeout=30)
-    lab.ping(w1, w2.underlay_ip, count=2)
+WAN_PAIRS = (("vnet", False), ("vnet-encrypted", True))
+# NetPIPE over the wide-area path: sizes 1..MPI_UPPER bytes, MPI_REPEATS round trips each.
+MPI_UPPER, MPI_REPEATS = 16, 30
+
+
+class Liveness:
+    """Watches a wide-area pair for the issue's "no link declared dead, no rekey stall, no etcd
+    lease lost" while the rounds run: each host's reach path to the other (sampled every
+    second), its etcd lease and sessions, its link's rekeys; and an ICMP echo from guest to
+    guest every 0.1 s, whose longest run of lost echoes is the longest stall anything saw."""
+
+    def __init__(self, hosts: list, peer_of: dict, g1: netlab.Guest, g2_ip: str):
+        self.hosts, self.peer_of = hosts, peer_of
+        self.samples = {h.role: [] for h in hosts}
+        self.states = {h.role: [] for h in hosts}
+        self.start = {h.role: self._cluster(h) for h in hosts}
+        self.links0 = {h.role: self._link(h) for h in hosts}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self.ping = g1.popen("ping", "-n", "-D", "-i", "0.1", "-W", "1", g2_ip, stdout=netlab.subprocess.PIPE,
+                             stderr=netlab.subprocess.STDOUT, text=True)
+        self._t.start()
+
+    @staticmethod
+    def _cluster(h) -> dict:
+        import json
+        a = json.loads(h.ctl("show", "cluster", "json")).get("agent") or {}
+        return {"lease": a.get("lease"), "sessions": a.get("sessions")}
+
+    @staticmethod
+    def _links(h) -> list:
+        import json
+        doc = json.loads(h.ctl("show", "links", "json"))
+        return doc if isinstance(doc, list) else doc.get("links", [])
+
+    def _link(self, h) -> dict:
+        link = next(iter(self._links(h)), {})
+        c = link.get("encrypted") or {}
+        return {"name": link.get("name"), "state": link.get("state"), "rekeys": c.get("rekeys"),
+                "handshakes": c.get("handshakes_completed")}
+
+    def _run(self):
+        import json
+        while not self._stop.wait(1.0):
+            for h in self.hosts:
+                try:
+                    peers = json.loads(h.ctl("show", "reach", "json"))["peers"]
+                    p = next((x["path"] for x in peers if x["host"] == self.peer_of[h.role]), None)
+                    st = self._link(h)["state"]
+                except Exception as e:  # noqa: BLE001 (a sample lost is reported, not fatal)
+                    p = st = f"error: {str(e)[:80]}"
+                self.samples[h.role].append(p)
+                self.states[h.role].append(st)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._t.join(timeout=10)
+        self.ping.send_signal(2)
+        text = self.ping.communicate(timeout=10)[0]
+        seqs = sorted({int(line.split("icmp_seq=")[1].split()[0]) for line in text.splitlines() if "icmp_seq=" in line
+                       and "time=" in line})
+        gaps = [b - a - 1 for a, b in zip(seqs, seqs[1:])]
+        sent = seqs[-1] if seqs else 0
+        out = {"echoes_sent": sent, "echoes_answered": len(seqs),
+               "longest_unanswered_run": max(gaps, default=0),
+               "longest_stall_s": round(0.1 * (max(gaps, default=0) + 1), 1)}
+        for h in self.hosts:
+            end, link = self._cluster(h), self._link(h)
+            ps = self.samples[h.role]
+            out[h.role] = {"path_samples": len(ps),
+                           "not_direct": sum(1 for p in ps if p not in ("direct", "punched")),
+                           "paths_seen": sorted({str(p) for p in ps}),
+                           "link_not_up": sum(1 for x in self.states[h.role] if x != "up"),
+                           "link_states_seen": sorted({str(x) for x in self.states[h.role]}),
+                           "lease_kept": end["lease"] == self.start[h.role]["lease"] and end["lease"] is not None,
+                           "etcd_sessions_added": (end["sessions"] or 0) - (self.start[h.role]["sessions"] or 0),
+                           "rekeys": None if link["rekeys"] is None else link["rekeys"] - (self.links0[h.role]["rekeys"] or 0),
+                           "handshakes": link["handshakes"]}
+        return out
+
+
+def wan_mpi(lab: netlab.Lab, src: netlab.Netns, src_ip: str, dst: netlab.Netns, dst_ip: str, subnet: str,
+            raw: Path, tag: str) -> float:
+    """NetPIPE (MPI, two ranks, TCP over ``subnet`` only) between ``src`` and ``dst``: the
+    8-byte one-way latency in microseconds."""
+    from .mpi import in_dir, job_output, mpirun_argv, netpipe_argv, netpipe_result, write_agent
+    work = lab.workdir / f"mpi-{tag}"
+    agent = write_agent(work, {src_ip: src.name, dst_ip: dst.name})
+    out = work / "np.out"
+    out.unlink(missing_ok=True)
+    argv = mpirun_argv(agent, f"{src_ip},{dst_ip}", 2, subnet) + netpipe_argv(MPI_UPPER, MPI_REPEATS, out)
+    r = src.exec("sh", "-c", in_dir(work, argv), check=False, timeout=300)
+    res = netpipe_result(job_output(r, out, "NetPIPE", raw / f"netpipe-{tag}.out", netlab.LabError), MPI_REPEATS)
+    if res is None:
+        raise netlab.LabError("NetPIPE wrote no results")
+    return res["lat"][2] * 1e6
+
+
+def run_wan(lab: netlab.Lab, wan: wanlab.WanLab, etcd: EtcdServer, a, prog: Progress, doc: dict, rng,
+            raw: Path) -> None:
+    """Two pairs of public hosts, each with one host behind its own vnet-pathem with the same
+    impairment (10 ms, 0.5 % each way): one pair's links plain, the other's encrypted. Each
+    pair's native TCP, ping and MPI ping-pong between the hosts against the same between its
+    guests over vnet, interleaved, while `Liveness` watches the links, leases and rekeys."""
+    pairs = {}
+    for i, (cfg, encrypt) in enumerate(WAN_PAIRS):
+        prog.show(f"wide-area path: building {cfg}")
+        w1 = wan.public_host(f"W{2 * i + 1}")
+        w2 = wan.public_host(f"W{2 * i + 2}", path=wanlab.Path(**WAN_PATH))
+        net = f"192.168.{81 + i}"
+        g1 = lab.guest(f"wg{2 * i + 1}", ip=f"{net}.1", mac=netlab.mac(2 + i, 1, 1))
+        g2 = lab.guest(f"wg{2 * i + 2}", ip=f"{net}.2", mac=netlab.mac(2 + i, 2, 1))
+        overlay = f"{OVERLAY_WAN}-{cfg}"
+        start_host(w1, g1, etcd, overlay, a, mtu=1450, encrypt=encrypt, lab=lab)
+        start_host(w2, g2, etcd, overlay, a, mtu=1450, encrypt=encrypt, lab=lab)
+        pairs[cfg] = dict(w1=w1, w2=w2, g1=g1, g2=g2, net=net)
+    for cfg, p in pairs.items():
+        lab.wait_ping(p["g1"], p["g2"].ip_addr, timeout=30)
+        lab.ping(p["w1"], p["w2"].underlay_ip, count=2)
+        p["live"] = Liveness([p["w1"], p["w2"]], {p["w1"].role: p["w2"].role, p["w2"].role: p["w1"].role},
+                             p["g1"], p["g2"].ip_addr)
+    t0 = time.time()
     samples = []
     for rnd in range(a.rounds):
-        order = [(cfg, cc) for cfg in ("native", "vnet") for cc in CCS]
+        order = [(pair, kind, cc) for pair in pairs for kind in ("native", "vnet") for cc in CCS]
         rng.shuffle(order)
-        for cfg, cc in order:
-            prog.show(f"wide-area path: round {rnd + 1}/{a.rounds} TCP {cfg} {cc}")
-            before = link_bytes(w1)
-            pe0 = w2.pathem.counters()
+        for pair, kind, cc in order:
+            p = pairs[pair]
+            cfg = "native" if kind == "native" else pair
+            prog.show(f"wide-area path: round {rnd + 1}/{a.rounds} TCP {cfg} {cc} ({pair} pair)")
+            before = link_bytes(p["w1"])
+            pe0 = p["w2"].pathem.counters()
             extra = ["-C", cc]
             try:
-                if cfg == "native":
-                    r = lab.iperf(w2, w2.underlay_ip, w1, seconds=a.tcp_seconds, extra=extra)
+                if kind == "native":
+                    r = lab.iperf(p["w2"], p["w2"].underlay_ip, p["w1"], seconds=a.tcp_seconds, extra=extra)
                 else:
-                    r = lab.iperf(g2, g2.ip_addr, g1, seconds=a.tcp_seconds, extra=extra)
-                s = {"round": rnd, "config": cfg, "cc": cc, "metric": "tcp", "mbps": round(r.gbps * 1000, 2),
-                     "bytes": r.bytes, "retransmits": r.retransmits}
+                    r = lab.iperf(p["g2"], p["g2"].ip_addr, p["g1"], seconds=a.tcp_seconds, extra=extra)
+                s = {"round": rnd, "pair": pair, "config": cfg, "cc": cc, "metric": "tcp",
+                     "mbps": round(r.gbps * 1000, 2), "bytes": r.bytes, "retransmits": r.retransmits}
             except netlab.LabError as e:
-                s = {"round": rnd, "config": cfg, "cc": cc, "metric": "tcp", "mbps": None, "error": str(e)[:500]}
-            pe1 = w2.pathem.counters()
-            s["link_tx_bytes"] = link_bytes(w1)["tx_bytes"] - before["tx_bytes"]
+                s = {"round": rnd, "pair": pair, "config": cfg, "cc": cc, "metric": "tcp", "mbps": None,
+                     "error": str(e)[:500]}
+            pe1 = p["w2"].pathem.counters()
+            s["link_tx_bytes"] = link_bytes(p["w1"])["tx_bytes"] - before["tx_bytes"]
             s["path_loss_down"] = _loss(pe0, pe1, "b_to_a")
             s["path_loss_up"] = _loss(pe0, pe1, "a_to_b")
             samples.append(s)
             prog.step(a.tcp_seconds)
-        for cfg, (src, dst) in (("native", (w1, w2.underlay_ip)), ("vnet", (g1, g2.ip_addr))):
-            prog.show(f"wide-area path: round {rnd + 1}/{a.rounds} ping {cfg}")
-            r = lab.ping(src, dst, count=20, interval=0.05, wait=1)
-            samples.append({"round": rnd, "config": cfg, "metric": "rtt", "rtt_ms": r.avg_ms,
+        order = [(pair, kind) for pair in pairs for kind in ("native", "vnet")]
+        rng.shuffle(order)
+        for pair, kind in order:
+            p = pairs[pair]
+            cfg = "native" if kind == "native" else pair
+            src, dst_ns, src_ip, dst_ip, subnet = (
+                (p["w1"], p["w2"], p["w1"].underlay_ip, p["w2"].underlay_ip, f"{wanlab.PUBLIC}.0/24")
+                if kind == "native" else
+                (p["g1"], p["g2"], p["g1"].ip_addr, p["g2"].ip_addr, f"{p['net']}.0/24"))
+            prog.show(f"wide-area path: round {rnd + 1}/{a.rounds} ping and MPI {cfg} ({pair} pair)")
+            r = lab.ping(src, dst_ip, count=20, interval=0.05, wait=1)
+            samples.append({"round": rnd, "pair": pair, "config": cfg, "metric": "rtt", "rtt_ms": r.avg_ms,
                             "sent": r.sent, "received": r.received})
-            prog.step(2)
-    doc["wan"] = {"path": WAN_PATH, "guest_mtu": 1450, "samples": samples,
-                  "pathem": w2.pathem.counters(),
-                  "hosts": {h.role: host_view(h) for h in (w1, w2)}}
+            try:
+                lat = wan_mpi(lab, src, src_ip, dst_ns, dst_ip, subnet, raw, f"wan-{pair}-{kind}-{rnd}")
+                samples.append({"round": rnd, "pair": pair, "config": cfg, "metric": "mpi_lat_us",
+                                "value": round(lat, 1)})
+            except (netlab.LabError, OSError) as e:
+                samples.append({"round": rnd, "pair": pair, "config": cfg, "metric": "mpi_lat_us", "value": None,
+                                "error": str(e)[:500]})
+            prog.step(2 + MPI_REPEATS * 0.02 * 8)
+    doc["wan"] = {"path": WAN_PATH, "guest_mtu": 1450, "samples": samples, "seconds": round(time.time() - t0),
+                  "mpi": {"upper_bytes": MPI_UPPER, "repeats": MPI_REPEATS, "size_reported": 8},
+                  "liveness": {pair: p["live"].stop() for pair, p in pairs.items()},
+                  "pathem": {pair: p["w2"].pathem.counters() for pair, p in pairs.items()},
+                  "hosts": {h.role: host_view(h) for p in pairs.values() for h in (p["w1"], p["w2"])}}
 
 
 def ping_rtts(src: netlab.Netns, dst: str, count: int, interval: float) -> list:
@@ -444,30 +594,65 @@ def summary(doc: dict) -> str:
         lines.append("")
     if doc.get("wan"):
         w = doc["wan"]
+        pairs = list(dict.fromkeys(s["pair"] for s in w["samples"]))
         lines += ["## The wide-area path", "",
-                  f"Two public hosts, one behind vnet-pathem ({w['path']['delay']} each way, {w['path']['loss']} "
-                  f"loss each way); guests' MTU {w['guest_mtu']}. Medians over rounds, [min-max].", "",
-                  md_row(["path", "TCP cc", "TCP Mbit/s", "x native", "retransmits (median)",
+                  f"Two pairs of public hosts, in each one host behind its own vnet-pathem ({w['path']['delay']} "
+                  f"each way, {w['path']['loss']} loss each way); the `vnet` pair's links plain, the "
+                  f"`vnet-encrypted` pair's encrypted; guests' MTU {w['guest_mtu']}. Each pair's native figures "
+                  "are between its two hosts over the same pathem. Medians over rounds, [min-max]; "
+                  f"{w.get('seconds', '?')} s of rounds.", "",
+                  md_row(["pair", "path", "TCP cc", "TCP Mbit/s", "x native (same pair)", "retransmits (median)",
                           "link bytes / TCP bytes"]),
-                  md_row(["---"] * 6)]
-        for cc in CCS:
-            nat = med(s["mbps"] for s in w["samples"] if s["config"] == "native" and s["metric"] == "tcp"
-                      and s.get("cc") == cc)
-            for cfg in ("native", "vnet"):
-                tcp = [s for s in w["samples"] if s["config"] == cfg and s["metric"] == "tcp" and s.get("mbps")
-                       and s.get("cc") == cc]
-                v = med(s["mbps"] for s in tcp)
-                ev = (fmt(med(s["link_tx_bytes"] / s["bytes"] for s in tcp if s["bytes"])) if cfg == "vnet" else "–")
-                lines.append(md_row([cfg, cc, f"{fmt(v)} [{spread([s['mbps'] for s in tcp])}]" if tcp else "–",
-                                     f"{v / nat:.2f}" if v and nat else "–",
-                                     fmt(med(s["retransmits"] for s in tcp)), ev]))
-        lines += ["", md_row(["path", "ping RTT ms (median of round averages) [min-max]"]), md_row(["---"] * 2)]
-        for cfg in ("native", "vnet"):
-            rtt = [s["rtt_ms"] for s in w["samples"] if s["config"] == cfg and s["metric"] == "rtt" and s["rtt_ms"]]
-            lines.append(md_row([cfg, f"{fmt(med(rtt))} [{spread(rtt)}]" if rtt else "–"]))
-        losses = [s["path_loss_down"] for s in w["samples"] if s["metric"] == "tcp" and s.get("path_loss_down") is not None]
+                  md_row(["---"] * 7)]
+        ss = w["samples"]
+        for pair in pairs:
+            for cc in CCS:
+                nat = med(s["mbps"] for s in ss if s["pair"] == pair and s["config"] == "native"
+                          and s["metric"] == "tcp" and s.get("cc") == cc and s.get("mbps"))
+                for cfg in ("native", pair):
+                    tcp = [s for s in ss if s["pair"] == pair and s["config"] == cfg and s["metric"] == "tcp"
+                           and s.get("mbps") and s.get("cc") == cc]
+                    v = med(s["mbps"] for s in tcp)
+                    ev = (fmt(med(s["link_tx_bytes"] / s["bytes"] for s in tcp if s["bytes"]))
+                          if cfg != "native" else "–")
+                    lines.append(md_row([pair, cfg, cc, f"{fmt(v)} [{spread([s['mbps'] for s in tcp])}]" if tcp else "–",
+                                         f"{v / nat:.2f}" if v and nat else "–",
+                                         fmt(med(s["retransmits"] for s in tcp)), ev]))
+        lines += ["", md_row(["pair", "path", "ping RTT ms (median of round averages) [min-max]",
+                              "MPI ping-pong 8 B one-way us (NetPIPE) [min-max]", "MPI x native (same pair)"]),
+                  md_row(["---"] * 5)]
+        for pair in pairs:
+            nat_mpi = med(s["value"] for s in ss if s["pair"] == pair and s["config"] == "native"
+                          and s["metric"] == "mpi_lat_us" and s.get("value"))
+            for cfg in ("native", pair):
+                rtt = [s["rtt_ms"] for s in ss if s["pair"] == pair and s["config"] == cfg and s["metric"] == "rtt"
+                       and s["rtt_ms"]]
+                mpi = [s["value"] for s in ss if s["pair"] == pair and s["config"] == cfg
+                       and s["metric"] == "mpi_lat_us" and s.get("value")]
+                v = med(mpi)
+                lines.append(md_row([pair, cfg, f"{fmt(med(rtt))} [{spread(rtt)}]" if rtt else "–",
+                                     f"{fmt(v)} [{spread(mpi)}]" if mpi else "–",
+                                     f"{v / nat_mpi:.2f}" if v and nat_mpi else "–"]))
+        failed = [s for s in ss if s.get("error")]
+        if failed:
+            lines += ["", f"{len(failed)} measurement(s) failed: " + "; ".join(
+                f"{s['pair']} {s['config']} {s['metric']}: {s['error'][:120]}" for s in failed[:5])]
+        losses = [s["path_loss_down"] for s in ss if s["metric"] == "tcp" and s.get("path_loss_down") is not None]
         if losses:
             lines += ["", f"Loss the forwarder applied to the TCP data direction per run: {spread(losses, lambda x: f'{x * 100:.2f} %')}."]
+        if w.get("liveness"):
+            lines += ["", "While the rounds ran (a guest-to-guest echo every 0.1 s, each host's reach path to the "
+                      "other sampled every second):", "",
+                      md_row(["pair", "echoes answered", "longest stall (s)", "host", "path samples not direct",
+                              "link samples not up", "etcd lease kept", "etcd sessions added", "rekeys"]),
+                      md_row(["---"] * 9)]
+            for pair, lv in w["liveness"].items():
+                for h in [k for k in lv if isinstance(lv[k], dict)]:
+                    x = lv[h]
+                    lines.append(md_row([pair, f"{lv['echoes_answered']}/{lv['echoes_sent']}", lv["longest_stall_s"], h,
+                                         f"{x['not_direct']}/{x['path_samples']}",
+                                         f"{x['link_not_up']}/{x['path_samples']}", "yes" if x["lease_kept"] else "**no**",
+                                         x["etcd_sessions_added"], "–" if x["rekeys"] is None else x["rekeys"]]))
         lines.append("")
     if doc.get("forwarder"):
         f = doc["forwarder"]
@@ -527,13 +712,16 @@ def plot(doc: dict, out: Path) -> list:
     ax = axes[1]
     w = doc.get("wan")
     if w:
-        cfgs = [(c, cc) for cc in CCS for c in ("native", "vnet")]
-        tcp = [[s["mbps"] for s in w["samples"] if s["config"] == c and s.get("cc") == cc and s["metric"] == "tcp"
-                and s.get("mbps")] for c, cc in cfgs]
-        ax.boxplot([t if t else [float("nan")] for t in tcp], labels=[f"{c}\nTCP {cc}" for c, cc in cfgs])
+        pairs = list(dict.fromkeys(s["pair"] for s in w["samples"]))
+        cfgs = [(pair, c, cc) for pair in pairs for cc in CCS for c in ("native", pair)]
+        tcp = [[s["mbps"] for s in w["samples"] if s["pair"] == pair and s["config"] == c and s.get("cc") == cc
+                and s["metric"] == "tcp" and s.get("mbps")] for pair, c, cc in cfgs]
+        ax.boxplot([t if t else [float("nan")] for t in tcp],
+                   labels=[f"{'native' if c == 'native' else 'vnet'}\n{cc}\n({pair})" for pair, c, cc in cfgs])
+        ax.tick_params(axis="x", labelsize=7)
         ax.set_ylabel("Mbit/s")
+        ax.set_yscale("log")
         ax.set_title(f"20 ms RTT, {w['path']['loss']} loss each way: TCP over the path")
-        ax.set_ylim(bottom=0)
     return [save(fig, out / "reach.png")]
 
 
@@ -550,19 +738,25 @@ def main(argv=None) -> int:
     npairs = len(KINDS) * (len(KINDS) - 1) // 2
     prog = Progress(a.deadline + 30 + npairs * a.tcp_seconds + a.rounds * (4 * a.tcp_seconds + 4)
                     + a.rounds * 3 * (a.tcp_seconds + 1) + 40 + len(TRY_PAIRS) * a.tries * 4
+                    + a.rounds * (4 * a.tcp_seconds + 4 * (2 + MPI_REPEATS * 0.16))
                     + a.rounds * 3 * a.tcp_seconds,
-                    1 + npairs + 9 * a.rounds + len(TRY_PAIRS) * a.tries + 3 * a.rounds)
+                    1 + npairs + 9 * a.rounds + len(TRY_PAIRS) * a.tries + 3 * a.rounds + 6 * a.rounds)
     with guarded(doc["meta"]["notes"], prog):
         lab = wanlab.new_lab("reach")
         wan = wanlab.WanLab(lab)
         etcd = EtcdServer(lab, overlay=OVERLAY_MATRIX)
         wan.adopt(etcd.ns)
         etcd.start()
-        run_matrix(lab, wan, etcd, a, prog, doc)
-        run_tries(lab, wan, etcd, a, prog, doc)
-        run_throughput(lab, wan, etcd, a, prog, doc, rng)
-        run_wan(lab, wan, etcd, a, prog, doc, rng)
-        run_forwarder(lab, wan, a, prog, doc)
+        if "matrix" in a.phases:
+            run_matrix(lab, wan, etcd, a, prog, doc)
+        if "tries" in a.phases:
+            run_tries(lab, wan, etcd, a, prog, doc)
+        if "throughput" in a.phases:
+            run_throughput(lab, wan, etcd, a, prog, doc, rng)
+        if "wan" in a.phases:
+            run_wan(lab, wan, etcd, a, prog, doc, rng, raw)
+        if "forwarder" in a.phases:
+            run_forwarder(lab, wan, a, prog, doc)
         doc["topology"] = wan.describe()
         etcd.stop()
     finish(doc, prog, out / "reach.json", lambda: plot(doc, out), write_summary, out / "summary.md")
