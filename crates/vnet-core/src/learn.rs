@@ -1,3 +1,7 @@
+//! MAC learning (`set learn on`): which port a (VNI, MAC) was last seen on, bounded in size
+//! and aged out, so a guest spraying source MACs cannot grow memory. Pure: the caller passes
+//! the time; the forwarding decision reads it after the route table.
+
 use vnet_wire::MacAddr;
 
 use crate::{FastMap, PortId};

@@ -1,3 +1,7 @@
+//! The traffic matrix (`show matrix`, the live view, etcd's matrix records): frames and bytes
+//! per (VNI, source MAC, destination MAC), bounded so that frames of pairs beyond capacity are
+//! only counted as overflow. Pure; each data-path thread keeps its own and merges it in.
+
 use vnet_wire::MacAddr;
 
 use crate::FastMap;

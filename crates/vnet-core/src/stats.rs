@@ -1,3 +1,7 @@
+//! Why frames are dropped and how many: every drop in vnet names a [`DropReason`], and each
+//! port and the daemon count them in lock-free counters that `show stats`, `/metrics` and the
+//! tests read. One list of reasons, so a drop anywhere is visible the same way.
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

@@ -1,3 +1,7 @@
+//! A data-path thread with a stop eventfd, joined on drop: how the data path starts its
+//! side threads (TCP links, the crypto edge, the underlay watch), so none outlives what owns
+//! it.
+
 use std::sync::Arc;
 use std::thread::JoinHandle;
 

@@ -123,7 +123,7 @@ pub struct Ring {
     pub started: bool,
     pub notifier: Notifier,
     /// Receive rings: frames waiting for buffers (or for the device thread, when copying).
-    pub backlog: crate::rx::Backlog,
+    pub backlog: crate::rx_backlog::Backlog,
 }
 
 impl Ring {
@@ -135,7 +135,7 @@ impl Ring {
             enabled: false,
             started: false,
             notifier: Notifier::new(cfg.policy, cfg.alpha, cfg.beta),
-            backlog: crate::rx::Backlog::default(),
+            backlog: crate::rx_backlog::Backlog::default(),
         })
     }
 

@@ -37,6 +37,7 @@ pub mod msg;
 pub mod notify;
 mod protocol;
 mod rx;
+mod rx_backlog;
 mod sigbus;
 #[cfg(test)]
 mod testing;
