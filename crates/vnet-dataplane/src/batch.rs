@@ -86,11 +86,45 @@ pub struct TxBatch<'a> {
     /// headers with a completed checksum), `rest` the frame bytes after it, borrowed.
     udp: Vec<(&'a UdpLinkTx, Range<usize>, Rest<'a>)>,
     heads: Vec<u8>,
+    /// What [`TxBatch::flush`] works in, kept for the next batch (see [`TxSpare`]).
+    work: FlushWork,
 }
 
 /// One datagram ready to send: its link, the link's path, its parts (the path's prefix
 /// first), its length.
 type Ready<'b> = (&'b UdpLinkTx, &'b LinkPath, [IoPart<'b>; 4], usize);
+
+/// The vectors a flush fills and empties again; their types borrow nothing (those that hold
+/// borrows are kept here empty, with `'static` only in the type, and [`recycle`]d).
+#[derive(Default)]
+struct FlushWork {
+    sealed: Vec<u8>,
+    paths: Vec<Arc<LinkPath>>,
+    path_of: Vec<usize>,
+    ranges: Vec<Option<Range<usize>>>,
+    keys: Vec<(usize, usize)>,
+    items: Vec<Ready<'static>>,
+    singles: Vec<(&'static SockAddr, [IoPart<'static>; 4])>,
+    parts: Vec<IoPart<'static>>,
+}
+
+/// What one thread keeps of its batches between them: their vectors, so that a batch
+/// allocates nothing once the thread has sent one as large (wireguard-go pools its buffers for
+/// the same reason). [`TxBatch::reusing`] takes them, [`TxBatch::give_back`] returns them.
+#[derive(Default)]
+pub struct TxSpare {
+    udp: Vec<(&'static UdpLinkTx, Range<usize>, Rest<'static>)>,
+    heads: Vec<u8>,
+    work: FlushWork,
+}
+
+/// An empty vector's allocation, for elements of a type of the same layout (here: the same
+/// type with other lifetimes). std collects a vector's own `IntoIter` in place, so this moves
+/// no element (there are none) and keeps the capacity.
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
 
 /// How a run of datagrams goes out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,6 +173,23 @@ pub fn plan_runs(
 }
 
 impl<'a> TxBatch<'a> {
+    /// A batch in the vectors `spare` kept (empty ones the first time).
+    pub fn reusing(spare: &mut TxSpare) -> TxBatch<'a> {
+        TxBatch {
+            udp: recycle(std::mem::take(&mut spare.udp)),
+            heads: std::mem::take(&mut spare.heads),
+            work: std::mem::take(&mut spare.work),
+        }
+    }
+
+    /// Returns this batch's vectors to `spare` (emptied: flush first).
+    pub fn give_back(mut self, spare: &mut TxSpare) {
+        self.heads.clear();
+        spare.udp = recycle(self.udp);
+        spare.heads = self.heads;
+        spare.work = self.work;
+    }
+
     pub fn is_empty(&self) -> bool {
         self.udp.is_empty()
     }
@@ -171,7 +222,9 @@ impl<'a> TxBatch<'a> {
         sealed: &'b mut Vec<u8>,
         paths: &'b [Arc<LinkPath>],
         path_of: &[usize],
-    ) -> Vec<Ready<'b>> {
+        ranges: &mut Vec<Option<Range<usize>>>,
+        items: &mut Vec<Ready<'b>>,
+    ) {
         let need: usize = self
             .udp
             .iter()
@@ -179,8 +232,8 @@ impl<'a> TxBatch<'a> {
             .map(|(_, h, rest)| DATA_OVERHEAD + VXLAN_HEADER_LEN + h.len() + rest.len())
             .sum();
         sealed.clear();
-        sealed.reserve_exact(need);
-        let mut ranges: Vec<Option<Range<usize>>> = Vec::with_capacity(self.udp.len());
+        sealed.reserve(need);
+        ranges.clear();
         let mut i = 0;
         while i < self.udp.len() {
             let link = self.udp[i].0;
@@ -231,9 +284,11 @@ impl<'a> TxBatch<'a> {
             i += n;
         }
         let sealed: &'b Vec<u8> = sealed;
-        self.udp
+        items.clear();
+        let ready = self
+            .udp
             .iter()
-            .zip(ranges)
+            .zip(ranges.drain(..))
             .zip(path_of)
             .filter_map(|(((l, h, rest), r), p)| {
                 let path = &*paths[*p];
@@ -263,15 +318,15 @@ impl<'a> TxBatch<'a> {
                         prefix.len() + r.len(),
                     )),
                 }
-            })
-            .collect()
+            });
+        items.extend(ready);
     }
 
     /// Each queued datagram's link's path, loaded once per run of datagrams to one link (so a
     /// path swapped meanwhile takes effect at the next batch, never half-way through a run).
-    fn paths(&self) -> (Vec<Arc<LinkPath>>, Vec<usize>) {
-        let mut paths: Vec<Arc<LinkPath>> = Vec::new();
-        let mut of = Vec::with_capacity(self.udp.len());
+    fn paths(&self, paths: &mut Vec<Arc<LinkPath>>, of: &mut Vec<usize>) {
+        paths.clear();
+        of.clear();
         let mut last: Option<*const UdpLinkTx> = None;
         for (l, _, _) in &self.udp {
             let id = *l as *const UdpLinkTx;
@@ -281,7 +336,6 @@ impl<'a> TxBatch<'a> {
             }
             of.push(paths.len() - 1);
         }
-        (paths, of)
     }
 
     /// Sends the batch (see the module header) and empties it.
@@ -289,18 +343,29 @@ impl<'a> TxBatch<'a> {
         if self.udp.is_empty() {
             return;
         }
-        let mut sealed = Vec::new();
-        let (paths, path_of) = self.paths();
-        let items = self.ready(&mut sealed, &paths, &path_of);
+        let mut w = std::mem::take(&mut self.work);
+        self.paths(&mut w.paths, &mut w.path_of);
+        let mut items: Vec<Ready<'_>> = recycle(std::mem::take(&mut w.items));
+        self.ready(
+            &mut w.sealed,
+            &w.paths,
+            &w.path_of,
+            &mut w.ranges,
+            &mut items,
+        );
         // Links by identity, for the pure planner (one path per link within a batch).
-        let keys: Vec<(usize, usize)> = items
-            .iter()
-            .map(|(l, _, _, len)| (*l as *const UdpLinkTx as usize, *len))
-            .collect();
-        let runs = plan_runs(&keys, |first, size| {
+        let keys = &mut w.keys;
+        keys.clear();
+        keys.extend(
+            items
+                .iter()
+                .map(|(l, _, _, len)| (*l as *const UdpLinkTx as usize, *len)),
+        );
+        let runs = plan_runs(keys, |first, size| {
             sock.gso_enabled() && size < items[first].0.gso_refused.load(Relaxed)
         });
-        let mut singles: Vec<(&SockAddr, [IoPart<'_>; 4])> = Vec::new();
+        let mut singles: Vec<(&SockAddr, [IoPart<'_>; 4])> =
+            recycle(std::mem::take(&mut w.singles));
         let send_singles = |singles: &mut Vec<(&SockAddr, [IoPart<'_>; 4])>| {
             if singles.is_empty() {
                 return;
@@ -312,7 +377,7 @@ impl<'a> TxBatch<'a> {
             }
             singles.clear();
         };
-        let mut parts: Vec<IoPart<'_>> = Vec::new();
+        let mut parts: Vec<IoPart<'_>> = recycle(std::mem::take(&mut w.parts));
         for run in runs {
             let range = match run {
                 Run::Segmented { range, size } => {
@@ -347,8 +412,11 @@ impl<'a> TxBatch<'a> {
             }
         }
         send_singles(&mut singles);
-        drop(singles);
-        drop(items);
+        w.singles = recycle(singles);
+        w.parts = recycle(parts);
+        w.items = recycle(items);
+        w.paths.clear();
+        self.work = w;
         self.udp.clear();
         self.heads.clear();
     }

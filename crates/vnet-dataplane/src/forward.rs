@@ -16,7 +16,7 @@ use vnet_core::{Decision, DropReason, FastMap, PortId, RouteCache, TrafficMatrix
 use vnet_offload::{Coalescer, PayloadRef, SegmentList, VirtioNetHdr};
 use vnet_wire::{ethertype, EthernetFrame, Ipv4Packet, ETHERNET_HEADER_LEN, MAX_FRAME_LEN};
 
-use crate::batch::TxBatch;
+use crate::batch::{TxBatch, TxSpare};
 use crate::port::{Frame, Origin, Tx};
 use crate::shared::{Shared, Snapshot};
 
@@ -32,6 +32,8 @@ pub struct FwdCtx {
     pub(crate) seg: SegmentList,
     pub(crate) coalescers: FastMap<PortId, Coalescer>,
     pub(crate) scratch: Vec<u8>,
+    /// The thread's batch vectors, kept from batch to batch.
+    pub(crate) tx_spare: TxSpare,
     /// Which queue of a multi-queue NIC this thread writes to.
     pub queue: usize,
 }
@@ -57,6 +59,7 @@ impl FwdCtx {
             seg: SegmentList::new(),
             coalescers: FastMap::default(),
             scratch: Vec::new(),
+            tx_spare: TxSpare::default(),
             queue,
         }
     }
@@ -243,6 +246,7 @@ pub fn process<'a>(
         coalescers,
         scratch,
         queue,
+        ..
     } = ctx;
     if let Some(v) = decider.decide(shared, snap, ingress, &a) {
         let mut out = Egress {

@@ -195,3 +195,49 @@ fn hostile_sizes_do_not_panic() {
         .sum();
     assert_eq!(covered, items.len());
 }
+
+/// A thread's batches reuse one set of vectors: after the first batch, a second as large
+/// sends all its datagrams and allocates none of the batch's vectors anew (each keeps its
+/// buffer; `recycle` moves a vector's buffer between lifetimes without a copy).
+#[test]
+fn batches_reuse_the_threads_vectors() {
+    let sh = testing::shared();
+    let sock = sh.snapshot.load().udp.clone();
+    let (link, rx) = testing::udp_link(&sh, 7);
+    let frames: Vec<Vec<u8>> = (0..20)
+        .map(|k| testing::frame(testing::mac(2), testing::mac(1), 200 + k))
+        .collect();
+    let mut spare = TxSpare::default();
+    let send = |spare: &mut TxSpare| {
+        let mut batch = TxBatch::reusing(spare);
+        for f in &frames {
+            batch.push(&link, &[&f[..12]], Rest::Local(&f[12..]));
+        }
+        batch.flush(&sh.offload, &sh.daemon, &sock);
+        batch.give_back(spare);
+    };
+    send(&mut spare);
+    let buffers = |s: &TxSpare| {
+        (
+            s.udp.as_ptr() as usize,
+            s.heads.as_ptr() as usize,
+            s.work.items.as_ptr() as usize,
+            s.work.singles.as_ptr() as usize,
+            s.work.keys.as_ptr() as usize,
+            s.work.path_of.as_ptr() as usize,
+        )
+    };
+    let first = buffers(&spare);
+    assert!(spare.udp.capacity() >= frames.len() && spare.work.items.capacity() >= frames.len());
+    send(&mut spare);
+    assert_eq!(buffers(&spare), first, "a vector was allocated anew");
+    let mut buf = vec![0u8; 4096];
+    for k in 0..2 * frames.len() {
+        let n = rx.recv(&mut buf).expect("datagram");
+        assert_eq!(n, VXLAN_HEADER_LEN + frames[k % frames.len()].len());
+    }
+    let v: Vec<u64> = Vec::with_capacity(64);
+    let p = v.as_ptr() as usize;
+    let w: Vec<u64> = recycle(v);
+    assert_eq!((w.as_ptr() as usize, w.capacity()), (p, 64));
+}

@@ -111,7 +111,7 @@ impl Ingress {
                 }
             });
         }
-        let mut batch = TxBatch::default();
+        let mut batch = TxBatch::reusing(&mut ctx.tx_spare);
         for ((vh, f), p) in frames.iter().zip(&plan) {
             let a = match (f, p) {
                 (GuestFrame::Copied(b), _) => Arrival::local(*vh, b),
@@ -129,6 +129,7 @@ impl Ingress {
             }
         }
         batch.flush(&self.shared.offload, &self.shared.daemon, &snap.udp);
+        batch.give_back(&mut ctx.tx_spare);
         ctx.flush(&self.shared);
         snap.end_of_burst();
     }
@@ -227,7 +228,7 @@ impl Ingress {
         frame: impl Fn(usize) -> &'f [u8],
     ) {
         let snap = self.shared.snapshot.load_full();
-        let mut batch = TxBatch::default();
+        let mut batch = TxBatch::reusing(&mut ctx.tx_spare);
         let mut out = Egress {
             seg: &mut ctx.seg,
             coalescers: &mut ctx.coalescers,
@@ -243,6 +244,7 @@ impl Ingress {
             transmit(&self.shared, &snap, &mut out, self.port, v, a, &mut batch);
         }
         batch.flush(&self.shared.offload, &self.shared.daemon, &snap.udp);
+        batch.give_back(&mut ctx.tx_spare);
         ctx.flush(&self.shared);
         snap.end_of_burst();
         later.clear();
@@ -251,7 +253,7 @@ impl Ingress {
     /// Frames that arrived on `link`, through the ordinary path (decided and transmitted).
     pub fn forward_from<F: AsRef<[u8]>>(&self, ctx: &mut FwdCtx, link: PortId, frames: &[F]) {
         let snap = self.shared.snapshot.load_full();
-        let mut batch = TxBatch::default();
+        let mut batch = TxBatch::reusing(&mut ctx.tx_spare);
         for f in frames {
             process(
                 &self.shared,
@@ -263,6 +265,7 @@ impl Ingress {
             );
         }
         batch.flush(&self.shared.offload, &self.shared.daemon, &snap.udp);
+        batch.give_back(&mut ctx.tx_spare);
         ctx.flush(&self.shared);
         snap.end_of_burst();
     }
@@ -274,7 +277,7 @@ impl Ingress {
     pub fn forward_other_vni(&self, ctx: &mut FwdCtx, peer: IpAddr, frames: &[(u32, &[u8])]) {
         let snap = self.shared.snapshot.load_full();
         let ip = peer.to_canonical();
-        let mut batch = TxBatch::default();
+        let mut batch = TxBatch::reusing(&mut ctx.tx_spare);
         for &(vni, f) in frames {
             let Some(&port) = snap.udp_peers.get(&(ip, vni)) else {
                 self.shared.daemon.count_drop(DropReason::UnknownVni);
@@ -300,6 +303,7 @@ impl Ingress {
             );
         }
         batch.flush(&self.shared.offload, &self.shared.daemon, &snap.udp);
+        batch.give_back(&mut ctx.tx_spare);
         ctx.flush(&self.shared);
         snap.end_of_burst();
     }

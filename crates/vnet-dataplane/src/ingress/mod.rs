@@ -124,7 +124,7 @@ pub(crate) fn forward_read(
     frames: &[Result<VirtioNetHdr, DropReason>],
 ) {
     let bufs: &[Vec<u8>] = &w.bufs;
-    let mut batch = TxBatch::default();
+    let mut batch = TxBatch::reusing(&mut w.ctx.tx_spare);
     for (i, f) in frames.iter().enumerate() {
         match f {
             Ok(vh) => process(
@@ -139,5 +139,6 @@ pub(crate) fn forward_read(
         }
     }
     batch.flush(&shared.offload, &shared.daemon, &snap.udp);
+    batch.give_back(&mut w.ctx.tx_spare);
     snap.end_of_burst();
 }

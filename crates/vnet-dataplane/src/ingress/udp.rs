@@ -127,12 +127,13 @@ impl Reader for VxlanReader {
             }
         }
         relay.send(shared, &w.bufs);
+        let batch = TxBatch::reusing(&mut w.ctx.tx_spare);
         let mut pass = Pass {
             shared,
             snap,
             ctx: &mut w.ctx,
             bufs: &w.bufs,
-            batch: TxBatch::default(),
+            batch,
         };
         for item in &w.plan {
             match *item {
@@ -160,6 +161,7 @@ impl Reader for VxlanReader {
         } = pass;
         flush_coalescers(shared, snap, ctx, bufs);
         batch.flush(&shared.offload, &shared.daemon, &snap.udp);
+        batch.give_back(&mut ctx.tx_spare);
         snap.end_of_burst();
         Ok(frames)
     }
