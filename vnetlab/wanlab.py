@@ -57,7 +57,9 @@ side's answer to another port. Dropped in input, the entry is never confirmed.
 Firewall options (table ``wanlab_fw``, changeable at run time with ``Router.firewall``):
 ``drop_fragments`` (any IP fragment, in prerouting before conntrack reassembles them, both
 directions), ``drop_udp`` (forwarded UDP; TCP passes), ``drop_frag_needed`` (ICMP
-"fragmentation needed", forwarded or sent by the router itself: a PMTU black hole), and
+"fragmentation needed", forwarded or sent by the router itself, and on a small-MTU site by
+its transit router too, which answers for the inbound direction: a PMTU black hole both
+ways), and
 ``loss_pct`` (random loss both ways on the WAN leg, nft ``numgen random``, the
 ``statistic`` match's equivalent). Conntrack's UDP timeouts are per namespace sysctls
 (``Router.udp_timeouts``), so a test can make a mapping expire in seconds.
@@ -188,6 +190,7 @@ class Router(netlab.Netns):
         self.public_ip = public_ip  # one-to-one: the first host's public address
         self.one_to_one_host: Optional[str] = None
         self.fw = Firewall()
+        self.transit: Optional[netlab.Netns] = None  # a small-MTU site's transit router
         self.mapping_timeout = MAPPING_TIMEOUT
         self.sysctl("net.ipv4.ip_forward", 1)
         self.ip_link("add", "lan0", "type", "bridge")
@@ -278,6 +281,28 @@ class Router(netlab.Netns):
         r = self.exec("nft", "-f", "-", input=text, check=False)
         if r.returncode != 0:
             raise LabError(f"nft refused the rules of {self.name}: {r.stderr}\n{text}")
+        if self.transit is not None:
+            self._apply_transit()
+
+    def _apply_transit(self) -> None:
+        """The transit router of a small-MTU site answers oversized DF datagrams coming in
+        (toward the site): with ``drop_frag_needed`` its "fragmentation needed" are dropped
+        too (table ``wanlab_fw`` there), so neither direction learns the path's MTU."""
+        t = self.transit
+        text = ""
+        if t.exec("nft", "list", "table", "ip", "wanlab_fw", check=False).returncode == 0:
+            text += "delete table ip wanlab_fw\n"
+        if self.fw.drop_frag_needed:
+            rule = "    icmp type destination-unreachable icmp code frag-needed counter drop"
+            text += ("table ip wanlab_fw {\n"
+                     "  chain forwarded {\n    type filter hook forward priority -10; policy accept;\n"
+                     f"{rule}\n  }}\n"
+                     "  chain from_router {\n    type filter hook output priority -10; policy accept;\n"
+                     f"{rule}\n  }}\n}}\n")
+        if text:
+            r = t.exec("nft", "-f", "-", input=text, check=False)
+            if r.returncode != 0:
+                raise LabError(f"nft refused the rules of {t.name}: {r.stderr}\n{text}")
 
     def firewall(self, **opts) -> None:
         """Change firewall options (``Firewall``'s fields) and reload."""
@@ -289,15 +314,20 @@ class Router(netlab.Netns):
 
     def fw_counters(self) -> dict:
         """Packets each firewall rule dropped: {rule text: packets}."""
-        j = json.loads(self.exec("nft", "-j", "list", "table", "ip", "wanlab_fw").stdout)
         out = {}
-        for item in j.get("nftables", []):
-            rule = item.get("rule")
-            if not rule:
+        for ns, prefix in ((self, ""), (self.transit, "transit:")):
+            if ns is None:
                 continue
-            for e in rule.get("expr", []):
-                if "counter" in e:
-                    out[f"{rule['chain']}#{rule.get('handle')}"] = e["counter"]["packets"]
+            r = ns.exec("nft", "-j", "list", "table", "ip", "wanlab_fw", check=False)
+            if r.returncode != 0:
+                continue
+            for item in json.loads(r.stdout).get("nftables", []):
+                rule = item.get("rule")
+                if not rule:
+                    continue
+                for e in rule.get("expr", []):
+                    if "counter" in e:
+                        out[f"{prefix}{rule['chain']}#{rule.get('handle')}"] = e["counter"]["packets"]
         return out
 
     def udp_timeouts(self, unreplied: int, stream: Optional[int] = None) -> None:
@@ -478,6 +508,7 @@ class WanLab:
             gateway = self._attach(transit, "wan0", None, path)
             wan_ip = f"198.19.{n}.2"
             router = Router(self.lab, role, nat, wan_ip, lan, public_ip)
+            router.transit = transit
             transit.ip_link("add", "down0", "type", "veth", "peer", "name", "wan0", "netns", router.name)
             transit.ip_link("set", "down0", "mtu", wan_mtu)
             router.ip_link("set", "wan0", "mtu", wan_mtu)

@@ -328,3 +328,81 @@ def test_no_black_hole_on_a_small_mtu_path_that_drops_fragments(lab, record):
     assert res.bytes > 10_000_000, res
     assert (link.get("kernel") or {}).get("tx_bytes", 0) > 0.9 * res.bytes, link
     assert bed.sites[0].router.fw_counters(), "the firewall had no rule"
+
+
+def peer_of(bed, a: str, b: str) -> dict:
+    """Host ``a``'s `show reach` entry for host ``b``."""
+    return {p["host"]: p for p in bed.reach(a)["peers"]}[b]
+
+
+def told_mtu(g_from, to_ip: str, size: int, deadline: float):
+    """(seconds, mtu) until a DF ping of ``size`` bytes is answered with "fragmentation
+    needed", pinging every 0.3 s; None by the deadline."""
+    t0 = time.time()
+    while time.time() - t0 < deadline:
+        r = g_from.exec("ping", "-c", "1", "-s", size, "-M", "do", "-W", "0.3", to_ip, check=False)
+        m = re.search(r"Frag needed and DF set \(mtu = (\d+)\)|message too long, mtu=(\d+)", r.stdout + r.stderr)
+        if m:
+            return time.time() - t0, int(m.group(1) or m.group(2))
+    return None
+
+
+def test_path_mtu_is_probed_where_icmp_is_filtered(lab, record):
+    """The small-MTU path (1280 bytes) with its routers dropping ICMP "fragmentation needed"
+    (the site's router and the transit, so neither direction's kernel learns anything; its
+    figure stays the route's 1500) and fragments: a black hole for every datagram over 1280.
+    Reach probes the path with padded pings (RFC 8899): an iperf3 TCP stream between guests
+    with MTU 1500 runs (before probing: 0 bytes, a stall), both hosts find 1280 within 1 s of the
+    path, and a guest's first frames too big (sent as soon as the path is up) are answered
+    with "fragmentation needed" (1230) within 1 s; when the path shrinks again (1200, still
+    without ICMP), probing notices (a black hole) and finds it."""
+    fw = {"drop_fragments": True, "drop_frag_needed": True}
+    bed = reachlab.Bed(lab, ["port-restricted", "port-restricted"], relays=1, mtu=None,
+                       site_kw=[{"wan_mtu": 1280, "firewall": fw}, {}])
+    bed.start()
+    bed.wait_paths(timeout=15)
+    g1, g2 = bed.guests["h1"], bed.guests["h2"]
+    # The guest's first frames too big, as soon as the path is up (probing may still be
+    # searching): told within 1 s (ping waits up to 0.3 s for each try). A fresh guest: its
+    # kernel learns 1230 from this answer and keeps it.
+    told = told_mtu(g1, g2.ip_addr, 1400, 5)
+    assert told is not None, "the guest was never told its frames do not fit"
+    assert told[1] == 1280 - 50 and told[0] < 1.0, told
+    try:
+        res = lab.iperf(g2, g2.ip_addr, g1, seconds=3)
+    except (netlab.LabError, subprocess.TimeoutExpired) as e:
+        res = None
+        record("small_mtu_no_icmp_iperf_error", str(e)[-500:])
+    record("small_mtu_no_icmp_tcp", {"gbps": round(res.gbps, 3) if res else None,
+                                     "bytes": res.bytes if res else 0})
+    assert res is not None and res.bytes > 10_000_000, f"the TCP stream stalled: {res}"
+    peers = {}
+    for a, b in (("h1", "h2"), ("h2", "h1")):
+        netlab.wait_until(lambda: peer_of(bed, a, b).get("pmtu") == "done", 5, 0.1,
+                          what=f"{a}'s probing of {b}")
+        peers[a] = p = peer_of(bed, a, b)
+        # The kernel never learned the path's MTU (the ICMP was dropped): probing did.
+        assert p["kernel_mtu"] == 1500 and p["probed_mtu"] == 1280 and p["mtu"] == 1280, p
+        assert p["pmtu_search_ms"] <= 1000, p
+    c1 = dict(bed.reach("h1")["counters"])
+    drops = bed.sites[0].router.fw_counters()
+    icmp_dropped = sum(v for k, v in drops.items() if "from_router" in k or "forwarded" in k)
+    record("small_mtu_no_icmp", {
+        "search_ms": {a: p["pmtu_search_ms"] for a, p in peers.items()},
+        "told_after_s": round(told[0], 3), "mtu_told": told[1],
+        "probes": {k: c1[k] for k in c1 if k.startswith("pmtu_")},
+        "icmp_frag_needed_dropped": icmp_dropped})
+    assert icmp_dropped > 0, drops
+    assert c1["pmtu_probes_answered"] > 0 and c1["pmtu_probes_lost"] >= 3, c1
+    # A route change: the path carries 1200 bytes now, and nothing says so.
+    site = bed.sites[0]
+    site.transit.ip_link("set", "down0", "mtu", 1200)
+    site.router.ip_link("set", "wan0", "mtu", 1200)
+    t0 = time.time()
+    netlab.wait_until(lambda: all(peer_of(bed, a, b)["mtu"] == 1200 and peer_of(bed, a, b)["pmtu"] == "done"
+                                  for a, b in (("h1", "h2"), ("h2", "h1"))), 12, 0.1,
+                      what="the smaller path found")
+    found = time.time() - t0
+    holes = bed.counter("h2", "pmtu_black_holes")
+    record("small_mtu_no_icmp_shrunk", {"found_after_s": round(found, 2), "black_holes_h2": holes})
+    assert holes >= 1

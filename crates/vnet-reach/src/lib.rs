@@ -1,17 +1,18 @@
 //! Reaching hosts wherever they are (issue #31): behind NATs, behind firewalls, over paths with
 //! small MTUs. The design is `docs/design/reach.md`; this crate is its pure part: the messages
 //! on the VXLAN socket (`wire`, `stun`), the keys that authenticate them (`keys`), what a host
-//! knows of how the underlay sees it (`candidates`), the path to each peer (`path`), the
-//! relay's admission and accounting (`relay`), and the host's whole machine (`machine`), which
-//! takes datagrams, peers and the time and says what to send, which path each peer's links
-//! take and what to publish. No I/O: vnetd's `reach` thread and the data path's VXLAN reader
-//! do the sockets; randomness comes in through [`Random`].
+//! knows of how the underlay sees it (`candidates`), the path to each peer (`path`) and its
+//! MTU as probing finds it (`pmtu`), the relay's admission and accounting (`relay`), and the
+//! host's whole machine (`machine`), which takes datagrams, peers and the time and says what to
+//! send, which path each peer's links take and what to publish. No I/O: vnetd's `reach` thread
+//! and the data path's VXLAN reader do the sockets; randomness comes in through [`Random`].
 
 pub mod candidates;
 pub mod endpoint;
 pub mod keys;
 pub mod machine;
 pub mod path;
+pub mod pmtu;
 pub mod relay;
 pub mod stun;
 pub mod wire;
@@ -20,8 +21,8 @@ pub use candidates::{Candidate, CandidateKind, NatMapping, SelfView};
 pub use endpoint::canonical;
 pub use keys::{PairKey, Tag};
 pub use machine::{
-    Action, Path, PathUpdate, PeerInfo, PeerStatus, Reach, ReachConfig, ReachCounters, ReachStatus,
-    SelfRecord,
+    Action, Path, PathUpdate, PeerInfo, PeerStatus, PmtuStatus, Reach, ReachConfig, ReachCounters,
+    ReachStatus, SelfRecord,
 };
 pub use relay::{RelayRefusal, RelayTable};
 

@@ -1,7 +1,8 @@
 //! One host's reach machine: the peers from etcd and the datagrams of reach's kinds in, with
 //! the time; out come the datagrams to send, each peer's path (and which of its endpoints'
-//! datagrams are its own), the relay bindings to record and the record to publish. vnetd's
-//! `reach` thread owns it and does the I/O; everything here is decided without any.
+//! datagrams are its own), each path's MTU as probing finds it (`pmtu`), the relay bindings to
+//! record and the record to publish. vnetd's `reach` thread owns it and does the I/O;
+//! everything here is decided without any.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -12,6 +13,7 @@ use crate::candidates::{Candidate, NatMapping, Observer, SelfView};
 use crate::endpoint::canonical;
 use crate::keys::{PairKey, Tag, NONCE_LEN};
 use crate::path::{Origin, PeerPath};
+use crate::pmtu::{Answer, Pmtu};
 use crate::stun;
 use crate::wire::{
     self, Kind, Ping, Pong, ProbeBody, ProbeHeader, FLAG_BIND, FLAG_PAD_REPLY, TXID_LEN,
@@ -136,6 +138,12 @@ pub enum Action {
         tag: Tag,
         endpoint: SocketAddr,
     },
+    /// The MTU of the path peer `peer`'s links take changed ([`Reach::link_mtu`]): probing
+    /// found a size, or the kernel's figure changed it.
+    PathMtu {
+        peer: Tag,
+        mtu: Option<usize>,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -158,6 +166,12 @@ pub struct ReachCounters {
     pub malformed: u64,
     /// Peers whose key gives no pair key (a small-order point).
     pub bad_key: u64,
+    /// Path-MTU probes (`pmtu`): sent, answered (padded pongs of the same size), lost
+    /// (unanswered in time, or answered short), and found sizes that stopped passing.
+    pub pmtu_probes_sent: u64,
+    pub pmtu_probes_answered: u64,
+    pub pmtu_probes_lost: u64,
+    pub pmtu_black_holes: u64,
 }
 
 impl ReachCounters {
@@ -180,6 +194,20 @@ pub struct EndpointStatus {
     pub rtt_us: Option<u64>,
 }
 
+/// What probing knows of a peer's direct path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PmtuStatus {
+    pub endpoint: SocketAddr,
+    /// `searching`, `done`, `black-hole` or `error` (`pmtu::Pmtu::state_word`).
+    pub state: &'static str,
+    /// The size probing found (or confirmed so far).
+    pub probed: Option<usize>,
+    /// The kernel's figure, as last given.
+    pub kernel: Option<usize>,
+    /// How long the last search that found a size took.
+    pub search_ms: Option<u64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerStatus {
     pub name: String,
@@ -188,6 +216,10 @@ pub struct PeerStatus {
     pub rtt_us: Option<u64>,
     pub nat: NatMapping,
     pub endpoints: Vec<EndpointStatus>,
+    /// Probing of the direct path (none without one).
+    pub pmtu: Option<PmtuStatus>,
+    /// The MTU the peer's links use ([`Reach::link_mtu`]).
+    pub link_mtu: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,6 +238,10 @@ struct PeerState {
     pair: PairKey,
     path: PeerPath,
     emitted: Option<(Path, Vec<SocketAddr>)>,
+    /// Probing of the chosen direct endpoint's MTU (a new one for each endpoint chosen).
+    pmtu: Option<Pmtu>,
+    /// The link MTU last said ([`Action::PathMtu`]).
+    emitted_mtu: Option<Option<usize>>,
 }
 
 struct StunServer {
@@ -373,6 +409,8 @@ impl Reach {
                             pair,
                             path,
                             emitted: None,
+                            pmtu: None,
+                            emitted_mtu: None,
                         },
                     );
                 }
@@ -510,7 +548,19 @@ impl Reach {
                 Ok(())
             }
             ProbeBody::Pong(pong) => {
-                peer.path.on_pong(from, pong.txid, now.mono_us)?;
+                // A path-MTU probe's answer (to the endpoint probed), else a plain ping's.
+                let probe = peer
+                    .pmtu
+                    .as_mut()
+                    .filter(|m| m.endpoint() == from)
+                    .and_then(|m| m.on_pong(pong.txid, buf.len(), now_ms));
+                match probe {
+                    Some(Answer::Confirmed(_)) => self.counters.pmtu_probes_answered += 1,
+                    Some(Answer::Short(_)) => self.counters.pmtu_probes_lost += 1,
+                    None => {
+                        peer.path.on_pong(from, pong.txid, now.mono_us)?;
+                    }
+                }
                 self.counters.pongs_received += 1;
                 // Through a tunnel the peer saw the tunnel's far end, not this host.
                 if !self.tunnels.contains(&from) {
@@ -557,6 +607,98 @@ impl Reach {
                 out.push(Action::Send { to: o.to, bytes });
                 self.counters.pings_sent += 1;
             }
+            // Path-MTU probes: pings padded to the size probed, their pongs padded alike.
+            let rtt = p.path.chosen().and_then(|c| c.rtt_us);
+            let Some(m) = p.pmtu.as_mut() else { continue };
+            let due = m.due(now.mono_us, rtt, rng);
+            self.counters.pmtu_probes_lost += due.lost;
+            self.counters.pmtu_black_holes += u64::from(due.black_hole);
+            for o in due.probes {
+                let ping = ProbeBody::Ping(Ping {
+                    txid: o.txid,
+                    wall_ms: now.wall_ms,
+                });
+                let bytes = seal(
+                    &p.pair,
+                    Kind::Ping,
+                    FLAG_PAD_REPLY,
+                    me,
+                    &ping,
+                    o.payload,
+                    rng,
+                );
+                out.push(Action::Send {
+                    to: m.endpoint(),
+                    bytes,
+                });
+                self.counters.pmtu_probes_sent += 1;
+            }
+        }
+        self.emit_mtus(out);
+    }
+
+    /// The kernel's figure for the path to peer `peer` at `endpoint` (asked of a socket
+    /// connected there): the ceiling of its probing, if that is the endpoint probed.
+    pub fn set_kernel_mtu(
+        &mut self,
+        peer: Tag,
+        endpoint: SocketAddr,
+        mtu: Option<usize>,
+        out: &mut Vec<Action>,
+    ) {
+        let endpoint = canonical(endpoint);
+        if let Some(m) = self
+            .peers
+            .get_mut(&peer)
+            .and_then(|p| p.pmtu.as_mut())
+            .filter(|m| m.endpoint() == endpoint)
+        {
+            m.set_ceiling(mtu);
+            self.emit_mtus(out);
+        }
+    }
+
+    /// The MTU of the path peer `peer`'s links take: the probed one and the kernel's, the
+    /// smaller (`pmtu::Pmtu::mtu`) for a direct path; the relay's direct path's for a relayed
+    /// one (the relay's leg to the peer is the peer's own to probe). `None`: not known here
+    /// (the caller keeps the kernel's figure).
+    pub fn link_mtu(&self, peer: Tag) -> Option<usize> {
+        let p = self.peers.get(&peer)?;
+        match &p.emitted.as_ref()?.0 {
+            Path::Direct { .. } => p.pmtu.as_ref()?.mtu(),
+            Path::Relayed { relay, .. } => self
+                .peers
+                .values()
+                .find(|r| r.info.relay && r.info.name == *relay)?
+                .pmtu
+                .as_ref()?
+                .mtu(),
+            Path::Unknown => None,
+        }
+    }
+
+    /// Says the link MTUs that changed since last said (one pass: a relayed path's is its
+    /// relay's, looked up by name among the relays).
+    fn emit_mtus(&mut self, out: &mut Vec<Action>) {
+        let relays: BTreeMap<String, Option<usize>> = self
+            .peers
+            .values()
+            .filter(|p| p.info.relay)
+            .map(|p| (p.info.name.clone(), p.pmtu.as_ref().and_then(Pmtu::mtu)))
+            .collect();
+        for (tag, p) in self.peers.iter_mut() {
+            let Some((path, _)) = &p.emitted else {
+                continue;
+            };
+            let mtu = match path {
+                Path::Direct { .. } => p.pmtu.as_ref().and_then(Pmtu::mtu),
+                Path::Relayed { relay, .. } => relays.get(relay).copied().flatten(),
+                Path::Unknown => None,
+            };
+            if p.emitted_mtu != Some(mtu) {
+                p.emitted_mtu = Some(mtu);
+                out.push(Action::PathMtu { peer: *tag, mtu });
+            }
         }
     }
 
@@ -564,7 +706,15 @@ impl Reach {
     fn refresh(&mut self, now: Now, out: &mut Vec<Action>) {
         let now_ms = now.mono_ms();
         for p in self.peers.values_mut() {
-            p.path.choose(now_ms);
+            // A TCP tunnel carries any size: nothing to probe there.
+            let chosen = p
+                .path
+                .choose(now_ms)
+                .filter(|_| p.path.chosen().is_some_and(|c| c.origin != Origin::Tunnel));
+            // A new endpoint is a new path: its MTU is searched afresh.
+            if p.pmtu.as_ref().map(Pmtu::endpoint) != chosen {
+                p.pmtu = chosen.map(|ep| Pmtu::new(ep, now_ms));
+            }
         }
         // Relays this host can use: relay peers with a trusted path, over UDP before over a
         // tunnel, fastest first.
@@ -628,6 +778,7 @@ impl Reach {
             self.published = Some(record.clone());
             out.push(Action::Publish(record));
         }
+        self.emit_mtus(out);
     }
 
     /// When [`Reach::tick`] next has something to do (ms, monotonic).
@@ -636,6 +787,9 @@ impl Reach {
         let mut t = now_ms + 1_000;
         for p in self.peers.values() {
             t = t.min(p.path.next_wake_ms(now_ms));
+            if let Some(m) = &p.pmtu {
+                t = t.min(m.next_wake_ms(now_ms, p.path.chosen().and_then(|c| c.rtt_us)));
+            }
         }
         for s in &self.stun {
             t = t.min(s.next_ms.max(now_ms));
@@ -683,6 +837,14 @@ impl Reach {
                             rtt_us: e.rtt_us,
                         })
                         .collect(),
+                    pmtu: p.pmtu.as_ref().map(|m| PmtuStatus {
+                        endpoint: m.endpoint(),
+                        state: m.state_word(),
+                        probed: m.probed(),
+                        kernel: m.ceiling(),
+                        search_ms: m.search_ms(),
+                    }),
+                    link_mtu: self.link_mtu(*tag),
                 })
                 .collect(),
             counters: self.counters.clone(),

@@ -4,8 +4,11 @@
 //! pings, pongs and STUN requests on the VXLAN socket (so a NAT's mapping is the one the data
 //! uses), each peer's path into the engine, the reach part of this host's record for the agent
 //! to publish, and a relay's bindings; the TCP tunnels to relays where UDP does not pass
-//! (`reach_tunnel`), and on a relay the listener for them. Also where the probe key comes
-//! from: `--key-file`'s key, else `reach.key` in the state directory, made at the first start.
+//! (`reach_tunnel`), and on a relay the listener for them; each path's MTU: the kernel's figure
+//! (asked every `MTU_EVERY_MS`) given to the machine as the ceiling of its probing (padded
+//! pings, RFC 8899), and the machine's answer given to the engine. Also where the probe key
+//! comes from: `--key-file`'s key, else `reach.key` in the state directory, made at the first
+//! start.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -43,7 +46,7 @@ const ADDRESSES_EVERY_MS: u64 = 30_000;
 /// `show reach` is refreshed this often.
 const REPORT_EVERY_MS: u64 = 250;
 /// Each path's MTU is asked of the kernel again this often: a smaller one learned from ICMP
-/// reaches the data path within this.
+/// reaches the data path within this (probing's answers reach it at once).
 const MTU_EVERY_MS: u64 = 500;
 /// A relay's bindings, at most.
 const MAX_RELAY_BINDINGS: usize = 4096;
@@ -186,6 +189,7 @@ pub fn start(
         settings: s,
         keys: HashMap::new(),
         paths: HashMap::new(),
+        mtus_changed: false,
         rng: OsRandom::new(),
         tunnels,
     };
@@ -208,9 +212,19 @@ struct Thread {
     /// Each peer's probe key by its tag (paths come out by tag, the engine takes keys).
     keys: HashMap<Tag, (PublicKey, String)>,
     /// The path each peer's links take now, as given to the engine (its MTU kept current).
-    paths: HashMap<Tag, (PublicKey, ReachPath)>,
+    paths: HashMap<Tag, PeerPath>,
+    /// The machine said a link MTU changed: the engine's are brought up to date.
+    mtus_changed: bool,
     rng: OsRandom,
     tunnels: Tunnels,
+}
+
+/// A peer's path as given to the engine, and the kernel's MTU for its endpoint (the peer's,
+/// or its relay's).
+struct PeerPath {
+    key: PublicKey,
+    path: ReachPath,
+    kernel_mtu: Option<usize>,
 }
 
 impl Thread {
@@ -256,7 +270,7 @@ impl Thread {
                 next_report = now_ms + REPORT_EVERY_MS;
             }
             if now_ms >= next_mtu {
-                self.refresh_mtus();
+                self.refresh_mtus(now_ms);
                 next_mtu = now_ms + MTU_EVERY_MS;
             }
             let wait = Duration::from_millis(self.machine.next_wake_ms(now).saturating_sub(now_ms))
@@ -296,33 +310,37 @@ impl Thread {
         self.tunnels.reconcile(&wanted, now.mono_ms());
     }
 
-    /// The path MTU towards `endpoint`: through a tunnel, the path to the tunnel's TCP peer
-    /// (TCP carries any datagram, the relay sends it on over UDP).
-    fn mtu_towards(&self, endpoint: SocketAddr) -> Option<usize> {
-        path_mtu(self.tunnels.remote_of(endpoint).unwrap_or(endpoint))
+    /// Asks the kernel each path's MTU again (it learns a smaller one from an ICMP
+    /// "fragmentation needed" a router sent back for a DF datagram) and gives it to the
+    /// machine as the ceiling of its probing; then [`Thread::apply_mtus`].
+    fn refresh_mtus(&mut self, now_ms: u64) {
+        let mut out = Vec::new();
+        for (tag, p) in self.paths.iter_mut() {
+            p.kernel_mtu = p
+                .path
+                .direct
+                .or(p.path.relay)
+                .and_then(|e| mtu_towards(&self.tunnels, e));
+            if let Some(ep) = p.path.direct {
+                self.machine
+                    .set_kernel_mtu(*tag, ep, p.kernel_mtu, &mut out);
+            }
+        }
+        self.act(&mut out, now_ms);
+        self.apply_mtus();
     }
 
-    /// Asks the kernel each path's MTU again (it learns a smaller one from an ICMP
-    /// "fragmentation needed" a router sent back for a DF datagram): a change goes to the
-    /// engine, which then tells guests whose frames no longer fit.
-    fn refresh_mtus(&mut self) {
+    /// Each path's MTU as the machine says it (probed, under the kernel's), else the kernel's:
+    /// a change goes to the engine, which then tells guests whose frames no longer fit.
+    fn apply_mtus(&mut self) {
+        self.mtus_changed = false;
         let mut changed = Vec::new();
-        let mtus: HashMap<Tag, Option<usize>> = self
-            .paths
-            .iter()
-            .map(|(tag, (_, path))| {
-                (
-                    *tag,
-                    path.direct.or(path.relay).and_then(|e| self.mtu_towards(e)),
-                )
-            })
-            .collect();
-        for (tag, (key, path)) in self.paths.iter_mut() {
-            let mtu = mtus.get(tag).copied().flatten();
-            if mtu != path.mtu {
-                info!(peer = %tag, from = ?path.mtu, to = ?mtu, "reach: path MTU");
-                path.mtu = mtu;
-                changed.push((*key, path.clone()));
+        for (tag, p) in self.paths.iter_mut() {
+            let mtu = self.machine.link_mtu(*tag).or(p.kernel_mtu);
+            if mtu != p.path.mtu {
+                info!(peer = %tag, from = ?p.path.mtu, to = ?mtu, kernel = ?p.kernel_mtu, "reach: path MTU");
+                p.path.mtu = mtu;
+                changed.push((p.key, p.path.clone()));
             }
         }
         for (key, path) in changed {
@@ -356,6 +374,8 @@ impl Thread {
 
     fn act(&mut self, out: &mut Vec<Action>, now_ms: u64) {
         let v6 = self.sock.local_addr().is_ipv6();
+        // What handling an action makes the machine say (a new path's MTU), after these.
+        let mut more = Vec::new();
         for a in out.drain(..) {
             match a {
                 Action::Send { to, bytes } => {
@@ -373,20 +393,35 @@ impl Thread {
                         ReachRoute::Relayed { endpoint, .. } => (None, Some(*endpoint)),
                         ReachRoute::Unknown => (None, None),
                     };
+                    // The kernel's figure now (the ceiling of the new path's probing), and the
+                    // machine's answer under it (the kernel's until probing knows better).
+                    let kernel_mtu = direct.or(relay).and_then(|e| mtu_towards(&self.tunnels, e));
+                    if let Some(ep) = direct {
+                        self.machine
+                            .set_kernel_mtu(u.peer, ep, kernel_mtu, &mut more);
+                    }
                     let path = ReachPath {
                         direct,
                         relay,
                         accept: u.accept.clone(),
-                        mtu: direct.or(relay).and_then(|e| self.mtu_towards(e)),
+                        mtu: self.machine.link_mtu(u.peer).or(kernel_mtu),
                     };
                     info!(peer = %name, path = u.path.word(), to = ?path.direct.or(path.relay), mtu = ?path.mtu, "reach: path");
                     if u.path == ReachRoute::Unknown && u.accept.is_empty() {
                         self.paths.remove(&u.peer);
                     } else {
-                        self.paths.insert(u.peer, (key, path.clone()));
+                        self.paths.insert(
+                            u.peer,
+                            PeerPath {
+                                key,
+                                path: path.clone(),
+                                kernel_mtu,
+                            },
+                        );
                     }
                     self.daemon.set_reach_path(key, path);
                 }
+                Action::PathMtu { .. } => self.mtus_changed = true,
                 Action::Publish(r) => {
                     let relays = r
                         .bound_relays
@@ -419,6 +454,12 @@ impl Thread {
                 }
             }
         }
+        if !more.is_empty() {
+            self.act(&mut more, now_ms);
+        }
+        if self.mtus_changed {
+            self.apply_mtus();
+        }
     }
 
     fn report(&self, now: Now) {
@@ -438,6 +479,10 @@ impl Thread {
             ("unsolicited", c.unsolicited),
             ("malformed", c.malformed),
             ("bad_key", c.bad_key),
+            ("pmtu_probes_sent", c.pmtu_probes_sent),
+            ("pmtu_probes_answered", c.pmtu_probes_answered),
+            ("pmtu_probes_lost", c.pmtu_probes_lost),
+            ("pmtu_black_holes", c.pmtu_black_holes),
             ("inbox_full", self.shared.reach.inbox_full.load(Relaxed)),
             ("relayed_in", self.shared.reach.relayed_in.load(Relaxed)),
             (
@@ -499,7 +544,11 @@ impl Thread {
                         ReachRoute::Unknown => None,
                     },
                     rtt_us: p.rtt_us,
-                    mtu: self.paths.get(&p.tag).and_then(|(_, path)| path.mtu),
+                    mtu: self.paths.get(&p.tag).and_then(|e| e.path.mtu),
+                    kernel_mtu: self.paths.get(&p.tag).and_then(|e| e.kernel_mtu),
+                    probed_mtu: p.pmtu.as_ref().and_then(|m| m.probed),
+                    pmtu: p.pmtu.as_ref().map(|m| m.state.to_string()),
+                    pmtu_search_ms: p.pmtu.as_ref().and_then(|m| m.search_ms),
                     nat: p.nat.as_str().to_string(),
                     endpoints: p
                         .endpoints
@@ -552,6 +601,12 @@ fn peer_info(id: &HostId, rec: &HostRecord, key: PublicKey) -> PeerInfo {
             .as_deref()
             .map_or(NatMapping::Unknown, NatMapping::parse),
     }
+}
+
+/// The kernel's path MTU towards `endpoint`: through a tunnel, the path to the tunnel's TCP
+/// peer (TCP carries any datagram; the relay sends it on over UDP).
+fn mtu_towards(tunnels: &Tunnels, endpoint: SocketAddr) -> Option<usize> {
+    path_mtu(tunnels.remote_of(endpoint).unwrap_or(endpoint))
 }
 
 /// The MTU the kernel knows for the path to `to`, when it knows one.

@@ -33,8 +33,18 @@ pub struct ReachPeer {
     /// The endpoint the links send to (a relay's, when relayed).
     pub endpoint: Option<String>,
     pub rtt_us: Option<u64>,
-    /// The path's MTU (the largest outer IP packet), when known.
+    /// The path's MTU (the largest outer IP packet) the links use, when known: the probed one
+    /// under the kernel's (a relayed path: this host's path to the relay).
     pub mtu: Option<usize>,
+    /// The kernel's figure for the endpoint (the route's MTU, or what an ICMP taught it).
+    pub kernel_mtu: Option<usize>,
+    /// What probing (padded pings, RFC 8899) found on a direct path.
+    pub probed_mtu: Option<usize>,
+    /// Probing's state: `searching`, `done`, `black-hole` (searching again after one) or
+    /// `error` (no probe answered); none without a direct path.
+    pub pmtu: Option<String>,
+    /// How long the last search that found a size took, ms.
+    pub pmtu_search_ms: Option<u64>,
     /// The peer's NAT as it published it.
     pub nat: String,
     /// `ENDPOINT ORIGIN trusted|-` each.
@@ -47,6 +57,8 @@ const PEERS: Columns = Columns(&[
     Col::Left(24),
     Col::Right(9),
     Col::Right(5),
+    Col::Right(6),
+    Col::Right(6),
     Col::Left(7),
     Col::Rest,
 ]);
@@ -67,13 +79,17 @@ impl Display for ReachReport {
                 &"PATH",
                 &"ENDPOINT",
                 &"RTT_US",
+                &"MTU",
+                &"KERNEL",
+                &"PROBED",
                 &"NAT",
                 &"ENDPOINTS",
             ],
         )?;
         for p in &self.peers {
             let rtt = p.rtt_us.map_or("-".to_string(), |r| r.to_string());
-            let mtu = p.mtu.map_or("-".to_string(), |m| m.to_string());
+            let show = |v: Option<usize>| v.map_or("-".to_string(), |m| m.to_string());
+            let (mtu, kernel, probed) = (show(p.mtu), show(p.kernel_mtu), show(p.probed_mtu));
             PEERS.row(
                 f,
                 &[
@@ -82,6 +98,8 @@ impl Display for ReachReport {
                     &p.endpoint.as_deref().unwrap_or("-"),
                     &rtt,
                     &mtu,
+                    &kernel,
+                    &probed,
                     &p.nat,
                     &list(&p.endpoints),
                 ],
@@ -123,6 +141,10 @@ mod tests {
                 endpoint: Some("198.51.100.7:4789".into()),
                 rtt_us: Some(812),
                 mtu: Some(1280),
+                kernel_mtu: Some(1500),
+                probed_mtu: Some(1280),
+                pmtu: Some("done".into()),
+                pmtu_search_ms: Some(460),
                 nat: "eim".into(),
                 endpoints: vec!["198.51.100.7:4789 reflexive trusted".into()],
             }],
@@ -133,6 +155,7 @@ mod tests {
         assert!(t.contains("punched"));
         assert!(t.contains("812"));
         assert!(t.contains("1280"));
+        assert!(t.contains("KERNEL") && t.contains("1500"), "{t}");
         assert!(t.contains("pings_sent=12"));
     }
 }

@@ -97,6 +97,11 @@ struct Host {
     binds: Vec<(Tag, SocketAddr)>,
     /// A firewall in front of the host drops all UDP (TCP passes).
     udp_blocked: bool,
+    /// What the host's uplink carries (IP packets, both ways); larger datagrams vanish without
+    /// an ICMP (a black hole), so the kernel's figure is always the local 1500.
+    mtu: usize,
+    /// Each peer's link MTU as last said, and when.
+    link_mtu: BTreeMap<String, (u64, Option<usize>)>,
 }
 
 /// A TCP tunnel of the simulation: a member's local end and the relay's, each a UDP endpoint
@@ -162,6 +167,8 @@ impl Net {
                     first_any: BTreeMap::new(),
                     binds: Vec::new(),
                     udp_blocked: false,
+                    mtu: 1500,
+                    link_mtu: BTreeMap::new(),
                 }
             })
             .collect();
@@ -231,6 +238,7 @@ impl Net {
     }
 
     fn act(&mut self, i: usize, actions: Vec<Action>) {
+        let mut later = Vec::new();
         for a in actions {
             match a {
                 Action::Send { to, bytes } => {
@@ -254,6 +262,9 @@ impl Net {
                         continue;
                     }
                     let h = &mut self.hosts[i];
+                    if bytes.len() + 28 > h.mtu {
+                        continue;
+                    }
                     let src = match &mut h.nat {
                         None => h.private,
                         Some(n) => n.outbound(h.private, to),
@@ -269,11 +280,33 @@ impl Net {
                     if u.path != Path::Unknown {
                         h.first_any.entry(u.name.clone()).or_insert(self.now_ms);
                     }
+                    // As vnetd does: the kernel's figure for a new direct path at once.
+                    if let Path::Direct { endpoint, .. } = u.path {
+                        let mut more = Vec::new();
+                        h.reach
+                            .set_kernel_mtu(u.peer, endpoint, Some(1500), &mut more);
+                        later.extend(more);
+                    }
                     h.paths.insert(u.name, u.path);
                 }
                 Action::Publish(r) => self.hosts[i].record = Some(r),
                 Action::RelayBind { tag, endpoint } => self.hosts[i].binds.push((tag, endpoint)),
+                Action::PathMtu { peer, mtu } => {
+                    let h = &mut self.hosts[i];
+                    let name = h
+                        .reach
+                        .status(now(self.now_ms))
+                        .peers
+                        .into_iter()
+                        .find(|p| p.tag == peer)
+                        .map(|p| p.name)
+                        .unwrap_or_default();
+                    h.link_mtu.insert(name, (self.now_ms, mtu));
+                }
             }
+        }
+        if !later.is_empty() {
+            self.act(i, later);
         }
     }
 
@@ -334,6 +367,9 @@ impl Net {
                     break;
                 };
                 if let Some((i, _)) = self.deliver_to(src, dst) {
+                    if bytes.len() + 28 > self.hosts[i].mtu {
+                        continue;
+                    }
                     let mut out = Vec::new();
                     let mut rng = std::mem::take(&mut self.rng);
                     self.hosts[i]
@@ -736,4 +772,104 @@ fn a_ping_before_its_senders_record_is_answered_when_the_record_comes() {
     assert!(!out
         .iter()
         .any(|a| matches!(a, Action::Send { bytes, .. } if bytes[0] == wire::MSG_PONG)));
+}
+
+/// Host 1's uplink carries 1280 bytes and drops larger datagrams without a word (ICMP
+/// filtered): probing finds 1280 for both ends of the direct path within a second of it, and
+/// 1280 for host 1's path to the relay; host 2's path to the relay stays 1500.
+#[test]
+fn probing_finds_a_black_holed_path_mtu_within_a_second() {
+    use NatKind::*;
+    let mut net = Net::new(&[(None, true), (PortRestricted, false), (FullCone, false)]);
+    net.hosts[1].mtu = 1280;
+    net.run(6_000);
+    assert!(
+        matches!(net.path(1, 2), Path::Direct { .. }),
+        "{:?}",
+        net.path(1, 2)
+    );
+    for (a, b) in [(1, 2), (2, 1)] {
+        let name = net.hosts[b].name.clone();
+        let h = &net.hosts[a];
+        let (at, mtu) = h.link_mtu[&name];
+        assert_eq!(mtu, Some(1280), "{a}->{b}");
+        assert_eq!(h.reach.link_mtu(Tag::of(&net.hosts[b].key)), Some(1280));
+        let direct = h.first_direct[&name];
+        assert!(
+            at >= direct && at - direct <= 1_000,
+            "{a}->{b}: direct at {direct} ms, 1280 at {at} ms"
+        );
+        let st = h.reach.status(now(net.now_ms));
+        let p = st.peers.iter().find(|p| p.name == name).unwrap();
+        let pm = p.pmtu.as_ref().unwrap();
+        assert_eq!(
+            (pm.state, pm.probed, pm.kernel),
+            ("done", Some(1280), Some(1500))
+        );
+        assert!(pm.search_ms.unwrap() <= 1_000, "{pm:?}");
+        assert!(st.counters.pmtu_probes_answered > 0 && st.counters.pmtu_probes_lost >= 3);
+        assert_eq!(st.counters.pmtu_black_holes, 0);
+    }
+    assert_eq!(net.hosts[1].link_mtu["h0"].1, Some(1280));
+    assert_eq!(net.hosts[2].link_mtu["h0"].1, Some(1500));
+    // The path shrinks further (a route change, still no ICMP): noticed and found again.
+    net.hosts[1].mtu = 1200;
+    let t0 = net.now_ms;
+    net.run(t0 + 4_000);
+    let (at, mtu) = net.hosts[2].link_mtu["h1"];
+    assert_eq!(mtu, Some(1200));
+    assert!(at - t0 <= 3_000, "{} ms", at - t0);
+    assert!(net.hosts[2].reach.counters.pmtu_black_holes >= 1);
+}
+
+/// A relayed path takes the MTU of this host's own path to the relay.
+#[test]
+fn a_relayed_path_takes_the_relays_mtu() {
+    use NatKind::*;
+    let mut net = Net::new(&[(None, true), (Symmetric, false), (Symmetric, false)]);
+    net.hosts[1].mtu = 1400;
+    net.run(6_000);
+    assert!(matches!(net.path(1, 2), Path::Relayed { .. }));
+    assert_eq!(net.hosts[1].link_mtu["h2"].1, Some(1400));
+    assert_eq!(net.hosts[1].link_mtu["h0"].1, Some(1400));
+    // Host 2's leg to the relay carries 1500; the relay's leg to host 1 is host 1's to probe.
+    assert_eq!(net.hosts[2].link_mtu["h1"].1, Some(1500));
+}
+
+/// A forged pong cannot confirm a probe size: it fails authentication before any txid is
+/// looked at, and a replayed probe pong answers nothing any more.
+#[test]
+fn probe_answers_are_authenticated_and_used_once() {
+    let mut net = Net::new(&[(NatKind::None, false), (NatKind::None, false)]);
+    // Capture host 1's probe pongs to host 0 and replay them.
+    net.run(3_000);
+    let before = net.hosts[0].reach.counters.clone();
+    assert!(before.pmtu_probes_answered > 0);
+    let b_key = PrivateKey([2; 32]);
+    let bp = b_key.public();
+    let pair = PairKey::derive(&b_key, &bp, &net.hosts[0].key).unwrap();
+    let t = now(net.now_ms);
+    let mut rng = CountingRandom(999);
+    let from = net.hosts[1].private;
+    // A pong of any txid sealed with the right key is unsolicited; with another key, bad auth.
+    let pong = ProbeBody::Pong(Pong {
+        txid: [3; 12],
+        wall_ms: t.wall_ms,
+        observed: from,
+    });
+    let m = seal(&pair, Kind::Pong, 0, bp, &pong, 1472, &mut rng);
+    let mut out = Vec::new();
+    net.hosts[0]
+        .reach
+        .on_datagram(from, &m, t, &mut rng, &mut out);
+    let stranger = PrivateKey([77; 32]);
+    let other = PairKey::derive(&stranger, &stranger.public(), &net.hosts[0].key).unwrap();
+    let m = seal(&other, Kind::Pong, 0, bp, &pong, 1472, &mut rng);
+    net.hosts[0]
+        .reach
+        .on_datagram(from, &m, t, &mut rng, &mut out);
+    let after = &net.hosts[0].reach.counters;
+    assert_eq!(after.unsolicited, before.unsolicited + 1);
+    assert_eq!(after.bad_auth, before.bad_auth + 1);
+    assert_eq!(after.pmtu_probes_answered, before.pmtu_probes_answered);
 }
