@@ -94,8 +94,8 @@ pub struct TxBatch<'a> {
 /// first), its length.
 type Ready<'b> = (&'b UdpLinkTx, &'b LinkPath, [IoPart<'b>; 4], usize);
 
-/// The vectors a flush fills and empties again; their types borrow nothing (those that hold
-/// borrows are kept here empty, with `'static` only in the type, and [`recycle`]d).
+/// The vectors a flush fills and empties again (those whose elements borrow are kept empty,
+/// as [`Spare`]s).
 #[derive(Default)]
 struct FlushWork {
     sealed: Vec<u8>,
@@ -103,9 +103,9 @@ struct FlushWork {
     path_of: Vec<usize>,
     ranges: Vec<Option<Range<usize>>>,
     keys: Vec<(usize, usize)>,
-    items: Vec<Ready<'static>>,
-    singles: Vec<(&'static SockAddr, [IoPart<'static>; 4])>,
-    parts: Vec<IoPart<'static>>,
+    items: Spare<Ready<'static>>,
+    singles: Spare<(&'static SockAddr, [IoPart<'static>; 4])>,
+    parts: Spare<IoPart<'static>>,
 }
 
 /// What one thread keeps of its batches between them: their vectors, so that a batch
@@ -113,10 +113,48 @@ struct FlushWork {
 /// the same reason). [`TxBatch::reusing`] takes them, [`TxBatch::give_back`] returns them.
 #[derive(Default)]
 pub struct TxSpare {
-    udp: Vec<(&'static UdpLinkTx, Range<usize>, Rest<'static>)>,
+    udp: Spare<(&'static UdpLinkTx, Range<usize>, Rest<'static>)>,
     heads: Vec<u8>,
     work: FlushWork,
 }
+
+/// An empty vector kept for its allocation: `T` names the element type with `'static` where
+/// the elements it will hold borrow (frames, guest memory, paths), so it is stored without a
+/// lifetime and [`recycle`]d to the caller's when taken.
+struct Spare<T>(Vec<T>);
+
+impl<T> Default for Spare<T> {
+    fn default() -> Self {
+        Spare(Vec::new())
+    }
+}
+
+impl<T> Spare<T> {
+    /// Keeps `v`'s allocation (emptied).
+    fn keep<U>(v: Vec<U>) -> Spare<T> {
+        Spare(recycle(v))
+    }
+
+    /// The allocation, as an empty vector of the caller's element type.
+    fn take<U>(&mut self) -> Vec<U> {
+        recycle(std::mem::take(&mut self.0))
+    }
+
+    #[cfg(test)]
+    fn as_ptr(&self) -> *const T {
+        self.0.as_ptr()
+    }
+
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+}
+
+// SAFETY: a `Spare` is always empty (`keep` and `take` empty it; nothing else reaches the
+// vector), so it holds no pointer into a frame or guest memory, only an allocation, which
+// any thread may use or free.
+unsafe impl<T> Send for Spare<T> {}
 
 /// An empty vector's allocation, for elements of a type of the same layout (here: the same
 /// type with other lifetimes). std collects a vector's own `IntoIter` in place, so this moves
@@ -176,7 +214,7 @@ impl<'a> TxBatch<'a> {
     /// A batch in the vectors `spare` kept (empty ones the first time).
     pub fn reusing(spare: &mut TxSpare) -> TxBatch<'a> {
         TxBatch {
-            udp: recycle(std::mem::take(&mut spare.udp)),
+            udp: spare.udp.take(),
             heads: std::mem::take(&mut spare.heads),
             work: std::mem::take(&mut spare.work),
         }
@@ -185,7 +223,7 @@ impl<'a> TxBatch<'a> {
     /// Returns this batch's vectors to `spare` (emptied: flush first).
     pub fn give_back(mut self, spare: &mut TxSpare) {
         self.heads.clear();
-        spare.udp = recycle(self.udp);
+        spare.udp = Spare::keep(self.udp);
         spare.heads = self.heads;
         spare.work = self.work;
     }
@@ -345,7 +383,7 @@ impl<'a> TxBatch<'a> {
         }
         let mut w = std::mem::take(&mut self.work);
         self.paths(&mut w.paths, &mut w.path_of);
-        let mut items: Vec<Ready<'_>> = recycle(std::mem::take(&mut w.items));
+        let mut items: Vec<Ready<'_>> = w.items.take();
         self.ready(
             &mut w.sealed,
             &w.paths,
@@ -364,8 +402,7 @@ impl<'a> TxBatch<'a> {
         let runs = plan_runs(keys, |first, size| {
             sock.gso_enabled() && size < items[first].0.gso_refused.load(Relaxed)
         });
-        let mut singles: Vec<(&SockAddr, [IoPart<'_>; 4])> =
-            recycle(std::mem::take(&mut w.singles));
+        let mut singles: Vec<(&SockAddr, [IoPart<'_>; 4])> = w.singles.take();
         let send_singles = |singles: &mut Vec<(&SockAddr, [IoPart<'_>; 4])>| {
             if singles.is_empty() {
                 return;
@@ -377,7 +414,7 @@ impl<'a> TxBatch<'a> {
             }
             singles.clear();
         };
-        let mut parts: Vec<IoPart<'_>> = recycle(std::mem::take(&mut w.parts));
+        let mut parts: Vec<IoPart<'_>> = w.parts.take();
         for run in runs {
             let range = match run {
                 Run::Segmented { range, size } => {
@@ -412,9 +449,9 @@ impl<'a> TxBatch<'a> {
             }
         }
         send_singles(&mut singles);
-        w.singles = recycle(singles);
-        w.parts = recycle(parts);
-        w.items = recycle(items);
+        w.singles = Spare::keep(singles);
+        w.parts = Spare::keep(parts);
+        w.items = Spare::keep(items);
         w.paths.clear();
         self.work = w;
         self.udp.clear();
