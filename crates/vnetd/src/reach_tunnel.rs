@@ -137,6 +137,8 @@ pub struct Tunnels {
     /// Each open tunnel's local end and its TCP peer.
     remotes: HashMap<SocketAddr, SocketAddr>,
     stop: Arc<AtomicBool>,
+    /// Tunnels a relay accepts at once ([`MAX_TUNNELS`]).
+    limit: usize,
     pub counters: Arc<TunnelCounters>,
 }
 
@@ -166,6 +168,7 @@ impl Tunnels {
             retry_at: HashMap::new(),
             remotes: HashMap::new(),
             stop: Arc::new(AtomicBool::new(false)),
+            limit: MAX_TUNNELS,
             counters: Arc::new(TunnelCounters::default()),
         }
     }
@@ -181,21 +184,33 @@ impl Tunnels {
             self.stop.clone(),
             self.counters.clone(),
         );
+        let live = Arc::new(AtomicUsize::new(0));
+        let limit = self.limit;
         std::thread::Builder::new()
             .name("reach-tunnels".into())
             .spawn(move || {
                 while !stop.load(Relaxed) {
                     match l.accept() {
                         Ok((s, from)) => {
-                            if counters.open.load(Relaxed) >= MAX_TUNNELS {
+                            // Counted here, not once the pipe runs: a burst of connections
+                            // cannot start more than the limit of threads.
+                            if live.fetch_add(1, Relaxed) >= limit {
+                                live.fetch_sub(1, Relaxed);
                                 counters.refused.fetch_add(1, Relaxed);
                                 debug!(%from, "reach: tunnel refused (too many)");
                                 continue;
                             }
-                            let (tx, stop, counters) = (tx.clone(), stop.clone(), counters.clone());
-                            let _ = std::thread::Builder::new()
+                            let (tx, stop, counters, done) =
+                                (tx.clone(), stop.clone(), counters.clone(), live.clone());
+                            let spawned = std::thread::Builder::new()
                                 .name("reach-tunnel".into())
-                                .spawn(move || pipe(s, vxlan, None, &tx, &stop, &counters));
+                                .spawn(move || {
+                                    pipe(s, vxlan, None, &tx, &stop, &counters);
+                                    done.fetch_sub(1, Relaxed);
+                                });
+                            if spawned.is_err() {
+                                live.fetch_sub(1, Relaxed);
+                            }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(TICK),
                         Err(e) => {
@@ -477,6 +492,35 @@ mod tests {
         assert_eq!(frame(&[]), None);
         assert_eq!(frame(&vec![0; 65536]), None);
         assert_eq!(frame(&[7]).unwrap(), vec![0, 1, 7]);
+    }
+
+    /// A relay takes at most its limit of tunnels at once; the next connection is refused and
+    /// counted, and one closing makes room again.
+    #[test]
+    fn a_relay_takes_at_most_its_limit_of_tunnels() {
+        let vx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut relay = Tunnels::new(vx.local_addr().unwrap());
+        relay.limit = 2;
+        let at = relay.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let wait = |what: &str, f: &dyn Fn() -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !f() {
+                assert!(Instant::now() < deadline, "{what}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        let a = TcpStream::connect(at).unwrap();
+        let _b = TcpStream::connect(at).unwrap();
+        wait("two open", &|| relay.counters.open.load(Relaxed) == 2);
+        let _c = TcpStream::connect(at).unwrap();
+        wait("the third refused", &|| {
+            relay.counters.refused.load(Relaxed) == 1
+        });
+        drop(a);
+        wait("one closed", &|| relay.counters.open.load(Relaxed) == 1);
+        let _d = TcpStream::connect(at).unwrap();
+        wait("room again", &|| relay.counters.open.load(Relaxed) == 2);
+        assert_eq!(relay.counters.refused.load(Relaxed), 1);
     }
 
     /// Two tunnels ends on loopback: a "relay" accepting and a "member" connecting, each with
