@@ -318,9 +318,40 @@ pub struct LinkStatus {
     pub rate: Option<RateLimit>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub encrypted: Option<CryptoStatus>,
+    /// A reach link's path now (issue #31): how its datagrams go and the path's MTU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reach: Option<LinkReach>,
+}
+
+/// How a reach link's datagrams go now (`show links`' PATH column; `show reach` has more).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LinkReach {
+    /// `direct`, `punched`, `relayed`, `tunneled`, `relayed-tcp`, or `unknown` (to the
+    /// configured address until a path is known).
+    pub path: String,
+    /// Where they go: the peer's endpoint, the relay's or a tunnel's local end.
+    pub to: Option<String>,
+    /// The path's MTU (the largest outer IP packet), when known.
+    pub mtu: Option<usize>,
+}
+
+impl LinkReach {
+    /// The PATH column: `punched 1400`, `relayed -`.
+    pub fn column(&self) -> String {
+        match self.mtu {
+            Some(m) => format!("{} {m}", self.path),
+            None => format!("{} -", self.path),
+        }
+    }
 }
 
 impl LinkStatus {
+    /// The row with a reach link's path.
+    pub fn with_reach(mut self, reach: Option<LinkReach>) -> LinkStatus {
+        self.reach = reach;
+        self
+    }
+
     /// The row of link `l`, whose state, rate limit and session are as given.
     pub fn new(
         l: &Link,
@@ -338,6 +369,7 @@ impl LinkStatus {
             state,
             rate,
             encrypted,
+            reach: None,
         }
     }
 

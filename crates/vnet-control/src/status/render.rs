@@ -7,8 +7,8 @@ use std::fmt::{self, Display, Formatter};
 
 use super::Col::{Left as L, Rest, Right as R};
 use super::{
-    ClusterReport, Columns, InterfaceTable, LinkTable, ListenerTable, MatrixReport, RouteTable,
-    StatsReport,
+    ClusterReport, Columns, InterfaceTable, LinkReach, LinkTable, ListenerTable, MatrixReport,
+    RouteTable, StatsReport,
 };
 use crate::command::RateLimit;
 
@@ -78,7 +78,7 @@ impl Display for InterfaceTable {
 
 impl Display for LinkTable {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        const T: Columns = Columns(&[L(16), L(10), L(28), R(8), L(10), Rest]);
+        const T: Columns = Columns(&[L(16), L(10), L(28), R(8), L(10), L(16), Rest]);
         T.row(
             f,
             &[
@@ -87,6 +87,7 @@ impl Display for LinkTable {
                 &"REMOTE/DEVICE",
                 &"VNI",
                 &"STATE",
+                &"PATH/MTU",
                 &"POLICY",
             ],
         )?;
@@ -105,6 +106,7 @@ impl Display for LinkTable {
                     &r.peer(),
                     &r.vni,
                     &state,
+                    &r.reach.as_ref().map_or("-".to_string(), LinkReach::column),
                     &policy_text(false, r.rate.as_ref()),
                 ],
             )?;
@@ -422,7 +424,13 @@ mod tests {
                 .zip(states)
                 .map(|(l, state)| {
                     let rate = cfg.link_rates.get(&l.name).copied();
-                    LinkStatus::new(l, state, rate, (l.name == "up").then(crypto))
+                    // The encrypted udp link is a reach link too, punched on a 1400-byte path.
+                    let reach = (l.name == "up").then(|| LinkReach {
+                        path: "punched".into(),
+                        to: Some("203.0.113.7:4789".into()),
+                        mtu: Some(1400),
+                    });
+                    LinkStatus::new(l, state, rate, (l.name == "up").then(crypto)).with_reach(reach)
                 })
                 .collect(),
         )
@@ -605,10 +613,11 @@ c1               veth       vn-c1           02:00:00:00:00:01  1450 ns1         
 vm2              netdev     tap-vm2         02:00:00:00:00:02     - -                       7 -      rate 10 burst 1024
 "#;
     const INTERFACES_JSON: &str = r#"[{"any_source":false,"client":false,"ifname":"vn-vm1","kind":"tap","mac":"52:54:00:00:00:01","mtu":1500,"name":"vm1","netns":null,"offload":true,"path":"user","queues":1,"rate":null,"socket":null,"vni":5},{"any_source":true,"client":false,"ifname":"vn-c1","kind":"veth","mac":"02:00:00:00:00:01","mtu":1450,"name":"c1","netns":"ns1","offload":true,"path":"kernel","queues":1,"rate":{"burst_kb":64,"mbit":100},"socket":null,"vni":1},{"any_source":false,"client":false,"ifname":"tap-vm2","kind":"netdev","mac":"02:00:00:00:00:02","mtu":0,"name":"vm2","netns":null,"offload":true,"queues":1,"rate":{"burst_kb":1024,"mbit":10},"socket":null,"vni":7}]"#;
-    const LINKS: &str = r#"NAME             TYPE       REMOTE/DEVICE                     VNI STATE      POLICY
-up               udp        10.0.0.2:4789                       5 up+enc     rate 50 burst 1024
-t1               tcp        10.0.0.3:7000                       1 connecting -
-d1               direct     eth1                                7 down       -
+    // PATH/MTU came with issue #31 (a reach link's path and its MTU), before POLICY.
+    const LINKS: &str = r#"NAME             TYPE       REMOTE/DEVICE                     VNI STATE      PATH/MTU         POLICY
+up               udp        10.0.0.2:4789                       5 up+enc     punched 1400     rate 50 burst 1024
+t1               tcp        10.0.0.3:7000                       1 connecting -                -
+d1               direct     eth1                                7 down       -                -
 "#;
     const ROUTES: &str = r#"SOURCE                   DESTINATION              TO                                VNI
 any                      52:54:00:00:00:09        link up                             5
