@@ -191,7 +191,8 @@ pub fn process<'a>(
         ..
     } = ctx;
     let decision = cache.lookup(
-        (snap.table.generation(), learn_gen.unwrap_or(0)),
+        &snap.table,
+        learn_gen.unwrap_or(0),
         (ingress, src, dst),
         || {
             let learned = if learning && dst.is_unicast() {

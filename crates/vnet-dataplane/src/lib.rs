@@ -51,6 +51,6 @@ mod worker;
 #[cfg(test)]
 mod testing;
 
-pub use engine::{Engine, EngineError, Leave, NicFactory, ReachPath};
+pub use engine::{Engine, EngineError, EngineStatus, Leave, NicFactory, ReachPath};
 pub use ingress::guest::{DirectLink, GuestFrame, Ingress, GUEST_HEAD};
 pub use nic::GuestNic;
