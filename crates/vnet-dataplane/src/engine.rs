@@ -16,10 +16,8 @@ use tracing::{info, warn};
 use vnet_control::{Change, DestKind, FastPathMode, Interface, InterfaceKind, Link, LinkKind};
 use vnet_core::{ForwardingTable, PortId, PortInfo, PortKind, Touched};
 use vnet_fastpath::FastPathConfig;
-use vnet_offload::VirtioNetHdr;
 
 use crate::dispatch::DispatcherSet;
-use crate::forward::FwdCtx;
 use crate::guard::PortGuard;
 use crate::ingress::guest::Ingress;
 use crate::ingress::udp::VxlanReader;
@@ -516,24 +514,6 @@ impl Engine {
                 "link"
             }
         );
-    }
-
-    /// Forwards frames as if the guest behind interface `name` had sent them (the gratuitous
-    /// RARP/ARP a host sends after a migration). False when there is no such interface.
-    pub fn inject_from_interface(&self, name: &str, frames: &[Vec<u8>]) -> bool {
-        let Some(rt) = self.ports.get(&(DestKind::Interface, name.to_string())) else {
-            return false;
-        };
-        let ingress = Ingress {
-            shared: self.shared.clone(),
-            port: rt.id,
-        };
-        let mut batch: Vec<(VirtioNetHdr, Vec<u8>)> = frames
-            .iter()
-            .map(|f| (VirtioNetHdr::default(), f.clone()))
-            .collect();
-        ingress.forward(&mut FwdCtx::new(), &mut batch);
-        true
     }
 
     /// Loads the kernel fast path (`vnet-fastpath`): veth and netdev interfaces and plain udp

@@ -644,21 +644,17 @@ mod tests {
     #[test]
     fn a_handler_that_panics_gives_its_slot_back() {
         let (addr, daemon) = daemon_on_loopback(None);
-        daemon
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .before_engine = Some(Box::new(|| panic!("injected: a handler panics")));
+        *daemon.before_change.lock().unwrap() =
+            Some(Box::new(|| panic!("injected: a handler panics")));
         for n in 0..MAX_CONNECTIONS + 8 {
             let mut c = Client::new(addr);
-            // A change that reaches the engine: the hook panics in the handler's thread.
+            // A change: the hook panics in the handler's thread.
             assert_eq!(c.command(&format!("link add p{n} udp 10.0.0.2")), None);
         }
-        daemon
-            .state
+        *daemon
+            .before_change
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .before_engine = None;
+            .unwrap_or_else(|p| p.into_inner()) = None;
         let mut c = Client::new(addr);
         assert!(c
             .command("show stats")

@@ -16,17 +16,21 @@ use vnet_control::status::{
     PortRole, PortStatus,
 };
 use vnet_control::{DestKind, FastPathMode};
-use vnet_core::{MatrixEntry, PortCountersSnapshot};
+use vnet_core::{MatrixEntry, PortCountersSnapshot, PortId};
 use vnet_fastpath::{CounterSlot, Readout};
+use vnet_offload::VirtioNetHdr;
 
 use super::Engine;
 use crate::dispatch::DispatchReadout;
+use crate::forward::FwdCtx;
+use crate::ingress::guest::Ingress;
 use crate::shared::{PortEntry, Shared};
 use crate::udp::VxlanSocket;
 
 /// One port as readers see it.
 #[derive(Clone)]
 pub(crate) struct PortSource {
+    pub id: PortId,
     pub entry: PortEntry,
     /// Where the kernel counts it, when the kernel serves it.
     pub kernel: Option<CounterSlot>,
@@ -106,6 +110,7 @@ impl Engine {
         let mut links = HashMap::new();
         for ((kind, name), rt) in &self.ports {
             let src = PortSource {
+                id: rt.id,
                 entry: rt.entry.clone(),
                 kernel: match (rt.kernel, &self.kernel) {
                     (true, Some(k)) => k.counter_slot(rt.id),
@@ -207,6 +212,24 @@ impl EngineStatus {
             .as_udp()
             .and_then(|u| u.crypto.as_ref())
             .map(|c| c.status())
+    }
+
+    /// Forwards frames as if the guest behind interface `name` had sent them (the gratuitous
+    /// RARP/ARP a host sends after a migration). False when there is no such interface.
+    pub fn inject_from_interface(&self, name: &str, frames: &[Vec<u8>]) -> bool {
+        let Some(p) = self.port(DestKind::Interface, name) else {
+            return false;
+        };
+        let ingress = Ingress {
+            shared: self.shared.clone(),
+            port: p.id,
+        };
+        let mut batch: Vec<(VirtioNetHdr, Vec<u8>)> = frames
+            .iter()
+            .map(|f| (VirtioNetHdr::default(), f.clone()))
+            .collect();
+        ingress.forward(&mut FwdCtx::new(), &mut batch);
+        true
     }
 
     pub fn daemon_counters(&self) -> PortCountersSnapshot {

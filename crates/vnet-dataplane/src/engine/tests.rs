@@ -43,7 +43,7 @@ fn links_and_routes_reach_the_snapshot_and_go_again() {
     let st = status.port_status(DestKind::Link, "b").expect("status");
     assert_eq!((st.vni, st.kind), (7, PortRole::Link));
     assert!(status.link_crypto("b").is_none());
-    assert!(!e.inject_from_interface("nope", &[]));
+    assert!(!e.status().inject_from_interface("nope", &[]));
     let gen = snap.table.generation();
     // Removing a link takes it out of the snapshot at once, and its peer with it.
     let del = Command::LinkDel("b".into());
