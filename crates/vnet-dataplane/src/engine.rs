@@ -13,9 +13,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use tracing::{info, warn};
-use vnet_control::{Change, DestKind, FastPathMode, Interface, InterfaceKind, Link, LinkKind};
+use vnet_control::{Change, DestKind, Interface, InterfaceKind, Link, LinkKind};
 use vnet_core::{ForwardingTable, PortId, PortInfo, PortKind, Touched};
-use vnet_fastpath::FastPathConfig;
 
 use crate::dispatch::DispatcherSet;
 use crate::guard::PortGuard;
@@ -516,26 +515,6 @@ impl Engine {
         );
     }
 
-    /// Loads the kernel fast path (`vnet-fastpath`): veth and netdev interfaces and plain udp
-    /// links opened from now on are forwarded in the kernel where the table decides. The error
-    /// says why the kernel cannot (vnetd then runs everything in user space).
-    pub fn enable_kernel_path(&mut self, mut cfg: FastPathConfig) -> Result<(), String> {
-        cfg.vxlan_port = self.udp.local_addr().port();
-        let k = KernelPath::open(&cfg, self.udp.local_addr().ip()).map_err(|e| e.to_string())?;
-        self.kernel = Some(k);
-        self.kernel_readout = None;
-        self.ports_changed();
-        Ok(())
-    }
-
-    /// Whether the kernel fast path is loaded, and its mode.
-    pub fn kernel_mode(&self) -> FastPathMode {
-        match &self.kernel {
-            Some(k) => k.mode(),
-            None => FastPathMode::Off,
-        }
-    }
-
     /// Stops every thread and closes every descriptor. With [`Leave::Keep`] (a daemon that
     /// stops, to be started again) the devices vnetd made stay, so the guests keep their NICs
     /// and the next vnetd adopts them; with [`Leave::Remove`] (a teardown) they go too.
@@ -550,35 +529,6 @@ impl Engine {
             (Some(k), Leave::Remove) => k.teardown(),
             // Dropped: pinned, the kernel goes on forwarding; unpinned, it stops with us.
             (k, _) => drop(k),
-        }
-    }
-
-    /// Ends a takeover of an earlier vnetd's kernel fast path, once the restored configuration
-    /// is realized: see [`vnet_fastpath::FastPath::commit`].
-    pub fn commit_kernel_takeover(&mut self) {
-        if let Some(k) = &mut self.kernel {
-            k.commit();
-        }
-    }
-
-    /// Whether the kernel fast path is pinned: forwarding between fast-path ports and plain
-    /// udp links goes on while no vnetd runs.
-    pub fn kernel_pinned(&self) -> bool {
-        self.kernel.as_ref().is_some_and(|k| k.pinned())
-    }
-
-    /// The `forwarding` sysctls the kernel fast path changed, as they were before.
-    pub fn kernel_forwarding_originals(&self) -> Vec<vnet_fastpath::ForwardingOriginal> {
-        self.kernel
-            .as_ref()
-            .map(|k| k.forwarding_originals())
-            .unwrap_or_default()
-    }
-
-    /// Hands the kernel fast path the `forwarding` values an earlier vnetd recorded.
-    pub fn set_kernel_forwarding_originals(&mut self, o: Vec<vnet_fastpath::ForwardingOriginal>) {
-        if let Some(k) = &mut self.kernel {
-            k.set_forwarding_originals(o);
         }
     }
 
@@ -602,6 +552,7 @@ impl Drop for Engine {
     }
 }
 
+mod kernel;
 mod publish;
 mod reach;
 mod status;

@@ -31,15 +31,15 @@ use vnet_control::status::{
     MatrixReport, RouteStatus, RouteTable, StateStatus, StatsReport,
 };
 use vnet_control::Interface;
-use vnet_control::{parse_config, parse_line, parse_script, Change, Command, Config, ShowWhat};
+use vnet_control::{parse_config, parse_line, parse_script, Command, Config, ShowWhat};
 use vnet_dataplane::{Engine, Leave};
 use vnet_wire::MacAddr;
 
 use crate::pending::Pending;
 use crate::persist::Saver;
-use apply::{routes_only, Applied};
+use apply::{apply_commands_in, derivation_in, restore_in};
 pub use owner::State;
-use owner::{Common, Inbox, Owner};
+use owner::{Common, Inbox};
 use view::View;
 
 pub struct Daemon {
@@ -456,178 +456,6 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.inbox.stop();
     }
-}
-
-/// [`Daemon::apply_commands`] on the owner: applied, then journaled (undone when the record
-/// cannot be written); the record's sync is left to the caller.
-fn apply_commands_in(
-    o: &mut Owner,
-    cmds: Vec<(usize, Command)>,
-) -> Result<Option<saving::Saving>, String> {
-    // Deletes of routes that wait for their link: not the model's (it does not hold them).
-    let (cmds, unwaited) = o.st.pending.deletes(cmds, &o.st.cfg);
-    let pending_before = (!unwaited.is_empty()).then(|| o.st.pending.clone());
-    let routes_only = routes_only(cmds.iter().map(|(_, c)| c));
-    let applied = if cmds.is_empty() {
-        Applied::default()
-    } else {
-        o.apply_undoable(&cmds)?
-    };
-    let mut extra = String::new();
-    for r in &unwaited {
-        o.st.pending.forget(r);
-        extra.push_str(&format!("route del {}\n", crate::pending::spec_of(r)));
-    }
-    let saving = match o.journal(&applied.changes, &extra, !routes_only) {
-        Ok(s) => s,
-        Err(e) => {
-            // Not on disk: taken back, so that what runs is what a restart restores.
-            o.undo(applied);
-            if let Some(p) = pending_before {
-                o.st.pending = p;
-            }
-            return Err(format!(
-                "not applied: the state directory cannot be written ({e}); nothing changed"
-            ));
-        }
-    };
-    if applied
-        .changes
-        .iter()
-        .any(|c| matches!(c, Change::AddLink(_)))
-    {
-        o.bring_back();
-    }
-    o.common.local_changes.fetch_add(1, Relaxed);
-    Ok(saving)
-}
-
-/// [`Daemon::apply_derivation`] on the owner.
-fn derivation_in(
-    o: &mut Owner,
-    derived: &vnet_cluster::DerivedConfig,
-    delta: Option<&[Command]>,
-) -> SyncReport {
-    let mut report = SyncReport::default();
-    let local_now = o.common.local_changes.load(Relaxed);
-    let cmds: Vec<Command> = match delta {
-        Some(d) if o.st.derived_in_step == Some(local_now) => d.to_vec(),
-        _ => {
-            let State {
-                cfg, derived: rec, ..
-            } = &mut o.st;
-            rec.retain_present(cfg);
-            vnet_cluster::diff(rec.config(), derived)
-        }
-    };
-    if cmds.is_empty() {
-        o.st.derived_in_step = Some(local_now);
-        return report;
-    }
-    let text = |c: &Command| vnet_cluster::render_command(c).unwrap_or_else(|| format!("{c:?}"));
-    let mut rest: &[Command] = &cmds;
-    let mut links_came = false;
-    let mut local_went = 0;
-    while !rest.is_empty() {
-        let numbered: Vec<(usize, Command)> = rest.iter().cloned().map(|c| (0, c)).collect();
-        let (ok, failed) = match o.apply_in_at(&numbered) {
-            Ok(a) => {
-                local_went += o.took_local_routes(&a.changes);
-                links_came |= a.changes.iter().any(|c| matches!(c, Change::AddLink(_)));
-                (rest, None)
-            }
-            Err((i, e)) => {
-                // Everything before the refused command, as one script.
-                let before: Vec<(usize, Command)> = numbered[..i].to_vec();
-                match o.apply_in_at(&before) {
-                    Ok(a) => {
-                        local_went += o.took_local_routes(&a.changes);
-                        links_came |= a.changes.iter().any(|c| matches!(c, Change::AddLink(_)));
-                        (&rest[..i], Some((i, e)))
-                    }
-                    Err((j, e2)) => {
-                        // Not expected (they went before it); report the first, go on after.
-                        report.failed.push(format!("{}: {e2}", text(&rest[j])));
-                        (&rest[..0], Some((j, e)))
-                    }
-                }
-            }
-        };
-        for c in ok {
-            if let Err(e) = o.st.derived.apply(c) {
-                tracing::warn!("derived record out of step at {}: {e}", text(c));
-            }
-            report.applied.push(text(c));
-        }
-        match failed {
-            None => rest = &[],
-            Some((i, e)) => {
-                if !report.failed.iter().any(|f| f.starts_with(&text(&rest[i]))) {
-                    report.failed.push(format!("{}: {e}", text(&rest[i])));
-                }
-                rest = &rest[i + 1..];
-            }
-        }
-    }
-    // Routes that waited for a link the agent brought are in effect again, and local
-    // routes whose derived link went wait for it: the local configuration changed (the
-    // agent derives from it, so it looks again).
-    let came_back = if links_came { o.bring_back() } else { 0 };
-    if local_went + came_back > 0 {
-        o.common.local_changes.fetch_add(1, Relaxed);
-    }
-    // A refused command is not in the record: the next sync compares the whole sets.
-    o.st.derived_in_step = report.failed.is_empty().then_some(local_now);
-    report
-}
-
-/// What a restore leaves to save: its notes, the whole configuration, the derived one.
-type Restored = (Vec<String>, Option<saving::Whole>, Option<(u64, String)>);
-
-/// [`Daemon::restore`] on the owner.
-fn restore_in(
-    o: &mut Owner,
-    whole: &[(usize, Command)],
-    file: &str,
-    rest: &str,
-    derived: &str,
-    pending: Pending,
-) -> Result<Restored, String> {
-    let mut notes = Vec::new();
-    if o.apply_in(whole).is_err() {
-        let file = parse_config(file).map_err(|e| e.to_string())?;
-        o.apply_in(&file).map_err(|e| format!("config file: {e}"))?;
-        for line in rest.lines() {
-            let Ok(Some(cmd)) = parse_line(line) else {
-                continue;
-            };
-            if let Err(e) = o.apply_in(&[(0, cmd)]) {
-                notes.push(format!("not restored: {line}: {e}"));
-            }
-        }
-    }
-    for line in derived.lines() {
-        let Ok(Some(cmd)) = parse_line(line) else {
-            continue;
-        };
-        match o.apply_in(&[(0, cmd.clone())]) {
-            Ok(_) => {
-                if let Err(e) = o.st.derived.apply(&cmd) {
-                    tracing::warn!("derived record out of step at {line}: {e}");
-                }
-            }
-            Err(e) => notes.push(format!("derived link or route not restored: {line}: {e}")),
-        }
-    }
-    o.st.pending = pending;
-    o.bring_back();
-    if !o.st.pending.is_empty() {
-        notes.push(format!(
-            "{} route(s) wait for their link (saved, shown in show config; in effect once the etcd agent derives it)",
-            o.st.pending.len()
-        ));
-    }
-    Ok((notes, o.whole(), o.derived_snapshot()))
 }
 
 #[cfg(test)]

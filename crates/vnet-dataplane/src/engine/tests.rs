@@ -5,6 +5,7 @@ use super::*;
 use std::net::IpAddr;
 use vnet_control::status::{LinkState, PortRole};
 use vnet_control::{Command, Config};
+use vnet_fastpath::FastPathConfig;
 
 fn apply_script(e: &mut Engine, cfg: &mut Config, script: &str) {
     let mut gen = || vnet_wire::MacAddr::local_from_random([1, 2, 3, 4, 5, 6]);

@@ -1,7 +1,8 @@
-//! The change transaction, run on the owner thread: commands validated against the running
+//! The change transactions, run on the owner thread: commands validated against the running
 //! configuration and applied to it in place, the engine following change by change, all or
-//! none; the etcd agent's derivations in scripts; the start's restore; routes that wait for
-//! their link brought back. The journal's record and its acknowledgement are `saving.rs`'s.
+//! none; a command of the control port journaled; the etcd agent's derivations in scripts;
+//! the start's restore; routes that wait for their link brought back. The journal's record
+//! and its acknowledgement are `saving.rs`'s.
 //!
 //! All or none without a copy of the configuration: a script changes the configuration in
 //! place, and a refused line puts back the configuration without its routes as it was before
@@ -10,10 +11,15 @@
 //! undone in the engine with the inverses of the changes before it, newest first, and the
 //! engine's table is made anew from the configuration as it was.
 
-use vnet_control::{Change, Command, Config, RouteChange};
+use std::sync::atomic::Ordering::Relaxed;
+
+use vnet_agent::SyncReport;
+use vnet_control::{parse_config, parse_line, Change, Command, Config, RouteChange};
 use vnet_wire::MacAddr;
 
 use super::owner::{Owner, State};
+use super::saving::{Saving, Whole};
+use crate::pending::Pending;
 
 /// What a successful apply did, enough to take it back.
 #[derive(Default)]
@@ -155,7 +161,7 @@ impl Owner {
 /// A script with more than routes: the configuration changes in place (see the module
 /// header), then the engine realizes the changes one by one and publishes once.
 fn apply_script_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<Applied, (usize, String)> {
-    #[cfg(test)]
+    #[cfg(all(test, debug_assertions))]
     let was = st.cfg.clone();
     let before = without_routes(&mut st.cfg);
     let mut changes: Vec<(usize, usize, Change)> = Vec::new();
@@ -166,7 +172,7 @@ fn apply_script_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<Applied,
             Err(e) => {
                 let done: Vec<Change> = changes.into_iter().map(|(_, _, c)| c).collect();
                 put_back(&mut st.cfg, before, &done);
-                #[cfg(test)]
+                #[cfg(all(test, debug_assertions))]
                 assert!(
                     st.cfg == was,
                     "a refused script leaves the configuration as it was"
@@ -232,4 +238,176 @@ fn apply_routes_in(st: &mut State, cmds: &[(usize, Command)]) -> Result<Applied,
         changes,
         before: None,
     })
+}
+
+/// `Daemon::apply_commands` on the owner: applied, then journaled (undone when the record
+/// cannot be written); the record's sync is left to the caller.
+pub fn apply_commands_in(
+    o: &mut Owner,
+    cmds: Vec<(usize, Command)>,
+) -> Result<Option<Saving>, String> {
+    // Deletes of routes that wait for their link: not the model's (it does not hold them).
+    let (cmds, unwaited) = o.st.pending.deletes(cmds, &o.st.cfg);
+    let pending_before = (!unwaited.is_empty()).then(|| o.st.pending.clone());
+    let routes_only = routes_only(cmds.iter().map(|(_, c)| c));
+    let applied = if cmds.is_empty() {
+        Applied::default()
+    } else {
+        o.apply_undoable(&cmds)?
+    };
+    let mut extra = String::new();
+    for r in &unwaited {
+        o.st.pending.forget(r);
+        extra.push_str(&format!("route del {}\n", crate::pending::spec_of(r)));
+    }
+    let saving = match o.journal(&applied.changes, &extra, !routes_only) {
+        Ok(s) => s,
+        Err(e) => {
+            // Not on disk: taken back, so that what runs is what a restart restores.
+            o.undo(applied);
+            if let Some(p) = pending_before {
+                o.st.pending = p;
+            }
+            return Err(format!(
+                "not applied: the state directory cannot be written ({e}); nothing changed"
+            ));
+        }
+    };
+    if applied
+        .changes
+        .iter()
+        .any(|c| matches!(c, Change::AddLink(_)))
+    {
+        o.bring_back();
+    }
+    o.common.local_changes.fetch_add(1, Relaxed);
+    Ok(saving)
+}
+
+/// `Daemon::apply_derivation` on the owner.
+pub fn derivation_in(
+    o: &mut Owner,
+    derived: &vnet_cluster::DerivedConfig,
+    delta: Option<&[Command]>,
+) -> SyncReport {
+    let mut report = SyncReport::default();
+    let local_now = o.common.local_changes.load(Relaxed);
+    let cmds: Vec<Command> = match delta {
+        Some(d) if o.st.derived_in_step == Some(local_now) => d.to_vec(),
+        _ => {
+            let State {
+                cfg, derived: rec, ..
+            } = &mut o.st;
+            rec.retain_present(cfg);
+            vnet_cluster::diff(rec.config(), derived)
+        }
+    };
+    if cmds.is_empty() {
+        o.st.derived_in_step = Some(local_now);
+        return report;
+    }
+    let text = |c: &Command| vnet_cluster::render_command(c).unwrap_or_else(|| format!("{c:?}"));
+    let mut rest: &[Command] = &cmds;
+    let mut links_came = false;
+    let mut local_went = 0;
+    while !rest.is_empty() {
+        let numbered: Vec<(usize, Command)> = rest.iter().cloned().map(|c| (0, c)).collect();
+        let (ok, failed) = match o.apply_in_at(&numbered) {
+            Ok(a) => {
+                local_went += o.took_local_routes(&a.changes);
+                links_came |= a.changes.iter().any(|c| matches!(c, Change::AddLink(_)));
+                (rest, None)
+            }
+            Err((i, e)) => {
+                // Everything before the refused command, as one script.
+                let before: Vec<(usize, Command)> = numbered[..i].to_vec();
+                match o.apply_in_at(&before) {
+                    Ok(a) => {
+                        local_went += o.took_local_routes(&a.changes);
+                        links_came |= a.changes.iter().any(|c| matches!(c, Change::AddLink(_)));
+                        (&rest[..i], Some((i, e)))
+                    }
+                    Err((j, e2)) => {
+                        // Not expected (they went before it); report the first, go on after.
+                        report.failed.push(format!("{}: {e2}", text(&rest[j])));
+                        (&rest[..0], Some((j, e)))
+                    }
+                }
+            }
+        };
+        for c in ok {
+            if let Err(e) = o.st.derived.apply(c) {
+                tracing::warn!("derived record out of step at {}: {e}", text(c));
+            }
+            report.applied.push(text(c));
+        }
+        match failed {
+            None => rest = &[],
+            Some((i, e)) => {
+                if !report.failed.iter().any(|f| f.starts_with(&text(&rest[i]))) {
+                    report.failed.push(format!("{}: {e}", text(&rest[i])));
+                }
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    // Routes that waited for a link the agent brought are in effect again, and local
+    // routes whose derived link went wait for it: the local configuration changed (the
+    // agent derives from it, so it looks again).
+    let came_back = if links_came { o.bring_back() } else { 0 };
+    if local_went + came_back > 0 {
+        o.common.local_changes.fetch_add(1, Relaxed);
+    }
+    // A refused command is not in the record: the next sync compares the whole sets.
+    o.st.derived_in_step = report.failed.is_empty().then_some(local_now);
+    report
+}
+
+/// What a restore leaves to save: its notes, the whole configuration, the derived one.
+type Restored = (Vec<String>, Option<Whole>, Option<(u64, String)>);
+
+/// `Daemon::restore` on the owner.
+pub fn restore_in(
+    o: &mut Owner,
+    whole: &[(usize, Command)],
+    file: &str,
+    rest: &str,
+    derived: &str,
+    pending: Pending,
+) -> Result<Restored, String> {
+    let mut notes = Vec::new();
+    if o.apply_in(whole).is_err() {
+        let file = parse_config(file).map_err(|e| e.to_string())?;
+        o.apply_in(&file).map_err(|e| format!("config file: {e}"))?;
+        for line in rest.lines() {
+            let Ok(Some(cmd)) = parse_line(line) else {
+                continue;
+            };
+            if let Err(e) = o.apply_in(&[(0, cmd)]) {
+                notes.push(format!("not restored: {line}: {e}"));
+            }
+        }
+    }
+    for line in derived.lines() {
+        let Ok(Some(cmd)) = parse_line(line) else {
+            continue;
+        };
+        match o.apply_in(&[(0, cmd.clone())]) {
+            Ok(_) => {
+                if let Err(e) = o.st.derived.apply(&cmd) {
+                    tracing::warn!("derived record out of step at {line}: {e}");
+                }
+            }
+            Err(e) => notes.push(format!("derived link or route not restored: {line}: {e}")),
+        }
+    }
+    o.st.pending = pending;
+    o.bring_back();
+    if !o.st.pending.is_empty() {
+        notes.push(format!(
+            "{} route(s) wait for their link (saved, shown in show config; in effect once the etcd agent derives it)",
+            o.st.pending.len()
+        ));
+    }
+    Ok((notes, o.whole(), o.derived_snapshot()))
 }

@@ -84,8 +84,9 @@ pub struct Owner {
     /// The running configuration without its routes, as the view has it.
     ports: Arc<Config>,
     ports_stale: bool,
-    /// The routes, as the view has them: changed at the positions a change names.
-    routes: imbl::Vector<Route>,
+    /// The routes, as the view has them: changed at the positions a change names (each in an
+    /// `Arc`: the vector's nodes are copied on write, and copying one copies no route).
+    routes: imbl::Vector<Arc<Route>>,
     routes_stale: bool,
 }
 
@@ -102,18 +103,18 @@ impl Owner {
                 continue;
             }
             match rc {
-                RouteChange::Added(r) => self.routes.push_back(r.clone()),
+                RouteChange::Added(r) => self.routes.push_back(Arc::new(r.clone())),
                 RouteChange::Removed { route, at } => self.take_route(*at, route),
                 RouteChange::Replaced { old, at, new } => {
                     self.take_route(*at, old);
-                    self.routes.push_back(new.clone());
+                    self.routes.push_back(Arc::new(new.clone()));
                 }
             }
         }
     }
 
     fn take_route(&mut self, at: usize, route: &Route) {
-        if self.routes.get(at) == Some(route) {
+        if self.routes.get(at).is_some_and(|r| **r == *route) {
             self.routes.remove(at);
         } else {
             // An undo (no position) or a list out of step: laid out anew from the
@@ -138,7 +139,7 @@ impl Owner {
             self.ports_stale = false;
         }
         if self.routes_stale {
-            self.routes = self.st.cfg.routes.iter().cloned().collect();
+            self.routes = self.st.cfg.routes.iter().cloned().map(Arc::new).collect();
             self.routes_stale = false;
         }
         let view = View {
@@ -148,7 +149,7 @@ impl Owner {
             pending: Arc::new(self.st.pending.clone()),
             engine: self.st.engine.status(),
         };
-        #[cfg(test)]
+        #[cfg(all(test, debug_assertions))]
         assert!(
             view.running_config().routes == self.st.cfg.routes,
             "the view's routes follow the configuration's"

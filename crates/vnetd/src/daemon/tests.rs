@@ -244,6 +244,71 @@ fn derived_route_event_cost() {
     }
 }
 
+/// The run time of the process's threads in seconds (schedstat, ns; the owner's work is on
+/// a thread of its own).
+fn process_cpu() -> f64 {
+    let mut total = 0.0;
+    for t in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let s = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        total += s
+            .split_whitespace()
+            .next()
+            .and_then(|x| x.parse::<f64>().ok())
+            .unwrap_or(0.0);
+    }
+    total * 1e-9
+}
+
+/// The CPU of one `route replace` and of one `link set X rate` over the control language at
+/// 1,000 hosts' worth of links and routes (8,000), the whole process. A measurement, not a
+/// check: `cargo test --release -p vnetd -- --ignored --nocapture control_change_cost`.
+#[test]
+#[ignore]
+fn control_change_cost() {
+    let mac = |h: usize, g: usize| format!("52:54:{:02x}:{:02x}:00:{g:02x}", h >> 8, h & 0xff);
+    let hosts = 1000;
+    let d = daemon();
+    let mut script = String::new();
+    for h in 0..hosts {
+        script.push_str(&format!(
+            "link add h{h} udp 10.77.{}.{}\n",
+            (h + 1) >> 8,
+            (h + 1) & 0xff
+        ));
+        for g in 0..8 {
+            script.push_str(&format!("route add any {} link h{h}\n", mac(h, g)));
+        }
+    }
+    d.execute_script(&script).unwrap();
+    let events = if std::env::var("ONLY_LINKS").is_ok() {
+        0
+    } else {
+        2000
+    };
+    let t0 = process_cpu();
+    for e in 0..events {
+        let (h, g) = (e % hosts, (e / hosts) % 8);
+        let to = (h + 1 + e / (hosts * 8)) % hosts;
+        d.execute_line(&format!("route replace any {} link h{to}", mac(h, g)))
+            .unwrap();
+    }
+    let route_us = (process_cpu() - t0) * 1e6 / events as f64;
+    let t0 = process_cpu();
+    for e in 0..2000 {
+        d.execute_line(&format!("link set h{} rate {}", e % hosts, 10 + e))
+            .unwrap();
+    }
+    let rate_us = (process_cpu() - t0) * 1e6 / 2000.0;
+    println!(
+        "{hosts} hosts: route replace {route_us:.1} us, link set rate {rate_us:.1} us CPU each"
+    );
+    d.shutdown(Leave::Remove);
+}
+
 #[test]
 fn show_cluster_without_an_agent() {
     let d = daemon();

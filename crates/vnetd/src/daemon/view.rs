@@ -32,7 +32,7 @@ pub struct View {
     /// listeners, settings).
     pub ports: Arc<Config>,
     /// The running configuration's routes, in order.
-    pub routes: imbl::Vector<Route>,
+    pub routes: imbl::Vector<Arc<Route>>,
     /// Which links and routes are the etcd agent's.
     pub derived: DerivedIndex,
     /// Routes of the local configuration waiting for their link.
@@ -50,7 +50,7 @@ impl View {
             .routes
             .iter()
             .filter(|r| !self.derived.has_route(r))
-            .cloned()
+            .map(|r| (**r).clone())
             .collect::<Vec<Route>>()
             .into();
         cfg
@@ -60,8 +60,12 @@ impl View {
     #[cfg(test)]
     pub fn running_config(&self) -> Config {
         let mut cfg = (*self.ports).clone();
-        cfg.routes =
-            vnet_control::Routes::from(self.routes.iter().cloned().collect::<Vec<Route>>());
+        cfg.routes = vnet_control::Routes::from(
+            self.routes
+                .iter()
+                .map(|r| (**r).clone())
+                .collect::<Vec<Route>>(),
+        );
         cfg
     }
 
