@@ -34,6 +34,7 @@ from .session import Progress, arguments, begin, finish, guarded, plots_note, ru
 
 KINDS = wanlab.NAT_KINDS
 OVERLAY_MATRIX, OVERLAY_WAN = "reach", "wan"
+OVERLAY_TRIES, OVERLAY_TPUT = "tries", "tput"
 WAN_PATH = dict(delay="10ms", loss="0.5%")
 # TCP congestion control: this machine's default is BBR, which does not take random loss for
 # congestion; CUBIC (Linux's usual default) does. Both, so the figures mean something either way.
@@ -45,10 +46,12 @@ def parse_args(argv=None):
                    "rounds of the wide-area TCP comparison (default 5; quick 1)")
     ap.add_argument("--deadline", type=float, help="seconds a pair may take to reach (default 20; quick 10)")
     ap.add_argument("--tcp-seconds", type=int, help="seconds per iperf3 run (default 8; quick 3)")
+    ap.add_argument("--tries", type=int, help="first-reply tries per pair of NAT kinds (default 20; quick 3)")
     a = ap.parse_args(argv)
     a.rounds = a.rounds or (1 if a.quick else 5)
     a.deadline = a.deadline or (10.0 if a.quick else 20.0)
     a.tcp_seconds = a.tcp_seconds or (3 if a.quick else 8)
+    a.tries = a.tries or (3 if a.quick else 20)
     return a
 
 
@@ -140,8 +143,24 @@ def host_view(h: netlab.Host) -> dict:
     return view
 
 
+def start_relay(r: netlab.Host, etcd: EtcdServer, overlay: str) -> None:
+    """A public host relaying for the others (``--relay``), as the README has it."""
+    r.start_vnetd(config="", args=["--etcd", etcd.endpoint, "--overlay", overlay, "--host-id", r.role, "--relay"])
+
+
+def path_of(h: netlab.Host, peer: str) -> str | None:
+    """The path (direct, punched, relayed, unknown) host ``h``'s links to ``peer`` take."""
+    r = h.ctl("show", "reach", "json", check=False)
+    if r.returncode != 0:
+        return None
+    import json
+    return next((p["path"] for p in json.loads(r.stdout).get("peers", []) if p["host"] == peer), None)
+
+
 def run_matrix(lab: netlab.Lab, wan: wanlab.WanLab, etcd: EtcdServer, a, prog: Progress, doc: dict) -> None:
     prog.show("NAT matrix: building the sites")
+    relay = wan.public_host("R1")
+    start_relay(relay, etcd, OVERLAY_MATRIX)
     hosts, guests = {}, {}
     for i, k in enumerate(KINDS, 1):
         s = wan.site(f"S{i}", nat=k)
@@ -159,7 +178,7 @@ def run_matrix(lab: netlab.Lab, wan: wanlab.WanLab, etcd: EtcdServer, a, prog: P
         t_up = max(up[x], up[y])
         row = {"a": x, "b": y, "reaches": r["first_reply"] is not None, "echoes_sent": r["sent"],
                "first_reply_s": round(r["first_reply"] - t_up, 3) if r["first_reply"] else None,
-               "tcp_mbps": None}
+               "tcp_mbps": None, "path": path_of(hosts[x], y), "path_back": path_of(hosts[y], x)}
         rows.append(row)
     for row in rows:
         if not row["reaches"]:
@@ -178,8 +197,113 @@ def run_matrix(lab: netlab.Lab, wan: wanlab.WanLab, etcd: EtcdServer, a, prog: P
     doc["matrix"] = rows
     doc["matrix_hosts"] = {k: {"underlay_ip": hosts[k].underlay_ip, "site_public_ip": hosts[k].site.public_ip,
                                "view": host_view(hosts[k])} for k in KINDS}
-    for h in hosts.values():
+    for h in list(hosts.values()) + [relay]:
         h.stop_vnetd()
+
+
+# Pairs of sites for the repeated first-reply tries and the throughput comparison: two cone
+# NATs (punched), two port-restricted ones (punched), two symmetric ones (relayed); no NAT
+# for the reference.
+TRY_PAIRS = (("full-cone", "full-cone"), ("port-restricted", "port-restricted"), ("symmetric", "symmetric"))
+
+
+def fresh_pair(lab, wan, etcd, overlay: str, kinds: tuple, tag: str, a, mtu=1450) -> dict:
+    """Two sites of ``kinds`` with a host and a veth guest each, nothing started."""
+    hs, gs = [], []
+    for j, k in enumerate(kinds, 1):
+        s = wan.site(f"{tag}{j}", nat=k)
+        hs.append(s.host(f"{tag}h{j}"))
+        gs.append(lab.guest(f"{tag}g{j}", ip=f"192.168.82.{len(wan.sites)}", mac=netlab.mac(3, len(wan.sites), 1)))
+    return {"kinds": kinds, "hosts": hs, "guests": gs, "mtu": mtu}
+
+
+def start_pair(p: dict, etcd: EtcdServer, overlay: str, a) -> dict:
+    """Both hosts of a pair at once: when each answered and when each agent had read the
+    overlay (the agent waits for a burst of hosts to settle first, issue #19)."""
+    import json
+    up, joined = {}, {}
+
+    def one(h, g):
+        up[h.role] = start_host(h, g, etcd, overlay, a, mtu=p["mtu"])
+        def synced():
+            r = h.ctl("show", "cluster", "json", check=False)
+            return r.returncode == 0 and (json.loads(r.stdout).get("agent") or {}).get("syncs", 0) > 0
+        netlab.wait_until(synced, 30, 0.02, what=f"{h.role}'s agent")
+        joined[h.role] = time.time()
+    ts = [threading.Thread(target=one, args=(h, g)) for h, g in zip(p["hosts"], p["guests"])]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return {"up": max(up.values()), "joined": max(joined.values())}
+
+
+def run_tries(lab, wan, etcd, a, prog: Progress, doc: dict) -> None:
+    """For each pair of NAT kinds, ``tries`` times: both daemons started afresh together (a
+    teardown between tries, so each is a first start) into an overlay that already runs (a
+    relay), pinging from the first guest until a reply: seconds from both daemons up, and from
+    both agents having read the overlay; the path then."""
+    relay = wan.public_host("R2")
+    start_relay(relay, etcd, OVERLAY_TRIES)
+    rows = []
+    for n, kinds in enumerate(TRY_PAIRS):
+        p = fresh_pair(lab, wan, etcd, OVERLAY_TRIES, kinds, f"T{n}", a)
+        for t in range(a.tries):
+            prog.show(f"first replies: {kinds[0]} / {kinds[1]} try {t + 1}/{a.tries}")
+            when = start_pair(p, etcd, OVERLAY_TRIES, a)
+            g1, g2 = p["guests"]
+            r = first_reply(g1, g2.ip_addr, 0x7200 + t, time.time() + a.deadline, interval=0.05)
+            first = r["first_reply"]
+            rows.append({"a": kinds[0], "b": kinds[1], "try": t,
+                         "from_up_s": round(first - when["up"], 3) if first else None,
+                         "from_joined_s": round(first - when["joined"], 3) if first else None,
+                         "path": path_of(p["hosts"][0], p["hosts"][1].role)})
+            for h in p["hosts"]:
+                # `vnetctl teardown`: the daemon revokes its lease and removes what it made, so
+                # the next try is a first start that no earlier lease holds up.
+                h.ctl("teardown", check=False)
+                h.vnetd.proc.wait(timeout=20)
+            prog.step(1)
+    relay.stop_vnetd()
+    doc["tries"] = rows
+
+
+def run_throughput(lab, wan, etcd, a, prog: Progress, doc: dict, rng) -> None:
+    """TCP between the guests of three pairs on the same lab, interleaved rounds: no NAT,
+    punched through two port-restricted NATs (the kernel fast path), relayed between two
+    symmetric ones (vnetd at both ends and the relay). Guests' MTU 1450: a relayed path's 12
+    bytes more are told to the guest (path MTU)."""
+    relay = wan.public_host("R3")
+    start_relay(relay, etcd, OVERLAY_TPUT)
+    pairs = {"no NAT": ("none", "none"), "punched": ("port-restricted", "port-restricted"),
+             "relayed": ("symmetric", "symmetric")}
+    built = {}
+    for n, (name, kinds) in enumerate(pairs.items()):
+        p = fresh_pair(lab, wan, etcd, OVERLAY_TPUT, kinds, f"P{n}", a)
+        start_pair(p, etcd, OVERLAY_TPUT, a)
+        built[name] = p
+    for p in built.values():
+        lab.wait_ping(p["guests"][0], p["guests"][1].ip_addr, timeout=30)
+    samples = []
+    for rnd in range(a.rounds):
+        order = list(built)
+        rng.shuffle(order)
+        for name in order:
+            p = built[name]
+            g1, g2 = p["guests"]
+            prog.show(f"throughput: round {rnd + 1}/{a.rounds} {name}")
+            try:
+                r = lab.iperf(g2, g2.ip_addr, g1, seconds=a.tcp_seconds)
+                samples.append({"round": rnd, "pair": name, "mbps": round(r.gbps * 1000, 1),
+                                "path": path_of(p["hosts"][0], p["hosts"][1].role)})
+            except netlab.LabError as e:
+                samples.append({"round": rnd, "pair": name, "mbps": None, "error": str(e)[:300]})
+            prog.step(a.tcp_seconds)
+    for p in built.values():
+        for h in p["hosts"]:
+            h.stop_vnetd()
+    relay.stop_vnetd()
+    doc["throughput"] = samples
 
 
 def run_wan(lab: netlab.Lab, wan: wanlab.WanLab, etcd: EtcdServer, a, prog: Progress, doc: dict, rng) -> None:
@@ -274,14 +398,50 @@ def summary(doc: dict) -> str:
                   f"{ok} of {n} guest pairs reach each other. vnetd started with `--etcd` only (plus the "
                   "overlay and host id it requires); one veth guest per host; from guest A an ICMP echo "
                   f"every 0.1 s to guest B until the first reply or {doc['meta']['deadline_s']:.0f} s.", "",
-                  md_row(["guest A behind", "guest B behind", "reaches", "echoes sent", "first reply (s)",
-                          "TCP Mbit/s"]),
-                  md_row(["---"] * 6)]
+                  md_row(["guest A behind", "guest B behind", "reaches", "path A->B / B->A", "echoes sent",
+                          "first reply (s)", "TCP Mbit/s"]),
+                  md_row(["---"] * 7)]
         for r in doc["matrix"]:
             lines.append(md_row([r["a"], r["b"], "yes" if r["reaches"] else "**no**",
+                                 f"{r.get('path') or '-'} / {r.get('path_back') or '-'}",
                                  r["echoes_sent"], fmt(r["first_reply_s"]), fmt(r["tcp_mbps"])]))
         lines += ["", "What each host published and derived is in `reach.json` (`matrix_hosts`: "
                   "`show links`, `show cluster`, drop counters).", ""]
+    if doc.get("tries"):
+        lines += ["## First replies, pair by pair", "",
+                  "Both daemons of a pair started afresh together (a teardown between tries) into an overlay "
+                  "that runs (a public relay); an ICMP echo every 50 ms from guest A. Seconds from both "
+                  "daemons answering, and from both etcd agents having read the overlay (the agent first waits "
+                  "for a burst of starting hosts to settle, issue #19). p50 / p95 [min-max] over the tries.", "",
+                  md_row(["pair", "tries", "replied", "from up p50 / p95", "from joined p50 / p95", "paths"]),
+                  md_row(["---"] * 6)]
+        for kinds in TRY_PAIRS:
+            rs = [r for r in doc["tries"] if (r["a"], r["b"]) == kinds]
+            ups = sorted(r["from_up_s"] for r in rs if r["from_up_s"] is not None)
+            js = sorted(r["from_joined_s"] for r in rs if r["from_joined_s"] is not None)
+            p95 = lambda v: v[min(len(v) - 1, int(0.95 * len(v)))] if v else None  # noqa: E731
+            paths = sorted({r["path"] or "-" for r in rs})
+            lines.append(md_row([f"{kinds[0]} / {kinds[1]}", len(rs), len(ups),
+                                 f"{fmt(med(ups))} / {fmt(p95(ups))} [{spread(ups)}]" if ups else "-",
+                                 f"{fmt(med(js))} / {fmt(p95(js))} [{spread(js)}]" if js else "-",
+                                 ", ".join(paths)]))
+        lines.append("")
+    if doc.get("throughput"):
+        t = doc["throughput"]
+        base = med(s["mbps"] for s in t if s["pair"] == "no NAT" and s["mbps"])
+        punched = med(s["mbps"] for s in t if s["pair"] == "punched" and s["mbps"])
+        lines += ["## Throughput: direct, punched, relayed", "",
+                  "TCP guest to guest (iperf3), interleaved rounds on the same lab; guests' MTU 1450.", "",
+                  md_row(["pair", "path", "TCP Mbit/s median [min-max]", "x no NAT", "x punched"]),
+                  md_row(["---"] * 5)]
+        for name in ("no NAT", "punched", "relayed"):
+            ss = [s for s in t if s["pair"] == name and s["mbps"]]
+            v = med(s["mbps"] for s in ss)
+            lines.append(md_row([name, ", ".join(sorted({s.get("path") or "-" for s in ss})) or "-",
+                                 f"{fmt(v)} [{spread([s['mbps'] for s in ss])}]" if ss else "-",
+                                 f"{v / base:.2f}" if v and base else "-",
+                                 f"{v / punched:.2f}" if v and punched else "-"]))
+        lines.append("")
     if doc.get("wan"):
         w = doc["wan"]
         lines += ["## The wide-area path", "",
@@ -389,7 +549,9 @@ def main(argv=None) -> int:
                     "rounds": a.rounds, "notes": plots_note()}}
     npairs = len(KINDS) * (len(KINDS) - 1) // 2
     prog = Progress(a.deadline + 30 + npairs * a.tcp_seconds + a.rounds * (4 * a.tcp_seconds + 4)
-                    + a.rounds * 3 * (a.tcp_seconds + 1) + 40, 1 + npairs + 9 * a.rounds)
+                    + a.rounds * 3 * (a.tcp_seconds + 1) + 40 + len(TRY_PAIRS) * a.tries * 4
+                    + a.rounds * 3 * a.tcp_seconds,
+                    1 + npairs + 9 * a.rounds + len(TRY_PAIRS) * a.tries + 3 * a.rounds)
     with guarded(doc["meta"]["notes"], prog):
         lab = wanlab.new_lab("reach")
         wan = wanlab.WanLab(lab)
@@ -397,6 +559,8 @@ def main(argv=None) -> int:
         wan.adopt(etcd.ns)
         etcd.start()
         run_matrix(lab, wan, etcd, a, prog, doc)
+        run_tries(lab, wan, etcd, a, prog, doc)
+        run_throughput(lab, wan, etcd, a, prog, doc, rng)
         run_wan(lab, wan, etcd, a, prog, doc, rng)
         run_forwarder(lab, wan, a, prog, doc)
         doc["topology"] = wan.describe()

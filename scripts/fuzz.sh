@@ -8,7 +8,7 @@ shift || true
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 rustup toolchain list | grep -q nightly || rustup toolchain install nightly --profile minimal
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(wire_datagram stream_decoder control_script offload vhost_msg crypto_message cluster_events)
+[ ${#targets[@]} -gt 0 ] || targets=(wire_datagram wire_views stream_decoder control_script offload vhost_msg crypto_message cluster_events)
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
     [ -d "corpus_seed/$t" ] && cp -n corpus_seed/"$t"/* "corpus/$t/" 2>/dev/null || true

@@ -42,7 +42,8 @@ class Bed:
     ``wanlab`` NAT kind) with one host (``h1``, ``h2``, ...) and its veth guest (``g1``, ...)."""
 
     def __init__(self, lab: netlab.Lab, kinds: list, relays: int = 1, encrypt: bool = False,
-                 relay_rate: Optional[int] = None, extra_args: tuple = (), mtu: Optional[int] = 1450):
+                 relay_rate: Optional[int] = None, extra_args: tuple = (), mtu: Optional[int] = 1450,
+                 site_kw: Optional[list] = None):
         self.lab = lab
         self.wan = wanlab.WanLab(lab)
         self.kinds = list(kinds)
@@ -57,7 +58,8 @@ class Bed:
         self.relays = [self.wan.public_host(f"R{i}") for i in range(1, relays + 1)]
         self.sites, self.hosts, self.guests = [], {}, {}
         for i, k in enumerate(self.kinds, 1):
-            s = self.wan.site(f"S{i}", nat=k)
+            # site_kw[i-1]: more of wanlab's site options (wan_mtu, firewall, path)
+            s = self.wan.site(f"S{i}", nat=k, **((site_kw or [])[i - 1:i] or [{}])[0])
             self.sites.append(s)
             self.hosts[f"h{i}"] = s.host(f"h{i}")
             self.guests[f"h{i}"] = lab.guest(f"g{i}", ip=f"{GUEST_NET}.{i}", mac=netlab.mac(1, i, 1))

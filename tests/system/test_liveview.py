@@ -5,6 +5,7 @@ overlay's picture, their guests, and rates that move while traffic flows. The sc
 to the test's work directory and to results/liveview.png."""
 
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -33,10 +34,14 @@ def test_live_view_of_a_three_host_overlay(lab, etcd, record):
     srv1 = g1.popen("iperf3", "-s", "-p", "5202")
     netlab.wait_until(lambda: ":5201 " in g2.exec("ss", "-Htln").stdout and
                       ":5202 " in g1.exec("ss", "-Htln").stdout, 10, what="iperf3 servers")
+    # The UDP datagrams fit the overlay (guests at MTU 1500 over a 1500-byte underlay: frames
+    # of up to 1450 bytes of IP): etcd's links are reach links, whose oversized frames are
+    # answered with "fragmentation needed", and a connected UDP socket takes that as EMSGSIZE.
     c1 = g1.popen("iperf3", "-c", g2.ip_addr, "-p", "5201", "-t", "40", "-b", "300M",
-                  stdout=subprocess_devnull(), stderr=subprocess_devnull())
+                  stdout=open(lab.workdir / "iperf3-g1.txt", "w"), stderr=subprocess.STDOUT)
     c3 = g3.popen("iperf3", "-c", g1.ip_addr, "-p", "5202", "-u", "-t", "40", "-b", "20M",
-                  stdout=subprocess_devnull(), stderr=subprocess_devnull())
+                  "-l", "1400", stdout=open(lab.workdir / "iperf3-g3.txt", "w"),
+                  stderr=subprocess.STDOUT)
     browser = httplab.Chromium(lab, h1)
     try:
         t0 = time.monotonic()
@@ -100,11 +105,6 @@ def test_live_view_of_a_three_host_overlay(lab, etcd, record):
             netlab.stop_pid(p)
 
 
-def subprocess_devnull():
-    import subprocess
-    return subprocess.DEVNULL
-
-
 def test_live_view_of_one_host_without_etcd(lab, record):
     """Without --etcd the page shows this host alone: its ports with moving rates and its own
     traffic matrix as the heat map; the overlay section stays hidden."""
@@ -118,7 +118,7 @@ def test_live_view_of_one_host_without_etcd(lab, record):
     h.add_vm(g2, "vm2", g2.mac)
     lab.wait_ping(g1, g2.ip_addr)
     flood = g1.popen("ping", "-i", "0.01", "-s", "1000", g2.ip_addr,
-                     stdout=subprocess_devnull(), stderr=subprocess_devnull())
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     browser = httplab.Chromium(lab, h)
     try:
         browser.navigate("http://127.0.0.1:9300/")

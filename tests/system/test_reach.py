@@ -6,12 +6,17 @@ counted; a NAT that forgets its mapping costs a relayed moment, not the link. Bu
 wide-area lab (``vnetlab/wanlab.py``, its own tests in test_wanlab.py) through
 ``vnetlab/reachlab.py``."""
 
+import json
+import re
 import shutil
+import signal
+import subprocess
 import time
 
 import pytest
+from test_restart import Pinger
 
-from vnetlab import reachlab
+from vnetlab import netlab, reachlab
 
 KINDS = ["none", "full-cone", "port-restricted", "symmetric", "symmetric", "one-to-one"]
 
@@ -59,3 +64,200 @@ def test_every_nat_pair_reaches_direct_where_it_can(lab, record, encrypt):
     # (bench.reach measures it over many tries); one try per pair here, on a shared CI
     # machine: 3 s.
     assert max(firsts.values()) <= 3.0, f"first replies after both joined: {firsts}"
+
+
+def test_a_nat_that_forgets_its_mappings_costs_a_moment_not_the_link(lab, record):
+    """Two sites behind port-restricted NATs punched to each other; one router forgets every
+    mapping (conntrack flushed, as a NAT reboot or an expiry does): the heartbeats make new
+    ones and the guests' pings come back within the path's trust time (6.5 s), the path
+    punched again."""
+    bed = reachlab.Bed(lab, ["port-restricted", "port-restricted"], relays=1)
+    bed.start()
+    bed.wait_paths(timeout=15)
+    p = Pinger(bed.guests["h1"], bed.guests["h2"].ip_addr, interval=0.05)
+    time.sleep(1)
+    bed.sites[0].router.flush_conntrack()
+    t0 = time.time()
+    time.sleep(9)
+    r = p.stop()
+    record("mapping_flushed_pings", {k: v for k, v in r.items() if k != "tail"})
+    assert r["received"] > 0 and r["max_gap_s"] < 6.5 + 1.0, r
+    assert bed.path("h1", "h2") == "punched" and bed.path("h2", "h1") == "punched"
+    record("flushed_at", round(t0, 3))
+
+
+def test_links_move_to_another_relay_when_theirs_dies(lab, record):
+    """Two hosts behind symmetric NATs (no direct path) and two relays: the one their link
+    goes through is killed; the link moves to the other within the trust time and the
+    guests' pings come back."""
+    bed = reachlab.Bed(lab, ["symmetric", "symmetric"], relays=2)
+    bed.start()
+    bed.wait_paths(timeout=15)
+    via = {p["host"]: p for p in bed.reach("h1")["peers"]}["h2"]["endpoint"]
+    dead = next(r for r in bed.relays if via.startswith(r.underlay_ip + ":"))
+    p = Pinger(bed.guests["h1"], bed.guests["h2"].ip_addr, interval=0.05)
+    time.sleep(1)
+    dead.stop_vnetd(signal.SIGKILL)
+    time.sleep(10)
+    r = p.stop()
+    record("relay_killed_pings", {k: v for k, v in r.items() if k != "tail"})
+    now = {p["host"]: p for p in bed.reach("h1")["peers"]}["h2"]
+    assert now["path"] == "relayed" and not now["endpoint"].startswith(dead.underlay_ip + ":"), now
+    assert r["max_gap_s"] < 6.5 + 2.0, r
+
+
+def test_the_relay_forwards_only_for_members_within_their_budget(lab, record):
+    """A relay with a 20 Mbit/s budget per pair: relay datagrams from a host that is not a
+    member (no binding) are refused and counted, a stranger's binding ping too; a guest's UDP
+    flood through it is held to about the budget (rate_limited counted), and one datagram
+    goes out per datagram in."""
+    bed = reachlab.Bed(lab, ["symmetric", "symmetric"], relays=1, relay_rate=20)
+    bed.start()
+    bed.wait_paths(timeout=15)
+    relay = bed.relays[0]
+    intruder = bed.wan.public_host("X")
+    h2_tag = None  # any tag: an unbound source is refused before its tag is read
+    before = dict(bed.reach("R1")["counters"])
+    # Relay datagrams naming h2 (its tag, from h1's view of the relay header) from an address
+    # that never bound: each refused. The tag does not matter for that refusal.
+    dgram = bytes([0x22, 1, 0, 0]) + (h2_tag or bytes(8)) + bytes([0x08, 0, 0, 0, 0, 0, 1, 0]) + bytes(60)
+    intruder.exec("python3", "-c",
+                  "import socket,sys; s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+                  f"[s.sendto(bytes.fromhex('{dgram.hex()}'), ('{relay.underlay_ip}', 4789)) for _ in range(200)]")
+    # A binding ping from a key the overlay does not know.
+    stranger = bytes([0x20, 1, 1, 0]) + bytes(range(32)) + bytes(12) + bytes(40)
+    intruder.exec("python3", "-c",
+                  "import socket; s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+                  f"[s.sendto(bytes.fromhex('{stranger.hex()}'), ('{relay.underlay_ip}', 4789)) for _ in range(20)]")
+    time.sleep(1)
+    mid = dict(bed.reach("R1")["counters"])
+    assert mid["relay_unbound_source"] - before["relay_unbound_source"] == 200, (before, mid)
+    assert mid["unknown_sender"] - before["unknown_sender"] == 20, (before, mid)
+    assert mid["relay_bindings"] == 2, mid
+    # 200 Mbit/s of UDP from g1 to g2 through the relay, budget 20.
+    g1, g2 = bed.guests["h1"], bed.guests["h2"]
+    srv = g2.popen("iperf3", "-s", "-1", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    out = g1.exec("iperf3", "-c", g2.ip_addr, "-u", "-b", "200M", "-t", "4", "-J", check=False).stdout
+    netlab.stop_pid(srv)
+    res = json.loads(out)["end"]["sum"]
+    got_mbps = res["bytes"] * 8 / 4 / 1e6 * (1 - res.get("lost_percent", 0) / 100)
+    after = dict(bed.reach("R1")["counters"])
+    record("relay_budget", {"budget_mbps": 20, "delivered_mbps": round(got_mbps, 1),
+                            "rate_limited": after["relay_rate_limited"]})
+    assert after["relay_rate_limited"] > 1000, after
+    # The budget and its burst (256 KB) over 4 s: well under 30 Mbit/s arrive.
+    assert got_mbps < 30, got_mbps
+    forwarded = after["relay_forwarded"] - mid["relay_forwarded"]
+    assert forwarded > 0
+
+
+def test_forged_probes_and_stun_answers_are_refused(lab, record):
+    """Probes with a key the overlay does not know, with a member's key but sealed by someone
+    else, pongs nobody asked for and STUN answers from a server not asked: each refused and
+    counted, nothing answered, no path changed."""
+    bed = reachlab.Bed(lab, ["port-restricted", "none"], relays=1)
+    stun_host = bed.wan.public_host("S")
+    from vnetlab import stun
+    stun.StunServer(stun_host, stun_host.underlay_ip)
+    bed.extra_args = ["--stun", f"{stun_host.underlay_ip}:3478"]
+    bed.start()
+    bed.wait_paths(timeout=15)
+    target = bed.hosts["h2"]  # the public one: reachable by an intruder on the segment
+    intruder = bed.wan.public_host("X")
+    before = dict(bed.reach("h2")["counters"])
+    paths = {p["host"]: p["path"] for p in bed.reach("h2")["peers"]}
+    member_key = probe_key_of(bed, "h1")
+    msgs = []
+    for i in range(10):  # an unknown sender
+        msgs.append(bytes([0x20, 1, 0, 0]) + bytes([i]) * 32 + bytes(12) + bytes(40))
+    for i in range(10):  # a member's key, sealed by nobody who has the pair key
+        msgs.append(bytes([0x20, 1, 0, 0]) + member_key + bytes([i]) * 12 + bytes(40))
+    for i in range(10):  # pongs nobody asked for, a member's key
+        msgs.append(bytes([0x21, 1, 0, 0]) + member_key + bytes([i]) * 12 + bytes(60))
+    hexes = ",".join(f"'{m.hex()}'" for m in msgs)
+    intruder.exec("python3", "-c",
+                  "import socket; s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+                  f"[s.sendto(bytes.fromhex(m), ('{target.underlay_ip}', 4789)) for m in [{hexes}]]")
+    # A STUN Binding success from a server the host did not ask (the intruder's address).
+    answer = bytes.fromhex("0101000c2112a442") + bytes(12) + bytes.fromhex("0020000800011e07e112a443")
+    intruder.exec("python3", "-c",
+                  "import socket; s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+                  f"[s.sendto(bytes.fromhex('{answer.hex()}'), ('{target.underlay_ip}', 4789)) for _ in range(5)]")
+    time.sleep(1)
+    after = dict(bed.reach("h2")["counters"])
+    d = {k: after[k] - before[k] for k in ("unknown_sender", "bad_auth", "unsolicited", "pongs_sent")}
+    record("forged", d)
+    assert d["unknown_sender"] == 10, d
+    assert d["bad_auth"] == 20, d
+    assert d["unsolicited"] == 5, d
+    # The STUN server the host was given did answer (its own candidates came from it too).
+    assert after["stun_received"] > 0, after
+    assert {p["host"]: p["path"] for p in bed.reach("h2")["peers"]} == paths
+
+
+def probe_key_of(bed, host: str) -> bytes:
+    """A host's probe key, raw, from its record in etcd."""
+    import base64
+    out = bed.etcd.ns.exec("etcdctl", "--endpoints", f"http://{bed.etcd.endpoint}", "get",
+                           f"/vnet/{reachlab.OVERLAY}/hosts/{host}", "--print-value-only").stdout
+    return base64.b64decode(json.loads(out)["probe_key"])
+
+
+def test_a_punched_link_runs_on_the_kernel_fast_path(lab, record):
+    """Guests behind two port-restricted NATs, punched: their TCP stream is carried by the
+    kernel fast path on both hosts (the links' kernel share holds the bytes), every datagram
+    leaving from the VXLAN port the NATs mapped; against the same two hosts' no-NAT neighbours
+    in the same run (recorded; bench.reach measures the ratio over interleaved rounds)."""
+    bed = reachlab.Bed(lab, ["port-restricted", "port-restricted", "none", "none"], relays=1)
+    bed.start()
+    bed.wait_paths(timeout=15)
+    g = bed.guests
+    punched = lab.iperf(g["h2"], g["h2"].ip_addr, g["h1"], seconds=3)
+    plain = lab.iperf(g["h4"], g["h4"].ip_addr, g["h3"], seconds=3)
+    record("tcp_gbps", {"punched": round(punched.gbps, 2), "no_nat": round(plain.gbps, 2)})
+    for h, peer in (("h1", "c-h2-v1"), ("h2", "c-h1-v1")):
+        st = bed.hosts[h].ctl_json("show", "stats", "json")
+        link = next(p for p in st["ports"] if p["name"] == peer)
+        k = link.get("kernel") or {}
+        assert k, link
+        moved = k["tx_bytes"] + k["rx_bytes"]
+        assert moved > 0.9 * punched.bytes, (h, k, punched.bytes)
+    # The NAT kept one mapping per host for the link: the VXLAN port, as reach published it.
+    ct = bed.sites[0].router.conntrack()
+    mappings = [line for line in ct.splitlines() if "dport=4789" in line and "udp" in line]
+    assert mappings, ct
+
+
+def test_no_black_hole_on_a_small_mtu_path_that_drops_fragments(lab, record):
+    """Guests with MTU 1500 behind NATs, one site's path 1280 bytes and its firewall dropping
+    IP fragments: reach links carry DF, the path's MTU is learned from the router's ICMP, and a
+    frame too big is answered to its guest with "fragmentation needed" (mtu = path - 50), so
+    the guests' TCP adapts: a ping of 1400 bytes with DF gets that answer within 1 s of the
+    first one too big, and an iperf3 TCP stream runs (on the kernel fast path)."""
+    bed = reachlab.Bed(lab, ["port-restricted", "port-restricted"], relays=1, mtu=None,
+                       site_kw=[{"wan_mtu": 1280, "firewall": {"drop_fragments": True}}, {}])
+    bed.start()
+    bed.wait_paths(timeout=15)
+    g1, g2 = bed.guests["h1"], bed.guests["h2"]
+    t0 = time.time()
+    told = None
+    while time.time() - t0 < 5 and told is None:
+        r = g1.exec("ping", "-c", "1", "-s", "1400", "-M", "do", "-W", "0.3", g2.ip_addr, check=False)
+        m = re.search(r"Frag needed and DF set \(mtu = (\d+)\)|message too long, mtu=(\d+)", r.stdout + r.stderr)
+        if m:
+            told = (time.time() - t0, int(m.group(1) or m.group(2)))
+    assert told is not None, "the guest was never told its frames do not fit"
+    assert told[1] == 1280 - 50, told
+    res = lab.iperf(g2, g2.ip_addr, g1, seconds=3)
+    st = bed.hosts["h1"].ctl_json("show", "stats", "json")
+    link = next(p for p in st["ports"] if p["name"] == "c-h2-v1")
+    peer = {p["host"]: p for p in bed.reach("h1")["peers"]}["h2"]
+    record("small_mtu", {"told_after_s": round(told[0], 2), "mtu_told": told[1],
+                         "tcp_gbps": round(res.gbps, 2), "path_mtu": peer["mtu"],
+                         "too_big": link["drops"].get("too_big", 0)})
+    assert told[0] < 2.0, told
+    assert peer["mtu"] == 1280, peer
+    assert res.bytes > 10_000_000, res
+    assert (link.get("kernel") or {}).get("tx_bytes", 0) > 0.9 * res.bytes, link
+    assert bed.sites[0].router.fw_counters(), "the firewall had no rule"

@@ -290,7 +290,12 @@ def test_path_delay_jitter_loss_rate(lab, record):
     # percentiles (a loaded 2-core machine has an occasional late wake-up; the max is recorded)
     assert min(rtts) >= 17.9 and pct[0] <= 18.8 and pct[-1] <= 24, (min(rtts), pct[0], pct[-1])
     assert q[-1] - q[0] >= 2.0, "jitter of +-2 ms must show as spread"
-    assert 0.02 <= loss <= 0.09 and 0.03 <= frame_loss <= 0.075, (loss, frame_loss)
+    # 5 % asked: within 4 standard deviations of a binomial draw of that many (a bound that a
+    # right forwarder misses about once in 16,000 runs; 3 % to 7.5 % missed once in 30).
+    def within(p, n):
+        sd = (0.05 * 0.95 / n) ** 0.5
+        return abs(p - 0.05) <= 4 * sd
+    assert within(loss, sent) and within(frame_loss, up["rx_packets"]), (loss, frame_loss)
     assert down["drop_loss"] == 0 and up["drop_queue"] == 0
     # a rate: 20 Mbit/s both ways, TCP gets about that (and not much more)
     r = wan.public_host("R", path=wanlab.Path(rate="20mbit", limit="200"))

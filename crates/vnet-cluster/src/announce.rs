@@ -3,46 +3,32 @@
 //!
 //! The RARP form is what QEMU sends after a live migration (`announce-self`): it needs no IP
 //! address. When the guest's IPv4 address is known, a gratuitous ARP also refreshes the ARP
-//! caches of the other guests.
+//! caches of the other guests. Both are built with `vnet-wire`'s Ethernet and ARP reprs.
 
 use std::net::Ipv4Addr;
 
-use vnet_wire::{MacAddr, ETHERNET_HEADER_LEN};
+use vnet_wire::{
+    ethertype, ArpOperation, ArpPacket, ArpRepr, EthernetFrame, EthernetRepr, MacAddr,
+};
 
-pub const ETHERTYPE_ARP: u16 = 0x0806;
-pub const ETHERTYPE_RARP: u16 = 0x8035;
-pub const ETHERTYPE_IPV4: u16 = 0x0800;
+pub const ETHERTYPE_ARP: u16 = ethertype::ARP;
+pub const ETHERTYPE_RARP: u16 = ethertype::RARP;
+pub const ETHERTYPE_IPV4: u16 = ethertype::IPV4;
 /// Both frames are padded to the Ethernet minimum (60 bytes without the FCS).
 pub const ANNOUNCE_FRAME_LEN: usize = 60;
 
-const ARP_LEN: usize = 28;
-const HTYPE_ETHERNET: u16 = 1;
-const OP_ARP_REQUEST: u16 = 1;
-const OP_RARP_REQUEST: u16 = 3;
-
-/// A broadcast ARP/RARP packet in Ethernet, from `mac`.
-fn arp_frame(
-    ethertype: u16,
-    op: u16,
-    mac: MacAddr,
-    sender_ip: Ipv4Addr,
-    target_mac: MacAddr,
-    target_ip: Ipv4Addr,
-) -> [u8; ANNOUNCE_FRAME_LEN] {
+/// A broadcast frame from `arp.source_hardware_addr` carrying `arp` (ARP or RARP, as
+/// `ethertype` says), zero-padded.
+fn arp_frame(ethertype: u16, arp: ArpRepr) -> [u8; ANNOUNCE_FRAME_LEN] {
     let mut f = [0u8; ANNOUNCE_FRAME_LEN];
-    f[0..6].copy_from_slice(&MacAddr::BROADCAST.0);
-    f[6..12].copy_from_slice(&mac.0);
-    f[12..14].copy_from_slice(&ethertype.to_be_bytes());
-    let p = &mut f[ETHERNET_HEADER_LEN..ETHERNET_HEADER_LEN + ARP_LEN];
-    p[0..2].copy_from_slice(&HTYPE_ETHERNET.to_be_bytes());
-    p[2..4].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
-    p[4] = 6; // hardware address length
-    p[5] = 4; // protocol address length
-    p[6..8].copy_from_slice(&op.to_be_bytes());
-    p[8..14].copy_from_slice(&mac.0);
-    p[14..18].copy_from_slice(&sender_ip.octets());
-    p[18..24].copy_from_slice(&target_mac.0);
-    p[24..28].copy_from_slice(&target_ip.octets());
+    let mut eth = EthernetFrame::new_unchecked(&mut f[..]);
+    EthernetRepr {
+        src: arp.source_hardware_addr,
+        dst: MacAddr::BROADCAST,
+        ethertype,
+    }
+    .emit(&mut eth);
+    arp.emit(&mut ArpPacket::new_unchecked(eth.payload_mut()));
     f
 }
 
@@ -51,18 +37,29 @@ fn arp_frame(
 pub fn gratuitous_rarp(mac: MacAddr) -> [u8; ANNOUNCE_FRAME_LEN] {
     arp_frame(
         ETHERTYPE_RARP,
-        OP_RARP_REQUEST,
-        mac,
-        Ipv4Addr::UNSPECIFIED,
-        mac,
-        Ipv4Addr::UNSPECIFIED,
+        ArpRepr {
+            operation: ArpOperation::RarpRequest,
+            source_hardware_addr: mac,
+            source_protocol_addr: Ipv4Addr::UNSPECIFIED,
+            target_hardware_addr: mac,
+            target_protocol_addr: Ipv4Addr::UNSPECIFIED,
+        },
     )
 }
 
 /// A gratuitous ARP request (RFC 5227 announcement: sender and target IP both `ip`, target
 /// hardware address zero), broadcast from `mac`.
 pub fn gratuitous_arp(mac: MacAddr, ip: Ipv4Addr) -> [u8; ANNOUNCE_FRAME_LEN] {
-    arp_frame(ETHERTYPE_ARP, OP_ARP_REQUEST, mac, ip, MacAddr::ZERO, ip)
+    arp_frame(
+        ETHERTYPE_ARP,
+        ArpRepr {
+            operation: ArpOperation::Request,
+            source_hardware_addr: mac,
+            source_protocol_addr: ip,
+            target_hardware_addr: MacAddr::ZERO,
+            target_protocol_addr: ip,
+        },
+    )
 }
 
 /// The announcement for `mac`: a gratuitous ARP when its IPv4 address is known, else RARP.
@@ -76,7 +73,6 @@ pub fn announce_frame(mac: MacAddr, ip: Option<Ipv4Addr>) -> [u8; ANNOUNCE_FRAME
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vnet_wire::EthernetFrame;
 
     const MAC: MacAddr = MacAddr([0x52, 0x54, 0x00, 0x00, 0x0a, 0x01]);
 
@@ -99,6 +95,8 @@ mod tests {
         assert!(e.dst().is_broadcast());
         assert_eq!((e.src(), e.ethertype()), (MAC, ETHERTYPE_RARP));
         assert_eq!(announce_frame(MAC, None), f);
+        let arp = ArpRepr::parse(&ArpPacket::new_checked(e.payload()).unwrap()).unwrap();
+        assert_eq!(arp.operation, ArpOperation::RarpRequest);
     }
 
     #[test]

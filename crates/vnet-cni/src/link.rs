@@ -105,11 +105,21 @@ pub fn configure(netns: &Path, s: Setup) -> io::Result<LinkDesc> {
     })
 }
 
-/// Whether `peer` is the host end vnetd made for its interface `interface` (vnetd marks the
-/// devices it makes with the alias `vnet:NAME`).
+/// Whether `peer` is the host end vnetd made for its interface `interface`: vnetd marks the
+/// devices it makes with the alias `vnet:INSTANCE:NAME` (INSTANCE: 16 hex digits, the daemon's
+/// identity; vnet-dataplane's `made.rs`), or `vnet:NAME` from before instances.
 pub fn is_host_end_of(peer: &LinkDesc, interface: &str) -> bool {
-    peer.kind.as_deref() == Some("veth")
-        && peer.alias.as_deref().and_then(|a| a.strip_prefix("vnet:")) == Some(interface)
+    let Some(rest) = peer.alias.as_deref().and_then(|a| a.strip_prefix("vnet:")) else {
+        return false;
+    };
+    let named = rest == interface
+        || rest
+            .strip_suffix(interface)
+            .and_then(|p| p.strip_suffix(':'))
+            .is_some_and(|i| {
+                i.len() == 16 && i.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+            });
+    peer.kind.as_deref() == Some("veth") && named
 }
 
 /// The host's end of the container's NIC `container` (as `configure` returned it) when that
@@ -158,6 +168,22 @@ mod tests {
     #[test]
     fn only_vnetds_own_veth_end_is_the_host_end() {
         assert!(is_host_end_of(&desc("veth", Some("vnet:cni-1")), "cni-1"));
+        assert!(is_host_end_of(
+            &desc("veth", Some("vnet:00000000000000b2:cni-1")),
+            "cni-1"
+        ));
+        assert!(!is_host_end_of(
+            &desc("veth", Some("vnet:00000000000000b2:cni-2")),
+            "cni-1"
+        ));
+        assert!(!is_host_end_of(
+            &desc("veth", Some("vnet:xyz:cni-1")),
+            "cni-1"
+        ));
+        assert!(!is_host_end_of(
+            &desc("veth", Some("vnet:0000000000000b2:cni-1")),
+            "cni-1"
+        ));
         // Another interface's, a device nobody marked, a device of another kind.
         assert!(!is_host_end_of(&desc("veth", Some("vnet:cni-2")), "cni-1"));
         assert!(!is_host_end_of(&desc("veth", None), "cni-1"));

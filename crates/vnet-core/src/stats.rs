@@ -34,10 +34,14 @@ pub enum DropReason {
     /// does not know this host's public key), or a cookie reply that did not authenticate:
     /// refused before any key-exchange work.
     BadMac,
+    /// A frame larger than its link's path carries (its path MTU, learned): not sent, its
+    /// sender told so (ICMP "fragmentation needed" / "packet too big", as the kernel's VXLAN
+    /// does) so that its TCP sends smaller segments.
+    TooBig,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 18] = [
+    pub const ALL: [DropReason; 19] = [
         DropReason::Truncated,
         DropReason::Oversize,
         DropReason::BadVxlan,
@@ -56,6 +60,7 @@ impl DropReason {
         DropReason::SpoofedSrc,
         DropReason::RateLimited,
         DropReason::BadMac,
+        DropReason::TooBig,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -78,6 +83,7 @@ impl DropReason {
             DropReason::SpoofedSrc => "spoofed_src",
             DropReason::RateLimited => "rate_limited",
             DropReason::BadMac => "bad_mac",
+            DropReason::TooBig => "too_big",
         }
     }
 

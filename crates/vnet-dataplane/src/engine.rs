@@ -78,6 +78,8 @@ pub enum Leave {
 pub struct Engine {
     shared: Arc<Shared>,
     udp: Arc<VxlanSocket>,
+    /// The VXLAN port's second socket, which sets DF: reach links and their probes send on it.
+    udp_df: Arc<VxlanSocket>,
     ports: HashMap<(DestKind, String), PortRuntime>,
     listeners: HashMap<SocketAddr, Worker>,
     dispatchers: DispatcherSet,
@@ -115,6 +117,9 @@ pub struct ReachPath {
     pub relay: Option<SocketAddr>,
     /// Datagrams from these endpoints are the peer's.
     pub accept: Vec<SocketAddr>,
+    /// The path's MTU (the largest outer IP packet), when known: a guest's frame that does
+    /// not fit is not sent, and its sender is told.
+    pub mtu: Option<usize>,
 }
 
 /// Creates guest NICs of kinds this crate does not implement itself (vhost-user, in
@@ -132,15 +137,19 @@ impl Engine {
     /// Binds the VXLAN socket and starts the dispatchers with default settings.
     pub fn new(udp_bind: SocketAddr) -> io::Result<Engine> {
         let udp = Arc::new(VxlanSocket::bind(udp_bind)?);
+        let udp_df = Arc::new(VxlanSocket::bind_df(&udp)?);
         info!(addr = %udp.local_addr(), gro = udp.gro_enabled(), "VXLAN socket bound");
         let shared = Arc::new(Shared::new(udp.clone()));
         let mut dispatchers = DispatcherSet::new(shared.clone(), Default::default())?;
-        dispatchers.add(Arc::new(Source::new(Box::new(VxlanReader {
-            sock: udp.clone(),
-        }))));
+        for sock in [&udp, &udp_df] {
+            dispatchers.add(Arc::new(Source::new(Box::new(VxlanReader {
+                sock: sock.clone(),
+            }))));
+        }
         Ok(Engine {
             shared,
             udp,
+            udp_df,
             ports: HashMap::new(),
             listeners: HashMap::new(),
             dispatchers,
@@ -165,10 +174,10 @@ impl Engine {
         &self.shared
     }
 
-    /// The VXLAN socket (reach's pings and pongs go out on it, so a NAT's mapping is the
-    /// data's).
+    /// The VXLAN port's socket that sets DF (reach's pings and pongs go out on it, as reach
+    /// links' data does: a NAT's mapping is the data's, and a padded ping probes the path).
     pub fn udp_socket(&self) -> &Arc<VxlanSocket> {
-        &self.udp
+        &self.udp_df
     }
 
     /// Sets this host's static key; encrypted links need one.
@@ -332,8 +341,15 @@ impl Engine {
         };
         let opened = match &l.kind {
             LinkKind::Udp(to) => {
+                // A reach link's datagrams carry DF (its path MTU is learned); a plain link's
+                // may be fragmented (a kernel VXLAN peer expects that).
+                let sock = if l.reach.is_some() {
+                    &self.udp_df
+                } else {
+                    &self.udp
+                };
                 let mut o =
-                    ports::udp::open(l, *to, &self.udp, self.static_key.as_ref()).map_err(err)?;
+                    ports::udp::open(l, *to, sock, self.static_key.as_ref()).map_err(err)?;
                 let v6 = self.udp.local_addr().is_ipv6();
                 o.reach = l.reach.map(|k| (k, crate::reach::for_socket(*to, v6)));
                 o

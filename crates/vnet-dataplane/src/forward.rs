@@ -1,16 +1,20 @@
 //! A frame's fate: every ingress (TAP queues, the VXLAN socket, TCP and direct links,
-//! vhost-user guests) hands each frame to [`process`], which counts it, checks it (length,
-//! offload header, the ingress port's guard), learns, records it in the traffic matrix, asks the
-//! thread's route cache for the decision, and hands it to each egress port's
-//! [`Port::send`](crate::port::Port::send). What happens on the way out is the port kind's
-//! business (`ports`, above); this module knows no port kind.
+//! vhost-user guests, and the vhost-user cut-through receive) hands each frame to one
+//! decision, [`Decider::decide`], which counts it, checks it (length, offload header, the
+//! ingress port's guard), learns, records it in the traffic matrix and asks the thread's route
+//! cache; [`transmit`] then hands it to each egress port's
+//! [`Port::send`](crate::port::Port::send). [`process`] is the two in a row, what every
+//! ingress but the cut-through receive calls (that one writes a frame for its own guest
+//! itself, and hands the others on later: `ingress::guest`). What happens on the way out is
+//! the port kind's business (`ports`, above); this module knows no port kind.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use vm_memory::VolatileSlice;
 use vnet_core::{Decision, DropReason, FastMap, PortId, RouteCache, TrafficMatrix};
 use vnet_offload::{Coalescer, PayloadRef, SegmentList, VirtioNetHdr};
-use vnet_wire::{MacAddr, ETHERNET_HEADER_LEN, MAX_FRAME_LEN};
+use vnet_wire::{EthernetFrame, ETHERNET_HEADER_LEN, MAX_FRAME_LEN};
 
 use crate::batch::TxBatch;
 use crate::port::{Frame, Origin, Tx};
@@ -20,15 +24,14 @@ const ROUTE_CACHE_SIZE: usize = 4096;
 /// How often a thread's traffic-matrix slice is merged into the shared one.
 pub const IDLE_TICK: Duration = Duration::from_millis(100);
 
-/// Per-thread forwarding state: the route cache, a local slice of the traffic matrix, scratch
-/// space for segmentation, and one coalescer per guest NIC this thread delivers to.
+/// Per-thread forwarding state: the decision's (route cache, a local slice of the traffic
+/// matrix), scratch space for segmentation, and one coalescer per guest NIC this thread
+/// delivers to.
 pub struct FwdCtx {
-    cache: RouteCache,
-    matrix: TrafficMatrix,
-    pending: u32,
+    pub(crate) decider: Decider,
     pub(crate) seg: SegmentList,
     pub(crate) coalescers: FastMap<PortId, Coalescer>,
-    scratch: Vec<u8>,
+    pub(crate) scratch: Vec<u8>,
     /// Which queue of a multi-queue NIC this thread writes to.
     pub queue: usize,
 }
@@ -46,9 +49,11 @@ impl FwdCtx {
 
     pub fn with_queue(queue: usize) -> Self {
         FwdCtx {
-            cache: RouteCache::new(ROUTE_CACHE_SIZE),
-            matrix: TrafficMatrix::new(ROUTE_CACHE_SIZE),
-            pending: 0,
+            decider: Decider {
+                cache: RouteCache::new(ROUTE_CACHE_SIZE),
+                matrix: TrafficMatrix::new(ROUTE_CACHE_SIZE),
+                pending: 0,
+            },
             seg: SegmentList::new(),
             coalescers: FastMap::default(),
             scratch: Vec::new(),
@@ -56,30 +61,117 @@ impl FwdCtx {
         }
     }
 
-    /// Counts one frame in this thread's traffic matrix.
-    pub fn record(&mut self, vni: u32, src: MacAddr, dst: MacAddr, len: usize) {
+    /// Merges this thread's traffic-matrix counts into the shared matrix.
+    pub fn flush(&mut self, shared: &Shared) {
+        self.decider.flush(shared);
+    }
+
+    /// Route-cache hits and misses of this thread (for tests and tuning).
+    pub fn cache_stats(&self) -> (u64, u64) {
+        (self.decider.cache.hits(), self.decider.cache.misses())
+    }
+}
+
+/// The state the forwarding decision keeps per thread: the route cache and this thread's
+/// slice of the traffic matrix.
+pub(crate) struct Decider {
+    cache: RouteCache,
+    matrix: TrafficMatrix,
+    pending: u32,
+}
+
+/// What the decision made of a frame it let in: its two MACs as checked (every output takes
+/// them from here, never from the frame again: a vhost-user guest can rewrite its frame after
+/// the check) and the ports it goes to.
+#[derive(Debug, Clone, Copy)]
+pub struct Verdict<'t> {
+    pub macs: [u8; 12],
+    pub targets: &'t [PortId],
+}
+
+impl Decider {
+    /// The forwarding decision for a frame that arrived on `ingress`, one for every ingress:
+    /// counts the frame on the ingress port, checks that it is an Ethernet frame with an
+    /// offload header vnet can honour and that the port's guard lets it in, learns its source,
+    /// records it in this thread's traffic matrix, and asks the route cache (the forwarding
+    /// table on a miss). `None`: dropped, and counted on the ingress port.
+    pub(crate) fn decide<'t>(
+        &'t mut self,
+        shared: &Shared,
+        snap: &Snapshot,
+        ingress: PortId,
+        a: &Arrival<'_>,
+    ) -> Option<Verdict<'t>> {
+        let inp = snap.ports.get(&ingress)?; // the port was removed while this frame was in flight
+        let len = a.len();
+        inp.counters.rx(len);
+        if len < ETHERNET_HEADER_LEN || a.head.len() < ETHERNET_HEADER_LEN {
+            inp.counters.count_drop(DropReason::Truncated);
+            return None;
+        }
+        if len > MAX_FRAME_LEN {
+            inp.counters.count_drop(DropReason::Oversize);
+            return None;
+        }
+        if !matches!(
+            a.vh.gso_kind(),
+            VirtioNetHdr::GSO_NONE
+                | VirtioNetHdr::GSO_TCPV4
+                | VirtioNetHdr::GSO_TCPV6
+                | VirtioNetHdr::GSO_UDP_L4
+        ) {
+            inp.counters.count_drop(DropReason::BadOffload);
+            return None;
+        }
+        // The MACs are copied once, checked, and every output takes them from this copy, not
+        // from the frame: a vhost-user guest's frame is its shared memory, which it can rewrite
+        // after the check (a spoofed source sent with a checked one's approval).
+        let mut macs = [0u8; 12];
+        macs.copy_from_slice(&a.head[..12]);
+        let eth = EthernetFrame::new_unchecked(&macs[..]);
+        let (dst, src) = (eth.dst(), eth.src());
+        // Before learning or the traffic matrix see it: a spoofed source must not teach anything.
+        if let Err(r) = inp.guard.check(src, len) {
+            inp.counters.count_drop(r);
+            return None;
+        }
+        let vni = inp.info.vni;
+        let learn_gen = shared.learn_observe(vni, src, ingress);
+        let learning = learn_gen.is_some();
         self.matrix.record(vni, src, dst, 1, len as u64);
         self.pending += 1;
+        if self.pending >= 256 {
+            self.flush(shared);
+        }
+        let decision = self.cache.lookup(
+            &snap.table,
+            learn_gen.unwrap_or(0),
+            (ingress, src, dst),
+            || {
+                let learned = if learning && dst.is_unicast() {
+                    shared.learned(vni, dst)
+                } else {
+                    None
+                };
+                snap.table.decide(ingress, src, dst, learning, learned)
+            },
+        );
+        match decision {
+            Decision::Drop(r) => {
+                inp.counters.count_drop(*r);
+                None
+            }
+            Decision::Forward(t) => Some(Verdict { macs, targets: t }),
+        }
     }
 
     /// Merges this thread's traffic-matrix counts into the shared matrix.
-    pub fn flush(&mut self, shared: &Shared) {
+    fn flush(&mut self, shared: &Shared) {
         if self.pending > 0 {
             let mut m = shared.matrix.lock().unwrap_or_else(|p| p.into_inner());
             m.merge_from(&mut self.matrix);
             self.pending = 0;
         }
-    }
-
-    fn maybe_flush(&mut self, shared: &Shared) {
-        if self.pending >= 256 {
-            self.flush(shared);
-        }
-    }
-
-    /// Route-cache hits and misses of this thread (for tests and tuning).
-    pub fn cache_stats(&self) -> (u64, u64) {
-        (self.cache.hits(), self.cache.misses())
     }
 }
 
@@ -146,98 +238,131 @@ pub fn process<'a>(
     a: Arrival<'a>,
     batch: &mut TxBatch<'a>,
 ) {
-    let Some(inp) = snap.ports.get(&ingress) else {
-        return; // the port was removed while this frame was in flight
-    };
-    let len = a.len();
-    inp.counters.rx(len);
-    if len < ETHERNET_HEADER_LEN || a.head.len() < ETHERNET_HEADER_LEN {
-        return inp.counters.count_drop(DropReason::Truncated);
-    }
-    if len > MAX_FRAME_LEN {
-        return inp.counters.count_drop(DropReason::Oversize);
-    }
-    if !matches!(
-        a.vh.gso_kind(),
-        VirtioNetHdr::GSO_NONE
-            | VirtioNetHdr::GSO_TCPV4
-            | VirtioNetHdr::GSO_TCPV6
-            | VirtioNetHdr::GSO_UDP_L4
-    ) {
-        return inp.counters.count_drop(DropReason::BadOffload);
-    }
-    // The MACs are copied once, checked, and every output takes them from this copy, not
-    // from the frame: a vhost-user guest's frame is its shared memory, which it can rewrite
-    // after the check (a spoofed source sent with a checked one's approval).
-    let mut macs = [0u8; 12];
-    macs.copy_from_slice(&a.head[..12]);
-    let dst = MacAddr::from_bytes(&macs[..6]);
-    let src = MacAddr::from_bytes(&macs[6..]);
-    // Before learning or the traffic matrix see it: a spoofed source must not teach anything.
-    if let Err(r) = inp.guard.check(src, len) {
-        return inp.counters.count_drop(r);
-    }
-    let vni = inp.info.vni;
-    let learn_gen = shared.learn_observe(vni, src, ingress);
-    let learning = learn_gen.is_some();
-    ctx.matrix.record(vni, src, dst, 1, len as u64);
-    ctx.pending += 1;
     let FwdCtx {
-        cache,
+        decider,
         seg,
         coalescers,
         scratch,
         queue,
-        ..
     } = ctx;
-    let decision = cache.lookup(
-        &snap.table,
-        learn_gen.unwrap_or(0),
-        (ingress, src, dst),
-        || {
-            let learned = if learning && dst.is_unicast() {
-                shared.learned(vni, dst)
-            } else {
-                None
-            };
-            snap.table.decide(ingress, src, dst, learning, learned)
-        },
-    );
-    let targets = match decision {
-        Decision::Drop(r) => {
-            inp.counters.count_drop(*r);
-            return ctx.maybe_flush(shared);
-        }
-        Decision::Forward(t) => t,
-    };
+    if let Some(v) = decider.decide(shared, snap, ingress, &a) {
+        let mut out = Egress {
+            seg,
+            coalescers,
+            scratch,
+            queue: *queue,
+        };
+        transmit(shared, snap, &mut out, ingress, v, a, batch);
+    }
+}
+
+/// The per-thread scratch space the egress ports use (see [`crate::port::Tx`]), borrowed from
+/// a [`FwdCtx`] beside its decision.
+pub(crate) struct Egress<'c> {
+    pub(crate) seg: &'c mut SegmentList,
+    pub(crate) coalescers: &'c mut FastMap<PortId, Coalescer>,
+    pub(crate) scratch: &'c mut Vec<u8>,
+    pub(crate) queue: usize,
+}
+
+/// Hands a frame the decision let in to each port of its verdict, counting what each sent or
+/// dropped. A frame a link's path cannot carry (`too_big`) is answered to `ingress`, its
+/// sender, with ICMP "fragmentation needed" / "packet too big".
+pub(crate) fn transmit<'a>(
+    shared: &Shared,
+    snap: &'a Snapshot,
+    out: &mut Egress<'_>,
+    ingress: PortId,
+    v: Verdict<'_>,
+    a: Arrival<'a>,
+    batch: &mut TxBatch<'a>,
+) {
+    let len = a.len();
     let frame = Frame {
         vh: a.vh,
-        macs,
+        macs: v.macs,
         head: a.head,
         tail: a.tail,
         origin: a.origin,
-        sole: targets.len() == 1,
+        sole: v.targets.len() == 1,
     };
-    for t in targets {
-        let Some(out) = snap.ports.get(t) else {
+    for t in v.targets {
+        let Some(port) = snap.ports.get(t) else {
             continue;
         };
         let mut tx = Tx {
             offload: &shared.offload,
             port: *t,
-            counters: &out.counters,
-            queue: *queue,
-            seg,
-            coalescers,
-            scratch,
+            counters: &port.counters,
+            queue: out.queue,
+            seg: out.seg,
+            coalescers: out.coalescers,
+            scratch: out.scratch,
             batch,
         };
-        match out.port.send(&mut tx, &frame) {
-            Ok(()) => out.counters.tx(len),
-            Err(reason) => out.counters.count_drop(reason),
+        match port.port.send(&mut tx, &frame) {
+            Ok(()) => port.counters.tx(len),
+            Err(DropReason::TooBig) => {
+                port.counters.count_drop(DropReason::TooBig);
+                let limit = port.port.as_udp().and_then(|u| u.path.load().limit);
+                if let Some(limit) = limit {
+                    answer_too_big(shared, snap, out, ingress, &frame, limit);
+                }
+            }
+            Err(reason) => port.counters.count_drop(reason),
         }
     }
-    ctx.maybe_flush(shared);
+}
+
+/// Tells the sender of `frame` (behind port `to`) that its IP packets may be at most `limit`
+/// bytes on the way it took: the ICMP reply goes out through that port at once, in a batch of
+/// its own.
+fn answer_too_big(
+    shared: &Shared,
+    snap: &Snapshot,
+    out: &mut Egress<'_>,
+    to: PortId,
+    frame: &Frame<'_>,
+    limit: usize,
+) {
+    let Some(port) = snap.ports.get(&to) else {
+        return;
+    };
+    // `head` holds at least the first 128 bytes of any frame: every header a quote needs.
+    let mut whole = frame.head.to_vec();
+    whole[..12].copy_from_slice(&frame.macs);
+    let crate::too_big::TooBig::Reply(reply) = crate::too_big::too_big(&whole, limit) else {
+        return;
+    };
+    let mut macs = [0u8; 12];
+    macs.copy_from_slice(&reply[..12]);
+    let answer = Frame {
+        vh: VirtioNetHdr::default(),
+        macs,
+        head: &reply,
+        tail: None,
+        origin: Origin::Local,
+        sole: true,
+    };
+    let mut batch = TxBatch::default();
+    let mut tx = Tx {
+        offload: &shared.offload,
+        port: to,
+        counters: &port.counters,
+        queue: out.queue,
+        seg: out.seg,
+        coalescers: out.coalescers,
+        scratch: out.scratch,
+        batch: &mut batch,
+    };
+    match port.port.send(&mut tx, &answer) {
+        Ok(()) => {
+            port.counters.tx(reply.len());
+            shared.reach.too_big_answered.fetch_add(1, Relaxed);
+        }
+        Err(reason) => port.counters.count_drop(reason),
+    }
+    batch.flush(&shared.offload, &shared.daemon, &snap.udp);
 }
 
 #[cfg(test)]

@@ -103,7 +103,7 @@ impl PortGuard {
         self.enforce_rate.store(on, Relaxed);
     }
 
-    /// Whether a rate limit is set (vhost-user cut-through then takes the ordinary path).
+    /// Whether a rate limit is set.
     pub fn is_limited(&self) -> bool {
         self.limited.load(Relaxed)
     }

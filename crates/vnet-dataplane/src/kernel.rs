@@ -178,6 +178,7 @@ impl KernelPath {
                     via_device: None,
                     src_port,
                     punt: under.is_none(),
+                    path_mtu: None,
                 };
                 if let Some((_, dev)) = under {
                     self.use_underlay(id, dev)?;
@@ -219,10 +220,11 @@ impl KernelPath {
 
     /// Reach moved link `id`: straight to `to`, or (None) through vnetd, which sends through a
     /// relay. A link the kernel does not serve is left alone.
-    pub fn set_link_path(&mut self, id: PortId, to: Option<SocketAddr>) {
+    pub fn set_link_path(&mut self, id: PortId, to: Option<SocketAddr>, mtu: Option<usize>) {
         let Some(mut spec) = self.links.get(&id).copied() else {
             return;
         };
+        spec.path_mtu = mtu.map(|m| m.min(u32::MAX as usize) as u32);
         let dest = to.and_then(|ep| match ep.ip().to_canonical() {
             IpAddr::V4(r) => underlay_for(r, self.bound).map(|u| (r, ep.port(), u)),
             IpAddr::V6(_) => None,

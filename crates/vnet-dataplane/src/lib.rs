@@ -44,6 +44,7 @@ pub mod reach;
 pub mod shared;
 pub mod sys;
 pub mod tap;
+pub mod too_big;
 pub mod udp;
 pub mod underlay_watch;
 mod worker;
@@ -52,5 +53,7 @@ mod worker;
 mod testing;
 
 pub use engine::{Engine, EngineError, EngineStatus, Leave, NicFactory, ReachPath};
-pub use ingress::guest::{DirectLink, GuestFrame, Ingress, GUEST_HEAD};
+pub use ingress::guest::{
+    CutThrough, CutThroughLink, DecidedFrames, GuestFrame, Ingress, GUEST_HEAD,
+};
 pub use nic::GuestNic;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
 use socket2::SockAddr;
+use vnet_core::DropReason;
 use vnet_reach::wire::{relay_header, RELAY_HEADER_LEN};
 use vnet_reach::{RelayTable, Tag};
 
@@ -23,6 +24,9 @@ pub const INBOX_DEPTH: usize = 1024;
 pub struct LinkPath {
     pub to: SockAddr,
     pub relay_header: Option<[u8; RELAY_HEADER_LEN]>,
+    /// The largest IP packet of a guest the path carries whole, when its MTU is known (a reach
+    /// link's): a larger one is not sent and its sender is told (`too_big`).
+    pub limit: Option<usize>,
 }
 
 impl LinkPath {
@@ -30,6 +34,7 @@ impl LinkPath {
         LinkPath {
             to: SockAddr::from(to),
             relay_header: None,
+            limit: None,
         }
     }
 
@@ -38,7 +43,17 @@ impl LinkPath {
         LinkPath {
             to: SockAddr::from(relay),
             relay_header: Some(relay_header(peer)),
+            limit: None,
         }
+    }
+
+    /// The same path, its MTU (the largest outer IP packet) known: what of it a guest's IP
+    /// packet may take, after the outer IP (20 bytes; 40 over IPv6) and UDP headers, this
+    /// path's prefix, VXLAN and the inner Ethernet header, and `extra` (an encrypted link's).
+    pub fn with_mtu(mut self, mtu: Option<usize>, outer_v6: bool, extra: usize) -> LinkPath {
+        let outer = if outer_v6 { 40 } else { 20 } + 8 + self.prefix().len() + 8 + 14 + extra;
+        self.limit = mtu.map(|m| m.saturating_sub(outer));
+        self
     }
 
     /// The bytes in front of every datagram (empty on a direct path).
@@ -75,6 +90,9 @@ pub struct ReachEdge {
     pub relayed_in: AtomicU64,
     /// Relay datagrams from anyone but a relay this host is bound to: dropped.
     pub relayed_unknown: AtomicU64,
+    /// Guests told that a frame did not fit its link's path (ICMP "fragmentation needed" /
+    /// "packet too big" sent back).
+    pub too_big_answered: AtomicU64,
 }
 
 impl ReachEdge {
@@ -93,18 +111,26 @@ impl ReachEdge {
         self.relay.get()
     }
 
-    /// Hands a reach datagram to the reach thread (copied); counted either way.
-    pub fn hand_over(&self, from: SocketAddr, bytes: &[u8]) {
+    /// Whether this daemon runs reach (its reach thread opened the inbox).
+    pub fn enabled(&self) -> bool {
+        self.inbox.get().is_some()
+    }
+
+    /// Hands a reach datagram to the reach thread (copied). Not taken: without reach it is
+    /// no datagram this daemon knows (`bad_vxlan`, as before reach); with a full inbox, a
+    /// flood (`queue_full`, and `inbox_full` in `show reach`).
+    pub fn hand_over(&self, from: SocketAddr, bytes: &[u8]) -> Result<(), DropReason> {
         let Some(tx) = self.inbox.get() else {
-            self.inbox_full.fetch_add(1, Relaxed);
-            return;
+            return Err(DropReason::BadVxlan);
         };
         match tx.try_send((from, bytes.to_vec())) {
             Ok(()) => {
                 self.handed.fetch_add(1, Relaxed);
+                Ok(())
             }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.inbox_full.fetch_add(1, Relaxed);
+                Err(DropReason::QueueFull)
             }
         }
     }
@@ -118,15 +144,19 @@ mod tests {
     fn the_inbox_is_bounded_and_counts() {
         let e = ReachEdge::default();
         let from: SocketAddr = "10.0.0.1:4789".parse().unwrap();
-        e.hand_over(from, b"x");
-        assert_eq!(e.inbox_full.load(Relaxed), 1, "no inbox yet");
+        assert_eq!(
+            e.hand_over(from, b"x"),
+            Err(DropReason::BadVxlan),
+            "no reach here"
+        );
         let rx = e.open_inbox().unwrap();
         assert!(e.open_inbox().is_none());
-        for _ in 0..INBOX_DEPTH + 10 {
-            e.hand_over(from, b"ping");
-        }
+        let full = (0..INBOX_DEPTH + 10)
+            .filter(|_| e.hand_over(from, b"ping") == Err(DropReason::QueueFull))
+            .count();
+        assert_eq!(full, 10);
         assert_eq!(e.handed.load(Relaxed), INBOX_DEPTH as u64);
-        assert_eq!(e.inbox_full.load(Relaxed), 11);
+        assert_eq!(e.inbox_full.load(Relaxed), 10);
         assert_eq!(rx.try_recv().unwrap(), (from, b"ping".to_vec()));
     }
 
@@ -136,6 +166,13 @@ mod tests {
         assert!(d.prefix().is_empty());
         let r = LinkPath::relayed("198.51.100.9:4789".parse().unwrap(), Tag([7; 8]));
         assert_eq!(r.prefix().len(), RELAY_HEADER_LEN);
+        // A 1500-byte path: 1450 for a guest's packet directly, 1438 relayed, 32 less
+        // encrypted; 1280 over IPv6 leaves 1210.
+        assert_eq!(d.clone().with_mtu(Some(1500), false, 0).limit, Some(1450));
+        assert_eq!(r.clone().with_mtu(Some(1500), false, 0).limit, Some(1438));
+        assert_eq!(r.clone().with_mtu(Some(1500), false, 32).limit, Some(1406));
+        assert_eq!(d.clone().with_mtu(Some(1280), true, 0).limit, Some(1210));
+        assert_eq!(d.with_mtu(None, false, 0).limit, None);
         assert_eq!(&r.prefix()[4..], &[7; 8]);
         assert_eq!(
             for_socket("10.0.0.1:1".parse().unwrap(), true),

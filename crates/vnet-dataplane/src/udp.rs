@@ -64,26 +64,48 @@ fn setsockopt_int(
 }
 
 impl VxlanSocket {
+    /// The daemon's VXLAN socket. Large frames over a smaller underlay MTU are fragmented by
+    /// IP (kernel VXLAN peers reassemble them), so it never sets DF on what it sends.
     pub fn bind(addr: SocketAddr) -> io::Result<VxlanSocket> {
+        Self::bind_with(addr, false)
+    }
+
+    /// A second socket on `first`'s address and port that sets DF on everything it sends and
+    /// takes the path MTU the kernel learned (`IP_PMTUDISC_DO`: a datagram larger fails with
+    /// `EMSGSIZE` instead of leaving as fragments a NAT or firewall may drop). Reach links send
+    /// on it (issue #31). The kernel spreads arriving datagrams over the two sockets (one
+    /// `SO_REUSEPORT` group), so both are read.
+    pub fn bind_df(first: &VxlanSocket) -> io::Result<VxlanSocket> {
+        Self::bind_with(first.local_addr(), true)
+    }
+
+    fn bind_with(addr: SocketAddr, df: bool) -> io::Result<VxlanSocket> {
         let sock = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
         if addr.is_ipv6() {
             sock.set_only_v6(false)?;
         }
         let fd = sock.as_raw_fd();
-        // Large frames over a smaller underlay MTU are fragmented by IP (kernel VXLAN peers
-        // reassemble them), so never set DF on what we send.
-        let (level, opt, val) = if addr.is_ipv4() {
-            (
+        let (level, opt, val) = match (addr.is_ipv4(), df) {
+            (true, false) => (
                 libc::IPPROTO_IP,
                 libc::IP_MTU_DISCOVER,
                 libc::IP_PMTUDISC_DONT,
-            )
-        } else {
-            (
+            ),
+            (true, true) => (
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            ),
+            (false, false) => (
                 libc::IPPROTO_IPV6,
                 libc::IPV6_MTU_DISCOVER,
                 libc::IPV6_PMTUDISC_DONT,
-            )
+            ),
+            (false, true) => (
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+            ),
         };
         setsockopt_int(fd, level, opt, val)?;
         // As root, the *FORCE variants exceed net.core.{r,w}mem_max; fall back quietly.
@@ -115,7 +137,7 @@ impl VxlanSocket {
         // kernel gives a connected socket its peer's datagrams), which takes SO_REUSEPORT. So
         // that a second daemon cannot then silently share the port, first make sure nobody
         // holds it.
-        if addr.port() != 0 {
+        if addr.port() != 0 && !df {
             let probe = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
             if addr.is_ipv6() {
                 probe.set_only_v6(false)?;
@@ -305,4 +327,30 @@ fn wait_writable(fd: RawFd) -> io::Result<()> {
             "send buffer stayed full",
         ))
     }
+}
+
+/// The path MTU the kernel knows to `to` (the route's, or what an ICMP "fragmentation needed"
+/// taught it since: a DF datagram that was too big): asked of a UDP socket connected to it,
+/// which sends nothing.
+pub fn path_mtu(to: SocketAddr) -> io::Result<usize> {
+    let sock = Socket::new(Domain::for_address(to), Type::DGRAM, Some(Protocol::UDP))?;
+    sock.connect(&SockAddr::from(to))?;
+    let (level, opt) = match to {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_MTU),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_MTU),
+    };
+    let mut val: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: passes a pointer to a live c_int and its true size; the kernel writes at most
+    // that many bytes and the length.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            level,
+            opt,
+            (&mut val as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    cvt(r).map(|_| val.max(0) as usize)
 }

@@ -407,7 +407,7 @@ static __always_inline int encap_to_link(struct __sk_buff *skb, const struct lin
 		struct ethhdr inner;
 	} __attribute__((packed)) h;
 	struct link_cache hop;
-	__u32 len = skb->len, hash, tot;
+	__u32 len = skb->len, hash, tot, mtu;
 	__u64 flags;
 	int rc;
 
@@ -431,10 +431,24 @@ static __always_inline int encap_to_link(struct __sk_buff *skb, const struct lin
 	rc = outer_hop(skb, l, lslot, &hop);
 	if (rc)
 		return -rc;
-	/* A frame the underlay cannot carry whole goes to vnetd, which lets IP fragment it. */
-	if (hop.mtu && (skb->gso_size ? from->mtu + ENCAP_LEN > hop.mtu
-				      : len + OUTER_LEN > hop.mtu))
-		return -C_ENCAP_FAIL;
+	/* A frame the path cannot carry whole goes to vnetd: it lets IP fragment it (a plain
+	 * link) or tells the sender (a reach link, whose datagrams carry DF). The path's MTU is the
+	 * route's, or the smaller one vnetd learned for a reach link; a TSO frame's segments are
+	 * what must fit (the guest's TCP lowers them once told). */
+	mtu = hop.mtu;
+	if (l->path_mtu && (!mtu || l->path_mtu < mtu))
+		mtu = l->path_mtu;
+	if (mtu) {
+		__u32 seg = 0;
+
+		if (skb->gso_size) {
+			__u32 hdrs = l3l4_len(skb, proto_be);
+
+			seg = hdrs ? skb->gso_size + hdrs + ETH_HLEN : from->mtu + ETH_HLEN;
+		}
+		if ((skb->gso_size ? seg + OUTER_LEN : len + OUTER_LEN) > mtu)
+			return -C_ENCAP_FAIL;
+	}
 
 	hash = bpf_get_hash_recalc(skb);
 	/* Source port from the flow hash in 32768..60999, as the kernel's VXLAN picks it, unless
@@ -451,7 +465,9 @@ static __always_inline int encap_to_link(struct __sk_buff *skb, const struct lin
 	/* A GSO skb's lengths are rewritten per segment when it is cut; cap the placeholder. */
 	h.o.ip.tot_len = bpf_htons(tot > 0xffff ? 0xffff : tot);
 	h.o.ip.id = (__u16)bpf_get_prandom_u32();
-	h.o.ip.frag_off = 0;
+	/* DF on a reach link: its path MTU is learned, never left to fragments a NAT or a
+	 * firewall may drop. */
+	h.o.ip.frag_off = l->sport_be ? bpf_htons(0x4000) : 0;
 	h.o.ip.ttl = 64;
 	h.o.ip.protocol = IPPROTO_UDP;
 	h.o.ip.check = 0;

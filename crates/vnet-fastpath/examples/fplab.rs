@@ -145,6 +145,7 @@ fn main() -> Result<()> {
             via_device: via,
             src_port: None,
             punt: false,
+            path_mtu: None,
         })?;
         cports.push(CompilePort {
             id,

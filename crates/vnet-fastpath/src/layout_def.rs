@@ -153,7 +153,10 @@ bpf_layout! {
             reserved: u16,
             /// Variant (a): a collect-metadata VXLAN device; 0 = encapsulate here.
             via_ifindex: u32,
-            pad: u32,
+            /// The path's MTU as vnetd learned it (a reach link's: what ICMP or probing said,
+            /// which the outer header cache may not know yet); 0: the route's alone. A frame
+            /// that does not fit goes to vnetd, which tells its sender.
+            path_mtu: u32,
         }
         /// ONCache-style cached outer header state, per CPU, filled by the program from
         /// bpf_fib_lookup and expired after `outer_cache_ns`, or as soon as `outer_epoch` moves

@@ -42,7 +42,7 @@
 //! })?;
 //! fp.set_link(&LinkSpec {
 //!     id: PortId(2), vni: 1, remote: Ipv4Addr::new(10, 0, 0, 2), local: Ipv4Addr::new(10, 0, 0, 1),
-//!     udp_port: 4789, rate: None, via_device: None, src_port: None, punt: false,
+//!     udp_port: 4789, rate: None, via_device: None, src_port: None, punt: false, path_mtu: None,
 //! })?;
 //! let ports = [
 //!     CompilePort { id: PortId(1), vni: 1, egress: Egress::FastPort },

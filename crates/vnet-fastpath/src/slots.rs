@@ -303,6 +303,7 @@ impl FastPath {
             } | if spec.punt { layout::LINK_PUNT } else { 0 },
             sport_be: spec.src_port.unwrap_or(0).to_be(),
             via_ifindex: spec.via_device.unwrap_or(0),
+            path_mtu: spec.path_mtu.unwrap_or(0),
             ..LinkVal::default()
         };
         self.maps.links.update(&slot, &val)?;

@@ -110,6 +110,9 @@ pub struct LinkSpec {
     pub src_port: Option<u16>,
     /// vnetd sends its frames (the path is through a relay, or not known yet).
     pub punt: bool,
+    /// The path's MTU when vnetd learned one smaller than the route's (larger frames go to
+    /// vnetd, which tells their senders).
+    pub path_mtu: Option<u32>,
 }
 
 /// The kernel path's counters of one port or link, summed over CPUs.

@@ -1,20 +1,19 @@
 //! Coalescing (software GRO): consecutive segments of one TCP flow become one large frame with
-//! a virtio-net header, so the receiving guest's stack handles 64 KB at a time.
+//! a virtio-net header, so the receiving guest's stack handles 64 KB at a time. Headers are
+//! read and the merged frame's rewritten through `vnet-wire`'s views.
 
-use crate::checksum::{checksum, fold, sum};
+use vnet_wire::checksum::{fold, sum};
+use vnet_wire::tcp_flags::{
+    ACK as TCP_ACK, FIN as TCP_FIN, PSH as TCP_PSH, RST as TCP_RST, SYN as TCP_SYN,
+};
+use vnet_wire::{Ipv4Packet, Ipv6Packet, TcpPacket, VirtioNetHdr};
+
 use crate::headers::{parse_l3l4, Layout, L3, L4};
-use crate::virtio::VirtioNetHdr;
 
 /// Most payload bytes in one coalesced frame (its IP length must fit 16 bits).
 pub const MAX_GRO_PAYLOAD: usize = 65535 - 60 - 60;
 /// Most segments merged into one frame.
 const MAX_SEGS: usize = 64;
-
-const TCP_FIN: u8 = 0x01;
-const TCP_SYN: u8 = 0x02;
-const TCP_RST: u8 = 0x04;
-const TCP_PSH: u8 = 0x08;
-const TCP_ACK: u8 = 0x10;
 
 /// Where a payload lives: buffer `buf` of the caller, bytes `start..end`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,8 +88,7 @@ enum Inspected {
 /// the pseudo-header sum (a partial checksum nobody completed).
 fn check_l4(frame: &[u8], l: &Layout) -> Result<(), Option<VirtioNetHdr>> {
     let l4 = l.l4_off();
-    let field = l4 + l.csum_offset();
-    let csum = u16::from_be_bytes([frame[field], frame[field + 1]]);
+    let csum = l.l4_checksum(frame);
     if l.l4 == L4::Udp && csum == 0 && l.l3 == L3::V4 {
         return Ok(()); // IPv4 UDP without a checksum
     }
@@ -113,8 +111,7 @@ fn check_l4(frame: &[u8], l: &Layout) -> Result<(), Option<VirtioNetHdr>> {
 /// harmless: whoever completes it computes the same checksum.
 pub fn left_partial(frame: &[u8]) -> Option<VirtioNetHdr> {
     let l = parse_l3l4(frame).ok()?;
-    let field = l.l4_off() + l.csum_offset();
-    let csum = u16::from_be_bytes([frame[field], frame[field + 1]]);
+    let csum = l.l4_checksum(frame);
     (csum == fold(l.pseudo_sum(frame, l.ip_end - l.l4_off()))).then(|| partial_header(&l))
 }
 
@@ -130,10 +127,7 @@ fn partial_header(l: &Layout) -> VirtioNetHdr {
 /// Whether a TCP/UDP frame's IPv4 header and L4 checksums are complete and correct.
 pub fn l4_checksum_ok(frame: &[u8]) -> bool {
     match parse_l3l4(frame) {
-        Ok(l) => {
-            (l.l3 == L3::V6 || checksum(&frame[l.l2_len..l.l4_off()]) == 0)
-                && check_l4(frame, &l).is_ok()
-        }
+        Ok(l) => l.ip_checksum_ok(frame) && check_l4(frame, &l).is_ok(),
         Err(_) => false,
     }
 }
@@ -154,7 +148,7 @@ fn inspect(frame: &[u8], partial: bool) -> Inspected {
         true => Inspected::Partial(partial_header(&l)),
         false => Inspected::Plain,
     };
-    if l.l3 == L3::V4 && checksum(&frame[l.l2_len..l.l4_off()]) != 0 {
+    if !l.ip_checksum_ok(frame) {
         return not_merged();
     }
     if !partial {
@@ -167,8 +161,8 @@ fn inspect(frame: &[u8], partial: bool) -> Inspected {
     if l.l4 != L4::Tcp {
         return not_merged();
     }
-    let t = &frame[l.l4_off()..];
-    let flags = t[13];
+    let t = TcpPacket::new_unchecked(&frame[l.l4_off()..l.hdr_len()]);
+    let flags = t.flags();
     let payload_len = l.ip_end.saturating_sub(l.hdr_len());
     if flags & (TCP_FIN | TCP_SYN | TCP_RST) != 0
         || flags & !(TCP_ACK | TCP_PSH) != 0
@@ -180,14 +174,16 @@ fn inspect(frame: &[u8], partial: bool) -> Inspected {
     Inspected::Mergeable(SegInfo {
         layout: l,
         partial,
-        seq: u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
+        seq: t.seq_number(),
         flags,
         payload_len,
     })
 }
 
 /// Whether two segments' headers agree on everything but lengths, IDs, sequence numbers,
-/// checksums and PSH.
+/// checksums and PSH: byte ranges compared at once (per segment, on the hot path) rather than
+/// field by field; the ranges skip IPv4 total length (2-3), ID (4-5) and checksum (10-11),
+/// IPv6 payload length (4-5), TCP sequence number (4-7), flags (13) and checksum (16-17).
 fn same_flow(a: &[u8], b: &[u8], l: &Layout) -> bool {
     let (l3, l4, hl) = (l.l2_len, l.l4_off(), l.hdr_len());
     if a.len() < hl || b.len() < hl || a[..l3] != b[..l3] {
@@ -320,20 +316,21 @@ impl Coalescer {
             let l4_total = l.l4_len + r.payload;
             match l.l3 {
                 L3::V4 => {
-                    h[l3 + 2..l3 + 4]
-                        .copy_from_slice(&((l.l3_len + l4_total) as u16).to_be_bytes());
-                    h[l3 + 10..l3 + 12].copy_from_slice(&[0, 0]);
-                    let c = checksum(&h[l3..l4]);
-                    h[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+                    let mut ip = Ipv4Packet::new_unchecked(&mut h[l3..l4]);
+                    ip.set_total_len((l.l3_len + l4_total) as u16);
+                    ip.fill_checksum();
                 }
-                L3::V6 => h[l3 + 4..l3 + 6].copy_from_slice(&(l4_total as u16).to_be_bytes()),
+                L3::V6 => {
+                    Ipv6Packet::new_unchecked(&mut h[l3..l4]).set_payload_len(l4_total as u16)
+                }
             }
+            let mut t = TcpPacket::new_unchecked(&mut h[l4..hl]);
             if r.psh {
-                h[l4 + 13] |= TCP_PSH;
+                t.set_flags(t.flags() | TCP_PSH);
             }
             // CHECKSUM_PARTIAL convention: the field holds the pseudo-header sum.
             let ps = fold(l.pseudo_sum(h, l4_total));
-            h[l4 + 16..l4 + 18].copy_from_slice(&ps.to_be_bytes());
+            l.set_l4_checksum(h, ps);
             VirtioNetHdr {
                 flags: VirtioNetHdr::F_NEEDS_CSUM,
                 gso_type: if l.l3 == L3::V4 {
@@ -361,6 +358,7 @@ mod tests {
     use super::*;
     use crate::gso::tests::{tso_frame, valid};
     use crate::gso::{segment_with, L4Checksum, SegmentList};
+    use vnet_wire::checksum::checksum;
 
     /// Segments a TSO frame into one buffer of wire frames and offers them all.
     fn run(

@@ -1,10 +1,12 @@
 //! Segmentation (software GSO) and checksum completion, for frames leaving toward a network.
+//! Each segment's headers are a copy of the frame's, rewritten through `vnet-wire`'s views.
 
 use std::ops::Range;
 
-use crate::checksum::{fold, sum};
+use vnet_wire::checksum::{fold, sum};
+use vnet_wire::{tcp_flags, Ipv4Packet, Ipv6Packet, TcpPacket, UdpPacket, VirtioNetHdr};
+
 use crate::headers::{parse_l3l4, L3, L4};
-use crate::virtio::VirtioNetHdr;
 use crate::OffloadError;
 
 /// Fewest bytes per segment a guest may ask for: a hostile `gso_size` of 1 would otherwise
@@ -88,9 +90,8 @@ pub fn gso_header(frame: &[u8], mss: u16) -> Option<VirtioNetHdr> {
 pub fn as_partial_gso(headers: &mut [u8], total_len: usize, mss: u16) -> Option<VirtioNetHdr> {
     let l = parse_l3l4(headers).ok()?;
     let l4_total = total_len.checked_sub(l.l4_off())?;
-    let field = l.l4_off() + l.csum_offset();
     let ps = fold(l.pseudo_sum(headers, l4_total));
-    headers[field..field + 2].copy_from_slice(&ps.to_be_bytes());
+    l.set_l4_checksum(headers, ps);
     gso_header(headers, mss)
 }
 
@@ -182,13 +183,14 @@ pub fn segment_with(
     let payload_total = frame.len() - hl;
     let n = payload_total.div_ceil(mss).max(1);
     out.headers.reserve(n * hl);
-    let ip_id = u16::from_be_bytes([frame[l3o + 4], frame[l3o + 5]]);
-    let seq0 = u32::from_be_bytes([
-        frame[l4o + 4],
-        frame[l4o + 5],
-        frame[l4o + 6],
-        frame[l4o + 7],
-    ]);
+    let ip_id = match layout.l3 {
+        L3::V4 => Ipv4Packet::new_unchecked(&frame[l3o..l4o]).ident(),
+        L3::V6 => 0,
+    };
+    let seq0 = match layout.l4 {
+        L4::Tcp => TcpPacket::new_unchecked(&frame[l4o..hl]).seq_number(),
+        L4::Udp => 0,
+    };
     for i in 0..n {
         let p0 = hl + i * mss;
         let p1 = (p0 + mss).min(frame.len());
@@ -199,38 +201,33 @@ pub fn segment_with(
         let l4_total = layout.l4_len + len;
         match layout.l3 {
             L3::V4 => {
-                let ip = &mut h[l3o..l3o + layout.l3_len];
-                ip[2..4].copy_from_slice(&((layout.l3_len + l4_total) as u16).to_be_bytes());
-                ip[4..6].copy_from_slice(&ip_id.wrapping_add(i as u16).to_be_bytes());
-                ip[10..12].copy_from_slice(&[0, 0]);
-                let c = !fold(sum(ip, 0));
-                ip[10..12].copy_from_slice(&c.to_be_bytes());
+                let mut ip = Ipv4Packet::new_unchecked(&mut h[l3o..l4o]);
+                ip.set_total_len((layout.l3_len + l4_total) as u16);
+                ip.set_ident(ip_id.wrapping_add(i as u16));
+                ip.fill_checksum();
             }
-            L3::V6 => {
-                h[l3o + 4..l3o + 6].copy_from_slice(&(l4_total as u16).to_be_bytes());
-            }
+            L3::V6 => Ipv6Packet::new_unchecked(&mut h[l3o..l4o]).set_payload_len(l4_total as u16),
         }
         let last = i + 1 == n;
         match layout.l4 {
             L4::Tcp => {
-                let t = &mut h[l4o..l4o + layout.l4_len];
-                t[4..8].copy_from_slice(&seq0.wrapping_add((i * mss) as u32).to_be_bytes());
+                let mut t = TcpPacket::new_unchecked(&mut h[l4o..hl]);
+                t.set_seq_number(seq0.wrapping_add((i * mss) as u32));
+                let mut flags = t.flags();
                 if !last {
-                    t[13] &= !(0x01 | 0x08); // FIN, PSH only on the last segment
+                    flags &= !(tcp_flags::FIN | tcp_flags::PSH); // only on the last segment
                 }
                 if i > 0 {
-                    t[13] &= !0x80; // CWR only on the first
+                    flags &= !tcp_flags::CWR; // only on the first
                 }
+                t.set_flags(flags);
             }
-            L4::Udp => {
-                h[l4o + 4..l4o + 6].copy_from_slice(&(l4_total as u16).to_be_bytes());
-            }
+            L4::Udp => UdpPacket::new_unchecked(&mut h[l4o..hl]).set_len(l4_total as u16),
         }
-        let co = l4o + layout.csum_offset();
         let c = match l4 {
             L4Checksum::Partial => fold(layout.pseudo_sum(h, l4_total)),
             L4Checksum::Complete => {
-                h[co..co + 2].copy_from_slice(&[0, 0]);
+                layout.set_l4_checksum(h, 0);
                 let s = layout.pseudo_sum(h, l4_total)
                     + sum(&h[l4o..hl], 0)
                     + sum_at(&frame[p0..p1], false);
@@ -240,7 +237,7 @@ pub fn segment_with(
                 }
             }
         };
-        h[co..co + 2].copy_from_slice(&c.to_be_bytes());
+        layout.set_l4_checksum(h, c);
         out.segs.push(Segment {
             hdr: h0..h0 + hl,
             payload: p0..p1,
@@ -252,8 +249,8 @@ pub fn segment_with(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::checksum::checksum;
     pub use crate::test_frames::{tso_frame, valid};
+    use vnet_wire::checksum::checksum;
 
     fn join(list: &SegmentList, frame: &[u8], i: usize) -> Vec<u8> {
         list.parts(frame, i).concat()

@@ -4,20 +4,21 @@
 //! that needs them ([`segment`]), and on receive merges consecutive segments of a TCP flow back
 //! into one large frame for the guest ([`Coalescer`]), so both guests' stacks see 64 KB at a time.
 //!
+//! The headers are read and rewritten through `vnet-wire`'s views (IPv4, IPv6, TCP, UDP, the
+//! virtio-net header); the Internet checksum and the virtio-net header live there too and are
+//! re-exported here, where the data path has always found them.
+//!
 //! Pure: no I/O. Every parser treats its input as hostile and returns an [`OffloadError`].
 
 #![forbid(unsafe_code)]
 
-mod checksum;
 mod gro;
 mod gso;
 mod headers;
-mod virtio;
 
 #[cfg(any(test, feature = "test-frames"))]
 pub mod test_frames;
 
-pub use checksum::{checksum, fold, sum};
 pub use gro::{
     l4_checksum_ok, left_partial, partial_checksum_hint, Coalescer, GroOutput, Offered, PayloadRef,
     MAX_GRO_PAYLOAD,
@@ -27,7 +28,8 @@ pub use gso::{
     SegmentList,
 };
 pub use headers::{claimed_frame_len, parse_l3l4, Layout, L3, L4};
-pub use virtio::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
+pub use vnet_wire::checksum::{checksum, fold, sum};
+pub use vnet_wire::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum OffloadError {

@@ -2,9 +2,10 @@
 //! frame as it arrives with its virtio-net header, and the receiver's checksum check. Built
 //! only for tests (`cfg(test)`, or the `test-frames` feature other crates' tests enable).
 
-use crate::checksum::{checksum, fold, sum};
+use vnet_wire::checksum::{checksum, fold, sum};
+use vnet_wire::VirtioNetHdr;
+
 use crate::headers::{parse_l3l4, L3};
-use crate::virtio::VirtioNetHdr;
 
 /// A TCP/IPv4 frame as a guest's TSO hands it over: pseudo-header sum in the checksum field.
 pub fn tso_frame(payload: usize, v6: bool) -> (Vec<u8>, VirtioNetHdr) {

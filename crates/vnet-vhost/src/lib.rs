@@ -12,7 +12,7 @@
 //!   from an iovec [VXLAN header, guest buffer] and nothing copies it in user space; a frame
 //!   for the guest is written into its receive descriptors by the thread that received it,
 //!   with one copy: by the dispatcher from its receive buffer, or by the device's own thread
-//!   from a bounce buffer its UDP links' datagrams are read into and checked in ([`direct`]),
+//!   from a bounce buffer its UDP links' datagrams are read into and checked in ([`cut_through`]),
 //!   so nothing enters guest memory that is not for this guest. The copying path (`off`)
 //!   gathers transmitted frames into buffers and queues received ones for the device thread,
 //!   and also serves what cut-through cannot: a frame spread over several descriptors, or one
@@ -20,7 +20,7 @@
 //! - **notification policy** (`set notify batch|optimistic`), see [`notify`].
 //!
 //! The device (`device`: its state and lifecycle) is driven by the vhost-user requests
-//! (`protocol`), its transmit rings (`tx`) and its receive rings (`rx`, and `direct` for
+//! (`protocol`), its transmit rings (`tx`) and its receive rings (`rx`, and `cut_through` for
 //! cut-through receive).
 //!
 //! Every descriptor and every request is hostile until checked: rings and memory tables are
@@ -31,8 +31,8 @@
 //! a frontend that cuts guest memory short is survived and dropped ([`sigbus`]).
 
 pub mod conn;
+mod cut_through;
 mod device;
-mod direct;
 pub mod msg;
 pub mod notify;
 mod protocol;
@@ -58,10 +58,10 @@ use vnet_dataplane::sys::{self, ControlOperation, Epoll, EpollEvent, EventSet};
 use vnet_dataplane::{GuestNic, Ingress, NicFactory};
 use vnet_offload::VirtioNetHdr;
 
+use cut_through::{Bounce, CutThroughSock};
 use device::{drain_eventfd, Dev, NetConfig, Session};
-use direct::{Bounce, DirectSock};
 pub use notify::NotifyPolicy;
-use vnet_dataplane::DirectLink;
+use vnet_dataplane::CutThroughLink;
 
 /// Most queue pairs a vhost-user interface offers.
 pub const MAX_QUEUE_PAIRS: usize = 16;
@@ -69,9 +69,9 @@ pub const MAX_QUEUE_PAIRS: usize = 16;
 const TOKEN_SOCKET: u64 = 0;
 const TOKEN_WAKE: u64 = 1;
 const TOKEN_RING: u64 = 16;
-const TOKEN_DIRECT: u64 = 1024;
+const TOKEN_CUT_THROUGH: u64 = 1024;
 /// Batches one readable cut-through socket gets before the others have their turn.
-const DIRECT_ROUNDS: usize = 8;
+const CUT_THROUGH_ROUNDS: usize = 8;
 
 /// The overlay's side of a vhost-user interface.
 pub struct VhostNic {
@@ -300,12 +300,12 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
     epoll.add(stream.as_raw_fd(), TOKEN_SOCKET)?;
     epoll.add(dev.wake.as_raw_fd(), TOKEN_WAKE)?;
     let mut ring_fds: Vec<Option<RawFd>> = vec![None; dev.rings.len()];
-    let mut direct: Vec<DirectSock> = Vec::new();
+    let mut cut_socks: Vec<CutThroughSock> = Vec::new();
     // Where cut-through receive lands before the check; made with the first socket.
     let mut bounce: Option<Bounce> = None;
-    let mut direct_key: Option<(u64, bool)> = None;
+    let mut cut_key: Option<(u64, bool)> = None;
     // Cut-through sockets left unarmed because the guest had no receive buffers.
-    let mut direct_waiting = false;
+    let mut cut_waiting = false;
     loop {
         if dev.stop.load(SeqCst) {
             return Ok(());
@@ -317,31 +317,31 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
             ));
         }
         let key = (dev.ingress.generation(), dev.cfg.load().cut_through);
-        if direct_key != Some(key) {
-            direct_key = Some(key);
+        if cut_key != Some(key) {
+            cut_key = Some(key);
             let want = if key.1 {
-                dev.ingress.direct_links()
+                dev.ingress.cut_through_links()
             } else {
                 Vec::new()
             };
-            let have: Vec<DirectLink> = direct.iter().map(|d| d.link).collect();
+            let have: Vec<CutThroughLink> = cut_socks.iter().map(|d| d.link).collect();
             if want != have {
-                for d in direct.drain(..) {
+                for d in cut_socks.drain(..) {
                     let _ = epoll.del(d.raw());
                     let _ = dev.plain_receive(&d);
                 }
                 for (i, l) in want.into_iter().enumerate() {
-                    match DirectSock::open(l) {
+                    match CutThroughSock::open(l) {
                         Ok(d) => {
-                            epoll.add_oneshot(d.raw(), TOKEN_DIRECT + i as u64)?;
-                            direct.push(d);
+                            epoll.add_oneshot(d.raw(), TOKEN_CUT_THROUGH + i as u64)?;
+                            cut_socks.push(d);
                         }
                         Err(e) => {
                             warn!(interface = %dev.name, peer = %l.peer, "cut-through receive socket: {e}; that link uses the ordinary path");
                         }
                     }
                 }
-                debug!(interface = %dev.name, sockets = direct.len(), "cut-through receive sockets");
+                debug!(interface = %dev.name, sockets = cut_socks.len(), "cut-through receive sockets");
             }
         }
         if s.kicks_changed {
@@ -387,21 +387,21 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
                     let _ = dev.wake.read();
                     dev.drain_backlog();
                 }
-                t if t >= TOKEN_DIRECT => {
-                    let i = (t - TOKEN_DIRECT) as usize;
-                    let Some(d) = direct.get(i) else { continue };
+                t if t >= TOKEN_CUT_THROUGH => {
+                    let i = (t - TOKEN_CUT_THROUGH) as usize;
+                    let Some(d) = cut_socks.get(i) else { continue };
                     let b = bounce.get_or_insert_with(|| Bounce::new(dev.max_frame));
                     let mut rearm = true;
-                    for _ in 0..DIRECT_ROUNDS {
-                        match dev.direct_receive(d, b)? {
-                            direct::Received::Frames { full: true } => continue,
-                            direct::Received::Frames { full: false } => break,
-                            direct::Received::NoBuffers => {
+                    for _ in 0..CUT_THROUGH_ROUNDS {
+                        match dev.cut_through_receive(d, b)? {
+                            cut_through::Received::Frames { full: true } => continue,
+                            cut_through::Received::Frames { full: false } => break,
+                            cut_through::Received::NoBuffers => {
                                 rearm = false;
-                                direct_waiting = true;
+                                cut_waiting = true;
                                 break;
                             }
-                            direct::Received::Off => {
+                            cut_through::Received::Off => {
                                 dev.plain_receive(d)?;
                                 break;
                             }
@@ -423,10 +423,10 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
                         dev.process_tx(i);
                     } else {
                         dev.drain_backlog();
-                        if direct_waiting {
-                            direct_waiting = false;
-                            for (k, d) in direct.iter().enumerate() {
-                                epoll.rearm(d.raw(), TOKEN_DIRECT + k as u64)?;
+                        if cut_waiting {
+                            cut_waiting = false;
+                            for (k, d) in cut_socks.iter().enumerate() {
+                                epoll.rearm(d.raw(), TOKEN_CUT_THROUGH + k as u64)?;
                             }
                         }
                     }

@@ -1,3 +1,6 @@
+//! IEEE 802 MAC addresses: the key of every route, learned entry and traffic-matrix cell,
+//! parsed from and printed to the control language's `52:54:00:12:34:56` form.
+
 use std::fmt;
 use std::str::FromStr;
 

@@ -40,6 +40,9 @@ const MAX_WAIT: Duration = Duration::from_millis(50);
 const ADDRESSES_EVERY_MS: u64 = 30_000;
 /// `show reach` is refreshed this often.
 const REPORT_EVERY_MS: u64 = 250;
+/// Each path's MTU is asked of the kernel again this often: a smaller one learned from ICMP
+/// reaches the data path within this.
+const MTU_EVERY_MS: u64 = 500;
 /// A relay's bindings, at most.
 const MAX_RELAY_BINDINGS: usize = 4096;
 
@@ -174,6 +177,7 @@ pub fn start(
         relay,
         settings: s,
         keys: HashMap::new(),
+        paths: HashMap::new(),
         rng: OsRandom::new(),
     };
     let join = std::thread::Builder::new()
@@ -194,6 +198,8 @@ struct Thread {
     settings: Settings,
     /// Each peer's probe key by its tag (paths come out by tag, the engine takes keys).
     keys: HashMap<Tag, (PublicKey, String)>,
+    /// The path each peer's links take now, as given to the engine (its MTU kept current).
+    paths: HashMap<Tag, (PublicKey, ReachPath)>,
     rng: OsRandom,
 }
 
@@ -212,6 +218,7 @@ impl Thread {
         let mut out = Vec::new();
         let mut next_addresses = 0;
         let mut next_report = 0;
+        let mut next_mtu = 0;
         loop {
             if self.handle.stop.load(Relaxed) {
                 return;
@@ -237,6 +244,10 @@ impl Thread {
                 self.report(now);
                 next_report = now_ms + REPORT_EVERY_MS;
             }
+            if now_ms >= next_mtu {
+                self.refresh_mtus();
+                next_mtu = now_ms + MTU_EVERY_MS;
+            }
             let wait = Duration::from_millis(self.machine.next_wake_ms(now).saturating_sub(now_ms))
                 .clamp(Duration::from_millis(1), MAX_WAIT);
             match self.inbox.recv_timeout(wait) {
@@ -254,6 +265,24 @@ impl Thread {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
+        }
+    }
+
+    /// Asks the kernel each path's MTU again (it learns a smaller one from an ICMP
+    /// "fragmentation needed" a router sent back for a DF datagram): a change goes to the
+    /// engine, which then tells guests whose frames no longer fit.
+    fn refresh_mtus(&mut self) {
+        let mut changed = Vec::new();
+        for (tag, (key, path)) in self.paths.iter_mut() {
+            let mtu = path.direct.or(path.relay).and_then(path_mtu);
+            if mtu != path.mtu {
+                info!(peer = %tag, from = ?path.mtu, to = ?mtu, "reach: path MTU");
+                path.mtu = mtu;
+                changed.push((*key, path.clone()));
+            }
+        }
+        for (key, path) in changed {
+            self.daemon.set_reach_path(key, path);
         }
     }
 
@@ -295,24 +324,23 @@ impl Thread {
                     let Some((key, name)) = self.keys.get(&u.peer).cloned() else {
                         continue;
                     };
-                    let path = match &u.path {
-                        ReachRoute::Direct { endpoint, .. } => ReachPath {
-                            direct: Some(*endpoint),
-                            relay: None,
-                            accept: u.accept.clone(),
-                        },
-                        ReachRoute::Relayed { endpoint, .. } => ReachPath {
-                            direct: None,
-                            relay: Some(*endpoint),
-                            accept: u.accept.clone(),
-                        },
-                        ReachRoute::Unknown => ReachPath {
-                            direct: None,
-                            relay: None,
-                            accept: u.accept.clone(),
-                        },
+                    let (direct, relay) = match &u.path {
+                        ReachRoute::Direct { endpoint, .. } => (Some(*endpoint), None),
+                        ReachRoute::Relayed { endpoint, .. } => (None, Some(*endpoint)),
+                        ReachRoute::Unknown => (None, None),
                     };
-                    info!(peer = %name, path = u.path.word(), to = ?path.direct.or(path.relay), "reach: path");
+                    let path = ReachPath {
+                        direct,
+                        relay,
+                        accept: u.accept.clone(),
+                        mtu: direct.or(relay).and_then(path_mtu),
+                    };
+                    info!(peer = %name, path = u.path.word(), to = ?path.direct.or(path.relay), mtu = ?path.mtu, "reach: path");
+                    if u.path == ReachRoute::Unknown && u.accept.is_empty() {
+                        self.paths.remove(&u.peer);
+                    } else {
+                        self.paths.insert(u.peer, (key, path.clone()));
+                    }
                     self.daemon.set_reach_path(key, path);
                 }
                 Action::Publish(r) => {
@@ -415,6 +443,7 @@ impl Thread {
                         ReachRoute::Unknown => None,
                     },
                     rtt_us: p.rtt_us,
+                    mtu: self.paths.get(&p.tag).and_then(|(_, path)| path.mtu),
                     nat: p.nat.as_str().to_string(),
                     endpoints: p
                         .endpoints
@@ -467,6 +496,11 @@ fn peer_info(id: &HostId, rec: &HostRecord, key: PublicKey) -> PeerInfo {
             .as_deref()
             .map_or(NatMapping::Unknown, NatMapping::parse),
     }
+}
+
+/// The MTU the kernel knows for the path to `to`, when it knows one.
+fn path_mtu(to: SocketAddr) -> Option<usize> {
+    vnet_dataplane::udp::path_mtu(to).ok().filter(|m| *m >= 576)
 }
 
 /// This host's addresses (of its network namespace), for its local candidates: never one on a

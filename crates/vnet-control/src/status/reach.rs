@@ -33,6 +33,8 @@ pub struct ReachPeer {
     /// The endpoint the links send to (a relay's, when relayed).
     pub endpoint: Option<String>,
     pub rtt_us: Option<u64>,
+    /// The path's MTU (the largest outer IP packet), when known.
+    pub mtu: Option<usize>,
     /// The peer's NAT as it published it.
     pub nat: String,
     /// `ENDPOINT ORIGIN trusted|-` each.
@@ -44,6 +46,7 @@ const PEERS: Columns = Columns(&[
     Col::Left(8),
     Col::Left(24),
     Col::Right(9),
+    Col::Right(5),
     Col::Left(7),
     Col::Rest,
 ]);
@@ -70,6 +73,7 @@ impl Display for ReachReport {
         )?;
         for p in &self.peers {
             let rtt = p.rtt_us.map_or("-".to_string(), |r| r.to_string());
+            let mtu = p.mtu.map_or("-".to_string(), |m| m.to_string());
             PEERS.row(
                 f,
                 &[
@@ -77,6 +81,7 @@ impl Display for ReachReport {
                     &p.path,
                     &p.endpoint.as_deref().unwrap_or("-"),
                     &rtt,
+                    &mtu,
                     &p.nat,
                     &list(&p.endpoints),
                 ],
@@ -117,6 +122,7 @@ mod tests {
                 path: "punched".into(),
                 endpoint: Some("198.51.100.7:4789".into()),
                 rtt_us: Some(812),
+                mtu: Some(1280),
                 nat: "eim".into(),
                 endpoints: vec!["198.51.100.7:4789 reflexive trusted".into()],
             }],
@@ -126,6 +132,7 @@ mod tests {
         assert!(t.contains("nat: eim"));
         assert!(t.contains("punched"));
         assert!(t.contains("812"));
+        assert!(t.contains("1280"));
         assert!(t.contains("pings_sent=12"));
     }
 }

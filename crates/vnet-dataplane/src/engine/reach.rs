@@ -38,7 +38,7 @@ impl Engine {
                     (None, Some(_)) => None,
                     (None, None) => configured,
                 };
-                k.set_link_path(id, to);
+                k.set_link_path(id, to, path.mtu);
             }
         }
         info!(peer = %vnet_reach::Tag::of(&peer), direct = ?path.direct, relay = ?path.relay,
@@ -61,15 +61,27 @@ impl Engine {
             return;
         };
         let v6 = self.udp.local_addr().is_ipv6();
-        let to = match (path.direct, path.relay) {
-            (Some(ep), _) => LinkPath::direct(crate::reach::for_socket(ep, v6)),
-            (None, Some(relay)) => LinkPath::relayed(
-                crate::reach::for_socket(relay, v6),
-                vnet_reach::Tag::of(&key),
+        let (to, outer_v6) = match (path.direct, path.relay) {
+            (Some(ep), _) => (
+                LinkPath::direct(crate::reach::for_socket(ep, v6)),
+                ep.is_ipv6(),
             ),
-            (None, None) => LinkPath::direct(configured),
+            (None, Some(relay)) => (
+                LinkPath::relayed(
+                    crate::reach::for_socket(relay, v6),
+                    vnet_reach::Tag::of(&key),
+                ),
+                relay.is_ipv6(),
+            ),
+            (None, None) => (LinkPath::direct(configured), false),
         };
-        tx.path.store(Arc::new(to));
+        let extra = if tx.crypto.is_some() {
+            vnet_crypto::DATA_OVERHEAD
+        } else {
+            0
+        };
+        tx.path
+            .store(Arc::new(to.with_mtu(path.mtu, outer_v6, extra)));
         // What the last path refused to segment says nothing about this one.
         tx.gso_refused.store(usize::MAX, Relaxed);
     }

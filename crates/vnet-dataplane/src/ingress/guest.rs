@@ -1,7 +1,12 @@
 //! How a NIC that is not read by the dispatchers (vhost-user, with its own thread) hands its
-//! guest's frames to the overlay, and the vhost-user cut-through receive's questions to the
-//! route table ([`Ingress::direct_links`], [`Ingress::accept_direct`]) and its way back to the
-//! ordinary path ([`Ingress::forward_from`], [`Ingress::forward_other_vni`]).
+//! guest's frames to the overlay, and the vhost-user cut-through receive's way in: which UDP
+//! links it reads itself ([`Ingress::cut_through_links`]), the one forwarding decision for
+//! each frame it reads ([`Ingress::cut_through`], the same as every other ingress's: counters,
+//! guard, learning, traffic matrix, route cache), and the ordinary path for what is not for
+//! its guest alone ([`Ingress::forward_decided`], [`Ingress::forward_other_vni`]).
+//!
+//! ("Cut-through" names the vhost-user receive path here; a *direct link* is something else,
+//! the raw-Ethernet link onto a host NIC, `ports::direct`.)
 //!
 //! A frame the guest transmitted may be handed over where it lies, in the guest's shared
 //! memory ([`GuestFrame::Shared`]): the guest can rewrite those bytes at any moment, so vnet
@@ -11,16 +16,16 @@
 //! a segment to cut) is copied whole first.
 
 use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use vm_memory::VolatileSlice;
-use vnet_core::{Decision, DropReason, PortId, PortKind};
+use vnet_core::{DropReason, PortId, PortKind};
 use vnet_offload::VirtioNetHdr;
-use vnet_wire::MacAddr;
 
 use crate::batch::TxBatch;
-use crate::forward::{process, Arrival, FwdCtx};
+use crate::forward::{process, transmit, Arrival, Egress, FwdCtx, Verdict};
 use crate::port::Origin;
 use crate::shared::Shared;
 
@@ -28,9 +33,10 @@ use crate::shared::Shared;
 /// forwarding path reads (Ethernet, IP, TCP/UDP) fits.
 pub const GUEST_HEAD: usize = 128;
 
-/// A UDP link a vhost-user interface receives from directly (see [`Ingress::direct_links`]).
+/// A UDP link whose datagrams a vhost-user interface receives itself, by cut-through (see
+/// [`Ingress::cut_through_links`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DirectLink {
+pub struct CutThroughLink {
     pub port: PortId,
     pub peer: SocketAddr,
     pub local: SocketAddr,
@@ -132,10 +138,10 @@ impl Ingress {
         self.shared.snapshot.load().table.generation()
     }
 
-    /// The UDP links this interface may receive from directly (vhost-user cut-through):
-    /// those of its VNI, when it is the only interface in that VNI and learning is off, so
-    /// that every frame from such a link is either for it or not for this host at all.
-    pub fn direct_links(&self) -> Vec<DirectLink> {
+    /// The UDP links this interface may receive from itself (vhost-user cut-through): those
+    /// of its VNI, when it is the only interface in that VNI and learning is off, so that
+    /// every frame from such a link is either for it or not for this host at all.
+    pub fn cut_through_links(&self) -> Vec<CutThroughLink> {
         let snap = self.shared.snapshot.load();
         if self.shared.learning.load(Relaxed) {
             return vec![];
@@ -170,7 +176,7 @@ impl Ingress {
                 if l.crypto.is_some() || encrypted_peers.contains(&l.fixed_peer) {
                     return None;
                 }
-                l.fixed_peer.map(|peer| DirectLink {
+                l.fixed_peer.map(|peer| CutThroughLink {
                     port: *id,
                     peer,
                     local,
@@ -180,39 +186,69 @@ impl Ingress {
             .collect()
     }
 
-    /// A frame that arrived on `link` straight into this interface's guest buffers: true
-    /// (and counted on both ports and in the traffic matrix) when the route table sends it
-    /// to this interface alone; false when it must take the ordinary path
-    /// ([`Self::forward_from`]).
-    pub fn accept_direct(
+    /// The forwarding decision for a frame that arrived on `link` at this interface's
+    /// cut-through receive: the one every ingress gets (counted on the link, checked by its
+    /// guard, learned, recorded in the traffic matrix, the thread's route cache asked). When
+    /// it sends the frame to this interface alone and the frame `fits` the guest's receive
+    /// buffers, the frame is counted as sent to this interface and the caller writes it there
+    /// ([`CutThrough::Guest`]); otherwise its verdict is kept in `later` under `key`, for
+    /// [`Self::forward_decided`] to hand it on once the caller's receive ring is released.
+    pub fn cut_through(
         &self,
         ctx: &mut FwdCtx,
         link: PortId,
-        dst: MacAddr,
-        src: MacAddr,
-        len: usize,
-    ) -> bool {
+        frame: &[u8],
+        fits: bool,
+        key: usize,
+        later: &mut DecidedFrames,
+    ) -> CutThrough {
         let snap = self.shared.snapshot.load();
-        // A rate-limited link's frames take the ordinary path, where the limit applies.
-        match snap.ports.get(&link) {
-            Some(l) if !l.guard.is_limited() => {}
-            _ => return false,
-        }
-        let ok = matches!(
-            snap.table.decide(link, src, dst, false, None),
-            Decision::Forward(t) if t.len() == 1 && t[0] == self.port
-        );
-        if ok {
-            if let (Some(l), Some(me)) = (snap.ports.get(&link), snap.ports.get(&self.port)) {
-                l.counters.rx(len);
-                me.counters.tx(len);
-                ctx.record(me.info.vni, src, dst, len);
+        let a = Arrival::local(VirtioNetHdr::default(), frame);
+        let Some(v) = ctx.decider.decide(&self.shared, &snap, link, &a) else {
+            return CutThrough::Dropped;
+        };
+        if fits && v.targets == [self.port] {
+            if let Some(me) = snap.ports.get(&self.port) {
+                me.counters.tx(frame.len());
             }
+            return CutThrough::Guest;
         }
-        ok
+        later.push(key, &v);
+        CutThrough::Elsewhere
     }
 
-    /// Frames that arrived on `link` but are not for this interface alone: the ordinary path.
+    /// Hands on the frames [`Self::cut_through`] decided on but left in `later`, each to the
+    /// ports of its verdict (not decided again: already counted, checked and learned);
+    /// `frame(key)` gives each one's bytes. Empties `later`.
+    pub fn forward_decided<'f>(
+        &self,
+        ctx: &mut FwdCtx,
+        later: &mut DecidedFrames,
+        frame: impl Fn(usize) -> &'f [u8],
+    ) {
+        let snap = self.shared.snapshot.load_full();
+        let mut batch = TxBatch::default();
+        let mut out = Egress {
+            seg: &mut ctx.seg,
+            coalescers: &mut ctx.coalescers,
+            scratch: &mut ctx.scratch,
+            queue: ctx.queue,
+        };
+        for (key, macs, targets) in &later.frames {
+            let v = Verdict {
+                macs: *macs,
+                targets: &later.targets[targets.start as usize..targets.end as usize],
+            };
+            let a = Arrival::local(VirtioNetHdr::default(), frame(*key));
+            transmit(&self.shared, &snap, &mut out, self.port, v, a, &mut batch);
+        }
+        batch.flush(&self.shared.offload, &self.shared.daemon, &snap.udp);
+        ctx.flush(&self.shared);
+        snap.end_of_burst();
+        later.clear();
+    }
+
+    /// Frames that arrived on `link`, through the ordinary path (decided and transmitted).
     pub fn forward_from<F: AsRef<[u8]>>(&self, ctx: &mut FwdCtx, link: PortId, frames: &[F]) {
         let snap = self.shared.snapshot.load_full();
         let mut batch = TxBatch::default();
@@ -282,6 +318,50 @@ impl Ingress {
             c.rx(len);
             c.count_drop(reason);
         }
+    }
+}
+
+/// What [`Ingress::cut_through`] made of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutThrough {
+    /// For this interface alone, and counted so: the caller writes it into the guest's
+    /// receive buffers.
+    Guest,
+    /// Let in, bound elsewhere (or not only here, or too large for the guest's buffers): its
+    /// verdict waits in the caller's [`DecidedFrames`].
+    Elsewhere,
+    /// Dropped by the decision, and counted on the link.
+    Dropped,
+}
+
+/// Frames a cut-through receive decided on but hands on later (its receive ring held
+/// meanwhile), with their verdicts: the caller's key for each frame, its checked MACs and
+/// where its ports are in `targets`. Reused from batch to batch, so it stops allocating.
+#[derive(Debug, Default)]
+pub struct DecidedFrames {
+    frames: Vec<(usize, [u8; 12], Range<u32>)>,
+    targets: Vec<PortId>,
+}
+
+impl DecidedFrames {
+    fn push(&mut self, key: usize, v: &Verdict<'_>) {
+        let start = self.targets.len() as u32;
+        self.targets.extend_from_slice(v.targets);
+        self.frames
+            .push((key, v.macs, start..self.targets.len() as u32));
+    }
+
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.frames.clear();
+        self.targets.clear();
     }
 }
 

@@ -77,7 +77,9 @@ impl Reader for VxlanReader {
                 // STUN first: a Binding answer's first byte is an encrypted link's type 1.
                 if vnet_reach::stun::is_stun(d) {
                     shared.daemon.rx(d.len());
-                    shared.reach.hand_over(m.from, d);
+                    if let Err(r) = shared.reach.hand_over(m.from, d) {
+                        shared.daemon.count_drop(r);
+                    }
                 } else if let Some(kind) = vnet_reach::wire::kind_of(d) {
                     match kind {
                         Kind::Relay => relay.arrived(
@@ -92,7 +94,9 @@ impl Reader for VxlanReader {
                         ),
                         _ => {
                             shared.daemon.rx(d.len());
-                            shared.reach.hand_over(m.from, d);
+                            if let Err(r) = shared.reach.hand_over(m.from, d) {
+                                shared.daemon.count_drop(r);
+                            }
                         }
                     }
                 } else if is_crypto(d) {
@@ -314,6 +318,11 @@ impl RelayOut {
             return;
         }
         if !snap.relays.contains(&from) {
+            // Without reach a relay datagram is no datagram this daemon knows (as before
+            // reach); with it, one from a host that is not its relay.
+            if !shared.reach.enabled() {
+                return shared.daemon.count_drop(DropReason::BadVxlan);
+            }
             shared.reach.relayed_unknown.fetch_add(1, Relaxed);
             return shared.daemon.count_drop(DropReason::UnknownPeer);
         }

@@ -15,7 +15,7 @@ use vnet_control::Link;
 use vnet_core::{DropReason, PortCounters, PortKind};
 use vnet_offload::{segment, segment_with, L4Checksum, SegmentList, VirtioNetHdr};
 use vnet_wire::VxlanRepr;
-use vnet_wire::VXLAN_HEADER_LEN;
+use vnet_wire::{ETHERNET_HEADER_LEN, VXLAN_HEADER_LEN};
 
 use crate::batch::{Rest, UdpLinkTx};
 use crate::counters::OffloadCounters;
@@ -103,8 +103,25 @@ pub fn open(
 /// Largest frame a UDP link carries whole: one UDP datagram holds at most 65507 bytes (IPv4).
 pub const UDP_MAX_FRAME: usize = 65507 - VXLAN_HEADER_LEN;
 
+/// Whether a frame's IP packets (each segment's, for a TSO frame) exceed `limit` bytes.
+fn exceeds(f: &Frame<'_>, limit: usize) -> bool {
+    let ip = if f.vh.gso_kind() != VirtioNetHdr::GSO_NONE {
+        // A segment: the headers the guest says it has, and one segment's payload.
+        (f.vh.hdr_len as usize).saturating_sub(ETHERNET_HEADER_LEN) + f.vh.gso_size as usize
+    } else {
+        f.len().saturating_sub(ETHERNET_HEADER_LEN)
+    };
+    ip > limit
+}
+
 impl Port for UdpLinkTx {
     fn send<'a>(&'a self, tx: &mut Tx<'_, 'a>, f: &Frame<'a>) -> Result<(), DropReason> {
+        // A frame the path cannot carry whole: not sent (forwarding tells its sender).
+        if let Some(limit) = self.path.load().limit {
+            if exceeds(f, limit) {
+                return Err(DropReason::TooBig);
+            }
+        }
         let gso = f.vh.gso_kind() != VirtioNetHdr::GSO_NONE;
         let Some(frame) = f.whole() else {
             // A guest's frame in its shared memory (always plain: see `Ingress::forward_guest`):

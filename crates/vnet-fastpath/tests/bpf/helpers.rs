@@ -190,6 +190,7 @@ pub fn link_spec(id: PortId, vni: u32, remote: Ipv4Addr, rate: Option<Rate>) -> 
         via_device: None,
         src_port: None,
         punt: false,
+        path_mtu: None,
     }
 }
 

@@ -11,12 +11,15 @@
 //! nothing reaches the guest's memory before it is known to be for this guest, and nothing
 //! for another guest is ever read back from memory the guest can rewrite. The device thread
 //! waits on these sockets; when one is readable it notifies the guest early (optimistic
-//! policy), takes as many datagrams as the guest offers receive buffers, and checks each: a
-//! frame for this interface (VXLAN of the link's VNI, accepted by the route table) is copied
-//! with its virtio-net header into the next receive buffer and published; any other (another
-//! VNI, transit, broadcast for elsewhere, no route) goes to the ordinary path from the bounce
-//! buffer. Used only when this interface is the only one in its VNI on this host, learning is
-//! off, and the guest uses mergeable receive buffers.
+//! policy), takes as many datagrams as the guest offers receive buffers, and checks each
+//! (`vnet-wire`'s VXLAN view): a frame of the link's VNI gets the one forwarding decision
+//! every ingress gets (`Ingress::cut_through`: counters, the link's guard, learning, traffic
+//! matrix, route cache); one the decision sends to this interface alone is copied with its
+//! virtio-net header into the next receive buffer and published; any other (transit,
+//! broadcast for elsewhere) is handed on with its verdict from the bounce buffer once the
+//! receive ring is released, and a frame of another VNI goes to the ordinary path. Used only
+//! when this interface is the only one in its VNI on this host, learning is off, and the
+//! guest uses mergeable receive buffers.
 
 use std::io;
 use std::net::SocketAddr;
@@ -31,8 +34,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 use vnet_core::DropReason;
 use vnet_dataplane::forward::FwdCtx;
 use vnet_dataplane::sys::{MmsgReceiver, Msg};
-use vnet_dataplane::DirectLink;
-use vnet_wire::{MacAddr, VXLAN_HEADER_LEN};
+use vnet_dataplane::{CutThrough, CutThroughLink, DecidedFrames};
+use vnet_wire::{VirtioNetHdr, VxlanPacket, VXLAN_HEADER_LEN};
 
 use crate::device::{Dev, HDR_LEN};
 use crate::notify::Action;
@@ -49,13 +52,13 @@ const PAD: usize = HDR_LEN - VXLAN_HEADER_LEN;
 const SLOT_FRAME_MIN: usize = 9216 + 18;
 
 /// A connected socket for one UDP link.
-pub struct DirectSock {
+pub struct CutThroughSock {
     pub fd: OwnedFd,
-    pub link: DirectLink,
+    pub link: CutThroughLink,
 }
 
-impl DirectSock {
-    pub fn open(link: DirectLink) -> io::Result<DirectSock> {
+impl CutThroughSock {
+    pub fn open(link: CutThroughLink) -> io::Result<CutThroughSock> {
         let sock = Socket::new(
             Domain::for_address(link.local),
             Type::DGRAM,
@@ -75,7 +78,7 @@ impl DirectSock {
         };
         sock.connect(&SockAddr::from(peer))?;
         sock.set_nonblocking(true)?;
-        Ok(DirectSock {
+        Ok(CutThroughSock {
             fd: sock.into(),
             link,
         })
@@ -98,8 +101,11 @@ pub struct Bounce {
     /// The guest's receive buffers of this batch: (head, address, length), in ring order.
     bufs: Vec<(u16, GuestAddress, usize)>,
     used: Vec<(u16, u32)>,
-    /// Datagrams for the ordinary path: (VNI, slot, frame length).
+    /// Datagrams of another VNI, for the ordinary path: (VNI, slot, frame length).
     others: Vec<(u32, usize, usize)>,
+    /// Frames of the link's VNI decided on but not for this guest alone (keyed by slot), to
+    /// hand on once the receive ring is released.
+    later: DecidedFrames,
 }
 
 impl Bounce {
@@ -113,6 +119,7 @@ impl Bounce {
             bufs: Vec::with_capacity(BATCH),
             used: Vec::with_capacity(BATCH),
             others: Vec::with_capacity(BATCH),
+            later: DecidedFrames::default(),
         }
     }
 
@@ -158,16 +165,10 @@ fn is_icmp_report(e: &io::Error) -> bool {
     )
 }
 
-/// What a datagram from a link's peer is: VXLAN (the I flag) of which VNI.
-fn vxlan_vni(h: &[u8]) -> Option<u32> {
-    (h.len() >= VXLAN_HEADER_LEN && h[0] & 0x08 != 0)
-        .then(|| u32::from_be_bytes([0, h[4], h[5], h[6]]))
-}
-
 impl Dev {
     /// Receives what `d`'s peer sent into `b`, then this guest's frames into its receive
     /// buffers (one copy each); see the module header.
-    pub fn direct_receive(&self, d: &DirectSock, b: &mut Bounce) -> io::Result<Received> {
+    pub fn cut_through_receive(&self, d: &CutThroughSock, b: &mut Bounce) -> io::Result<Received> {
         let Some(mem) = self.mem.load_full() else {
             return Ok(Received::Off);
         };
@@ -267,6 +268,9 @@ impl Dev {
         let got = b.msgs.len();
         b.used.clear();
         b.others.clear();
+        b.later.clear();
+        // Datagrams of a valid VXLAN header not written into the guest's buffers.
+        let mut fallback = 0u64;
         let mut ctx = self.ctx.lock().unwrap_or_else(|p| p.into_inner());
         // `w`: the next buffer to fill. Only frames for the guest take one, so buffers are
         // still used in ring order.
@@ -283,38 +287,34 @@ impl Dev {
                 self.ingress.count_link_drop(d.link.port, len, r);
                 continue;
             }
-            let Some(vni) = vxlan_vni(&b.buf[at + PAD..at + HDR_LEN]) else {
+            let Ok(vxlan) = VxlanPacket::new_checked(&b.buf[at + PAD..at + HDR_LEN]) else {
                 self.ingress
                     .count_link_drop(d.link.port, len, DropReason::BadVxlan);
                 continue;
             };
+            let vni = vxlan.vni();
             let flen = len - VXLAN_HEADER_LEN;
             if vni != d.link.vni {
+                fallback += 1;
                 b.others.push((vni, k, flen));
                 continue;
             }
-            let f = &b.buf[at + HDR_LEN..at + HDR_LEN + 12];
-            let mut dst = [0u8; 6];
-            let mut src = [0u8; 6];
-            dst.copy_from_slice(&f[..6]);
-            src.copy_from_slice(&f[6..12]);
-            if flen > self.max_frame
-                || !self.ingress.accept_direct(
-                    &mut ctx,
-                    d.link.port,
-                    MacAddr(dst),
-                    MacAddr(src),
-                    flen,
-                )
+            let frame = &b.buf[at + HDR_LEN..at + HDR_LEN + flen];
+            let fits = flen <= self.max_frame;
+            match self
+                .ingress
+                .cut_through(&mut ctx, d.link.port, frame, fits, k, &mut b.later)
             {
-                b.others.push((vni, k, flen));
-                continue;
+                CutThrough::Guest => {}
+                CutThrough::Elsewhere | CutThrough::Dropped => {
+                    fallback += 1;
+                    continue;
+                }
             }
             // virtio_net_hdr_v1 over the VXLAN header: no offload flags (the guest checks
             // the checksum), one buffer; then header and frame in one copy.
             let s = &mut b.buf[at..at + HDR_LEN + flen];
-            s[..HDR_LEN].fill(0);
-            s[HDR_LEN - 2] = 1;
+            s[..HDR_LEN].copy_from_slice(&VirtioNetHdr::default().emit_mrg_rxbuf(1));
             if mem.write_slice(s, b.bufs[w].1).is_err() {
                 continue;
             }
@@ -339,41 +339,37 @@ impl Dev {
             ring.signal();
         }
         drop(ring);
-        if !b.others.is_empty() {
-            self.stats
-                .rx_direct_fallback
-                .fetch_add(b.others.len() as u64, Relaxed);
-            self.forward_others(&mut ctx, d, b);
+        if fallback > 0 {
+            self.stats.rx_direct_fallback.fetch_add(fallback, Relaxed);
         }
+        self.forward_others(&mut ctx, d, b);
         Ok(Received::Frames { full: got == n })
     }
 
     /// The datagrams of a batch that were not for this guest, from the bounce buffer: those
-    /// of the link's VNI from the link, the others from the link of their VNI to that peer.
-    fn forward_others(&self, ctx: &mut FwdCtx, d: &DirectSock, b: &Bounce) {
-        let mine: Vec<&[u8]> = b
-            .others
-            .iter()
-            .filter(|o| o.0 == d.link.vni)
-            .map(|&(_, k, l)| b.frame(k, l))
-            .collect();
-        if !mine.is_empty() {
-            self.ingress.forward_from(ctx, d.link.port, &mine);
+    /// of the link's VNI to the ports their verdicts name, the others from the link of their
+    /// VNI to that peer.
+    fn forward_others(&self, ctx: &mut FwdCtx, d: &CutThroughSock, b: &mut Bounce) {
+        if !b.later.is_empty() {
+            let (buf, msgs, stride) = (&b.buf, &b.msgs, b.stride);
+            self.ingress.forward_decided(ctx, &mut b.later, |k| {
+                let at = k * stride + HDR_LEN;
+                &buf[at..at + msgs[k].len - VXLAN_HEADER_LEN]
+            });
         }
-        let other: Vec<(u32, &[u8])> = b
-            .others
-            .iter()
-            .filter(|o| o.0 != d.link.vni)
-            .map(|&(v, k, l)| (v, b.frame(k, l)))
-            .collect();
-        if !other.is_empty() {
+        if !b.others.is_empty() {
+            let other: Vec<(u32, &[u8])> = b
+                .others
+                .iter()
+                .map(|&(v, k, l)| (v, b.frame(k, l)))
+                .collect();
             self.ingress
                 .forward_other_vni(ctx, d.link.peer.ip(), &other);
         }
     }
 
     /// Takes the datagrams on `d` the ordinary way (copied, through the route table).
-    pub fn plain_receive(&self, d: &DirectSock) -> io::Result<usize> {
+    pub fn plain_receive(&self, d: &CutThroughSock) -> io::Result<usize> {
         let mut buf = vec![0u8; 65536];
         let mut frames: Vec<Vec<u8>> = Vec::new();
         let mut others: Vec<(u32, Vec<u8>)> = Vec::new();
@@ -405,12 +401,12 @@ impl Dev {
                     .count_link_drop(d.link.port, len, DropReason::Truncated);
                 continue;
             }
-            let Some(vni) = vxlan_vni(&buf[..len]) else {
+            let Ok(vxlan) = VxlanPacket::new_checked(&buf[..len]) else {
                 self.ingress
                     .count_link_drop(d.link.port, len, DropReason::BadVxlan);
                 continue;
             };
-            let f = buf[VXLAN_HEADER_LEN..len].to_vec();
+            let (vni, f) = (vxlan.vni(), vxlan.payload().to_vec());
             if vni == d.link.vni {
                 frames.push(f);
             } else {
@@ -440,28 +436,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn vxlan_datagrams_are_told_apart_by_vni() {
-        let h = vnet_wire::VxlanRepr { vni: 7 }.header();
-        assert_eq!(vxlan_vni(&h), Some(7));
-        assert_eq!(
-            vxlan_vni(&vnet_wire::VxlanRepr { vni: 8 }.header()),
-            Some(8)
-        );
-        // The I flag missing: not VXLAN (an encrypted link's message starts with 1..3).
-        let mut bad = h;
-        bad[0] = 3;
-        assert_eq!(vxlan_vni(&bad), None);
-        assert_eq!(vxlan_vni(&h[..4]), None);
-    }
-
-    #[test]
     fn an_icmp_error_for_the_shared_sockets_datagram_is_not_fatal() {
         // The shared socket sends to the peer's port, which is closed: the ICMP error lands on
         // the connected socket of the same addresses as a read error.
         let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = peer.local_addr().unwrap();
         drop(peer);
-        let d = DirectSock::open(DirectLink {
+        let d = CutThroughSock::open(CutThroughLink {
             port: vnet_core::PortId(1),
             peer: to,
             local: "127.0.0.1:0".parse().unwrap(),
