@@ -57,7 +57,7 @@ impl View {
     }
 
     /// The running configuration, routes included.
-    #[cfg(test)]
+    #[cfg(all(test, debug_assertions))]
     pub fn running_config(&self) -> Config {
         let mut cfg = (*self.ports).clone();
         cfg.routes = vnet_control::Routes::from(
