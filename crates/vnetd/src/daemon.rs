@@ -4,7 +4,8 @@
 //! agent, the reach thread, the HTTP listener and `main` call. Its parts:
 //!
 //! - `owner.rs`: the owner thread, its inbox, the state it holds;
-//! - `apply.rs`: the change transaction (all or none, in place, the engine following);
+//! - `apply.rs`: the change transactions (all or none, in place, the engine following): a
+//!   command of the control port journaled, the etcd agent's derivations, the start's restore;
 //! - `saving.rs`: the journal's record of a change and when it may be acknowledged;
 //! - `view.rs`: what readers see, and every `show` rendered from it.
 //!
