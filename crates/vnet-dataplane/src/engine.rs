@@ -535,16 +535,31 @@ impl Engine {
     /// stops, to be started again) the devices vnetd made stay, so the guests keep their NICs
     /// and the next vnetd adopts them; with [`Leave::Remove`] (a teardown) they go too.
     pub fn shutdown(&mut self, leave: Leave) {
-        self.listeners.clear();
-        let names: Vec<(DestKind, String)> = self.ports.keys().cloned().collect();
-        for (k, n) in names {
-            self.remove_port(k, &n, leave);
-        }
+        self.remove_all_ports(leave);
         self.dispatchers.stop();
         match (self.kernel.take(), leave) {
             (Some(k), Leave::Remove) => k.teardown(),
             // Dropped: pinned, the kernel goes on forwarding; unpinned, it stops with us.
             (k, _) => drop(k),
+        }
+    }
+
+    /// Closes every listener and port. With [`Leave::Keep`] the kernel's table is left as it
+    /// is: pinned, the kernel forwards by it until the next vnetd takes it over and writes the
+    /// difference, so the ports' going (which takes their routes from the table, destination
+    /// by destination) must not reach it.
+    fn remove_all_ports(&mut self, leave: Leave) {
+        self.listeners.clear();
+        let kept = match leave {
+            Leave::Keep => self.kernel.take(),
+            Leave::Remove => None,
+        };
+        let names: Vec<(DestKind, String)> = self.ports.keys().cloned().collect();
+        for (k, n) in names {
+            self.remove_port(k, &n, leave);
+        }
+        if kept.is_some() {
+            self.kernel = kept;
         }
     }
 

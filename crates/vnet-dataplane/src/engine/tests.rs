@@ -281,6 +281,55 @@ fn a_link_rate_writes_only_that_links_kernel_entries() {
     e.shutdown(Leave::Remove);
 }
 
+/// A daemon that stops and leaves its devices for the next one (`Leave::Keep`) leaves the
+/// kernel's table as it is: the kernel forwards by it until the next vnetd takes it over, so
+/// the ports' going must not take their routes from it (needs root and BPF; skipped
+/// otherwise).
+#[test]
+fn a_stop_that_keeps_leaves_the_kernel_table_alone() {
+    use crate::testing::{ip, private_netns};
+    if !private_netns() {
+        return;
+    }
+    ip("link set lo up");
+    ip("link add u0 type veth peer name u1");
+    ip("link set u0 up");
+    ip("link set u1 up");
+    ip("addr add 10.68.0.1/16 dev u0");
+    let mut e = Engine::new("10.68.0.1:0".parse().unwrap()).expect("engine");
+    if let Err(why) = e.enable_kernel_path(FastPathConfig::default()) {
+        eprintln!("skipped: no kernel fast path here: {why}");
+        return;
+    }
+    let mut cfg = Config::default();
+    let mut script = String::new();
+    for l in 0..4u32 {
+        script.push_str(&format!("link add l{l} udp 10.68.1.{}\n", l + 1));
+        for g in 0..5u32 {
+            script.push_str(&format!(
+                "route add any 52:54:00:01:{l:02x}:{g:02x} link l{l}\n"
+            ));
+        }
+    }
+    apply_script(&mut e, &mut cfg, &script);
+    let k = e.kernel.as_ref().expect("kernel path");
+    assert_eq!(k.table_len(), 20, "the kernel holds every destination");
+    let before = k.map_writes();
+    e.remove_all_ports(Leave::Keep);
+    assert!(e.ports.is_empty());
+    let k = e
+        .kernel
+        .as_ref()
+        .expect("the kernel path stays until it is dropped");
+    assert_eq!(
+        k.map_writes() - before,
+        0,
+        "no map write for ports left to the next vnetd"
+    );
+    assert_eq!(k.table_len(), 20, "the kernel's table is as it was");
+    e.shutdown(Leave::Remove);
+}
+
 /// This thread's CPU time in ns.
 fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
