@@ -20,6 +20,7 @@ mod apply;
 mod owner;
 mod saving;
 mod view;
+mod view_routes;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -87,7 +88,7 @@ impl Daemon {
     pub fn new(mut engine: Engine, saver: Option<Saver>) -> Daemon {
         let first = View {
             ports: Arc::new(Config::default()),
-            routes: imbl::Vector::new(),
+            routes: Default::default(),
             derived: Default::default(),
             pending: Arc::new(Pending::default()),
             engine: engine.status(),

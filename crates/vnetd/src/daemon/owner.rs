@@ -24,6 +24,7 @@ use vnet_control::{Change, Config, Route, RouteChange};
 use vnet_dataplane::Engine;
 
 use super::view::View;
+use super::view_routes::RouteSlots;
 use crate::derived::DerivedRecord;
 use crate::pending::Pending;
 use crate::persist::Saver;
@@ -84,9 +85,8 @@ pub struct Owner {
     /// The running configuration without its routes, as the view has it.
     ports: Arc<Config>,
     ports_stale: bool,
-    /// The routes, as the view has them: changed at the positions a change names (each in an
-    /// `Arc`: the vector's nodes are copied on write, and copying one copies no route).
-    routes: imbl::Vector<Arc<Route>>,
+    /// The routes, as the view has them: changed where a change names (`view_routes.rs`).
+    routes: RouteSlots,
     routes_stale: bool,
 }
 
@@ -103,22 +103,20 @@ impl Owner {
                 continue;
             }
             match rc {
-                RouteChange::Added(r) => self.routes.push_back(Arc::new(r.clone())),
+                RouteChange::Added(r) => self.routes.push(r),
                 RouteChange::Removed { route, at } => self.take_route(*at, route),
                 RouteChange::Replaced { old, at, new } => {
                     self.take_route(*at, old);
-                    self.routes.push_back(Arc::new(new.clone()));
+                    self.routes.push(new);
                 }
             }
         }
     }
 
     fn take_route(&mut self, at: usize, route: &Route) {
-        if self.routes.get(at).is_some_and(|r| **r == *route) {
-            self.routes.remove(at);
-        } else {
-            // An undo (no position) or a list out of step: laid out anew from the
-            // configuration at the next publication.
+        if !self.routes.remove(at, route) || self.routes.sparse() {
+            // An undo (no position), a list out of step, or more empty slots than routes:
+            // laid out anew from the configuration at the next publication.
             self.routes_stale = true;
         }
     }
@@ -139,12 +137,12 @@ impl Owner {
             self.ports_stale = false;
         }
         if self.routes_stale {
-            self.routes = self.st.cfg.routes.iter().cloned().map(Arc::new).collect();
+            self.routes = RouteSlots::from_routes(self.st.cfg.routes.iter());
             self.routes_stale = false;
         }
         let view = View {
             ports: self.ports.clone(),
-            routes: self.routes.clone(),
+            routes: self.routes.view(),
             derived: self.st.derived.index().clone(),
             pending: Arc::new(self.st.pending.clone()),
             engine: self.st.engine.status(),
@@ -185,7 +183,7 @@ impl Inbox {
             common,
             ports: Arc::new(Config::default()),
             ports_stale: true,
-            routes: imbl::Vector::new(),
+            routes: RouteSlots::default(),
             routes_stale: true,
         };
         owner.publish_view();

@@ -6,7 +6,7 @@
 //! made, the kernel's table written). The view costs the owner little per change: its parts
 //! are shared between views and only the part a change touched is made anew (the ports and
 //! settings part on a change of ports or settings; the routes are a persistent vector changed
-//! at the changed positions, `imbl`; the derived record's indexes are persistent too). Live
+//! at the changed slots, `view_routes.rs`; the derived record's indexes are persistent too). Live
 //! counters are read through the engine's [`EngineStatus`] at read time. Rendering (rows,
 //! text, a whole configuration for `show config`) is the reader's work, on the reader's
 //! thread.
@@ -22,6 +22,7 @@ use vnet_control::{Config, DestKind, Interface, Route};
 use vnet_dataplane::EngineStatus;
 use vnet_wire::MacAddr;
 
+use super::view_routes::ViewRoutes;
 use crate::derived::DerivedIndex;
 use crate::pending::Pending;
 
@@ -32,7 +33,7 @@ pub struct View {
     /// listeners, settings).
     pub ports: Arc<Config>,
     /// The running configuration's routes, in order.
-    pub routes: imbl::Vector<Arc<Route>>,
+    pub routes: ViewRoutes,
     /// Which links and routes are the etcd agent's.
     pub derived: DerivedIndex,
     /// Routes of the local configuration waiting for their link.
