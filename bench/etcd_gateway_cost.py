@@ -1,10 +1,12 @@
-"""What one full read of an overlay costs etcd through its JSON gateway (what vnet's agents
-use) against its gRPC API (what ``etcdctl`` uses), issue #13.
+"""What one full read of an overlay costs etcd through its JSON gateway against its gRPC API
+(what ``etcdctl`` uses), issue #13: the measurement that moved vnet's agents from the gateway
+to gRPC in issue #19 (they now read over gRPC, in pages of 10,000 keys:
+docs/design/etcd-agent.md).
 
 Starts its own etcd on loopback (data in /dev/shm), fills it with the keys of N hosts x 8
 guests in vnet's schema (host records and placements, as the agents write them), and reads
 the whole prefix R times each way: through the gateway in one answer, through the gateway in
-pages of 1,000 keys (what the agents do now), and over gRPC (``etcdctl get --prefix -w
+pages of 1,000 keys (what the agents did before #19), and over gRPC (``etcdctl get --prefix -w
 protobuf``). Reports per read: wall time, etcd's CPU (from /proc), and the answer's size.
 etcd is stopped by PID at the end.
 

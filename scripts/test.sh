@@ -18,6 +18,9 @@ if python3 -m pyflakes vnetlab bench tests scripts | grep -E "undefined name|und
     echo "python: undefined names (above)" >&2
     exit 1
 fi
+# The docs: every path and name they cite exists; docs/architecture.md stays a map (300 lines).
+python3 scripts/check_docs.py --self-test
+python3 scripts/check_docs.py
 
 say "the crates that need no BPF build without clang"
 # The kernel fast path is a cargo feature (vnet-fastpath's `kernel`, vnetd's `kernel-fastpath`);

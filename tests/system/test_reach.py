@@ -66,6 +66,29 @@ def test_every_nat_pair_reaches_direct_where_it_can(lab, record, encrypt):
     assert max(firsts.values()) <= 3.0, f"first replies after both joined: {firsts}"
 
 
+# A UDP sink: prints the size of each datagram that arrives on port ARGV1 within ARGV2 s.
+UDP_SINK = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.settimeout(float(sys.argv[2]))
+try:
+    while True:
+        print(len(s.recv(70000)), flush=True)
+except socket.timeout:
+    pass
+"""
+# Sends ARGV4 datagrams of ARGV3 bytes to ARGV1:ARGV2 with IP_PMTUDISC_OMIT (5): fragmented
+# at the device's MTU, never DF, the path MTU the kernel learned ignored.
+UDP_SOURCE = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.IPPROTO_IP, 10, 5)  # IP_MTU_DISCOVER, IP_PMTUDISC_OMIT
+for _ in range(int(sys.argv[4])):
+    s.sendto(b"v" * int(sys.argv[3]), (sys.argv[1], int(sys.argv[2])))
+    time.sleep(0.1)
+"""
+
 def test_a_nat_that_forgets_its_mappings_costs_a_moment_not_the_link(lab, record):
     """Two sites behind port-restricted NATs punched to each other; one router forgets every
     mapping (conntrack flushed, as a NAT reboot or an expiry does): the heartbeats make new
@@ -250,6 +273,18 @@ def test_no_black_hole_on_a_small_mtu_path_that_drops_fragments(lab, record):
     assert told is not None, "the guest was never told its frames do not fit"
     assert told[1] == 1280 - 50, told
     res = lab.iperf(g2, g2.ip_addr, g1, seconds=3)
+    # A datagram without DF is cut to fit, as a router would: 60,000-byte UDP datagrams that
+    # g1's kernel fragments at its device's 1500 bytes (IP_PMTUDISC_OMIT: no DF, the learned
+    # path MTU ignored) are fragmented again by vnetd and reassembled by g2.
+    sink = g2.popen("python3", "-c", UDP_SINK, "9911", "3", stdout=subprocess.PIPE, text=True)
+    netlab.wait_until(lambda: ":9911 " in g2.exec("ss", "-Hunl").stdout, 5, what="the UDP sink")
+    g1.exec("python3", "-c", UDP_SOURCE, g2.ip_addr, "9911", "60000", "5")
+    got = [int(x) for x in sink.communicate(timeout=10)[0].split()]
+    fragmented = dict(bed.reach("h1")["counters"]).get("fragmented", 0)
+    record("small_mtu_udp_60000_without_df", {"sent": 5, "arrived": len(got),
+                                               "fragmented_by_vnetd": fragmented})
+    assert got and all(n == 60000 for n in got), got
+    assert fragmented >= 40 * len(got), fragmented  # 40 of each datagram's 41 fragments: too big
     st = bed.hosts["h1"].ctl_json("show", "stats", "json")
     link = next(p for p in st["ports"] if p["name"] == "c-h2-v1")
     peer = {p["host"]: p for p in bed.reach("h1")["peers"]}["h2"]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use vm_memory::VolatileSlice;
 use vnet_core::{Decision, DropReason, FastMap, PortId, RouteCache, TrafficMatrix};
 use vnet_offload::{Coalescer, PayloadRef, SegmentList, VirtioNetHdr};
-use vnet_wire::{EthernetFrame, ETHERNET_HEADER_LEN, MAX_FRAME_LEN};
+use vnet_wire::{ethertype, EthernetFrame, Ipv4Packet, ETHERNET_HEADER_LEN, MAX_FRAME_LEN};
 
 use crate::batch::TxBatch;
 use crate::port::{Frame, Origin, Tx};
@@ -303,9 +303,13 @@ pub(crate) fn transmit<'a>(
         match port.port.send(&mut tx, &frame) {
             Ok(()) => port.counters.tx(len),
             Err(DropReason::TooBig) => {
-                port.counters.count_drop(DropReason::TooBig);
                 let limit = port.port.as_udp().and_then(|u| u.path.load().limit);
-                if let Some(limit) = limit {
+                let Some(limit) = limit else {
+                    port.counters.count_drop(DropReason::TooBig);
+                    continue;
+                };
+                if !fragment_too_big(shared, snap, out, *t, &frame, limit) {
+                    port.counters.count_drop(DropReason::TooBig);
                     answer_too_big(shared, snap, out, ingress, &frame, limit);
                 }
             }
@@ -314,9 +318,63 @@ pub(crate) fn transmit<'a>(
     }
 }
 
+/// Sends `frame`, an IPv4 datagram without DF too large for port `to`'s path, as fragments
+/// whose IP packets are at most `limit` bytes (`fragment.rs`), as a router would. `false`: not
+/// such a frame (DF, not IPv4, a segmentation offload frame) or not sent; the caller answers
+/// or drops it.
+fn fragment_too_big(
+    shared: &Shared,
+    snap: &Snapshot,
+    out: &mut Egress<'_>,
+    to: PortId,
+    frame: &Frame<'_>,
+    limit: usize,
+) -> bool {
+    // A frame the guest left to be segmented is TCP or UDP with its own sizes: never cut.
+    if frame.vh.gso_kind() != VirtioNetHdr::GSO_NONE {
+        return false;
+    }
+    // Cheap refusal before the frame is copied: only IPv4 without DF is cut (its header is in
+    // `head`; `fragment_ipv4` checks the whole datagram again).
+    let v4_no_df = EthernetFrame::new_checked(frame.head)
+        .is_ok_and(|e| e.ethertype() == ethertype::IPV4)
+        && Ipv4Packet::new_checked(&frame.head[ETHERNET_HEADER_LEN..])
+            .is_ok_and(|p| !p.dont_frag());
+    if !v4_no_df {
+        return false;
+    }
+    let mut whole = Vec::with_capacity(frame.len());
+    whole.extend_from_slice(frame.head);
+    if let Some(t) = frame.tail {
+        let at = whole.len();
+        whole.resize(at + t.len(), 0);
+        if t.copy_to(&mut whole[at..]) != t.len() {
+            return false;
+        }
+    }
+    whole[..12].copy_from_slice(&frame.macs);
+    // A checksum left to the NIC is computed before the datagram is cut (the receiver checks
+    // it over the reassembled datagram).
+    if frame.vh.needs_csum() && vnet_offload::complete_checksum(&mut whole, &frame.vh).is_err() {
+        return false;
+    }
+    let Ok(frags) = crate::fragment::fragment_ipv4(&whole, limit) else {
+        return false;
+    };
+    send_made(
+        shared,
+        snap,
+        out,
+        to,
+        frame.origin,
+        frags.iter().map(Vec::as_slice),
+    );
+    shared.reach.fragmented.fetch_add(1, Relaxed);
+    true
+}
+
 /// Tells the sender of `frame` (behind port `to`) that its IP packets may be at most `limit`
-/// bytes on the way it took: the ICMP reply goes out through that port at once, in a batch of
-/// its own.
+/// bytes on the way it took: the ICMP reply goes out through that port at once.
 fn answer_too_big(
     shared: &Shared,
     snap: &Snapshot,
@@ -325,44 +383,64 @@ fn answer_too_big(
     frame: &Frame<'_>,
     limit: usize,
 ) {
-    let Some(port) = snap.ports.get(&to) else {
-        return;
-    };
     // `head` holds at least the first 128 bytes of any frame: every header a quote needs.
     let mut whole = frame.head.to_vec();
     whole[..12].copy_from_slice(&frame.macs);
     let crate::too_big::TooBig::Reply(reply) = crate::too_big::too_big(&whole, limit) else {
         return;
     };
-    let mut macs = [0u8; 12];
-    macs.copy_from_slice(&reply[..12]);
-    let answer = Frame {
-        vh: VirtioNetHdr::default(),
-        macs,
-        head: &reply,
-        tail: None,
-        origin: Origin::Local,
-        sole: true,
+    if send_made(shared, snap, out, to, Origin::Local, [reply.as_slice()]) == 1 {
+        shared.reach.too_big_answered.fetch_add(1, Relaxed);
+    }
+}
+
+/// Sends frames vnet made (whole and plain: fragments, ICMP answers) through port `to`, in a
+/// batch of their own flushed at once, each counted as sent or dropped on the port. Returns
+/// how many were sent.
+fn send_made<'f>(
+    shared: &Shared,
+    snap: &Snapshot,
+    out: &mut Egress<'_>,
+    to: PortId,
+    origin: Origin<'f>,
+    frames: impl IntoIterator<Item = &'f [u8]>,
+) -> usize {
+    let Some(port) = snap.ports.get(&to) else {
+        return 0;
     };
     let mut batch = TxBatch::default();
-    let mut tx = Tx {
-        offload: &shared.offload,
-        port: to,
-        counters: &port.counters,
-        queue: out.queue,
-        seg: out.seg,
-        coalescers: out.coalescers,
-        scratch: out.scratch,
-        batch: &mut batch,
-    };
-    match port.port.send(&mut tx, &answer) {
-        Ok(()) => {
-            port.counters.tx(reply.len());
-            shared.reach.too_big_answered.fetch_add(1, Relaxed);
+    let mut sent = 0;
+    for f in frames {
+        let mut macs = [0u8; 12];
+        macs.copy_from_slice(&f[..12]);
+        let made = Frame {
+            vh: VirtioNetHdr::default(),
+            macs,
+            head: f,
+            tail: None,
+            origin,
+            sole: true,
+        };
+        let mut tx = Tx {
+            offload: &shared.offload,
+            port: to,
+            counters: &port.counters,
+            queue: out.queue,
+            seg: out.seg,
+            coalescers: out.coalescers,
+            scratch: out.scratch,
+            batch: &mut batch,
+        };
+        match port.port.send(&mut tx, &made) {
+            Ok(()) => {
+                port.counters.tx(f.len());
+                sent += 1;
+            }
+            Err(reason) => port.counters.count_drop(reason),
         }
-        Err(reason) => port.counters.count_drop(reason),
     }
     batch.flush(&shared.offload, &shared.daemon, &snap.udp);
+    sent
 }
 
 #[cfg(test)]

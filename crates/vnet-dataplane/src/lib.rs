@@ -29,6 +29,7 @@ pub mod crypto;
 pub mod dispatch;
 pub mod engine;
 pub mod forward;
+pub mod fragment;
 pub mod gro;
 pub mod guard;
 pub mod ingress;

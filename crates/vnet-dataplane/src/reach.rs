@@ -93,6 +93,9 @@ pub struct ReachEdge {
     /// Guests told that a frame did not fit its link's path (ICMP "fragmentation needed" /
     /// "packet too big" sent back).
     pub too_big_answered: AtomicU64,
+    /// Guests' IPv4 datagrams without DF too large for their link's path, cut into
+    /// fragments that fit (`fragment.rs`) instead.
+    pub fragmented: AtomicU64,
 }
 
 impl ReachEdge {

@@ -169,6 +169,17 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
         set_u16(self.buf.as_mut(), 6, if dont_frag { FLAG_DF } else { 0 });
     }
 
+    /// Flags and fragment offset of a fragment without DF: `offset` in bytes (a multiple of
+    /// 8, below 65,536), `more` when more fragments follow.
+    pub fn set_fragment(&mut self, more: bool, offset: usize) {
+        let mf = if more { FLAG_MF } else { 0 };
+        set_u16(
+            self.buf.as_mut(),
+            6,
+            mf | ((offset / 8) as u16 & FRAG_OFFSET),
+        );
+    }
+
     pub fn set_hop_limit(&mut self, v: u8) {
         self.buf.as_mut()[8] = v;
     }

@@ -399,6 +399,11 @@ impl Thread {
                 "relayed_unknown",
                 self.shared.reach.relayed_unknown.load(Relaxed),
             ),
+            (
+                "too_big_answered",
+                self.shared.reach.too_big_answered.load(Relaxed),
+            ),
+            ("fragmented", self.shared.reach.fragmented.load(Relaxed)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
