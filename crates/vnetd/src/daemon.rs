@@ -62,6 +62,8 @@ pub struct Daemon {
     /// The control port takes no token (every local user controls the daemon): said in
     /// `show stats` and `/metrics`.
     pub control_without_token: AtomicBool,
+    /// `show links`' last text (`View::links_text`).
+    links_text: view::LinksTextCache,
     /// The reach thread's handle (`--etcd`): `show reach`.
     pub reach: std::sync::OnceLock<Arc<crate::reach::Handle>>,
     /// Called on the caller's thread by a change before it goes to the owner (tests: a
@@ -107,6 +109,7 @@ impl Daemon {
             cluster_seen: Mutex::new(None),
             teardown: AtomicBool::new(false),
             control_without_token: AtomicBool::new(false),
+            links_text: Default::default(),
             reach: std::sync::OnceLock::new(),
             #[cfg(test)]
             before_change: Mutex::new(None),
@@ -409,7 +412,8 @@ impl Daemon {
             // The local configuration only; derived objects are in `show cluster`.
             ShowWhat::Config => self.view().config_text(),
             ShowWhat::Interfaces => shown(&self.interface_table(), json),
-            ShowWhat::Links => shown(&LinkTable(self.links()), json),
+            ShowWhat::Links if json => to_json_line(&LinkTable(self.links())),
+            ShowWhat::Links => self.view().links_text(&self.links_text).to_string(),
             ShowWhat::Routes(to) => shown(&RouteTable(self.routes(*to)), json),
             ShowWhat::Listeners => shown(&self.listeners(), json),
             ShowWhat::Stats => shown(&self.stats(), json),

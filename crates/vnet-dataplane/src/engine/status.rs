@@ -204,6 +204,18 @@ impl EngineStatus {
         }
     }
 
+    /// A link's state and whether it is encrypted, with one look-up: what `show links`'
+    /// text says of a link that its configuration does not.
+    pub fn link_state_encrypted(&self, name: &str) -> (LinkState, bool) {
+        match self.port(DestKind::Link, name) {
+            Some(p) => (
+                p.entry.port.state(),
+                p.entry.port.as_udp().is_some_and(|u| u.crypto.is_some()),
+            ),
+            None => (LinkState::Down, false),
+        }
+    }
+
     /// An encrypted link's session state and counters; `None` for other links.
     pub fn link_crypto(&self, name: &str) -> Option<CryptoStatus> {
         let p = self.port(DestKind::Link, name)?;

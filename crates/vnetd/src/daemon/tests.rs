@@ -401,6 +401,33 @@ fn a_rate_or_a_setting_publishes_no_forwarding_table() {
     d.shutdown(Leave::Remove);
 }
 
+/// `show links`' text is what the table renders; a route's change keeps it (the same text,
+/// not rendered again), a change of the links or their rates makes it anew.
+#[test]
+fn show_links_text_is_kept_until_the_links_change() {
+    let d = daemon_with_links_a_and_b("route add any 02:00:00:00:00:01 link a\n");
+    let table = |d: &Daemon| LinkTable(d.links()).to_string();
+    let first = d.view().links_text(&d.links_text);
+    assert_eq!(*first, table(&d));
+    assert_eq!(d.execute_line("show links").unwrap(), table(&d));
+    d.execute_line("route replace any 02:00:00:00:00:01 link b")
+        .unwrap();
+    let kept = d.view().links_text(&d.links_text);
+    assert!(
+        Arc::ptr_eq(&first, &kept),
+        "a route's change keeps the text"
+    );
+    d.execute_line("link set b rate 10").unwrap();
+    let shown = d.execute_line("show links").unwrap();
+    assert_eq!(shown, table(&d));
+    assert!(shown.contains("rate 10"), "{shown}");
+    d.execute_script("link add c udp 10.0.0.4\n").unwrap();
+    let shown = d.execute_line("show links").unwrap();
+    assert_eq!(shown, table(&d));
+    assert!(shown.lines().any(|l| l.starts_with("c ")), "{shown}");
+    d.shutdown(Leave::Remove);
+}
+
 /// A daemon with a state directory in a fresh temporary directory (its writer's sources set
 /// as `main` sets them), started from nothing.
 fn daemon_with_state(tag: &str) -> (std::sync::Arc<Daemon>, std::path::PathBuf) {

@@ -14,9 +14,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arc_swap::ArcSwapOption;
 use vnet_control::status::{
-    DaemonCounters, InterfaceStatus, InterfaceTable, LinkStatus, ListenerTable, MatrixReport,
-    RouteStatus, StateStatus, StatsReport,
+    DaemonCounters, InterfaceStatus, InterfaceTable, LinkState, LinkStatus, LinkTable,
+    ListenerTable, MatrixReport, RouteStatus, StateStatus, StatsReport,
 };
 use vnet_control::{Config, DestKind, Interface, Route};
 use vnet_dataplane::EngineStatus;
@@ -25,6 +26,18 @@ use vnet_wire::MacAddr;
 use super::view_routes::ViewRoutes;
 use crate::derived::DerivedIndex;
 use crate::pending::Pending;
+
+/// `show links`' last text, for the readers (`View::links_text`); lock-free, like the view.
+#[derive(Default)]
+pub struct LinksTextCache(ArcSwapOption<LinksText>);
+
+/// A rendering of `show links` and what it was rendered from: the ports part it holds (so
+/// the pointer compared cannot be reused by another) and each link's state.
+pub struct LinksText {
+    ports: Arc<Config>,
+    states: Vec<(LinkState, bool)>,
+    text: Arc<str>,
+}
 
 /// Everything a reader can ask for, as of the last change.
 #[derive(Clone)]
@@ -98,6 +111,32 @@ impl View {
                 })
                 .collect(),
         )
+    }
+
+    /// `show links` as text. What a link's row says comes from the configuration's ports
+    /// part, except its state: so the text is kept with the ports part and the states it was
+    /// rendered with, and while neither changed (a route storm changes neither) an answer is
+    /// a copy of it: one look-up per link instead of a row built and formatted per link
+    /// (2-3 ms at 1,000 links).
+    pub fn links_text(&self, cache: &LinksTextCache) -> Arc<str> {
+        let states: Vec<(LinkState, bool)> = self
+            .ports
+            .links
+            .iter()
+            .map(|l| self.engine.link_state_encrypted(&l.name))
+            .collect();
+        if let Some(c) = cache.0.load().as_deref() {
+            if Arc::ptr_eq(&c.ports, &self.ports) && c.states == states {
+                return c.text.clone();
+            }
+        }
+        let text: Arc<str> = LinkTable(self.links()).to_string().into();
+        cache.0.store(Some(Arc::new(LinksText {
+            ports: self.ports.clone(),
+            states,
+            text: text.clone(),
+        })));
+        text
     }
 
     /// `show links`.
