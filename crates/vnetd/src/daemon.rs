@@ -99,6 +99,7 @@ impl Daemon {
             saver,
             local_changes: AtomicU64::new(0),
             derived_generation: AtomicU64::new(0),
+            views_published: AtomicU64::new(0),
             view: ArcSwap::from_pointee(first),
         });
         Daemon {

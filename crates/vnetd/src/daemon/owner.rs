@@ -12,7 +12,9 @@
 //!
 //! A request is a closure run on the owner thread; whoever waits for its answer gets it after
 //! the view that includes the change is published (a `show` after an acknowledged change sees
-//! it). A request that panics is logged and its sender told; the owner goes on.
+//! it). The requests waiting when the owner takes one run one after the other before one
+//! publication (up to 64): a storm of changes from many senders publishes per batch. A request
+//! that panics is logged and its sender told; the owner goes on.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::AtomicU64;
@@ -76,6 +78,8 @@ pub struct Common {
     pub derived_generation: AtomicU64,
     /// What readers see.
     pub view: ArcSwap<View>,
+    /// Views published (tests: a batch of waiting changes publishes once).
+    pub views_published: AtomicU64,
 }
 
 /// The owner: the state, and the parts of the view it keeps up to date change by change.
@@ -153,11 +157,21 @@ impl Owner {
             "the view's routes follow the configuration's"
         );
         self.common.view.store(Arc::new(view));
+        self.common
+            .views_published
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
+/// What a request leaves to do once the view with its change is published (its answer).
+type Then = Box<dyn FnOnce() + Send>;
+
 /// A request to the owner.
-type Job = Box<dyn FnOnce(&mut Owner) + Send>;
+type Job = Box<dyn FnOnce(&mut Owner) -> Option<Then> + Send>;
+
+/// At most this many requests that were waiting run before one publication (their answers
+/// wait for it).
+const BATCH: usize = 64;
 
 /// The owner's inbox: requests go in, the owner thread runs them in order.
 pub struct Inbox {
@@ -190,11 +204,28 @@ impl Inbox {
         let thread = std::thread::Builder::new()
             .name("vnetd-owner".into())
             .spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    if catch_unwind(AssertUnwindSafe(|| job(&mut owner))).is_err() {
-                        tracing::error!("a change panicked in the daemon's owner thread");
-                        owner.renew();
-                        owner.publish_view();
+                let mut then: Vec<Then> = Vec::with_capacity(BATCH);
+                while let Ok(first) = rx.recv() {
+                    // Every request already waiting runs before one publication: a storm
+                    // publishes per batch, not per change.
+                    let mut next = Some(first);
+                    let mut ran = 0;
+                    while let Some(job) = next.take() {
+                        ran += 1;
+                        match catch_unwind(AssertUnwindSafe(|| job(&mut owner))) {
+                            Ok(t) => then.extend(t),
+                            Err(_) => {
+                                tracing::error!("a change panicked in the daemon's owner thread");
+                                owner.renew();
+                            }
+                        }
+                        if ran < BATCH {
+                            next = rx.try_recv().ok();
+                        }
+                    }
+                    owner.publish_view();
+                    for t in then.drain(..) {
+                        t();
                     }
                 }
             })
@@ -222,8 +253,9 @@ impl Inbox {
         let (tx, rx) = mpsc::sync_channel(1);
         let sent = self.send(Box::new(move |o: &mut Owner| {
             let t = f(o);
-            o.publish_view();
-            let _ = tx.send(t);
+            Some(Box::new(move || {
+                let _ = tx.send(t);
+            }) as Then)
         }));
         if !sent {
             return Err("the daemon's owner thread is gone".into());
@@ -237,7 +269,7 @@ impl Inbox {
     pub fn post(&self, f: impl FnOnce(&mut Owner) + Send + 'static) {
         self.send(Box::new(move |o: &mut Owner| {
             f(o);
-            o.publish_view();
+            None
         }));
     }
 

@@ -401,6 +401,54 @@ fn a_rate_or_a_setting_publishes_no_forwarding_table() {
     d.shutdown(Leave::Remove);
 }
 
+/// Changes that wait while the owner is busy run one after the other and publish one view;
+/// each is answered after it, and each is in it.
+#[test]
+fn waiting_changes_publish_one_view() {
+    let d = Arc::new(daemon_with_links_a_and_b(""));
+    let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+    let holder = {
+        let d = d.clone();
+        std::thread::spawn(move || {
+            d.with_state(move |_| {
+                held_tx.send(()).unwrap();
+                hold_rx.recv().unwrap();
+            })
+            .unwrap();
+        })
+    };
+    held_rx.recv().unwrap();
+    let before = d.common.views_published.load(Relaxed);
+    let senders: Vec<_> = (1..=3)
+        .map(|i| {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                d.execute_line(&format!("route add any 02:00:00:00:00:0{i} link a"))
+                    .unwrap();
+                d.execute_line("show routes").unwrap()
+            })
+        })
+        .collect();
+    // The three are in the owner's inbox (or on their way) while it is held.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    hold_tx.send(()).unwrap();
+    holder.join().unwrap();
+    for (i, s) in senders.into_iter().enumerate() {
+        let shown = s.join().unwrap();
+        assert!(
+            shown.contains(&format!("02:00:00:00:00:0{}", i + 1)),
+            "{shown}"
+        );
+    }
+    let published = d.common.views_published.load(Relaxed) - before;
+    assert_eq!(
+        published, 1,
+        "the held request and the three waiting behind it: one view"
+    );
+    d.shutdown(Leave::Remove);
+}
+
 /// `show links`' text is what the table renders; a route's change keeps it (the same text,
 /// not rendered again), a change of the links or their rates makes it anew.
 #[test]
