@@ -1,8 +1,57 @@
+//! The forwarding decision of one frame ([`ForwardingTable::decide`]: route, flood, learn or
+//! drop) over an immutable table of ports and rules, and what each publication of the table
+//! changed ([`Touched`], kept for the last [`CHANGE_LOG_DEPTH`] publications), so that the
+//! per-thread route caches (`cache.rs`) forget only the decisions a change can alter.
+//!
+//! A table is changed in place by its owner between publications (ports come and go, rules
+//! are inserted and removed: the maps are shared between copies and copied on write) and
+//! published with [`ForwardingTable::publish`], which numbers it and records what changed.
+
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use vnet_wire::MacAddr;
 
-use crate::{DropReason, FastMap, PortId, RouteRule, RouteTable};
+use crate::{DropReason, FastMap, MacMatch, PortId, RouteRule, RouteTable};
+
+/// How many publications back a table remembers what changed; a route cache older than that
+/// forgets everything.
+pub const CHANGE_LOG_DEPTH: usize = 64;
+
+/// Where the rules changed: those of one exact destination of a VNI, or the VNI's wildcard
+/// rules (which bear on every destination of the VNI). A route cache forgets the decisions
+/// for that destination, or for the whole VNI; the kernel's table recompiles the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Touched {
+    Dst(u32, MacAddr),
+    Wild(u32),
+}
+
+impl Touched {
+    /// Where a rule with this VNI and destination bears.
+    pub fn of(rule: &RouteRule) -> Touched {
+        match rule.dst {
+            MacMatch::Exact(d) => Touched::Dst(rule.vni, d),
+            _ => Touched::Wild(rule.vni),
+        }
+    }
+
+    /// Whether a decision for a frame to `dst` entering in `vni` may have changed.
+    pub fn bears_on(&self, vni: u32, dst: MacAddr) -> bool {
+        match *self {
+            Touched::Dst(v, d) => v == vni && d == dst,
+            Touched::Wild(v) => v == vni,
+        }
+    }
+}
+
+/// What one publication changed: some destinations, or everything (ports came or went,
+/// which changes floods, or learning was switched).
+#[derive(Debug, Clone)]
+pub enum TableChange {
+    Some(Arc<[Touched]>),
+    All,
+}
 
 /// What a port is, as far as forwarding cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,11 +80,14 @@ pub enum Decision {
 }
 
 /// An immutable snapshot of everything forwarding needs: the ports and the route rules.
-/// The daemon builds a new one on every configuration change and swaps it in; `generation`
-/// tells the per-thread [`RouteCache`]s that their entries are stale.
+/// The engine changes a copy and publishes it ([`ForwardingTable::publish`]); `generation`
+/// and the change log tell the per-thread [`crate::RouteCache`]s which of their entries are
+/// stale.
 #[derive(Debug, Clone, Default)]
 pub struct ForwardingTable {
     generation: u64,
+    /// What the last publications changed, oldest first: (generation, change).
+    log: Arc<VecDeque<(u64, TableChange)>>,
     /// The ports, shared between copies of the table: a copy that changes routes only (a
     /// route event's publication) does not copy them.
     ports: Arc<FastMap<PortId, PortInfo>>,
@@ -60,6 +112,7 @@ impl ForwardingTable {
         }
         let mut t = ForwardingTable {
             generation,
+            log: Default::default(),
             ports: Arc::new(by_id),
             vni_ports: Arc::new(by_vni),
             routes: RouteTable::default(),
@@ -77,9 +130,59 @@ impl ForwardingTable {
         self.generation
     }
 
-    /// Marks a changed copy as new, so the [`RouteCache`]s forget what they learnt.
-    pub fn set_generation(&mut self, generation: u64) {
+    /// Marks a changed copy as new, numbered `generation`, and records what changed since
+    /// the table it was copied from, so the route caches forget only that.
+    pub fn publish(&mut self, generation: u64, change: TableChange) {
         self.generation = generation;
+        let log = Arc::make_mut(&mut self.log);
+        if log.len() >= CHANGE_LOG_DEPTH {
+            log.pop_front();
+        }
+        log.push_back((generation, change));
+    }
+
+    /// What changed after generation `since` up to this table's, publication by publication;
+    /// `None` when the log does not reach back that far or the tables are not related (the
+    /// caller forgets everything).
+    pub fn changes_since(&self, since: u64) -> Option<impl Iterator<Item = &TableChange>> {
+        let first = if since == self.generation {
+            self.log.len()
+        } else {
+            // Generations follow one another: the one after `since` must be in the log.
+            let first = self.log.iter().position(|(g, _)| *g > since)?;
+            if self.log[first].0 != since + 1 {
+                return None;
+            }
+            first
+        };
+        Some(self.log.iter().skip(first).map(|(_, c)| c))
+    }
+
+    /// Adds a port (no rule names it yet).
+    pub fn insert_port(&mut self, id: PortId, info: PortInfo) {
+        if let Some(old) = Arc::make_mut(&mut self.ports).insert(id, info) {
+            remove_from_vni(&mut self.vni_ports, old.vni, id);
+        }
+        let v = Arc::make_mut(&mut self.vni_ports)
+            .entry(info.vni)
+            .or_default();
+        if let Err(at) = v.binary_search(&id) {
+            v.insert(at, id);
+        }
+    }
+
+    /// Removes a port and the rules that name it (the configuration took them out before,
+    /// so normally there are none); returns where those rules bore.
+    pub fn remove_port(&mut self, id: PortId) -> Vec<Touched> {
+        let Some(info) = Arc::make_mut(&mut self.ports).remove(&id) else {
+            return Vec::new();
+        };
+        remove_from_vni(&mut self.vni_ports, info.vni, id);
+        self.routes
+            .remove_dest(info.vni, id)
+            .iter()
+            .map(Touched::of)
+            .collect()
     }
 
     /// Adds a rule, as [`ForwardingTable::new`] would have: false (and nothing added) when its
@@ -163,6 +266,10 @@ impl ForwardingTable {
         }
     }
 
+    pub fn ports(&self) -> impl Iterator<Item = (PortId, PortInfo)> + '_ {
+        self.ports.iter().map(|(id, p)| (*id, *p))
+    }
+
     fn flood_targets(&self, ingress: PortId, inp: PortInfo) -> Targets {
         let from_overlay = inp.kind == PortKind::OverlayLink;
         self.vni_ports
@@ -182,59 +289,13 @@ impl ForwardingTable {
     }
 }
 
-/// The hash route cache over the rule table (VNET/P section 4.2), one per forwarding thread so
-/// lookups take no lock. It empties itself when the table's or the learning table's generation
-/// changes, and when it holds `capacity` entries (a guest spraying random MACs cannot grow it).
-#[derive(Debug)]
-pub struct RouteCache {
-    generation: (u64, u64),
-    capacity: usize,
-    map: FastMap<(PortId, MacAddr, MacAddr), Decision>,
-    hits: u64,
-    misses: u64,
-}
-
-impl RouteCache {
-    pub fn new(capacity: usize) -> Self {
-        RouteCache {
-            generation: (u64::MAX, u64::MAX),
-            capacity: capacity.max(1),
-            map: FastMap::default(),
-            hits: 0,
-            misses: 0,
+fn remove_from_vni(vni_ports: &mut Arc<FastMap<u32, Vec<PortId>>>, vni: u32, id: PortId) {
+    let m = Arc::make_mut(vni_ports);
+    if let Some(v) = m.get_mut(&vni) {
+        v.retain(|p| *p != id);
+        if v.is_empty() {
+            m.remove(&vni);
         }
-    }
-
-    /// The cached decision for the key, computing and remembering it on a miss.
-    pub fn lookup(
-        &mut self,
-        generation: (u64, u64),
-        key: (PortId, MacAddr, MacAddr),
-        compute: impl FnOnce() -> Decision,
-    ) -> &Decision {
-        if generation != self.generation {
-            self.map.clear();
-            self.generation = generation;
-        }
-        if self.map.contains_key(&key) {
-            self.hits += 1;
-        } else {
-            self.misses += 1;
-            if self.map.len() >= self.capacity {
-                self.map.clear();
-            }
-            self.map.insert(key, compute());
-        }
-        // The entry was just ensured above.
-        &self.map[&key]
-    }
-
-    pub fn hits(&self) -> u64 {
-        self.hits
-    }
-
-    pub fn misses(&self) -> u64 {
-        self.misses
     }
 }
 
@@ -370,35 +431,5 @@ mod tests {
             t.decide(IF_A, mac(1), mac(2), false, None),
             Decision::Drop(DropReason::NoRoute)
         );
-    }
-
-    #[test]
-    fn cache_invalidates_on_generation() {
-        let mut c = RouteCache::new(2);
-        let k = (IF_A, mac(1), mac(2));
-        assert_eq!(
-            c.lookup((1, 0), k, || Decision::Forward(vec![IF_B])),
-            &Decision::Forward(vec![IF_B])
-        );
-        assert_eq!(
-            c.lookup((1, 0), k, || unreachable!()),
-            &Decision::Forward(vec![IF_B])
-        );
-        assert_eq!(
-            c.lookup((2, 0), k, || Decision::Forward(vec![LINK_X])),
-            &Decision::Forward(vec![LINK_X])
-        );
-        assert_eq!(
-            c.lookup((2, 1), k, || Decision::Drop(DropReason::NoRoute)),
-            &Decision::Drop(DropReason::NoRoute)
-        );
-        assert_eq!((c.hits(), c.misses()), (1, 3));
-        // bounded
-        for i in 0..10 {
-            c.lookup((2, 1), (IF_A, mac(i), mac(2)), || {
-                Decision::Drop(DropReason::NoRoute)
-            });
-        }
-        assert!(c.map.len() <= 2);
     }
 }

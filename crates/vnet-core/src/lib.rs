@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cache;
 mod forward;
 mod learn;
 mod matrix;
@@ -16,7 +17,10 @@ mod stats;
 #[cfg(test)]
 mod testing;
 
-pub use forward::{Decision, ForwardingTable, PortInfo, PortKind, RouteCache, Targets};
+pub use cache::RouteCache;
+pub use forward::{
+    Decision, ForwardingTable, PortInfo, PortKind, TableChange, Targets, Touched, CHANGE_LOG_DEPTH,
+};
 pub use learn::{LearnTable, LEARN_AGE_MS, LEARN_CAPACITY};
 pub use matrix::{MatrixEntry, TrafficMatrix, MATRIX_CAPACITY};
 pub use ratelimit::TokenBucket;

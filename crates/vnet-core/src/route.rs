@@ -1,3 +1,8 @@
+//! Route rules on (source MAC, destination MAC) and the table that holds them per VNI and by
+//! destination ([`RouteTable`]), with the ranking of VNET/P section 4.2 (destination
+//! specificity first, then source): a frame's candidates are the rules of its destination and
+//! the VNI's wildcards, and a route change touches one destination's entry.
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -162,6 +167,29 @@ impl RouteTable {
             }
         }
         removed
+    }
+
+    /// Removes every rule of `vni` whose destination port is `dest` (a port going); returns
+    /// them. Scans the VNI's rules.
+    pub fn remove_dest(&mut self, vni: u32, dest: PortId) -> Vec<RouteRule> {
+        let gone: Vec<RouteRule> = match self.by_vni.get(&vni) {
+            Some(v) => v
+                .wild
+                .iter()
+                .chain(
+                    v.exact
+                        .iter()
+                        .flat_map(|s| s.values().flat_map(|rs| rs.iter())),
+                )
+                .filter(|r| r.dest == dest)
+                .copied()
+                .collect(),
+            None => return Vec::new(),
+        };
+        for r in &gone {
+            self.remove(r);
+        }
+        gone
     }
 
     pub fn len(&self) -> usize {

@@ -310,10 +310,36 @@ impl DispatcherSet {
     }
 
     pub fn status(&self) -> Vec<DispatcherStatus> {
-        self.slots
+        self.readout().status()
+    }
+
+    /// What a reader on another thread needs for the dispatchers' status (shared, not
+    /// copied: it stays current until the threads restart, which a change of the settings
+    /// does).
+    pub fn readout(&self) -> DispatchReadout {
+        DispatchReadout {
+            settings: self.settings.clone(),
+            states: self.slots.iter().map(|s| s.state.clone()).collect(),
+        }
+    }
+}
+
+/// The dispatchers' settings and counters, read without the [`DispatcherSet`].
+#[derive(Clone)]
+pub struct DispatchReadout {
+    settings: Arc<ArcSwap<DataPathSettings>>,
+    states: Vec<Arc<DState>>,
+}
+
+impl DispatchReadout {
+    pub fn settings(&self) -> DataPathSettings {
+        (**self.settings.load()).clone()
+    }
+
+    pub fn status(&self) -> Vec<DispatcherStatus> {
+        self.states
             .iter()
-            .map(|s| {
-                let st = &s.state;
+            .map(|st| {
                 let (w, f) = (st.wakeups.load(Relaxed), st.frames.load(Relaxed));
                 DispatcherStatus {
                     index: st.index,

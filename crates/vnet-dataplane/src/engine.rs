@@ -1,7 +1,10 @@
 //! The control side of the data path: the [`Engine`] creates and removes the OS objects a
 //! configuration change calls for (each port kind through its module in [`crate::ports`]),
-//! publishes an immutable [`Snapshot`] of ports and routes for the forwarding threads, and
-//! hands the ports' descriptors to the dispatcher threads ([`crate::dispatch`]).
+//! and hands the ports' descriptors to the dispatcher threads ([`crate::dispatch`]). Each
+//! change updates what it touches: how the forwarding table and the kernel's follow is in
+//! `engine/publish.rs`, what readers see in `engine/status.rs`, reach's paths in
+//! `engine/reach.rs`. One owner changes an engine (vnetd's owner thread); readers hold an
+//! [`EngineStatus`].
 
 use std::collections::HashMap;
 use std::io;
@@ -10,22 +13,10 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use tracing::{info, warn};
-use vnet_control::status::{
-    CryptoStatus, DataPathKind, DispatchStatus, KernelPathStatus, KernelPortStatus, LinkState,
-    PortRole, PortStatus,
-};
-use vnet_control::{
-    Change, Config, DestKind, FastPathMode, Interface, InterfaceKind, Link, LinkKind, RouteChange,
-};
-use vnet_core::{
-    FastMap, FastSet, ForwardingTable, MacMatch, MatrixEntry, PortCountersSnapshot, PortId,
-    PortInfo, PortKind, RouteRule,
-};
-use vnet_fastpath::{FastPathConfig, Touched};
-use vnet_offload::VirtioNetHdr;
+use vnet_control::{Change, DestKind, Interface, InterfaceKind, Link, LinkKind};
+use vnet_core::{ForwardingTable, PortId, PortInfo, PortKind, Touched};
 
 use crate::dispatch::DispatcherSet;
-use crate::forward::FwdCtx;
 use crate::guard::PortGuard;
 use crate::ingress::guest::Ingress;
 use crate::ingress::udp::VxlanReader;
@@ -36,8 +27,7 @@ use crate::nic::GuestNic;
 use crate::ports::nic::NicPort;
 use crate::ports::tcp;
 use crate::ports::{self, OpenError, Opened};
-use crate::reach::LinkPath;
-use crate::shared::{PortEntry, Shared, Snapshot};
+use crate::shared::{PortEntry, Shared};
 use crate::udp::VxlanSocket;
 use crate::worker::Worker;
 
@@ -101,10 +91,18 @@ pub struct Engine {
     static_key: Option<vnet_crypto::PrivateKey>,
     /// The kernel fast path, when loaded.
     kernel: Option<KernelPath>,
-    /// The forwarding table with the route changes not yet published
-    /// ([`Engine::publish_routes`]), and the destinations they touched.
+    /// The forwarding table with the changes not yet published ([`Engine::publish`]), the
+    /// destinations they touched, and whether they bear on every decision (ports came or
+    /// went, learning switched).
     pending: Option<ForwardingTable>,
     touched: Vec<Touched>,
+    table_all: bool,
+    /// The kernel's table is compiled whole at the next publication (learning or the fast
+    /// path's mode switched).
+    kernel_full: bool,
+    /// What readers see of the ports, until they change ([`Engine::status`]).
+    ports_status: Option<Arc<status::PortsStatus>>,
+    kernel_readout: Option<Arc<vnet_fastpath::Readout>>,
     /// Where reach says each peer's links go (by the peer's probe key).
     reach_paths: HashMap<vnet_crypto::PublicKey, ReachPath>,
 }
@@ -162,6 +160,10 @@ impl Engine {
             kernel: None,
             pending: None,
             touched: Vec::new(),
+            table_all: false,
+            kernel_full: false,
+            ports_status: None,
+            kernel_readout: None,
             reach_paths: HashMap::new(),
         })
     }
@@ -178,96 +180,6 @@ impl Engine {
         &self.udp_df
     }
 
-    /// Reach chose a path for the links to the peer with probe key `peer`: their datagrams
-    /// go there from the next batch on, and datagrams from `accept` are theirs.
-    pub fn set_reach_path(&mut self, peer: vnet_crypto::PublicKey, path: ReachPath) {
-        if self.reach_paths.get(&peer) == Some(&path) {
-            return;
-        }
-        let mut in_kernel = Vec::new();
-        for rt in self.ports.values() {
-            if rt.reach.map(|(k, _)| k) == Some(peer) {
-                self.realize_reach_path(rt, &path);
-                if rt.kernel {
-                    in_kernel.push((rt.id, rt.reach.map(|(_, c)| c)));
-                }
-            }
-        }
-        if let Some(k) = &mut self.kernel {
-            for (id, configured) in in_kernel {
-                // A relay's path goes through vnetd; no path known yet: the configured address.
-                let to = match (path.direct, path.relay) {
-                    // A TCP tunnel's local end (loopback) goes through vnetd, as a relay does.
-                    (Some(ep), _) if !ep.ip().is_loopback() => Some(ep),
-                    (Some(_), _) | (None, Some(_)) => None,
-                    (None, None) => configured,
-                };
-                k.set_link_path(id, to, path.mtu);
-            }
-        }
-        info!(peer = %vnet_reach::Tag::of(&peer), direct = ?path.direct, relay = ?path.relay,
-              accept = ?path.accept, "reach path");
-        self.reach_paths.insert(peer, path);
-        let old = self.shared.snapshot.load_full();
-        let mut snap = old.with_table(old.table.clone());
-        self.set_reach_maps(&mut snap);
-        self.shared.snapshot.store(Arc::new(snap));
-    }
-
-    /// Points a reach link's sending side at `path`.
-    fn realize_reach_path(&self, rt: &PortRuntime, path: &ReachPath) {
-        let (Some((key, configured)), Some(tx)) = (rt.reach, rt.entry.port.as_udp()) else {
-            return;
-        };
-        let v6 = self.udp.local_addr().is_ipv6();
-        let (to, outer_v6) = match (path.direct, path.relay) {
-            (Some(ep), _) => (
-                LinkPath::direct(crate::reach::for_socket(ep, v6)),
-                ep.is_ipv6(),
-            ),
-            (None, Some(relay)) => (
-                LinkPath::relayed(
-                    crate::reach::for_socket(relay, v6),
-                    vnet_reach::Tag::of(&key),
-                ),
-                relay.is_ipv6(),
-            ),
-            (None, None) => (LinkPath::direct(configured), false),
-        };
-        let extra = if tx.crypto.is_some() {
-            vnet_crypto::DATA_OVERHEAD
-        } else {
-            0
-        };
-        tx.path
-            .store(Arc::new(to.with_mtu(path.mtu, outer_v6, extra)));
-        // What the last path refused to segment says nothing about this one.
-        tx.gso_refused.store(usize::MAX, Relaxed);
-    }
-
-    /// The reach maps of a snapshot from the reach links and their peers' paths.
-    fn set_reach_maps(&self, snap: &mut Snapshot) {
-        let mut endpoints: FastMap<(SocketAddr, u32), PortId> = FastMap::default();
-        let mut tags: FastMap<(vnet_reach::Tag, u32), PortId> = FastMap::default();
-        let mut relays: FastSet<SocketAddr> = FastSet::default();
-        for rt in self.ports.values() {
-            let Some((key, _)) = rt.reach else { continue };
-            let vni = rt.entry.info.vni;
-            tags.insert((vnet_reach::Tag::of(&key), vni), rt.id);
-            if let Some(p) = self.reach_paths.get(&key) {
-                for ep in &p.accept {
-                    endpoints.insert((vnet_reach::canonical(*ep), vni), rt.id);
-                }
-                if let Some(r) = p.relay {
-                    relays.insert(vnet_reach::canonical(r));
-                }
-            }
-        }
-        snap.reach_endpoints = Arc::new(endpoints);
-        snap.reach_tags = Arc::new(tags);
-        snap.relays = Arc::new(relays);
-    }
-
     /// Sets this host's static key; encrypted links need one.
     pub fn set_static_key(&mut self, key: vnet_crypto::PrivateKey) {
         self.static_key = Some(key);
@@ -277,8 +189,9 @@ impl Engine {
         self.udp.local_addr()
     }
 
-    /// Creates or removes the OS objects one change calls for. Call [`Engine::rebuild`]
-    /// afterwards (once per script) to publish the new forwarding table.
+    /// Creates or removes the OS objects one change calls for, and changes the forwarding
+    /// table where it bears. Call [`Engine::publish`] afterwards (once per script) to swap
+    /// the table in.
     pub fn apply(&mut self, change: &Change) -> Result<(), EngineError> {
         match change {
             Change::AddInterface(i) => self.add_interface(i),
@@ -308,14 +221,19 @@ impl Engine {
             Change::Policy {
                 kind, name, new, ..
             } => {
-                // A port that failed to come up has no guard to change: nothing to do.
-                if let Some(rt) = self.ports.get(&(*kind, name.clone())) {
-                    rt.entry.guard.set(new);
-                    if let (true, Some(k)) = (rt.kernel, &mut self.kernel) {
-                        k.set_policy(rt.id, new);
-                    }
-                    info!(kind = %kind, name = %name, any_source = new.any_source,
-                          rate = ?new.rate, "policy changed");
+                // A port that failed to come up has no guard to change: nothing to do. No
+                // decision changes: the guard's atomics and the kernel's port or link entry
+                // are all that is written.
+                let Some(rt) = self.ports.get(&(*kind, name.clone())) else {
+                    return Ok(());
+                };
+                rt.entry.guard.set(new);
+                info!(kind = %kind, name = %name, any_source = new.any_source,
+                      rate = ?new.rate, "policy changed");
+                if let (true, Some(k)) = (rt.kernel, &mut self.kernel) {
+                    k.set_policy(rt.id, new);
+                    // Whether the kernel keeps a bucket for it (what readers read) changed.
+                    self.ports_changed();
                 }
                 Ok(())
             }
@@ -324,6 +242,9 @@ impl Engine {
                 if let Ok(mut t) = self.shared.learn.write() {
                     t.clear();
                 }
+                // Unknown unicast floods or not; the kernel leaves everything to vnetd while
+                // learning.
+                self.touch_all(true);
                 Ok(())
             }
             Change::Settings { old, new } => {
@@ -338,9 +259,13 @@ impl Engine {
                 if let Some(k) = &mut self.kernel {
                     if k.mode() != new.fastpath {
                         info!(mode = %new.fastpath, "kernel fast path");
+                        k.set_mode(new.fastpath);
+                        // Off: an empty table, all to vnetd; on: compiled again.
+                        self.kernel_full = true;
                     }
-                    k.set_mode(new.fastpath);
                 }
+                // The dispatchers may restart: readers read the new ones.
+                self.ports_changed();
                 self.dispatchers
                     .configure(new.clone())
                     .map_err(EngineError::Dispatchers)
@@ -484,31 +409,62 @@ impl Engine {
         if kernel {
             guard.set_rate_enforced(false);
         }
+        let info = PortInfo { vni, kind: o.kind };
+        let entry = PortEntry {
+            info,
+            port: o.port,
+            counters: o.counters,
+            guard: Arc::new(guard),
+        };
+        let (udp_peer, tcp_accept_peer, sources) = (o.udp_peer, o.tcp_accept_peer, o.sources);
         self.ports.insert(
             (kind, name.to_string()),
             PortRuntime {
                 id,
-                entry: PortEntry {
-                    info: PortInfo { vni, kind: o.kind },
-                    port: o.port,
-                    counters: o.counters,
-                    guard: Arc::new(guard),
-                },
-                sources: o.sources,
+                entry: entry.clone(),
+                sources: sources.clone(),
                 workers: o.workers,
-                udp_peer: o.udp_peer,
-                tcp_accept_peer: o.tcp_accept_peer,
+                udp_peer,
+                tcp_accept_peer,
                 reach: o.reach,
                 kernel,
                 owned: o.owned,
             },
         );
+        // In the snapshot at once (ports first, then the table that names it), then read.
+        self.table_mut().insert_port(id, info);
+        self.table_all = true;
+        self.store(|snap| {
+            let mut ports = (*snap.ports).clone();
+            ports.insert(id, entry);
+            snap.ports = Arc::new(ports);
+            if let Some(ip) = udp_peer {
+                let mut udp_peers = (*snap.udp_peers).clone();
+                udp_peers.insert((ip, vni), id);
+                snap.udp_peers = Arc::new(udp_peers);
+                let mut udp_ips = (*snap.udp_ips).clone();
+                udp_ips.insert(ip);
+                snap.udp_ips = Arc::new(udp_ips);
+            }
+            if let Some(ip) = tcp_accept_peer {
+                let mut tcp_accept = (*snap.tcp_accept).clone();
+                tcp_accept.insert((ip, vni), id);
+                snap.tcp_accept = Arc::new(tcp_accept);
+            }
+        });
         // A new link to a peer whose path reach already knows takes it at once.
         if let Some((key, _)) = o.reach {
-            if let Some(p) = self.reach_paths.remove(&key) {
-                self.set_reach_path(key, p);
+            match self.reach_paths.remove(&key) {
+                Some(p) => self.set_reach_path(key, p),
+                None => self.refresh_reach_maps(),
             }
         }
+        for s in &sources {
+            if !self.dispatchers.contains(s) {
+                self.dispatchers.add(s.clone());
+            }
+        }
+        self.ports_changed();
         Ok(())
     }
 
@@ -528,25 +484,30 @@ impl Engine {
         for s in &rt.sources {
             self.dispatchers.remove(s);
         }
-        let old = self.shared.snapshot.load_full();
-        let mut snap = old.with_table(old.table.clone());
-        let mut ports = (*old.ports).clone();
-        ports.remove(&rt.id);
-        snap.ports = Arc::new(ports);
-        if old.udp_peers.values().any(|p| *p == rt.id) {
-            let mut udp_peers = (*old.udp_peers).clone();
-            udp_peers.retain(|_, p| *p != rt.id);
-            snap.udp_peers = Arc::new(udp_peers);
-        }
-        if old.tcp_accept.values().any(|p| *p == rt.id) {
-            let mut tcp_accept = (*old.tcp_accept).clone();
-            tcp_accept.retain(|_, p| *p != rt.id);
-            snap.tcp_accept = Arc::new(tcp_accept);
-        }
+        let touched = self.table_mut().remove_port(rt.id);
+        self.touched.extend(touched);
+        self.table_all = true;
+        let id = rt.id;
+        self.store(|snap| {
+            let mut ports = (*snap.ports).clone();
+            ports.remove(&id);
+            snap.ports = Arc::new(ports);
+            if snap.udp_peers.values().any(|p| *p == id) {
+                let mut udp_peers = (*snap.udp_peers).clone();
+                udp_peers.retain(|_, p| *p != id);
+                snap.udp_ips = Arc::new(udp_peers.keys().map(|(ip, _)| *ip).collect());
+                snap.udp_peers = Arc::new(udp_peers);
+            }
+            if snap.tcp_accept.values().any(|p| *p == id) {
+                let mut tcp_accept = (*snap.tcp_accept).clone();
+                tcp_accept.retain(|_, p| *p != id);
+                snap.tcp_accept = Arc::new(tcp_accept);
+            }
+        });
         if rt.reach.is_some() {
-            self.set_reach_maps(&mut snap);
+            self.refresh_reach_maps();
         }
-        self.shared.snapshot.store(Arc::new(snap));
+        self.ports_changed();
         for w in rt.workers.iter_mut() {
             w.stop();
         }
@@ -570,282 +531,11 @@ impl Engine {
         );
     }
 
-    /// A route's rule, when its destination port is up (a rule to a port that failed to
-    /// come up is left out, as [`Engine::rebuild`] leaves it out).
-    fn rule(&self, r: &vnet_control::Route) -> Option<RouteRule> {
-        let rt = self.ports.get(&(r.to.kind, r.to.name.clone()))?;
-        Some(RouteRule {
-            vni: rt.entry.info.vni,
-            src: r.src,
-            dst: r.dst,
-            dest: rt.id,
-        })
-    }
-
-    /// Applies one route change to the table to publish: the rule goes from or to its
-    /// destination's place, nothing else is looked at.
-    fn change_route(&mut self, rc: &RouteChange) {
-        let (gone, new) = rc.parts();
-        let rules = [
-            gone.and_then(|r| self.rule(r)),
-            new.and_then(|r| self.rule(r)),
-        ];
-        let table = self
-            .pending
-            .get_or_insert_with(|| self.shared.snapshot.load().table.clone());
-        for (k, rule) in rules.iter().enumerate() {
-            let Some(rule) = rule else { continue };
-            let changed = if k == 0 {
-                table.remove_route(rule)
-            } else {
-                table.insert_route(*rule)
-            };
-            if changed {
-                self.touched.push(match rule.dst {
-                    MacMatch::Exact(d) => Touched::Dst(rule.vni, d),
-                    _ => Touched::Wild(rule.vni),
-                });
-            }
-        }
-    }
-
-    /// Publishes the route changes applied since the last publication (the ports unchanged):
-    /// a table that differs at the touched destinations, for the forwarding threads and the
-    /// kernel, which recompiles and writes those destinations only.
-    pub fn publish_routes(&mut self) {
-        let Some(mut table) = self.pending.take() else {
-            return;
-        };
-        let touched = std::mem::take(&mut self.touched);
-        self.generation += 1;
-        table.set_generation(self.generation);
-        let learning = self.shared.learning();
-        if let Some(k) = &mut self.kernel {
-            k.apply_routes(&table, &touched, learning);
-        }
-        let snap = self.shared.snapshot.load().with_table(table);
-        self.shared.snapshot.store(Arc::new(snap));
-    }
-
-    /// Publishes a new forwarding table for `cfg` (ports that exist, and the routes to them),
-    /// and starts reading ports the dispatchers do not read yet.
-    pub fn rebuild(&mut self, cfg: &Config) {
-        self.pending = None;
-        self.touched.clear();
-        self.generation += 1;
-        let mut ports: FastMap<PortId, PortEntry> = FastMap::default();
-        let mut udp_peers: FastMap<(IpAddr, u32), PortId> = FastMap::default();
-        let mut udp_ips: FastSet<IpAddr> = FastSet::default();
-        let mut tcp_accept: FastMap<(IpAddr, u32), PortId> = FastMap::default();
-        for rt in self.ports.values() {
-            ports.insert(rt.id, rt.entry.clone());
-            if let Some(ip) = rt.udp_peer {
-                udp_peers.insert((ip, rt.entry.info.vni), rt.id);
-                udp_ips.insert(ip);
-            }
-            if let Some(ip) = rt.tcp_accept_peer {
-                tcp_accept.insert((ip, rt.entry.info.vni), rt.id);
-            }
-        }
-        let rules: Vec<RouteRule> = cfg.routes.iter().filter_map(|r| self.rule(r)).collect();
-        if let Some(k) = &mut self.kernel {
-            let ports: Vec<(PortId, u32)> = ports.iter().map(|(id, e)| (*id, e.info.vni)).collect();
-            k.apply(&ports, &rules, self.shared.learning());
-        }
-        let table = ForwardingTable::new(
-            self.generation,
-            ports.iter().map(|(id, e)| (*id, e.info)),
-            rules,
-        );
-        let mut snap = Snapshot {
-            table,
-            ports: Arc::new(ports),
-            udp_peers: Arc::new(udp_peers),
-            udp_ips: Arc::new(udp_ips),
-            tcp_accept: Arc::new(tcp_accept),
-            reach_endpoints: Default::default(),
-            reach_tags: Default::default(),
-            relays: Default::default(),
-            udp: self.udp.clone(),
-        };
-        self.set_reach_maps(&mut snap);
-        self.shared.snapshot.store(Arc::new(snap));
-        for rt in self.ports.values() {
-            for s in &rt.sources {
-                if !self.dispatchers.contains(s) {
-                    self.dispatchers.add(s.clone());
-                }
-            }
-        }
-    }
-
-    /// The generation of the published forwarding table (one more per publication).
-    pub fn snapshot_generation(&self) -> u64 {
-        self.shared.snapshot.load().table.generation()
-    }
-
-    /// Counters of one port.
-    pub fn port_status(&self, kind: DestKind, name: &str) -> Option<PortStatus> {
-        let rt = self.ports.get(&(kind, name.to_string()))?;
-        let mut counters = rt.entry.counters.snapshot();
-        let mut policy = rt.entry.guard.status();
-        let kernel = match (rt.kernel, &self.kernel) {
-            (true, Some(k)) => k.counters(rt.id).map(|c| {
-                merge_kernel_counters(&mut counters, &c);
-                KernelPortStatus {
-                    rx_frames: c.rx_frames,
-                    rx_bytes: c.rx_bytes,
-                    tx_frames: c.tx_frames,
-                    tx_bytes: c.tx_bytes,
-                    punted_frames: c.punted_frames,
-                    from_vnetd_frames: c.slow_tx_frames,
-                    neigh_miss: c.neigh_miss,
-                    encap_fail: c.encap_fail,
-                    gro_passed: c.gro_passed,
-                    bad_length: c.bad_length,
-                }
-            }),
-            _ => None,
-        };
-        if kernel.is_some() {
-            // The kernel's bucket is the one that counts for what the kernel forwards.
-            if let (Some(r), Some(Some(avail))) = (
-                policy.rate.as_mut(),
-                self.kernel.as_ref().map(|k| k.rate_available(rt.id)),
-            ) {
-                r.available_bytes = avail;
-            }
-        }
-        Some(PortStatus {
-            kind: match kind {
-                DestKind::Interface => PortRole::Interface,
-                DestKind::Link => PortRole::Link,
-            },
-            name: name.to_string(),
-            vni: rt.entry.info.vni,
-            path: if kernel.is_some() && self.kernel_mode() == FastPathMode::Kernel {
-                DataPathKind::Kernel
-            } else {
-                DataPathKind::User
-            },
-            counters,
-            kernel,
-            nic: rt.entry.port.nic_status(),
-            policy,
-        })
-    }
-
-    /// Whether a link can carry frames now (TCP: connected; encrypted: a session); other
-    /// links are connectionless and always up.
-    pub fn link_state(&self, name: &str) -> LinkState {
-        match self.ports.get(&(DestKind::Link, name.to_string())) {
-            Some(rt) => rt.entry.port.state(),
-            None => LinkState::Down,
-        }
-    }
-
-    /// An encrypted link's session state and counters; `None` for other links.
-    pub fn link_crypto(&self, name: &str) -> Option<CryptoStatus> {
-        let rt = self.ports.get(&(DestKind::Link, name.to_string()))?;
-        rt.entry
-            .port
-            .as_udp()
-            .and_then(|u| u.crypto.as_ref())
-            .map(|c| c.status())
-    }
-
-    pub fn daemon_counters(&self) -> PortCountersSnapshot {
-        self.shared.daemon.snapshot()
-    }
-
-    /// The dispatchers' modes and counters, and the offload counters.
-    pub fn dispatch_status(&self) -> DispatchStatus {
-        DispatchStatus {
-            settings: self.dispatchers.settings(),
-            dispatchers: self.dispatchers.status(),
-            offload: self.shared.offload.snapshot(),
-            udp_gso: self.udp.gso_enabled(),
-            udp_gro: self.udp.gro_enabled(),
-        }
-    }
-
-    /// Forwards frames as if the guest behind interface `name` had sent them (the gratuitous
-    /// RARP/ARP a host sends after a migration). False when there is no such interface.
-    pub fn inject_from_interface(&self, name: &str, frames: &[Vec<u8>]) -> bool {
-        let Some(rt) = self.ports.get(&(DestKind::Interface, name.to_string())) else {
-            return false;
-        };
-        let ingress = Ingress {
-            shared: self.shared.clone(),
-            port: rt.id,
-        };
-        let mut batch: Vec<(VirtioNetHdr, Vec<u8>)> = frames
-            .iter()
-            .map(|f| (VirtioNetHdr::default(), f.clone()))
-            .collect();
-        ingress.forward(&mut FwdCtx::new(), &mut batch);
-        true
-    }
-
-    /// The traffic matrix: vnetd's own, with the kernel's share merged in; and the frames of
-    /// pairs either had no room for.
-    pub fn matrix(&self) -> (Vec<MatrixEntry>, u64) {
-        let m = self.shared.matrix.lock().unwrap_or_else(|p| p.into_inner());
-        let (mut entries, mut overflow) = (m.entries(), m.overflow());
-        drop(m);
-        if let Some(k) = &self.kernel {
-            merge_matrix(&mut entries, k.matrix());
-            overflow += k.global().map_or(0, |g| g.matrix_full);
-        }
-        (entries, overflow)
-    }
-
-    /// Loads the kernel fast path (`vnet-fastpath`): veth and netdev interfaces and plain udp
-    /// links opened from now on are forwarded in the kernel where the table decides. The error
-    /// says why the kernel cannot (vnetd then runs everything in user space).
-    pub fn enable_kernel_path(&mut self, mut cfg: FastPathConfig) -> Result<(), String> {
-        cfg.vxlan_port = self.udp.local_addr().port();
-        let k = KernelPath::open(&cfg, self.udp.local_addr().ip()).map_err(|e| e.to_string())?;
-        self.kernel = Some(k);
-        Ok(())
-    }
-
-    /// Whether the kernel fast path is loaded, and its mode.
-    pub fn kernel_mode(&self) -> FastPathMode {
-        match &self.kernel {
-            Some(k) => k.mode(),
-            None => FastPathMode::Off,
-        }
-    }
-
-    /// The kernel fast path's state for `show stats`.
-    pub fn kernel_status(&self) -> Option<KernelPathStatus> {
-        let k = self.kernel.as_ref()?;
-        let g = k.global();
-        let c = k.config();
-        Some(KernelPathStatus {
-            mode: k.mode(),
-            table_entries: k.table_len() as u64,
-            table_size: c.max_table as u64,
-            table_left_out: k.left_out as u64,
-            matrix_size: c.max_matrix as u64,
-            unknown_link: g.as_ref().map(|g| g.unknown_link).unwrap_or(0),
-            not_vxlan: g.as_ref().map(|g| g.not_vxlan).unwrap_or(0),
-            fib_fail: g.as_ref().map(|g| g.fib_fail).unwrap_or(0),
-            vni_mismatch: g.as_ref().map(|g| g.vni_mismatch).unwrap_or(0),
-            table_full: g.as_ref().map(|g| g.table_full).unwrap_or(0),
-        })
-    }
-
     /// Stops every thread and closes every descriptor. With [`Leave::Keep`] (a daemon that
     /// stops, to be started again) the devices vnetd made stay, so the guests keep their NICs
     /// and the next vnetd adopts them; with [`Leave::Remove`] (a teardown) they go too.
     pub fn shutdown(&mut self, leave: Leave) {
-        self.listeners.clear();
-        let names: Vec<(DestKind, String)> = self.ports.keys().cloned().collect();
-        for (k, n) in names {
-            self.remove_port(k, &n, leave);
-        }
+        self.remove_all_ports(leave);
         self.dispatchers.stop();
         match (self.kernel.take(), leave) {
             (Some(k), Leave::Remove) => k.teardown(),
@@ -854,32 +544,22 @@ impl Engine {
         }
     }
 
-    /// Ends a takeover of an earlier vnetd's kernel fast path, once the restored configuration
-    /// is realized: see [`vnet_fastpath::FastPath::commit`].
-    pub fn commit_kernel_takeover(&mut self) {
-        if let Some(k) = &mut self.kernel {
-            k.commit();
+    /// Closes every listener and port. With [`Leave::Keep`] the kernel's table is left as it
+    /// is: pinned, the kernel forwards by it until the next vnetd takes it over and writes the
+    /// difference, so the ports' going (which takes their routes from the table, destination
+    /// by destination) must not reach it.
+    fn remove_all_ports(&mut self, leave: Leave) {
+        self.listeners.clear();
+        let kept = match leave {
+            Leave::Keep => self.kernel.take(),
+            Leave::Remove => None,
+        };
+        let names: Vec<(DestKind, String)> = self.ports.keys().cloned().collect();
+        for (k, n) in names {
+            self.remove_port(k, &n, leave);
         }
-    }
-
-    /// Whether the kernel fast path is pinned: forwarding between fast-path ports and plain
-    /// udp links goes on while no vnetd runs.
-    pub fn kernel_pinned(&self) -> bool {
-        self.kernel.as_ref().is_some_and(|k| k.pinned())
-    }
-
-    /// The `forwarding` sysctls the kernel fast path changed, as they were before.
-    pub fn kernel_forwarding_originals(&self) -> Vec<vnet_fastpath::ForwardingOriginal> {
-        self.kernel
-            .as_ref()
-            .map(|k| k.forwarding_originals())
-            .unwrap_or_default()
-    }
-
-    /// Hands the kernel fast path the `forwarding` values an earlier vnetd recorded.
-    pub fn set_kernel_forwarding_originals(&mut self, o: Vec<vnet_fastpath::ForwardingOriginal>) {
-        if let Some(k) = &mut self.kernel {
-            k.set_forwarding_originals(o);
+        if kept.is_some() {
+            self.kernel = kept;
         }
     }
 
@@ -895,36 +575,6 @@ impl Engine {
     }
 }
 
-/// Adds what the kernel forwarded itself to a port's counters (as if one data path did it all);
-/// frames it punted are counted by vnetd when it reads them.
-fn merge_kernel_counters(c: &mut PortCountersSnapshot, k: &vnet_fastpath::Counters) {
-    c.rx_frames += k.rx_frames;
-    c.rx_bytes += k.rx_bytes;
-    c.tx_frames += k.tx_frames;
-    c.tx_bytes += k.tx_bytes;
-    for (reason, n) in &k.drops {
-        if *n > 0 {
-            *c.drops.entry(reason.to_string()).or_default() += n;
-        }
-    }
-}
-
-/// Adds the kernel's pairs to vnetd's (the same pair from both sums).
-fn merge_matrix(entries: &mut Vec<MatrixEntry>, kernel: Vec<MatrixEntry>) {
-    for k in kernel {
-        match entries
-            .iter_mut()
-            .find(|e| e.vni == k.vni && e.src == k.src && e.dst == k.dst)
-        {
-            Some(e) => {
-                e.frames += k.frames;
-                e.bytes += k.bytes;
-            }
-            None => entries.push(k),
-        }
-    }
-}
-
 impl Drop for Engine {
     /// Never removes what vnetd made: only an explicit teardown does (a guest must not lose
     /// its NIC because the daemon's process ended).
@@ -933,5 +583,11 @@ impl Drop for Engine {
     }
 }
 
+mod kernel;
+mod publish;
+mod reach;
+mod status;
 #[cfg(test)]
 mod tests;
+
+pub use status::EngineStatus;

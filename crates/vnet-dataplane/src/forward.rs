@@ -147,7 +147,8 @@ impl Decider {
             self.flush(shared);
         }
         let decision = self.cache.lookup(
-            (snap.table.generation(), learn_gen.unwrap_or(0)),
+            &snap.table,
+            learn_gen.unwrap_or(0),
             (ingress, src, dst),
             || {
                 let learned = if learning && dst.is_unicast() {

@@ -382,6 +382,24 @@ impl KernelPath {
         self.fp.global_counters().ok()
     }
 
+    /// The counting maps for readers on other threads, and where a port is counted there.
+    pub fn readout(&self) -> Option<vnet_fastpath::Readout> {
+        self.fp.readout().ok()
+    }
+
+    pub fn counter_slot(&self, id: PortId) -> Option<vnet_fastpath::CounterSlot> {
+        self.fp.counter_slot(id)
+    }
+
+    /// Entries left out of the forwarding map so far, and the map writes made so far.
+    pub fn table_full(&self) -> u64 {
+        self.fp.table_full()
+    }
+
+    pub fn map_writes(&self) -> u64 {
+        self.fp.map_writes()
+    }
+
     /// Ends a takeover from an earlier vnetd's pinned fast path (the restored configuration
     /// is attached and applied): see [`vnet_fastpath::FastPath::commit`].
     pub fn commit(&mut self) {

@@ -53,7 +53,7 @@ mod worker;
 #[cfg(test)]
 mod testing;
 
-pub use engine::{Engine, EngineError, Leave, NicFactory, ReachPath};
+pub use engine::{Engine, EngineError, EngineStatus, Leave, NicFactory, ReachPath};
 pub use ingress::guest::{
     CutThrough, CutThroughLink, DecidedFrames, GuestFrame, Ingress, GUEST_HEAD,
 };

@@ -295,13 +295,8 @@ pub fn compile(ports: &[CompilePort], rules: &[RouteRule], learning: bool) -> Co
     out
 }
 
-/// Where the rules changed: the rules of one exact destination of a VNI, or the VNI's
-/// wildcard rules (which bear on every destination of the VNI).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Touched {
-    Dst(u32, MacAddr),
-    Wild(u32),
-}
+/// Where the rules changed (the routing core's notion: the route caches forget the same).
+pub use vnet_core::Touched;
 
 /// Brings `table` (compiled from the rules before the change) in line with `routes` at the
 /// `touched` places only, so that it equals a full [`compile`] of `routes`; returns the keys

@@ -97,10 +97,12 @@ pub use compile::{
 pub use error::{Error, Unavailable};
 #[cfg(feature = "kernel")]
 pub use fastpath::{FastPath, OuterCacheInvalidator};
+#[cfg(feature = "kernel")]
+pub use readout::{CounterSlot, Readout};
 pub use spec::{
     ApplyReport, Counters, Delivery, FastPathConfig, GlobalCounters, LinkSpec, PortPolicy,
     PortSpec, Program, Rate, TestRun, TCX_DROP, TCX_NEXT, TCX_PASS, TCX_REDIRECT,
 };
 pub use sysctl::{restore_forwarding, ForwardingOriginal};
 #[cfg(not(feature = "kernel"))]
-pub use unbuilt::{FastPath, OuterCacheInvalidator};
+pub use unbuilt::{CounterSlot, FastPath, OuterCacheInvalidator, Readout};

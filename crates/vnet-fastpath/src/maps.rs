@@ -7,6 +7,8 @@
 //! of src/layout.rs against the BTF of the object, without root.
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle, OpenMapMut};
 
@@ -34,14 +36,22 @@ pub(crate) use skel::{FastpathMaps, FastpathProgs, FastpathSkelBuilder, OpenFast
 pub(crate) struct Map<K, V> {
     handle: MapHandle,
     name: &'static str,
+    /// Writes (updates and deletes) through any map of the same [`Maps`]: what a change
+    /// costs the kernel, counted for the tests and `show stats`.
+    writes: Arc<AtomicU64>,
     _types: PhantomData<fn(K) -> V>,
 }
 
 impl<K: BpfType, V: BpfType> Map<K, V> {
-    fn new(m: &libbpf_rs::MapMut<'_>, name: &'static str) -> Result<Self, libbpf_rs::Error> {
+    fn new(
+        m: &libbpf_rs::MapMut<'_>,
+        name: &'static str,
+        writes: &Arc<AtomicU64>,
+    ) -> Result<Self, libbpf_rs::Error> {
         Ok(Map {
             handle: MapHandle::try_from(m)?,
             name,
+            writes: writes.clone(),
             _types: PhantomData,
         })
     }
@@ -60,11 +70,13 @@ impl<K: BpfType, V: BpfType> Map<K, V> {
         Ok(Map {
             handle: MapHandle::try_from(&self.handle).map_err(self.err())?,
             name: self.name,
+            writes: self.writes.clone(),
             _types: PhantomData,
         })
     }
 
     pub fn update(&self, k: &K, v: &V) -> Result<(), Error> {
+        self.writes.fetch_add(1, Relaxed);
         self.handle
             .update(k.as_bytes(), v.as_bytes(), MapFlags::ANY)
             .map_err(self.err())
@@ -72,6 +84,7 @@ impl<K: BpfType, V: BpfType> Map<K, V> {
 
     /// Under the value's spin lock, as the programs update it (`BPF_F_LOCK`).
     pub fn update_locked(&self, k: &K, v: &V) -> Result<(), Error> {
+        self.writes.fetch_add(1, Relaxed);
         self.handle
             .update(k.as_bytes(), v.as_bytes(), MapFlags::LOCK)
             .map_err(self.err())
@@ -100,6 +113,7 @@ impl<K: BpfType, V: BpfType> Map<K, V> {
 
     /// Removes `k`; a key that is not there is no error.
     pub fn delete(&self, k: &K) -> Result<(), Error> {
+        self.writes.fetch_add(1, Relaxed);
         match self.handle.delete(k.as_bytes()) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
@@ -127,6 +141,7 @@ impl<K: BpfType, V: BpfType> Map<K, V> {
     pub fn zero_percpu(&self, k: &K) -> Result<(), Error> {
         let cpus = libbpf_rs::num_possible_cpus().map_err(self.err())?;
         let zeros = vec![vec![0u8; std::mem::size_of::<V>()]; cpus];
+        self.writes.fetch_add(1, Relaxed);
         self.handle
             .update_percpu(k.as_bytes(), &zeros, MapFlags::ANY)
             .map_err(self.err())
@@ -142,11 +157,17 @@ macro_rules! maps {
         /// `.rodata`, are each process's own).
         pub(crate) struct Maps {
             $( $(#[doc = $doc])* pub $name: Map<$k, $v>, )*
+            /// Writes through any of them.
+            pub writes: Arc<AtomicU64>,
         }
 
         impl Maps {
             pub fn new(m: &FastpathMaps<'_>) -> Result<Maps, libbpf_rs::Error> {
-                Ok(Maps { $( $name: Map::new(&m.$name, stringify!($name))?, )* })
+                let writes = Arc::new(AtomicU64::new(0));
+                Ok(Maps {
+                    $( $name: Map::new(&m.$name, stringify!($name), &writes)?, )*
+                    writes,
+                })
             }
 
             /// Every map by name (the pin names).

@@ -1,8 +1,6 @@
 //! The daemon's side of the etcd agent's seam (`vnet_agent::DataPlane`): the agent itself
 //! lives in `vnet-agent`, so that the scale harness runs the same code.
 
-use std::sync::atomic::Ordering::Relaxed;
-
 use vnet_agent::{DataPlane, SyncReport};
 use vnet_cluster::{ClusterState, Derivation};
 use vnet_control::status::ClusterStatus;
@@ -16,7 +14,7 @@ impl DataPlane for Daemon {
     }
 
     fn local_changes(&self) -> u64 {
-        self.local_changes.load(Relaxed)
+        Daemon::local_changes(self)
     }
 
     /// The delta applies as it is while the daemon's record of what it applied followed the

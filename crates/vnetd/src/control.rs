@@ -254,7 +254,24 @@ fn read_line(r: &mut impl BufRead, max: usize) -> std::io::Result<Line> {
 }
 
 fn reply(w: &mut impl Write, r: Result<String, String>) -> std::io::Result<()> {
-    w.write_all(protocol::answer(r.as_deref().map_err(String::as_str)).as_bytes())
+    w.write_all(answer(r).as_bytes())
+}
+
+/// `protocol::answer`, without splitting a long output into lines and copying each: an
+/// output of whole lines without a carriage return (every table vnetd renders) is its line
+/// count and itself, in one buffer. Anything else goes through `protocol::answer`.
+fn answer(r: Result<String, String>) -> String {
+    match r {
+        Ok(out) if (out.is_empty() || out.ends_with('\n')) && !out.contains('\r') => {
+            let lines = out.bytes().filter(|&b| b == b'\n').count();
+            let head = format!("ok {lines}\n");
+            let mut s = String::with_capacity(head.len() + out.len());
+            s.push_str(&head);
+            s.push_str(&out);
+            s
+        }
+        r => protocol::answer(r.as_deref().map_err(String::as_str)),
+    }
 }
 
 fn handle(
@@ -437,6 +454,25 @@ mod tests {
 
     /// A batch header the daemon refuses closes the connection: the lines after it are the
     /// batch's, and none of them may run as a command of its own.
+    #[test]
+    fn the_answer_is_the_protocols() {
+        for out in [
+            "",
+            "\n",
+            "one\n",
+            "one\ntwo\n",
+            "a\n\nb\n",
+            "no newline",
+            "cr\r\nlf\n",
+            "lone\rcr\n",
+        ] {
+            let ok: Result<String, String> = Ok(out.into());
+            assert_eq!(answer(ok), protocol::answer(Ok(out)), "{out:?}");
+        }
+        let err: Result<String, String> = Err("bad\nline".into());
+        assert_eq!(answer(err), protocol::answer(Err("bad\nline")));
+    }
+
     #[test]
     fn a_refused_batch_runs_none_of_its_lines() {
         let (addr, daemon) = daemon_on_loopback(None);
@@ -644,21 +680,17 @@ mod tests {
     #[test]
     fn a_handler_that_panics_gives_its_slot_back() {
         let (addr, daemon) = daemon_on_loopback(None);
-        daemon
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .before_engine = Some(Box::new(|| panic!("injected: a handler panics")));
+        *daemon.before_change.lock().unwrap() =
+            Some(Box::new(|| panic!("injected: a handler panics")));
         for n in 0..MAX_CONNECTIONS + 8 {
             let mut c = Client::new(addr);
-            // A change that reaches the engine: the hook panics in the handler's thread.
+            // A change: the hook panics in the handler's thread.
             assert_eq!(c.command(&format!("link add p{n} udp 10.0.0.2")), None);
         }
-        daemon
-            .state
+        *daemon
+            .before_change
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .before_engine = None;
+            .unwrap_or_else(|p| p.into_inner()) = None;
         let mut c = Client::new(addr);
         assert!(c
             .command("show stats")

@@ -5,9 +5,9 @@
 //! Why an index: the local configuration is the running one without these objects, and it
 //! is asked for on every local change (the journal's record leaves the agent's objects out)
 //! and on every synchronisation (the agent derives from the local configuration). Scanning
-//! the record's lists for each object made those quadratic in the overlay's size.
-
-use std::collections::{HashMap, HashSet};
+//! the record's lists for each object made those quadratic in the overlay's size. The index
+//! is made of persistent maps (`imbl`), so that every view the daemon publishes holds a copy
+//! of it for nothing.
 
 use vnet_cluster::{DerivedApplyError, DerivedConfig};
 use vnet_control::{Command, Config, DestRef, Link, Route, RouteOp};
@@ -19,12 +19,33 @@ fn key(r: &Route) -> RouteKey {
     (r.src, r.dst, r.to.clone())
 }
 
+/// Which links and routes are the agent's (cheap to copy: shared until changed).
+#[derive(Debug, Clone, Default)]
+pub struct DerivedIndex {
+    routes: imbl::HashSet<RouteKey>,
+    links: imbl::OrdMap<String, Link>,
+}
+
+impl DerivedIndex {
+    pub fn has_route(&self, r: &Route) -> bool {
+        !self.routes.is_empty() && self.routes.contains(&key(r))
+    }
+
+    pub fn has_link(&self, l: &Link) -> bool {
+        self.links.get(&l.name) == Some(l)
+    }
+
+    /// The agent's links, by name.
+    pub fn links(&self) -> impl Iterator<Item = &Link> {
+        self.links.values()
+    }
+}
+
 /// What the agent applied and has not taken back.
 #[derive(Debug, Default)]
 pub struct DerivedRecord {
     config: DerivedConfig,
-    routes: HashSet<RouteKey>,
-    links: HashMap<String, Link>,
+    index: DerivedIndex,
 }
 
 impl DerivedRecord {
@@ -32,12 +53,16 @@ impl DerivedRecord {
         &self.config
     }
 
+    pub fn index(&self) -> &DerivedIndex {
+        &self.index
+    }
+
     pub fn has_route(&self, r: &Route) -> bool {
-        !self.routes.is_empty() && self.routes.contains(&key(r))
+        self.index.has_route(r)
     }
 
     pub fn has_link(&self, l: &Link) -> bool {
-        self.links.get(&l.name) == Some(l)
+        self.index.has_link(l)
     }
 
     /// The commands that create the record from nothing.
@@ -53,9 +78,9 @@ impl DerivedRecord {
                 let k = (s.src, s.dst, s.to.clone());
                 // `DerivedConfig::apply` refuses a replace, so an add or a delete got here.
                 if *op == RouteOp::Del {
-                    self.routes.remove(&k);
+                    self.index.routes.remove(&k);
                 } else {
-                    self.routes.insert(k);
+                    self.index.routes.insert(k);
                 }
             }
             // A link's coming or going (its routes go with it): rarer than routes; reindexed.
@@ -71,6 +96,7 @@ impl DerivedRecord {
     }
 
     /// The local configuration: `running` without this record's objects.
+    #[cfg(test)]
     pub fn local_config(&self, running: &Config) -> Config {
         let mut local = running.clone();
         local.links.retain(|l| !self.has_link(l));
@@ -85,8 +111,8 @@ impl DerivedRecord {
     }
 
     fn reindex(&mut self) {
-        self.routes = self.config.routes.iter().map(key).collect();
-        self.links = self
+        self.index.routes = self.config.routes.iter().map(key).collect();
+        self.index.links = self
             .config
             .links
             .iter()

@@ -651,11 +651,7 @@ fn run(args: Args) -> Result<()> {
         }
     }
     // What an earlier vnetd made for ports this configuration no longer has.
-    let made_now = daemon
-        .state
-        .lock()
-        .map(|st| st.engine.made_devices())
-        .unwrap_or_default();
+    let made_now = daemon.made_devices();
     remove_made(&earlier, &made_now)?;
     if token.is_none() {
         daemon

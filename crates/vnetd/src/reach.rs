@@ -135,7 +135,9 @@ pub fn start(
     key: PrivateKey,
     s: Settings,
 ) -> Result<(Arc<Handle>, std::thread::JoinHandle<()>)> {
-    let (shared, sock) = daemon.reach_edge();
+    let (shared, sock) = daemon
+        .reach_edge()
+        .context("reach: the daemon's owner thread is gone")?;
     let inbox = shared
         .reach
         .open_inbox()
@@ -619,9 +621,8 @@ fn path_mtu(to: SocketAddr) -> Option<usize> {
 /// CNI host reaches its pods through, or a device vnet made): a path to such an address runs
 /// through the overlay, so the link would carry itself.
 fn local_addresses(daemon: &Daemon) -> Vec<IpAddr> {
-    let ours: Vec<String> = lock(&daemon.state)
-        .cfg
-        .interfaces
+    let ours: Vec<String> = daemon
+        .interfaces()
         .iter()
         .map(|i| i.ifname.clone())
         .collect();
@@ -651,20 +652,6 @@ fn local_addresses(daemon: &Daemon) -> Vec<IpAddr> {
 /// alias says so).
 fn on_overlay(name: &str, alias: Option<&str>, interfaces: &[String]) -> bool {
     interfaces.iter().any(|i| i == name) || alias.is_some_and(|a| a.starts_with("vnet:"))
-}
-
-impl Daemon {
-    /// What the reach thread needs of the data path: its shared state (the inbox, a relay's
-    /// table, the clock) and the VXLAN socket.
-    fn reach_edge(&self) -> (Arc<Shared>, Arc<VxlanSocket>) {
-        let st = lock(&self.state);
-        (st.engine.shared().clone(), st.engine.udp_socket().clone())
-    }
-
-    /// Points the links to the peer with probe key `key` at `path`.
-    fn set_reach_path(&self, key: PublicKey, path: ReachPath) {
-        lock(&self.state).engine.set_reach_path(key, path);
-    }
 }
 
 #[cfg(test)]

@@ -75,6 +75,7 @@ fn snapshot() -> HostSnapshot {
             state: LinkState::Up,
             rate: None,
             encrypted: None,
+            reach: None,
         }],
         interfaces: vec![],
         agent: None,
