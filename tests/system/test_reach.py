@@ -139,6 +139,11 @@ def test_a_site_whose_firewall_drops_all_udp_reaches_everyone_through_a_tcp_tunn
     assert h1["tunnel_datagrams_out"] > 500 and h1["tunnel_datagrams_in"] > 500, h1
     assert r1["relay_forwarded"] > 1000, r1
     assert any(n > 0 for n in fw.values()), fw
+    # show links says each reach link's path (and its MTU: the path to the relay's).
+    links = {l["name"]: l for l in bed.hosts["h1"].ctl_json("show", "links", "json")}
+    to_h2 = next(l for n, l in links.items() if n.startswith("c-h2"))
+    assert to_h2["reach"]["path"] == "relayed-tcp" and to_h2["reach"]["mtu"], to_h2
+    assert "relayed-tcp" in bed.hosts["h1"].ctl("show", "links"), bed.hosts["h1"].ctl("show", "links")
 
 
 def test_links_move_to_another_relay_when_theirs_dies(lab, record):

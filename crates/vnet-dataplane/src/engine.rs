@@ -120,6 +120,9 @@ pub struct ReachPath {
     /// The path's MTU (the largest outer IP packet), when known: a guest's frame that does
     /// not fit is not sent, and its sender is told.
     pub mtu: Option<usize>,
+    /// What reach calls the path (`direct`, `punched`, `relayed`, `tunneled`, `relayed-tcp`),
+    /// for `show links`.
+    pub kind: &'static str,
 }
 
 /// Creates guest NICs of kinds this crate does not implement itself (vhost-user, in

@@ -407,6 +407,7 @@ impl Thread {
                         relay,
                         accept: u.accept.clone(),
                         mtu: self.machine.link_mtu(u.peer).or(kernel_mtu),
+                        kind: u.path.word(),
                     };
                     info!(peer = %name, path = u.path.word(), to = ?path.direct.or(path.relay), mtu = ?path.mtu, "reach: path");
                     if u.path == ReachRoute::Unknown && u.accept.is_empty() {

@@ -45,6 +45,8 @@ impl Engine {
         info!(peer = %vnet_reach::Tag::of(&peer), direct = ?path.direct, relay = ?path.relay,
               accept = ?path.accept, "reach path");
         self.reach_paths.insert(peer, path);
+        // `show links` says each reach link's path.
+        self.ports_changed();
         self.refresh_reach_maps();
     }
 

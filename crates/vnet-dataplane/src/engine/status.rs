@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use vnet_control::status::{
-    CryptoStatus, DataPathKind, DispatchStatus, KernelPathStatus, KernelPortStatus, LinkState,
-    PortRole, PortStatus,
+    CryptoStatus, DataPathKind, DispatchStatus, KernelPathStatus, KernelPortStatus, LinkReach,
+    LinkState, PortRole, PortStatus,
 };
 use vnet_control::{DestKind, FastPathMode};
 use vnet_core::{MatrixEntry, PortCountersSnapshot, PortId};
@@ -34,6 +34,8 @@ pub(crate) struct PortSource {
     pub entry: PortEntry,
     /// Where the kernel counts it, when the kernel serves it.
     pub kernel: Option<CounterSlot>,
+    /// A reach link's path as of the last change of it.
+    pub reach: Option<Arc<LinkReach>>,
 }
 
 /// The ports and the dispatchers as of the last change of either.
@@ -116,6 +118,21 @@ impl Engine {
                     (true, Some(k)) => k.counter_slot(rt.id),
                     _ => None,
                 },
+                reach: rt.reach.map(|(key, configured)| {
+                    let p = self.reach_paths.get(&key);
+                    Arc::new(LinkReach {
+                        path: p
+                            .map(|p| p.kind)
+                            .filter(|k| !k.is_empty())
+                            .unwrap_or("unknown")
+                            .to_string(),
+                        to: p
+                            .and_then(|p| p.direct.or(p.relay))
+                            .or(Some(configured))
+                            .map(|a| a.to_string()),
+                        mtu: p.and_then(|p| p.mtu),
+                    })
+                }),
             };
             match kind {
                 DestKind::Interface => interfaces.insert(name.clone(), src),
@@ -204,16 +221,22 @@ impl EngineStatus {
         }
     }
 
-    /// A link's state and whether it is encrypted, with one look-up: what `show links`'
-    /// text says of a link that its configuration does not.
-    pub fn link_state_encrypted(&self, name: &str) -> (LinkState, bool) {
+    /// A link's state, whether it is encrypted and its reach path, with one look-up: what
+    /// `show links`' text says of a link that its configuration does not.
+    pub fn link_state_encrypted(&self, name: &str) -> (LinkState, bool, Option<Arc<LinkReach>>) {
         match self.port(DestKind::Link, name) {
             Some(p) => (
                 p.entry.port.state(),
                 p.entry.port.as_udp().is_some_and(|u| u.crypto.is_some()),
+                p.reach.clone(),
             ),
-            None => (LinkState::Down, false),
+            None => (LinkState::Down, false, None),
         }
+    }
+
+    /// A reach link's path (`show links`' PATH/MTU); `None` for other links.
+    pub fn link_reach(&self, name: &str) -> Option<LinkReach> {
+        self.port(DestKind::Link, name)?.reach.as_deref().cloned()
     }
 
     /// An encrypted link's session state and counters; `None` for other links.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use vnet_control::status::{
-    DaemonCounters, InterfaceStatus, InterfaceTable, LinkState, LinkStatus, LinkTable,
+    DaemonCounters, InterfaceStatus, InterfaceTable, LinkReach, LinkState, LinkStatus, LinkTable,
     ListenerTable, MatrixReport, RouteStatus, StateStatus, StatsReport,
 };
 use vnet_control::{Config, DestKind, Interface, Route};
@@ -35,7 +35,7 @@ pub struct LinksTextCache(ArcSwapOption<LinksText>);
 /// the pointer compared cannot be reused by another) and each link's state.
 pub struct LinksText {
     ports: Arc<Config>,
-    states: Vec<(LinkState, bool)>,
+    states: Vec<(LinkState, bool, Option<Arc<LinkReach>>)>,
     text: Arc<str>,
 }
 
@@ -119,7 +119,7 @@ impl View {
     /// a copy of it: one look-up per link instead of a row built and formatted per link
     /// (2-3 ms at 1,000 links).
     pub fn links_text(&self, cache: &LinksTextCache) -> Arc<str> {
-        let states: Vec<(LinkState, bool)> = self
+        let states: Vec<(LinkState, bool, Option<Arc<LinkReach>>)> = self
             .ports
             .links
             .iter()
@@ -151,6 +151,7 @@ impl View {
                     self.ports.link_rates.get(&l.name).copied(),
                     self.engine.link_crypto(&l.name),
                 )
+                .with_reach(self.engine.link_reach(&l.name))
             })
             .collect()
     }
