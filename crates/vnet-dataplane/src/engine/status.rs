@@ -9,29 +9,37 @@
 //! handles and made anew only when ports come or go or a setting changes what it reads.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use vnet_control::status::{
     CryptoStatus, DataPathKind, DispatchStatus, KernelPathStatus, KernelPortStatus, LinkReach,
     LinkState, PortRole, PortStatus,
 };
 use vnet_control::{DestKind, FastPathMode};
-use vnet_core::{MatrixEntry, PortCountersSnapshot, PortId};
+use vnet_core::{MatrixEntry, PortCounters, PortCountersSnapshot, PortId, PortInfo};
 use vnet_fastpath::{CounterSlot, Readout};
 use vnet_offload::VirtioNetHdr;
 
 use super::Engine;
 use crate::dispatch::DispatchReadout;
 use crate::forward::FwdCtx;
+use crate::guard::PortGuard;
 use crate::ingress::guest::Ingress;
-use crate::shared::{PortEntry, Shared};
+use crate::port::Port;
+use crate::shared::Shared;
 use crate::udp::VxlanSocket;
 
-/// One port as readers see it.
+/// One port as readers see it: its counters and guard, and the port itself only weakly. A
+/// view a reader holds must not keep a removed port's device open: a script that removes an
+/// interface and adds one of the same name (its TAP now with two queues) opens the device
+/// again before the next view is published, and the old descriptors would make that fail.
 #[derive(Clone)]
 pub(crate) struct PortSource {
     pub id: PortId,
-    pub entry: PortEntry,
+    pub info: PortInfo,
+    pub counters: Arc<PortCounters>,
+    pub guard: Arc<PortGuard>,
+    pub port: Weak<dyn Port>,
     /// Where the kernel counts it, when the kernel serves it.
     pub kernel: Option<CounterSlot>,
     /// A reach link's path as of the last change of it.
@@ -113,7 +121,10 @@ impl Engine {
         for ((kind, name), rt) in &self.ports {
             let src = PortSource {
                 id: rt.id,
-                entry: rt.entry.clone(),
+                info: rt.entry.info.clone(),
+                counters: rt.entry.counters.clone(),
+                guard: rt.entry.guard.clone(),
+                port: Arc::downgrade(&rt.entry.port),
                 kernel: match (rt.kernel, &self.kernel) {
                     (true, Some(k)) => k.counter_slot(rt.id),
                     _ => None,
@@ -167,8 +178,8 @@ impl EngineStatus {
     /// Counters of one port.
     pub fn port_status(&self, kind: DestKind, name: &str) -> Option<PortStatus> {
         let p = self.port(kind, name)?;
-        let mut counters = p.entry.counters.snapshot();
-        let mut policy = p.entry.guard.status();
+        let mut counters = p.counters.snapshot();
+        let mut policy = p.guard.status();
         let kernel = match (p.kernel, self.readout()) {
             (Some(slot), Some(r)) => r.counters(slot).ok().map(|c| {
                 merge_kernel_counters(&mut counters, &c);
@@ -199,7 +210,7 @@ impl EngineStatus {
                 DestKind::Link => PortRole::Link,
             },
             name: name.to_string(),
-            vni: p.entry.info.vni,
+            vni: p.info.vni,
             path: if kernel.is_some() && self.kernel_mode() == FastPathMode::Kernel {
                 DataPathKind::Kernel
             } else {
@@ -207,7 +218,7 @@ impl EngineStatus {
             },
             counters,
             kernel,
-            nic: p.entry.port.nic_status(),
+            nic: p.port.upgrade().and_then(|port| port.nic_status()),
             policy,
         })
     }
@@ -216,7 +227,10 @@ impl EngineStatus {
     /// links are connectionless and always up.
     pub fn link_state(&self, name: &str) -> LinkState {
         match self.port(DestKind::Link, name) {
-            Some(p) => p.entry.port.state(),
+            Some(p) => p
+                .port
+                .upgrade()
+                .map_or(LinkState::Down, |port| port.state()),
             None => LinkState::Down,
         }
     }
@@ -225,11 +239,16 @@ impl EngineStatus {
     /// `show links`' text says of a link that its configuration does not.
     pub fn link_state_encrypted(&self, name: &str) -> (LinkState, bool, Option<Arc<LinkReach>>) {
         match self.port(DestKind::Link, name) {
-            Some(p) => (
-                p.entry.port.state(),
-                p.entry.port.as_udp().is_some_and(|u| u.crypto.is_some()),
-                p.reach.clone(),
-            ),
+            Some(p) => {
+                let port = p.port.upgrade();
+                (
+                    port.as_ref().map_or(LinkState::Down, |port| port.state()),
+                    port.as_ref()
+                        .and_then(|port| port.as_udp())
+                        .is_some_and(|u| u.crypto.is_some()),
+                    p.reach.clone(),
+                )
+            }
             None => (LinkState::Down, false, None),
         }
     }
@@ -241,10 +260,8 @@ impl EngineStatus {
 
     /// An encrypted link's session state and counters; `None` for other links.
     pub fn link_crypto(&self, name: &str) -> Option<CryptoStatus> {
-        let p = self.port(DestKind::Link, name)?;
-        p.entry
-            .port
-            .as_udp()
+        let port = self.port(DestKind::Link, name)?.port.upgrade()?;
+        port.as_udp()
             .and_then(|u| u.crypto.as_ref())
             .map(|c| c.status())
     }
