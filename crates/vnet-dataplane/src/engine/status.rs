@@ -121,7 +121,7 @@ impl Engine {
         for ((kind, name), rt) in &self.ports {
             let src = PortSource {
                 id: rt.id,
-                info: rt.entry.info.clone(),
+                info: rt.entry.info,
                 counters: rt.entry.counters.clone(),
                 guard: rt.entry.guard.clone(),
                 port: Arc::downgrade(&rt.entry.port),
