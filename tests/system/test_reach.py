@@ -223,6 +223,10 @@ def test_forged_probes_and_stun_answers_are_refused(lab, record):
     bed.extra_args = ["--stun", f"{stun_host.underlay_ip}:3478"]
     bed.start()
     bed.wait_paths(timeout=15)
+    # The relay's path too (wait_paths waits for the sites' pairs only): the paths are
+    # compared after the forgeries, so none may still be settling.
+    netlab.wait_until(lambda: all(p["path"] != "unknown" for p in bed.reach("h2")["peers"]), 10, 0.1,
+                      what="h2's path to every peer")
     target = bed.hosts["h2"]  # the public one: reachable by an intruder on the segment
     intruder = bed.wan.public_host("X")
     before = dict(bed.reach("h2")["counters"])
