@@ -343,8 +343,11 @@ class Liveness:
         self.links0 = {h.role: self._link(h) for h in hosts}
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
-        self.ping = g1.popen("ping", "-n", "-D", "-i", "0.1", "-W", "1", g2_ip, stdout=netlab.subprocess.PIPE,
-                             stderr=netlab.subprocess.STDOUT, text=True)
+        # To a file: a pipe nobody reads fills after ~800 lines and stops ping (seen).
+        self.ping_log = g1.lab.workdir / f"liveness-{g1.name}.txt"
+        self._ping_out = open(self.ping_log, "w")
+        self.ping = g1.popen("ping", "-n", "-D", "-i", "0.1", "-W", "1", g2_ip, stdout=self._ping_out,
+                             stderr=netlab.subprocess.STDOUT)
         self._t.start()
 
     @staticmethod
@@ -382,7 +385,9 @@ class Liveness:
         self._stop.set()
         self._t.join(timeout=10)
         self.ping.send_signal(2)
-        text = self.ping.communicate(timeout=10)[0]
+        self.ping.wait(timeout=10)
+        self._ping_out.close()
+        text = self.ping_log.read_text(errors="replace")
         seqs = sorted({int(line.split("icmp_seq=")[1].split()[0]) for line in text.splitlines() if "icmp_seq=" in line
                        and "time=" in line})
         gaps = [b - a - 1 for a, b in zip(seqs, seqs[1:])]
@@ -684,8 +689,29 @@ def write_summary(doc: dict, path: Path) -> None:
     path.write_text(summary(doc))
 
 
+def _plot_wan(doc: dict, ax) -> None:
+    """TCP over the wide-area path, per pair, configuration and congestion control."""
+    w = doc.get("wan")
+    if w:
+        pairs = list(dict.fromkeys(s["pair"] for s in w["samples"]))
+        cfgs = [(pair, c, cc) for pair in pairs for cc in CCS for c in ("native", pair)]
+        tcp = [[s["mbps"] for s in w["samples"] if s["pair"] == pair and s["config"] == c and s.get("cc") == cc
+                and s["metric"] == "tcp" and s.get("mbps")] for pair, c, cc in cfgs]
+        ax.boxplot([t if t else [float("nan")] for t in tcp],
+                   labels=[f"{'native' if c == 'native' else 'vnet'}\n{cc}\n({pair})" for pair, c, cc in cfgs])
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_ylabel("Mbit/s")
+        ax.set_yscale("log")
+        ax.set_title(f"20 ms RTT, {w['path']['loss']} loss each way: TCP over the path")
+
+
 def plot(doc: dict, out: Path) -> list:
     plt = pyplot()
+    if not doc.get("matrix"):
+        # A run of other phases only (--phases): the wide-area panel alone.
+        fig, wan_ax = plt.subplots(1, 1, figsize=(8, 4.8))
+        _plot_wan(doc, wan_ax)
+        return [save(fig, out / "reach.png")]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
     ax = axes[0]
     idx = {k: i for i, k in enumerate(KINDS)}
@@ -709,19 +735,7 @@ def plot(doc: dict, out: Path) -> list:
     ax.set_yticks(range(len(KINDS)), KINDS)
     ax.set_title("guest pairs: first reply after both daemons up\n(red: no reply)")
     fig.colorbar(im, ax=ax, fraction=0.046, label="s")
-    ax = axes[1]
-    w = doc.get("wan")
-    if w:
-        pairs = list(dict.fromkeys(s["pair"] for s in w["samples"]))
-        cfgs = [(pair, c, cc) for pair in pairs for cc in CCS for c in ("native", pair)]
-        tcp = [[s["mbps"] for s in w["samples"] if s["pair"] == pair and s["config"] == c and s.get("cc") == cc
-                and s["metric"] == "tcp" and s.get("mbps")] for pair, c, cc in cfgs]
-        ax.boxplot([t if t else [float("nan")] for t in tcp],
-                   labels=[f"{'native' if c == 'native' else 'vnet'}\n{cc}\n({pair})" for pair, c, cc in cfgs])
-        ax.tick_params(axis="x", labelsize=7)
-        ax.set_ylabel("Mbit/s")
-        ax.set_yscale("log")
-        ax.set_title(f"20 ms RTT, {w['path']['loss']} loss each way: TCP over the path")
+    _plot_wan(doc, axes[1])
     return [save(fig, out / "reach.png")]
 
 
