@@ -344,6 +344,15 @@ impl Stop for StopEither {
     }
 }
 
+/// A read that found nothing within its timeout (or was interrupted): look at the stop flag
+/// and read again.
+fn no_data(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
 /// Runs one tunnel until it closes: TCP to the local end's UDP socket on this thread, the
 /// other way on a second one.
 fn pipe(
@@ -412,15 +421,8 @@ fn pipe(
                         }
                         counters.datagrams_out.fetch_add(1, Relaxed);
                     }
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock
-                                | io::ErrorKind::TimedOut
-                                | io::ErrorKind::Interrupted
-                                // The VXLAN port not there for a moment (a restart).
-                                | io::ErrorKind::ConnectionRefused
-                        ) => {}
+                    // The VXLAN port not there for a moment (a restart) is no reason to close.
+                    Err(e) if no_data(&e) || e.kind() == io::ErrorKind::ConnectionRefused => {}
                     Err(_) => break,
                 }
             }
@@ -444,13 +446,7 @@ fn pipe(
                         break;
                     }
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
-                    ) => {}
+                Err(e) if no_data(&e) => {}
                 Err(_) => break,
             }
         }
