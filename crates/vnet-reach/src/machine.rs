@@ -597,8 +597,17 @@ impl Reach {
         // Pings after the choice: a lost path restarts discovery at once.
         let me = self.public;
         for p in self.peers.values_mut() {
-            let flags = if p.info.relay { FLAG_BIND } else { 0 };
-            for o in p.path.due(now.mono_us, rng) {
+            let orders = p.path.due(now.mono_us, rng);
+            // To a relay, the ping that binds says where to forward this host's frames: the
+            // endpoint its links chose, else (while none is) every one (the first to answer
+            // is chosen and then binds alone, announced at once: PeerPath::choose). A ping
+            // over another endpoint (a discovery round over UDP while on a tunnel, or the
+            // tunnel's while on UDP) must not move the binding away from where the links'
+            // frames are accepted.
+            let chosen = p.path.chosen().map(|c| c.endpoint);
+            for o in orders {
+                let binds = p.info.relay && chosen.is_none_or(|c| c == o.to);
+                let flags = if binds { FLAG_BIND } else { 0 };
                 let ping = ProbeBody::Ping(Ping {
                     txid: o.txid,
                     wall_ms: now.wall_ms,

@@ -126,6 +126,9 @@ pub struct PeerPath {
     step: usize,
     /// Since when no endpoint over UDP has been trusted (None: one is).
     udp_down_since_ms: Option<u64>,
+    /// The choice changed: the new endpoint is pinged at once, not at its next heartbeat (to a
+    /// relay, that ping moves the relay's binding there; see `Reach::tick`).
+    announce: bool,
 }
 
 impl PeerPath {
@@ -337,11 +340,12 @@ impl PeerPath {
         if let Some(c) = self.chosen {
             if let Some(i) = self.endpoints.iter().position(|e| e.endpoint == c) {
                 let last = self.endpoints[i].last_ping_ms.unwrap_or(0);
-                if now_ms.saturating_sub(last) >= HEARTBEAT_MS {
+                if self.announce || now_ms.saturating_sub(last) >= HEARTBEAT_MS {
                     to.push(i);
                 }
             }
         }
+        self.announce = false;
         to.sort_unstable();
         to.dedup();
         let mut out = Vec::with_capacity(to.len());
@@ -395,6 +399,7 @@ impl PeerPath {
             .filter(|c| c.trusted(now_ms))
             .filter(|_| !(current_tunnel && udp_up))
             .map(|c| (c.endpoint, c.rtt_us.unwrap_or(u64::MAX)));
+        let before = self.chosen;
         self.chosen = match (current, best) {
             (Some((c, crtt)), Some((b, brtt))) if b != c => {
                 // Switch only for a clearly better round trip: no flapping between equals.
@@ -407,6 +412,9 @@ impl PeerPath {
             (Some((c, _)), _) => Some(c),
             (None, b) => b.map(|(b, _)| b),
         };
+        if self.chosen.is_some() && self.chosen != before {
+            self.announce = true;
+        }
         match self.chosen {
             None if self.discovery_start_ms.is_none() => self.restart_discovery(now_ms),
             Some(_) => self.discovery_start_ms = None,
@@ -436,6 +444,9 @@ impl PeerPath {
             }
         };
         if let Some(c) = self.chosen() {
+            if self.announce {
+                return now_ms;
+            }
             at(c.last_ping_ms.unwrap_or(now_ms) + HEARTBEAT_MS);
         }
         for e in &self.endpoints {

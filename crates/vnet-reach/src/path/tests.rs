@@ -223,6 +223,10 @@ fn the_wake_time_is_never_in_the_past_nor_a_busy_loop() {
     let o = p.due(0, &mut rng);
     answer_all(&mut p, &o, "10.0.0.2:4789", 1);
     p.choose(1);
+    // A new choice is announced at once (one ping), then the heartbeat's pace.
+    assert_eq!(p.next_wake_ms(1), 1);
+    let o = p.due(MS, &mut rng);
+    assert_eq!(o.len(), 1);
     let w = p.next_wake_ms(1);
     assert!(w > 1 && w <= 2_500, "{w}");
     // Long after everything expired the next wake is still ahead.
