@@ -439,3 +439,67 @@ fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> 
     };
     sa.as_socket()
 }
+
+/// Runs `work` with the calling thread under `SCHED_IDLE`, then puts the thread back under
+/// `SCHED_OTHER`: for work that must take no core from the daemon's own threads, only what they
+/// leave (vnetd's HTTP listener renders a `/metrics` scrape so, `vnet_http::Source::background`;
+/// at 1,000 links a scrape is milliseconds of CPU, and a `show links` waiting behind it for a
+/// core is what the control port's tail latency is made of). Any other thread that wakes takes
+/// the core at once. Only pure work belongs here: no lock that anything else waits for may be
+/// held by a thread everything preempts. Where the kernel refuses the policy, `work` runs as
+/// it is.
+pub fn run_idle<T>(work: impl FnOnce() -> T) -> T {
+    let lowered = set_sched_policy(libc::SCHED_IDLE).is_ok();
+    let out = work();
+    if lowered {
+        // Back to normal for whatever the thread does next; a refusal here leaves it idle,
+        // which costs it only speed.
+        let _ = set_sched_policy(libc::SCHED_OTHER);
+    }
+    out
+}
+
+/// The calling thread's scheduling policy becomes `policy` (priority 0: `SCHED_OTHER`,
+/// `SCHED_BATCH`, `SCHED_IDLE`).
+fn set_sched_policy(policy: libc::c_int) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread only; `param` is a valid sched_param that outlives
+    // the call, and the kernel only reads it.
+    cvt(unsafe { libc::sched_setscheduler(0, policy, &param) }).map(|_| ())
+}
+
+#[cfg(test)]
+mod sched_tests {
+    use super::*;
+
+    fn policy() -> libc::c_int {
+        // SAFETY: pid 0 is the calling thread; nothing is passed.
+        unsafe { libc::sched_getscheduler(0) }
+    }
+
+    #[test]
+    fn idle_work_runs_idle_and_the_thread_comes_back() {
+        std::thread::spawn(|| {
+            assert_eq!(policy(), libc::SCHED_OTHER);
+            let inside = run_idle(policy);
+            // A sandbox may refuse the change; then nothing moved either.
+            assert!(inside == libc::SCHED_IDLE || inside == libc::SCHED_OTHER);
+            if running_as_root() {
+                assert_eq!(inside, libc::SCHED_IDLE);
+            }
+            assert_eq!(policy(), libc::SCHED_OTHER);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Root may always switch to and from SCHED_IDLE (the suite runs as root).
+    fn running_as_root() -> bool {
+        std::fs::read_to_string("/proc/self/status")
+            .map(|s| {
+                s.lines()
+                    .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+            })
+            .unwrap_or(false)
+    }
+}

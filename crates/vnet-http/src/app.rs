@@ -196,11 +196,14 @@ impl Handler for App {
                 .refused(Refusal::Unauthorized);
         }
         match req.path.as_str() {
-            "/metrics" => Response::new(
-                200,
-                metrics::CONTENT_TYPE,
-                metrics::render(&self.source.host(), &self.counters, &self.info),
-            ),
+            "/metrics" => {
+                let snap = self.source.host();
+                let mut body = String::new();
+                self.source.background(&mut || {
+                    body = metrics::render(&snap, &self.counters, &self.info);
+                });
+                Response::new(200, metrics::CONTENT_TYPE, body)
+            }
             "/api/host" => self.host_api(),
             _ => self.overlay_api(),
         }

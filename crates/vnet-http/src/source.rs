@@ -61,4 +61,9 @@ pub trait Source: Send + Sync + 'static {
     fn matrix(&self) -> MatrixReport;
     /// None without `--etcd`.
     fn overlay(&self) -> Option<OverlaySnapshot>;
+    /// Runs `work`, pure rendering of a snapshot already taken, where it takes no core from the
+    /// daemon's own threads (vnetd: under `SCHED_IDLE`). By default, as it is.
+    fn background(&self, work: &mut dyn FnMut()) {
+        work()
+    }
 }

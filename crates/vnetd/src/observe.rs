@@ -96,6 +96,10 @@ impl Source for DaemonSource {
         self.daemon.matrix_report()
     }
 
+    fn background(&self, work: &mut dyn FnMut()) {
+        vnet_dataplane::sys::run_idle(work)
+    }
+
     fn overlay(&self) -> Option<OverlaySnapshot> {
         let reader = self.matrices.as_ref()?;
         let state = self.daemon.last_sync(|_, s| s.clone());
