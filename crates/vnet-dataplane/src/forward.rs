@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use vm_memory::VolatileSlice;
-use vnet_core::{Decision, DropReason, FastMap, PortId, RouteCache, TrafficMatrix};
+use vnet_core::{Decision, DropReason, FastMap, LockRecover, PortId, RouteCache, TrafficMatrix};
 use vnet_offload::{Coalescer, PayloadRef, SegmentList, VirtioNetHdr};
 use vnet_wire::{ethertype, EthernetFrame, Ipv4Packet, ETHERNET_HEADER_LEN, MAX_FRAME_LEN};
 
@@ -171,7 +171,7 @@ impl Decider {
     /// Merges this thread's traffic-matrix counts into the shared matrix.
     fn flush(&mut self, shared: &Shared) {
         if self.pending > 0 {
-            let mut m = shared.matrix.lock().unwrap_or_else(|p| p.into_inner());
+            let mut m = shared.matrix.lock_or_recover();
             m.merge_from(&mut self.matrix);
             self.pending = 0;
         }

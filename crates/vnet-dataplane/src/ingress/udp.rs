@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use socket2::SockAddr;
-use vnet_core::{DropReason, PortId};
+use vnet_core::{DropReason, LockRecover, PortId};
 use vnet_crypto::wire::is_crypto;
 use vnet_crypto::Message;
 use vnet_offload::{claimed_frame_len, gso_header, PayloadRef};
@@ -301,10 +301,7 @@ impl RelayOut {
         if let Some(table) = shared.reach.relay() {
             // This host relays: pass it on, naming the source instead of the destination.
             let now = shared.now_ns();
-            let r = table
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .forward(from, tag, len, now);
+            let r = table.lock_or_recover().forward(from, tag, len, now);
             match r {
                 Ok((src, to)) => {
                     vnet_reach::wire::set_relay_tag(&mut buf[off..end], src);
