@@ -127,9 +127,9 @@ pub struct Link {
     pub kind: LinkKind,
     pub vni: u32,
     /// The peer's static public key when the link is encrypted (udp links only).
-    pub encrypt: Option<vnet_crypto::PublicKey>,
+    pub encrypt: Option<vnet_wire::PublicKey>,
     /// The peer's probe key when vnetd finds the link's path itself (udp links only).
-    pub reach: Option<vnet_crypto::PublicKey>,
+    pub reach: Option<vnet_wire::PublicKey>,
 }
 
 fn ser_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
