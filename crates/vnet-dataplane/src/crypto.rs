@@ -15,7 +15,7 @@ use vnet_crypto::{CryptoError, Message, Now, Peer, PrivateKey, PublicKey, Sessio
 
 use crate::reach::PathCell;
 use crate::sys::{wait_readable, Wake};
-use crate::udp::VxlanSocket;
+use crate::vxlan_socket::VxlanSocket;
 use crate::worker::Worker;
 
 /// How often the timer thread looks at a link (handshake retransmission, rekey, expiry).

@@ -214,7 +214,7 @@ impl<'a> Arrival<'a> {
 
     /// A frame an encrypted link's session authenticated and decrypted in place. Its sender
     /// may have left its TCP/UDP checksum partial (the session's AEAD protects every byte;
-    /// see `ports::udp`): then the header says so (`NEEDS_CSUM`), so a guest gets the frame
+    /// see `ports::udp_link`): then the header says so (`NEEDS_CSUM`), so a guest gets the frame
     /// marked partial and a port toward a network completes the checksum first.
     pub fn authenticated(frame: &'a [u8], at: PayloadRef, bufs: &'a [Vec<u8>]) -> Self {
         Arrival {

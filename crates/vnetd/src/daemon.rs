@@ -433,7 +433,7 @@ impl Daemon {
         &self,
     ) -> Option<(
         Arc<vnet_dataplane::shared::Shared>,
-        Arc<vnet_dataplane::udp::VxlanSocket>,
+        Arc<vnet_dataplane::vxlan_socket::VxlanSocket>,
     )> {
         self.with_state(|st| (st.engine.shared().clone(), st.engine.udp_socket().clone()))
             .ok()

@@ -28,7 +28,7 @@ use vnet_crypto::{PrivateKey, PublicKey};
 use vnet_dataplane::reach::for_socket;
 use vnet_dataplane::shared::Shared;
 use vnet_dataplane::sys::IoPart;
-use vnet_dataplane::udp::VxlanSocket;
+use vnet_dataplane::vxlan_socket::VxlanSocket;
 use vnet_dataplane::ReachPath;
 use vnet_reach::{
     Action, Candidate, CandidateKind, NatMapping, Now, OsRandom, Path as ReachRoute, PeerInfo,
@@ -614,7 +614,9 @@ fn mtu_towards(tunnels: &Tunnels, endpoint: SocketAddr) -> Option<usize> {
 
 /// The MTU the kernel knows for the path to `to`, when it knows one.
 fn path_mtu(to: SocketAddr) -> Option<usize> {
-    vnet_dataplane::udp::path_mtu(to).ok().filter(|m| *m >= 576)
+    vnet_dataplane::vxlan_socket::path_mtu(to)
+        .ok()
+        .filter(|m| *m >= 576)
 }
 
 /// This host's addresses (of its network namespace), for its local candidates: never one on a

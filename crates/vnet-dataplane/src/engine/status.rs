@@ -27,7 +27,7 @@ use crate::guard::PortGuard;
 use crate::ingress::guest::Ingress;
 use crate::port::Port;
 use crate::shared::Shared;
-use crate::udp::VxlanSocket;
+use crate::vxlan_socket::VxlanSocket;
 
 /// One port as readers see it: its counters and guard, and the port itself only weakly. A
 /// view a reader holds must not keep a removed port's device open: a script that removes an

@@ -26,11 +26,11 @@ use vnet_wire::{VxlanPacket, VXLAN_HEADER_LEN};
 use crate::batch::TxBatch;
 use crate::crypto::{self, LinkCrypto, OpenCache};
 use crate::forward::{process, Arrival, FwdCtx};
-use crate::gro::flush_coalescers;
+use crate::gro_to_guest::flush_coalescers;
 use crate::ingress::{Reader, RxWork};
 use crate::shared::{Shared, Snapshot};
 use crate::sys::IoPart;
-use crate::udp::VxlanSocket;
+use crate::vxlan_socket::VxlanSocket;
 
 /// The daemon's VXLAN socket, read by one dispatcher.
 pub struct VxlanReader {
@@ -376,13 +376,13 @@ impl RelayOut {
             // the last, within what one send may carry.
             let mut end = *first_end;
             let mut j = k + 1;
-            while j < self.out.len() && j - k < crate::udp::GSO_MAX_SEGMENTS {
+            while j < self.out.len() && j - k < crate::vxlan_socket::GSO_MAX_SEGMENTS {
                 let (t2, i2, (s2, e2)) = &self.out[j];
                 if t2 != to
                     || i2 != i
                     || *s2 != end
                     || e2 - s2 > size
-                    || e2 - start > crate::udp::GSO_MAX_BYTES
+                    || e2 - start > crate::vxlan_socket::GSO_MAX_BYTES
                 {
                     break;
                 }
