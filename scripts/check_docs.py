@@ -9,7 +9,7 @@ checks that what it names is there:
 - a repository path in an inline code span or a link (`crates/vnet-reach/src/path.rs`,
   `docs/design/reach.md`, `vnetlab/wanlab.py`, [the note](design/reach.md)): a file or
   directory of this checkout. A path with a slash but no top-level directory of the repository
-  first (`ports/udp.rs`, `src/layout_def.rs`) and a bare source file name (`splice.rs`) must be
+  first (`ports/udp_link.rs`, `src/layout_def.rs`) and a bare source file name (`splice.rs`) must be
   the end of some repository path; a link must resolve from the Markdown file's directory;
 - a Rust path (`ForwardingTable::decide`, `vnet_cluster::derive`): every segment a word of
   some Rust source of the repository;
@@ -52,7 +52,7 @@ PATH_EXTS = (
     ".service", ".conf", ".vnet", ".yml", ".yaml", ".8", ".1",
 )
 # A path with a slash that does not start at a top-level directory of the repository
-# (`ports/udp.rs`) is checked with these only: `linux/if_tun.h` is the system's.
+# (`ports/udp_link.rs`) is checked with these only: `linux/if_tun.h` is the system's.
 SUFFIX_EXTS = (".rs", ".py", ".sh", ".c", ".md", ".proto", ".png")
 BARE_EXTS = (".rs", ".py", ".sh")
 # What runs write into the checkout (ignored by git): cited as where output goes.

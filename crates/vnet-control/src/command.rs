@@ -297,11 +297,11 @@ pub struct LinkSpec {
     pub vni: Option<u32>,
     /// `encrypt PEER_KEY` (udp links): the peer host's static public key; the link then
     /// carries Noise-encrypted datagrams instead of plaintext VXLAN.
-    pub encrypt: Option<vnet_crypto::PublicKey>,
+    pub encrypt: Option<vnet_wire::PublicKey>,
     /// `reach PEER_PROBE_KEY` (udp links): the peer host's probe key. vnetd then finds the
     /// link's path itself (its peer's endpoints, hole punching, relays: docs/design/reach.md),
     /// starting from the link's address.
-    pub reach: Option<vnet_crypto::PublicKey>,
+    pub reach: Option<vnet_wire::PublicKey>,
     /// `rate MBIT [burst KB]`: a token bucket on what arrives from this link.
     pub rate: Option<RateLimit>,
 }

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use crate::model::{Config, Interface};
-use crate::render::{interface_line, link_line, route_line, settings_lines};
+use crate::render_config::{interface_line, link_line, route_line, settings_lines};
 
 /// An interface's definition apart from its policy (which `interface set` changes in place).
 fn same_device(a: &Interface, b: &Interface) -> bool {

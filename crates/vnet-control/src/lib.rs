@@ -9,7 +9,7 @@ mod command;
 mod diff;
 mod model;
 mod names;
-mod render;
+mod render_config;
 mod routes;
 pub mod status;
 

@@ -24,8 +24,8 @@ pub const MAX_ROUTES: usize = 100_000;
 /// Most TCP listeners.
 pub const MAX_LISTENERS: usize = 64;
 /// Most lines [`Config::to_script`] renders: one for each port, route and listener, and at
-/// most one for `set learn` and for each data path setting (`render.rs`; 32 is far above
-/// them, tested). A saved configuration is read back within this bound
+/// most one for `set learn` and for each data path setting (`render_config.rs`; 32 is far
+/// above them, tested). A saved configuration is read back within this bound
 /// ([`crate::parse_config`]), not a script's: what the control port accepted, in as many
 /// batches as it took, always reads back.
 pub const MAX_CONFIG_LINES: usize = MAX_PORTS + MAX_ROUTES + MAX_LISTENERS + 32;
@@ -127,9 +127,9 @@ pub struct Link {
     pub kind: LinkKind,
     pub vni: u32,
     /// The peer's static public key when the link is encrypted (udp links only).
-    pub encrypt: Option<vnet_crypto::PublicKey>,
+    pub encrypt: Option<vnet_wire::PublicKey>,
     /// The peer's probe key when vnetd finds the link's path itself (udp links only).
-    pub reach: Option<vnet_crypto::PublicKey>,
+    pub reach: Option<vnet_wire::PublicKey>,
 }
 
 fn ser_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {

@@ -13,7 +13,7 @@
 
 use std::sync::Mutex;
 
-use vnet_core::FastMap;
+use vnet_core::{FastMap, LockRecover};
 
 /// Where each name was last seen in one list.
 #[derive(Debug, Default)]
@@ -29,7 +29,7 @@ impl NameHints {
         name: &str,
         name_of: impl Fn(&T) -> &str,
     ) -> Option<&'a T> {
-        let mut at = self.at.lock().unwrap_or_else(|p| p.into_inner());
+        let mut at = self.at.lock_or_recover();
         if let Some(x) = at.get(name).and_then(|&i| items.get(i)) {
             if name_of(x) == name {
                 return Some(x);

@@ -1,9 +1,9 @@
 //! What the daemon reports about itself: the typed answers behind every `show` (text and
 //! JSON), and what metrics and the live view read. The data path fills these structs; their
-//! text form is their `Display` (the tables are in `status/render.rs`), their JSON form (serde)
-//! is what `show ... json` prints. A field renamed here is renamed everywhere at compile time,
-//! instead of printing `null` where a key was read back by name: keep the JSON keys and the
-//! text columns stable, scripts and tests read them.
+//! text form is their `Display` (the tables are in `status/render_show.rs`), their JSON form
+//! (serde) is what `show ... json` prints. A field renamed here is renamed everywhere at
+//! compile time, instead of printing `null` where a key was read back by name: keep the JSON
+//! keys and the text columns stable, scripts and tests read them.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,7 +17,7 @@ use crate::routes::Route;
 
 mod columns;
 mod reach;
-mod render;
+mod render_show;
 
 pub use columns::{Col, Columns};
 pub use reach::{ReachPeer, ReachReport};

@@ -14,6 +14,7 @@ mod matrix;
 mod ratelimit;
 mod route;
 mod stats;
+mod sync;
 #[cfg(test)]
 mod testing;
 
@@ -26,6 +27,7 @@ pub use matrix::{MatrixEntry, TrafficMatrix, MATRIX_CAPACITY};
 pub use ratelimit::TokenBucket;
 pub use route::{MacMatch, RouteRule, RouteTable};
 pub use stats::{DropReason, PortCounters, PortCountersSnapshot};
+pub use sync::{CondvarRecover, LockRecover, RwLockRecover};
 
 /// Hash maps on the forwarding path: aHash (fast, and keyed per process so a guest choosing
 /// MACs cannot aim collisions at a table).

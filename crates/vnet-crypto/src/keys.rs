@@ -1,12 +1,12 @@
-//! Static X25519 host keys: parsing and printing (base64 of the 32 raw bytes, as WireGuard
-//! writes them), generation, and deriving the public key from the private one.
+//! Static X25519 host keys: generation, deriving the public key from the private one, and the
+//! private key's text (base64 of the 32 raw bytes, as WireGuard writes them). The public key's
+//! type and text form are `vnet-wire`'s ([`PublicKey`], re-exported here): the control
+//! language carries keys without linking this crate.
 
 use std::fmt;
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
-
-pub const KEY_LEN: usize = 32;
+use vnet_wire::{decode_key, encode_key, KeyParseError};
+pub use vnet_wire::{PublicKey, KEY_LEN};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
@@ -18,32 +18,12 @@ pub enum KeyError {
     Generate(String),
 }
 
-fn decode(s: &str) -> Result<[u8; KEY_LEN], KeyError> {
-    let bytes = STANDARD
-        .decode(s.trim())
-        .map_err(|e| KeyError::Base64(e.to_string()))?;
-    <[u8; KEY_LEN]>::try_from(bytes.as_slice()).map_err(|_| KeyError::Length(bytes.len()))
-}
-
-/// A host's public key: what a peer's link names with `encrypt`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PublicKey(pub [u8; KEY_LEN]);
-
-impl PublicKey {
-    pub fn parse(s: &str) -> Result<PublicKey, KeyError> {
-        decode(s).map(PublicKey)
-    }
-}
-
-impl fmt::Display for PublicKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&STANDARD.encode(self.0))
-    }
-}
-
-impl fmt::Debug for PublicKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PublicKey({self})")
+impl From<KeyParseError> for KeyError {
+    fn from(e: KeyParseError) -> KeyError {
+        match e {
+            KeyParseError::Base64(why) => KeyError::Base64(why),
+            KeyParseError::Length(n) => KeyError::Length(n),
+        }
     }
 }
 
@@ -53,7 +33,7 @@ pub struct PrivateKey(pub [u8; KEY_LEN]);
 
 impl PrivateKey {
     pub fn parse(s: &str) -> Result<PrivateKey, KeyError> {
-        decode(s).map(PrivateKey)
+        Ok(PrivateKey(decode_key(s)?))
     }
 
     /// A new random key (from the OS's random source, through snow).
@@ -78,7 +58,7 @@ impl PrivateKey {
 
     /// The file form: base64 and a newline.
     pub fn to_base64(&self) -> String {
-        STANDARD.encode(self.0)
+        encode_key(&self.0)
     }
 }
 
@@ -123,8 +103,8 @@ mod tests {
 
     #[test]
     fn bad_keys() {
-        assert!(matches!(PublicKey::parse("!!"), Err(KeyError::Base64(_))));
-        assert_eq!(PublicKey::parse("AAAA"), Err(KeyError::Length(3)));
+        assert!(matches!(PrivateKey::parse("!!"), Err(KeyError::Base64(_))));
+        assert_eq!(PrivateKey::parse("AAAA"), Err(KeyError::Length(3)));
         assert!(format!("{:?}", PrivateKey([7; 32])).contains(".."));
     }
 }

@@ -18,7 +18,7 @@ use crate::counters::OffloadCounters;
 use crate::crypto::LinkCrypto;
 use crate::reach::{LinkPath, PathCell};
 use crate::sys::IoPart;
-use crate::udp::{VxlanSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use crate::vxlan_socket::{VxlanSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 use socket2::SockAddr;
 
 /// The sending side of a udp link.

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tracing::{debug, info, warn};
 use vnet_control::status::CryptoStatus;
-use vnet_core::{DropReason, PortCounters};
+use vnet_core::{DropReason, LockRecover, PortCounters};
 use vnet_crypto::{CryptoError, Message, Now, Peer, PrivateKey, PublicKey, Session, Timers};
 
 use crate::reach::PathCell;
 use crate::sys::{wait_readable, Wake};
-use crate::udp::VxlanSocket;
+use crate::vxlan_socket::VxlanSocket;
 use crate::worker::Worker;
 
 /// How often the timer thread looks at a link (handshake retransmission, rekey, expiry).
@@ -123,7 +123,7 @@ impl LinkCrypto {
     }
 
     fn peer(&self) -> std::sync::MutexGuard<'_, Peer> {
-        self.peer.lock().unwrap_or_else(|p| p.into_inner())
+        self.peer.lock_or_recover()
     }
 
     /// The session to seal outgoing datagrams with; `None` drops them (`no_session`).

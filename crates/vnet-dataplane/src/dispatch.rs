@@ -27,6 +27,7 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 use vnet_control::status::DispatcherStatus;
 use vnet_control::{DataPathSettings, DispatchMode, YieldStrategy};
+use vnet_core::LockRecover;
 
 use crate::forward::IDLE_TICK;
 use crate::ingress::{RxWork, Source};
@@ -169,24 +170,21 @@ impl DState {
     }
 
     fn count(&self) -> usize {
-        self.sources.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.sources.lock_or_recover().len()
     }
 
     fn add(&self, s: Arc<Source>) {
         if let Err(e) = sys::epoll_add(&self.epoll, s.reader.fd(), s.id) {
             warn!(dispatcher = self.index, "epoll add: {e}");
         }
-        self.sources
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(s);
+        self.sources.lock_or_recover().push(s);
         self.gen.fetch_add(1, SeqCst);
         sys::signal(&self.wake);
     }
 
     /// Removes a source and waits (up to 2 s) until the thread no longer uses it.
     fn remove(&self, s: &Arc<Source>) -> bool {
-        let mut v = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = self.sources.lock_or_recover();
         let Some(pos) = v.iter().position(|x| x.id == s.id) else {
             return false;
         };
@@ -508,7 +506,7 @@ fn serve(st: &DState, shared: &Arc<Shared>, settings: &ArcSwap<DataPathSettings>
     while !st.stop.load(Relaxed) {
         let g = st.gen.load(SeqCst);
         if g != local_gen {
-            local = st.sources.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            local = st.sources.lock_or_recover().clone();
             local_gen = g;
             st.seen.store(g, SeqCst);
         }

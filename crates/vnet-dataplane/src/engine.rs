@@ -19,7 +19,7 @@ use vnet_core::{ForwardingTable, PortId, PortInfo, PortKind, Touched};
 use crate::dispatch::DispatcherSet;
 use crate::guard::PortGuard;
 use crate::ingress::guest::Ingress;
-use crate::ingress::udp::VxlanReader;
+use crate::ingress::vxlan_reader::VxlanReader;
 use crate::ingress::Source;
 use crate::kernel::KernelPath;
 use crate::made::{Made, MadeDevice};
@@ -28,7 +28,7 @@ use crate::ports::nic::NicPort;
 use crate::ports::tcp;
 use crate::ports::{self, OpenError, Opened};
 use crate::shared::{PortEntry, Shared};
-use crate::udp::VxlanSocket;
+use crate::vxlan_socket::VxlanSocket;
 use crate::worker::Worker;
 
 /// Errors from creating OS objects for a configuration change.
@@ -352,7 +352,7 @@ impl Engine {
                     &self.udp
                 };
                 let mut o =
-                    ports::udp::open(l, *to, sock, self.static_key.as_ref()).map_err(err)?;
+                    ports::udp_link::open(l, *to, sock, self.static_key.as_ref()).map_err(err)?;
                 let v6 = self.udp.local_addr().is_ipv6();
                 o.reach = l.reach.map(|k| (k, crate::reach::for_socket(*to, v6)));
                 o

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use vm_memory::VolatileSlice;
-use vnet_core::{Decision, DropReason, FastMap, PortId, RouteCache, TrafficMatrix};
+use vnet_core::{Decision, DropReason, FastMap, LockRecover, PortId, RouteCache, TrafficMatrix};
 use vnet_offload::{Coalescer, PayloadRef, SegmentList, VirtioNetHdr};
 use vnet_wire::{ethertype, EthernetFrame, Ipv4Packet, ETHERNET_HEADER_LEN, MAX_FRAME_LEN};
 
@@ -171,7 +171,7 @@ impl Decider {
     /// Merges this thread's traffic-matrix counts into the shared matrix.
     fn flush(&mut self, shared: &Shared) {
         if self.pending > 0 {
-            let mut m = shared.matrix.lock().unwrap_or_else(|p| p.into_inner());
+            let mut m = shared.matrix.lock_or_recover();
             m.merge_from(&mut self.matrix);
             self.pending = 0;
         }
@@ -214,7 +214,7 @@ impl<'a> Arrival<'a> {
 
     /// A frame an encrypted link's session authenticated and decrypted in place. Its sender
     /// may have left its TCP/UDP checksum partial (the session's AEAD protects every byte;
-    /// see `ports::udp`): then the header says so (`NEEDS_CSUM`), so a guest gets the frame
+    /// see `ports::udp_link`): then the header says so (`NEEDS_CSUM`), so a guest gets the frame
     /// marked partial and a port toward a network completes the checksum first.
     pub fn authenticated(frame: &'a [u8], at: PayloadRef, bufs: &'a [Vec<u8>]) -> Self {
         Arrival {

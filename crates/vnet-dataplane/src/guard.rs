@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use vnet_control::status::{PolicyStatus, RateStatus};
 use vnet_control::{PortPolicy, RateLimit};
-use vnet_core::{DropReason, TokenBucket};
+use vnet_core::{DropReason, LockRecover, TokenBucket};
 use vnet_wire::MacAddr;
 
 #[derive(Debug)]
@@ -60,7 +60,7 @@ impl PortGuard {
     /// its state.
     pub fn set(&self, p: &PortPolicy) {
         self.any_source.store(p.any_source, Relaxed);
-        let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = self.bucket.lock_or_recover();
         let same = matches!((&*b, p.rate), (Some((old, _)), Some(new)) if *old == new);
         if !same {
             *b = p.rate.map(|r| {
@@ -90,7 +90,7 @@ impl PortGuard {
 
     fn admit(&self, len: usize) -> bool {
         let now = self.now_ns();
-        let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = self.bucket.lock_or_recover();
         match &mut *b {
             Some((_, bucket)) => bucket.admit(now, len),
             None => true,
@@ -111,7 +111,7 @@ impl PortGuard {
     /// For `show stats`: the policy and the bucket's fill.
     pub fn status(&self) -> PolicyStatus {
         let now = self.now_ns();
-        let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = self.bucket.lock_or_recover();
         PolicyStatus {
             rate: b.as_mut().map(|(r, bucket)| RateStatus {
                 mbit: r.mbit,

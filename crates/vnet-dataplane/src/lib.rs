@@ -6,13 +6,13 @@
 //!             and threads) and how frames leave through it
 //! dispatch    dispatcher threads: epoll, polling, modes, pinning            (dispatch.rs)
 //! ingress     how frames enter: a Reader per source kind, Source            (ingress/)
-//! gro         coalesced frames to guest NICs, flushed at a batch's end      (gro.rs)
+//! gro_to_guest coalesced frames to guest NICs, flushed at a batch's end     (gro_to_guest.rs)
 //! forward     a frame's decision, and its fan-out through Port::send        (forward.rs)
 //! shared      the snapshot of ports and routes, learning, the matrix        (shared.rs)
 //! port        the interface between forward and ports                       (port.rs)
 //! batch       UDP datagrams deferred to the end of a batch                  (batch.rs)
-//! devices     TAP, VXLAN socket, packet socket, guest-NIC trait, guards,    (tap.rs, udp.rs, ...)
-//!             an encrypted link's edge, the offload counters (counters.rs)
+//! devices     TAP, VXLAN socket, packet socket, guest-NIC trait, guards,    (tap.rs,
+//!             an encrypted link's edge, the offload counters (counters.rs)   vxlan_socket.rs, ...)
 //!             and what outlives vnetd (made.rs: devices vnetd made, adopted on restart)
 //! os          system calls, netlink, namespaces, threads                     (sys.rs, netns.rs, ...)
 //!             and the underlay's rtnetlink events                             (underlay_watch.rs)
@@ -30,7 +30,7 @@ pub mod dispatch;
 pub mod engine;
 pub mod forward;
 pub mod fragment;
-pub mod gro;
+pub mod gro_to_guest;
 pub mod guard;
 pub mod ingress;
 pub mod kernel;
@@ -46,8 +46,8 @@ pub mod shared;
 pub mod sys;
 pub mod tap;
 pub mod too_big;
-pub mod udp;
 pub mod underlay_watch;
+pub mod vxlan_socket;
 mod worker;
 
 #[cfg(test)]

@@ -24,6 +24,8 @@ use std::io;
 use std::str::FromStr;
 use std::sync::RwLock;
 
+use vnet_core::RwLockRecover;
+
 use crate::netlink::Rtnl;
 use crate::netns;
 
@@ -228,12 +230,12 @@ static OWNER: RwLock<Owner> = RwLock::new(Owner {
 
 /// Sets who this process is (vnetd: once, before any port opens).
 pub fn set_owner(o: Owner) {
-    *OWNER.write().unwrap_or_else(|e| e.into_inner()) = o;
+    *OWNER.write_or_recover() = o;
 }
 
 /// Who this process is.
 pub fn owner() -> Owner {
-    OWNER.read().unwrap_or_else(|e| e.into_inner()).clone()
+    OWNER.read_or_recover().clone()
 }
 
 /// The alias this process puts on a device it makes for interface `name`.

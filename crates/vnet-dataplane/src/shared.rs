@@ -21,7 +21,7 @@ use crate::counters::OffloadCounters;
 use crate::guard::PortGuard;
 use crate::port::Port;
 use crate::reach::ReachEdge;
-use crate::udp::VxlanSocket;
+use crate::vxlan_socket::VxlanSocket;
 
 /// What the forwarding threads know of a port.
 #[derive(Clone)]

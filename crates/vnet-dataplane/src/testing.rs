@@ -21,7 +21,7 @@ use crate::guard::PortGuard;
 use crate::nic::GuestNic;
 use crate::port::{Frame, Port, Tx};
 use crate::shared::{PortEntry, Shared, Snapshot};
-use crate::udp::VxlanSocket;
+use crate::vxlan_socket::VxlanSocket;
 
 /// Moves the calling test's thread into a network namespace of its own; false (with a line
 /// saying why the test skips) without root or when unshare fails.

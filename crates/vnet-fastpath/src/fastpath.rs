@@ -23,7 +23,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use vnet_core::PortId;
+use vnet_core::{LockRecover, PortId};
 
 use crate::compile::{CompiledTable, FwdEntry, FwdKey};
 use crate::error::Error;
@@ -109,7 +109,7 @@ impl std::fmt::Debug for OuterCacheInvalidator {
 
 impl OuterCacheInvalidator {
     pub fn invalidate(&self) -> Result<(), Error> {
-        let map = self.epoch.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.epoch.lock_or_recover();
         let now = map.lookup(&0)?.unwrap_or(0);
         map.update(&0, &now.wrapping_add(1))
     }

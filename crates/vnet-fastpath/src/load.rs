@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapHandle, PrintLevel};
+use vnet_core::LockRecover;
 
 use crate::attach::held_links;
 use crate::compile::CompiledTable;
@@ -27,7 +28,7 @@ use crate::takeover::Earlier;
 static LOAD_LOG: Mutex<String> = Mutex::new(String::new());
 
 fn collect_log(_level: PrintLevel, msg: String) {
-    let mut log = LOAD_LOG.lock().unwrap_or_else(|e| e.into_inner());
+    let mut log = LOAD_LOG.lock_or_recover();
     // Bounded: a verifier log can be long; keep its end, where the reason is.
     if log.len() > 256 * 1024 {
         let cut = log.len() - 128 * 1024;
@@ -94,11 +95,11 @@ impl FastPath {
             )));
         }
         let prev = libbpf_rs::get_print();
-        LOAD_LOG.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        LOAD_LOG.lock_or_recover().clear();
         libbpf_rs::set_print(Some((PrintLevel::Info, collect_log)));
         let res = Self::load(cfg);
         libbpf_rs::set_print(prev);
-        let log = std::mem::take(&mut *LOAD_LOG.lock().unwrap_or_else(|e| e.into_inner()));
+        let log = std::mem::take(&mut *LOAD_LOG.lock_or_recover());
         res.map_err(|e| classify(e, &log))
     }
 

@@ -11,6 +11,7 @@ use vnet_agent::{DataPlane, StartRead, SyncReport};
 use vnet_cluster::{Derivation, DerivedConfig};
 use vnet_control::status::ClusterStatus;
 use vnet_control::{Command, Config, Route};
+use vnet_core::LockRecover;
 
 /// Routes that must be present (`want`) or absent (`gone`) in the recorded configuration.
 /// Kept up to date from the commands applied (so a probe costs the size of the change, not
@@ -169,17 +170,17 @@ impl Recorder {
 
     /// The agent's whole reads of the overlay so far.
     pub fn reads(&self) -> Vec<StartRead> {
-        lock(&self.reads).clone()
+        self.reads.lock_or_recover().clone()
     }
 
     /// How many leases the agent lost so far.
     pub fn leases_lost(&self) -> u64 {
-        lock(&self.leases).lost
+        self.leases.lock_or_recover().lost
     }
 
     /// Changes the local configuration (a VM arriving), as the control port would.
     pub fn change_local(&self, cmd: &Command) -> anyhow::Result<()> {
-        let mut local = lock(&self.local);
+        let mut local = self.local.lock_or_recover();
         local
             .apply(cmd, &mut || vnet_wire::MacAddr::ZERO)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -188,39 +189,38 @@ impl Recorder {
     }
 
     pub fn derived(&self) -> DerivedConfig {
-        lock(&self.derived).clone()
+        self.derived.lock_or_recover().clone()
     }
 
     /// The numbers of derived links and routes (without copying them: the bring-up loop asks
     /// every agent every 50 ms, and at 1,000 hosts a copy is 8,000 routes).
     pub fn counts(&self) -> (usize, usize) {
-        let d = lock(&self.derived);
+        let d = self.derived.lock_or_recover();
         (d.links.len(), d.routes.len())
     }
 
     /// Sets a probe, checked now and after every synchronisation.
     pub fn set_probe(&self, mut probe: Probe) {
-        let derived = lock(&self.derived);
+        let derived = self.derived.lock_or_recover();
         probe.start(&derived);
-        *lock(&self.probe) = Some(probe);
+        *self.probe.lock_or_recover() = Some(probe);
     }
 
     pub fn take_probe(&self) -> Option<Probe> {
-        lock(&self.probe).take()
+        self.probe.lock_or_recover().take()
     }
 
     pub fn probe_done(&self) -> bool {
-        lock(&self.probe).as_ref().is_none_or(|p| p.done.is_some())
+        self.probe
+            .lock_or_recover()
+            .as_ref()
+            .is_none_or(|p| p.done.is_some())
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl DataPlane for Recorder {
     fn local_config(&self) -> Config {
-        lock(&self.local).clone()
+        self.local.lock_or_recover().clone()
     }
 
     fn local_changes(&self) -> u64 {
@@ -228,8 +228,8 @@ impl DataPlane for Recorder {
     }
 
     fn apply_derived(&self, derivation: &Derivation, delta: Option<&[Command]>) -> SyncReport {
-        let mut derived = lock(&self.derived);
-        let mut probe = lock(&self.probe);
+        let mut derived = self.derived.lock_or_recover();
+        let mut probe = self.probe.lock_or_recover();
         // The agent's delta when given (the cost of the change); the whole diff otherwise, or
         // when the delta does not apply (the record would then differ from the derivation).
         let mut cmds: Vec<Command> = Vec::new();
@@ -284,11 +284,11 @@ impl DataPlane for Recorder {
 
     fn set_cluster_status(&self, status: ClusterStatus) {
         self.connected.store(status.connected, Relaxed);
-        lock(&self.leases).saw(status.lease.as_deref());
+        self.leases.lock_or_recover().saw(status.lease.as_deref());
     }
 
     fn read_at_start(&self, read: &StartRead) {
-        lock(&self.reads).push(read.clone());
+        self.reads.lock_or_recover().push(read.clone());
     }
 }
 

@@ -31,7 +31,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
-use vnet_core::DropReason;
+use vnet_core::{DropReason, LockRecover};
 use vnet_dataplane::forward::FwdCtx;
 use vnet_dataplane::sys::{MmsgReceiver, Msg};
 use vnet_dataplane::{CutThrough, CutThroughLink, DecidedFrames};
@@ -271,7 +271,7 @@ impl Dev {
         b.later.clear();
         // Datagrams of a valid VXLAN header not written into the guest's buffers.
         let mut fallback = 0u64;
-        let mut ctx = self.ctx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ctx = self.ctx.lock_or_recover();
         // `w`: the next buffer to fill. Only frames for the guest take one, so buffers are
         // still used in ring order.
         let mut w = 0;
@@ -417,7 +417,7 @@ impl Dev {
             }
         }
         if !frames.is_empty() || !others.is_empty() {
-            let mut ctx = self.ctx.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ctx = self.ctx.lock_or_recover();
             if !frames.is_empty() {
                 self.ingress.forward_from(&mut ctx, d.link.port, &frames);
             }

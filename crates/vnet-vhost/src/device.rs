@@ -23,7 +23,7 @@ use virtio_bindings::virtio_net::*;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vnet_core::DropReason;
+use vnet_core::{DropReason, LockRecover};
 use vnet_dataplane::forward::FwdCtx;
 use vnet_dataplane::Ingress;
 use vnet_offload::VIRTIO_NET_HDR_LEN;
@@ -183,7 +183,7 @@ impl Ring {
 
     fn reset(&mut self, done: &Mutex<NotifyCounters>) {
         let c = self.notifier.counters;
-        add_counters(&mut done.lock().unwrap_or_else(|p| p.into_inner()), &c);
+        add_counters(&mut done.lock_or_recover(), &c);
         let cfgp = self.notifier.policy;
         let (a, b) = (self.notifier.alpha, self.notifier.beta);
         self.queue.reset();
@@ -224,11 +224,6 @@ pub struct Dev {
     pub broken: AtomicBool,
     pub stats: Stats,
     pub ctx: Mutex<FwdCtx>,
-}
-
-#[inline]
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 pub(crate) fn invalid(why: impl Into<String>) -> io::Error {
@@ -291,7 +286,7 @@ impl Dev {
     }
 
     pub fn rx_ring_lock(&self, pair: usize) -> MutexGuard<'_, Ring> {
-        lock(&self.rings[2 * (pair % self.pairs)])
+        self.rings[2 * (pair % self.pairs)].lock_or_recover()
     }
 
     pub fn event_idx(&self) -> bool {
@@ -301,7 +296,7 @@ impl Dev {
     pub(crate) fn ring(&self, index: u32) -> io::Result<MutexGuard<'_, Ring>> {
         self.rings
             .get(index as usize)
-            .map(lock)
+            .map(|r| r.lock_or_recover())
             .ok_or_else(|| invalid(format!("ring {index} does not exist")))
     }
 
@@ -309,7 +304,7 @@ impl Dev {
     pub fn configure(&self, cfg: NetConfig) {
         self.cfg.store(Arc::new(cfg));
         for r in &self.rings {
-            let mut r = lock(r);
+            let mut r = r.lock_or_recover();
             r.notifier.policy = cfg.policy;
             r.notifier.alpha = cfg.alpha;
             r.notifier.beta = cfg.beta;
@@ -319,7 +314,7 @@ impl Dev {
     /// The frontend went away (or misbehaved): forget its memory and rings.
     pub fn reset(&self, s: &mut Session) {
         for r in &self.rings {
-            lock(r).reset(&self.stats.rx_notify_done);
+            r.lock_or_recover().reset(&self.stats.rx_notify_done);
         }
         self.mem.store(None);
         self.acked.store(0, SeqCst);
@@ -351,22 +346,28 @@ impl Dev {
     /// Queue pairs whose receive and transmit rings both run.
     pub fn pairs_started(&self) -> usize {
         (0..self.pairs)
-            .filter(|k| lock(&self.rings[2 * k]).live() && lock(&self.rings[2 * k + 1]).live())
+            .filter(|k| {
+                self.rings[2 * k].lock_or_recover().live()
+                    && self.rings[2 * k + 1].lock_or_recover().live()
+            })
             .count()
     }
 
     /// Frames waiting for the guest's receive buffers now, over all receive rings.
     pub fn rx_backlog(&self) -> usize {
         (0..self.pairs)
-            .map(|k| lock(&self.rings[2 * k]).backlog.len())
+            .map(|k| self.rings[2 * k].lock_or_recover().backlog.len())
             .sum()
     }
 
     /// Receive-side notification counters, over all rings and connections.
     pub fn notify_counters(&self) -> NotifyCounters {
-        let mut c = *lock(&self.stats.rx_notify_done);
+        let mut c = *self.stats.rx_notify_done.lock_or_recover();
         for k in 0..self.pairs {
-            add_counters(&mut c, &lock(&self.rings[2 * k]).notifier.counters);
+            add_counters(
+                &mut c,
+                &self.rings[2 * k].lock_or_recover().notifier.counters,
+            );
         }
         c
     }

@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 use vnet_control::status::{NicStatus, VhostUserStatus};
 use vnet_control::{DataPathSettings, Interface, NotifyMode};
+use vnet_core::LockRecover;
 use vnet_dataplane::sys::{self, ControlOperation, Epoll, EpollEvent, EventSet};
 use vnet_dataplane::{GuestNic, Ingress, NicFactory};
 use vnet_offload::VirtioNetHdr;
@@ -169,7 +170,7 @@ impl Drop for VhostNic {
     fn drop(&mut self) {
         self.dev.stop.store(true, SeqCst);
         let _ = self.dev.wake.write(1);
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(t) = self.thread.lock_or_recover().take() {
             let _ = t.join();
         }
         if !self.client {
@@ -348,12 +349,7 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
         if s.kicks_changed {
             s.kicks_changed = false;
             for (i, r) in dev.rings.iter().enumerate() {
-                let fd = r
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .kick
-                    .as_ref()
-                    .map(|f| f.as_raw_fd());
+                let fd = r.lock_or_recover().kick.as_ref().map(|f| f.as_raw_fd());
                 if fd != ring_fds[i] {
                     if let Some(old) = ring_fds[i] {
                         let _ = epoll.del(old);
@@ -415,7 +411,7 @@ fn run_session(dev: &Dev, stream: &mut UnixStream, s: &mut Session) -> io::Resul
                 t => {
                     let i = (t - TOKEN_RING) as usize;
                     if let Some(r) = dev.rings.get(i) {
-                        if let Some(k) = r.lock().unwrap_or_else(|p| p.into_inner()).kick.as_ref() {
+                        if let Some(k) = r.lock_or_recover().kick.as_ref() {
                             drain_eventfd(k);
                         }
                     }

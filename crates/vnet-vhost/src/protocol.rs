@@ -12,10 +12,11 @@ use tracing::warn;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::QueueT;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+use vnet_core::LockRecover;
 use vnet_dataplane::GuestFrame;
 use vnet_offload::VirtioNetHdr;
 
-use crate::device::{invalid, lock, Dev, GuestMem, Session};
+use crate::device::{invalid, Dev, GuestMem, Session};
 use crate::msg::{self, proto, MemRegion, Request, F_PROTOCOL_FEATURES};
 use crate::sigbus;
 
@@ -38,7 +39,7 @@ impl Dev {
                 self.acked.store(v, SeqCst);
                 let eidx = v & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
                 for r in &self.rings {
-                    let mut r = lock(r);
+                    let mut r = r.lock_or_recover();
                     r.queue.set_event_idx(eidx);
                     if v & F_PROTOCOL_FEATURES == 0 {
                         // Without protocol features every ring is enabled at once.
@@ -200,7 +201,7 @@ impl Dev {
         f[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 3]);
         f[22..28].copy_from_slice(&mac);
         f[32..38].copy_from_slice(&mac);
-        let mut ctx = lock(&self.ctx);
+        let mut ctx = self.ctx.lock_or_recover();
         self.ingress.forward_guest(
             &mut ctx,
             &[(VirtioNetHdr::default(), GuestFrame::Copied(&f[..]))],

@@ -13,10 +13,10 @@ use std::time::Instant;
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress};
-use vnet_core::DropReason;
+use vnet_core::{DropReason, LockRecover};
 use vnet_offload::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 
-use crate::device::{lock, Dev, Mem, Ring, HDR_LEN};
+use crate::device::{Dev, Mem, Ring, HDR_LEN};
 use crate::notify::{Action, Notifier, RingView};
 
 impl Dev {
@@ -48,7 +48,7 @@ impl Dev {
             return Err(DropReason::TxError);
         }
         let cfg = self.cfg.load();
-        let mut ring = lock(self.rx_ring(queue));
+        let mut ring = self.rx_ring(queue).lock_or_recover();
         if !ring.live() {
             return Err(DropReason::TxError);
         }
@@ -103,7 +103,12 @@ impl Dev {
     /// The earliest backstop re-check any receive ring wants.
     pub fn backstop_deadline(&self) -> Option<Instant> {
         (0..self.pairs)
-            .filter_map(|k| lock(&self.rings[2 * k]).notifier.backstop_deadline())
+            .filter_map(|k| {
+                self.rings[2 * k]
+                    .lock_or_recover()
+                    .notifier
+                    .backstop_deadline()
+            })
             .min()
     }
 
@@ -119,7 +124,7 @@ impl Dev {
         };
         let now = Instant::now();
         for k in 0..self.pairs {
-            let mut r = lock(&self.rings[2 * k]);
+            let mut r = self.rings[2 * k].lock_or_recover();
             if !r.live() {
                 continue;
             }
@@ -142,7 +147,7 @@ impl Dev {
         let mrg = self.acked.load(Relaxed) & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0;
         let now = Instant::now();
         for k in 0..self.pairs {
-            let mut r = lock(&self.rings[2 * k]);
+            let mut r = self.rings[2 * k].lock_or_recover();
             if !r.live() || r.backlog.is_empty() {
                 continue;
             }

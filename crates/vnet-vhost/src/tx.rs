@@ -8,11 +8,12 @@ use std::sync::atomic::Ordering::*;
 
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, VolatileSlice};
+use vnet_core::LockRecover;
 use vnet_dataplane::GuestFrame;
 use vnet_offload::VirtioNetHdr;
 use vnet_wire::MAX_FRAME_LEN;
 
-use crate::device::{lock, Dev, Mem, HDR_LEN};
+use crate::device::{Dev, Mem, HDR_LEN};
 
 const TX_BATCH: usize = 64;
 const MAX_TX_CHAIN: usize = HDR_LEN + MAX_FRAME_LEN;
@@ -32,7 +33,7 @@ impl Dev {
         let Some(ring) = self.rings.get(index) else {
             return;
         };
-        let mut ring = lock(ring);
+        let mut ring = ring.lock_or_recover();
         if !ring.live() {
             return;
         }
@@ -101,7 +102,7 @@ impl Dev {
         self.stats.tx_cut_through.fetch_add(cut, Relaxed);
         self.stats.tx_copied.fetch_add(copied, Relaxed);
         if !frames.is_empty() {
-            let mut ctx = lock(&self.ctx);
+            let mut ctx = self.ctx.lock_or_recover();
             self.ingress.forward_guest(&mut ctx, &frames);
         }
     }

@@ -6,7 +6,8 @@
 //! Why one crate for every layer: the data path reads Ethernet, VLAN, IP and TCP/UDP headers
 //! (offloads, the cut-through receive), the control side builds ARP/RARP frames, and issue 31
 //! builds ICMP "too big" errors; one set of views means one place where offsets live and where
-//! hostile input is bounded.
+//! hostile input is bounded. A host key's text form lives here too ([`PublicKey`]): the
+//! control language and the cluster's records name peers by key without linking the crypto.
 //!
 //! Nothing here does I/O (but `MacAddr::random`, behind the `random` feature, which reads the
 //! kernel's random source). A view made with `new_checked` has been checked to hold every
@@ -25,6 +26,7 @@ mod icmpv4;
 mod icmpv6;
 mod ipv4;
 mod ipv6;
+mod key;
 mod mac;
 mod stream;
 mod tcp;
@@ -45,6 +47,7 @@ pub use icmpv6::{
 };
 pub use ipv4::{Ipv4Packet, Ipv4Repr, IPV4_HEADER_LEN};
 pub use ipv6::{Ipv6Packet, Ipv6Repr, IPV6_HEADER_LEN, IPV6_MIN_MTU};
+pub use key::{decode_key, encode_key, KeyParseError, PublicKey, KEY_LEN};
 pub use mac::{MacAddr, MacParseError};
 pub use stream::{
     stream_record_prefix, StreamDecoder, StreamHello, STREAM_HELLO_LEN, STREAM_LEN_PREFIX,

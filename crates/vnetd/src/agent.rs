@@ -5,6 +5,7 @@ use vnet_agent::{DataPlane, SyncReport};
 use vnet_cluster::{ClusterState, Derivation};
 use vnet_control::status::ClusterStatus;
 use vnet_control::{Command, Config};
+use vnet_core::LockRecover;
 
 use crate::daemon::Daemon;
 
@@ -39,10 +40,7 @@ impl DataPlane for Daemon {
     /// Called on every pass of the agent's loop (ten times a second when idle), so the host
     /// record is touched only when the lease changed.
     fn set_cluster_status(&self, status: ClusterStatus) {
-        let mut current = self
-            .cluster_status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut current = self.cluster_status.lock_or_recover();
         let lease_changed = current.as_ref().is_none_or(|c| c.lease != status.lease);
         if let (true, Some(saver)) = (lease_changed, self.saver()) {
             // The lease outlives a restart: the next vnetd renews it.

@@ -22,6 +22,7 @@ use tracing::{debug, warn};
 use vnet_client::protocol;
 use vnet_client::{MAX_BATCH_BYTES, MAX_BATCH_LINES};
 use vnet_control::MAX_LINE_LEN;
+use vnet_core::LockRecover;
 use vnet_http::app::same_secret;
 
 use crate::daemon::Daemon;
@@ -125,10 +126,6 @@ impl<T> Slots<T> {
 
 type SharedSlots = Arc<Mutex<Slots<TcpStream>>>;
 
-fn lock_slots(s: &SharedSlots) -> std::sync::MutexGuard<'_, Slots<TcpStream>> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// One connection's slot, given back when it drops (a handler's end, a panic's unwinding, a
 /// thread that could not be started).
 struct Slot {
@@ -140,7 +137,7 @@ struct Slot {
 impl Slot {
     fn authenticate(&mut self) -> Result<(), Refusal> {
         if !self.authed {
-            lock_slots(&self.slots).authenticate(self.id)?;
+            self.slots.lock_or_recover().authenticate(self.id)?;
             self.authed = true;
         }
         Ok(())
@@ -149,7 +146,9 @@ impl Slot {
     /// Whether it was evicted while it waited.
     fn evicted(&self) -> bool {
         !self.authed
-            && !lock_slots(&self.slots)
+            && !self
+                .slots
+                .lock_or_recover()
                 .waiting
                 .iter()
                 .any(|(i, _)| *i == self.id)
@@ -158,7 +157,7 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        lock_slots(&self.slots).release(self.id, self.authed);
+        self.slots.lock_or_recover().release(self.id, self.authed);
     }
 }
 
@@ -170,7 +169,7 @@ fn serve_with(listener: TcpListener, daemon: Arc<Daemon>, token: Option<String>,
         let Ok(close) = stream.try_clone() else {
             continue;
         };
-        let (id, evicted) = lock_slots(&slots).admit(close);
+        let (id, evicted) = slots.lock_or_recover().admit(close);
         if let Some(old) = evicted {
             // Its handler reads the end of the stream and answers why.
             daemon.control_errors.fetch_add(1, Relaxed);
@@ -687,10 +686,7 @@ mod tests {
             // A change: the hook panics in the handler's thread.
             assert_eq!(c.command(&format!("link add p{n} udp 10.0.0.2")), None);
         }
-        *daemon
-            .before_change
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
+        *daemon.before_change.lock_or_recover() = None;
         let mut c = Client::new(addr);
         assert!(c
             .command("show stats")

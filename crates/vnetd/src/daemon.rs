@@ -34,6 +34,7 @@ use vnet_control::status::{
 };
 use vnet_control::Interface;
 use vnet_control::{parse_config, parse_line, parse_script, Command, Config, ShowWhat};
+use vnet_core::LockRecover;
 use vnet_dataplane::{Engine, Leave};
 use vnet_wire::MacAddr;
 
@@ -248,7 +249,7 @@ impl Daemon {
     /// journaled by the owner, acknowledged (Ok) here only once it is on disk.
     fn apply_commands(&self, cmds: Vec<(usize, Command)>) -> Result<String, String> {
         #[cfg(test)]
-        if let Some(hook) = &*self.before_change.lock().unwrap_or_else(|p| p.into_inner()) {
+        if let Some(hook) = &*self.before_change.lock_or_recover() {
             hook();
         }
         let saving = self.inbox.run(move |o| apply_commands_in(o, cmds))??;
@@ -276,7 +277,7 @@ impl Daemon {
     /// and the state it derived from when the agent hands one over (at most about once a
     /// second: a copy costs the overlay's size).
     pub fn cluster_synced(&self, state: Option<&ClusterState>) {
-        let mut seen = self.cluster_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.cluster_seen.lock_or_recover();
         let now = std::time::Instant::now();
         match (state, seen.as_mut()) {
             (Some(s), _) => *seen = Some((now, s.clone())),
@@ -292,8 +293,7 @@ impl Daemon {
         f: impl FnOnce(std::time::Instant, &ClusterState) -> T,
     ) -> Option<T> {
         self.cluster_seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .as_ref()
             .map(|(at, s)| f(*at, s))
     }
@@ -370,11 +370,7 @@ impl Daemon {
 
     /// `show cluster`: the agent's status and what it applied.
     pub fn cluster_report(&self) -> ClusterReport {
-        let agent = self
-            .cluster_status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let agent = self.cluster_status.lock_or_recover().clone();
         ClusterReport {
             agent,
             derived: self.view().derived_lines(),
@@ -437,7 +433,7 @@ impl Daemon {
         &self,
     ) -> Option<(
         Arc<vnet_dataplane::shared::Shared>,
-        Arc<vnet_dataplane::udp::VxlanSocket>,
+        Arc<vnet_dataplane::vxlan_socket::VxlanSocket>,
     )> {
         self.with_state(|st| (st.engine.shared().clone(), st.engine.udp_socket().clone()))
             .ok()

@@ -33,6 +33,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use tracing::warn;
+use vnet_core::{CondvarRecover, LockRecover};
 
 use crate::journal::{self, Kind};
 use crate::state::{Resources, StateDir, DERIVED};
@@ -188,7 +189,7 @@ impl Saver {
 
     /// How the writes go (`show stats`).
     pub fn health(&self) -> Health {
-        lock(&self.shared.health).clone()
+        self.shared.health.lock_or_recover().clone()
     }
 
     /// Makes every write of kind `io` fail with the OS error `errno` (None: work again). An
@@ -197,7 +198,7 @@ impl Saver {
     /// test mounts one).
     #[cfg(test)]
     pub fn inject(&self, io: Io, errno: Option<i32>) {
-        let mut f = lock(&self.shared.faults);
+        let mut f = self.shared.faults.lock_or_recover();
         f.retain(|(k, _)| *k != io);
         if let Some(e) = errno {
             f.push((io, e));
@@ -216,7 +217,7 @@ impl Saver {
                 journal::MAX_PAYLOAD
             ));
         }
-        let mut j = lock(&self.shared.journal);
+        let mut j = self.shared.journal.lock_or_recover();
         let Some(seq) = journal::next_seq(j.last) else {
             drop(j);
             return Err(self
@@ -292,7 +293,7 @@ impl Saver {
         warn!("state: {why}; writing the whole configuration instead");
         // The next record starts a segment of its own.
         {
-            let mut j = lock(&s.journal);
+            let mut j = s.journal.lock_or_recover();
             if j.current
                 .as_ref()
                 .is_some_and(|c| Arc::ptr_eq(c, &a.segment))
@@ -316,7 +317,7 @@ impl Saver {
     /// Cuts the journal for a compaction: called under the daemon's state lock, with the
     /// configuration rendered under it; returns the sequence the rendered file includes.
     pub fn cut(&self, file_bytes: usize) -> u64 {
-        let mut j = lock(&self.shared.journal);
+        let mut j = self.shared.journal.lock_or_recover();
         if let Some(s) = j.current.take() {
             j.retired = Some(s);
         }
@@ -335,31 +336,31 @@ impl Saver {
 
     /// Where a compaction renders the local configuration from.
     pub fn set_local_source(&self, f: LocalSource) {
-        *lock(&self.shared.local_source) = Some(f);
+        *self.shared.local_source.lock_or_recover() = Some(f);
     }
 
     fn ask_compaction(&self) {
-        lock(&self.shared.pending).compact = true;
+        self.shared.pending.lock_or_recover().compact = true;
         self.shared.wake.notify_one();
     }
 
     /// Where the derived configuration is rendered from when [`Saver::derived_changed`] says
     /// it changed.
     pub fn set_derived_source(&self, f: DerivedSource) {
-        *lock(&self.shared.derived_source) = Some(f);
+        *self.shared.derived_source.lock_or_recover() = Some(f);
     }
 
     /// The derived configuration changed: rendered from the source and written within half
     /// a second.
     pub fn derived_changed(&self) {
-        let mut p = lock(&self.shared.pending);
+        let mut p = self.shared.pending.lock_or_recover();
         p.derived_dirty = true;
         self.shared.wake.notify_one();
     }
 
     /// The derived configuration changed: written within half a second.
     pub fn derived(&self, generation: u64, script: String) {
-        let mut p = lock(&self.shared.pending);
+        let mut p = self.shared.pending.lock_or_recover();
         if p.derived.as_ref().is_none_or(|(g, _)| *g < generation) {
             p.derived = Some((generation, script));
             self.shared.wake.notify_one();
@@ -369,18 +370,18 @@ impl Saver {
     /// Changes the host record (devices made, the lease) with `f`; written in the background
     /// when it changed.
     pub fn update_resources(&self, f: impl FnOnce(&mut Resources)) {
-        let mut r = lock(&self.shared.resources);
+        let mut r = self.shared.resources.lock_or_recover();
         let before = r.clone();
         f(&mut r);
         if *r != before {
-            let mut p = lock(&self.shared.pending);
+            let mut p = self.shared.pending.lock_or_recover();
             p.resources = Some(r.clone());
             self.shared.wake.notify_one();
         }
     }
 
     pub fn resources(&self) -> Resources {
-        lock(&self.shared.resources).clone()
+        self.shared.resources.lock_or_recover().clone()
     }
 
     /// Writes what is pending, folds the journal into the file (so that an older vnetd,
@@ -388,16 +389,20 @@ impl Saver {
     pub fn flush(&self) {
         self.shared.stop.store(true, Relaxed);
         self.shared.wake.notify_one();
-        if let Some(t) = lock(&self.thread).take() {
+        if let Some(t) = self.thread.lock_or_recover().take() {
             let _ = t.join();
         }
         // Only when this run wrote the file and appended since, or could not save what runs
         // (a start that failed to restore must leave the saved configuration as it found it).
-        let appended = lock(&self.shared.journal).last;
-        if lock(&self.shared.local_written).is_some_and(|w| appended > w)
-            || lock(&self.shared.health).unsaved
+        let appended = self.shared.journal.lock_or_recover().last;
+        if self
+            .shared
+            .local_written
+            .lock_or_recover()
+            .is_some_and(|w| appended > w)
+            || self.shared.health.lock_or_recover().unsaved
         {
-            lock(&self.shared.pending).compact = true;
+            self.shared.pending.lock_or_recover().compact = true;
         }
         write_pending(&self.shared);
     }
@@ -407,7 +412,7 @@ impl Shared {
     /// Counts a failed write and keeps its error; `failing` too when it was the local
     /// configuration's (`other`: a derived or host record). Returns the error.
     fn failed(&self, what: String, other: bool) -> String {
-        let mut h = lock(&self.health);
+        let mut h = self.health.lock_or_recover();
         h.errors += 1;
         h.last_error = Some(what.clone());
         if !other {
@@ -417,18 +422,18 @@ impl Shared {
     }
 
     fn succeeded(&self) {
-        lock(&self.health).failing = false;
+        self.health.lock_or_recover().failing = false;
     }
 
     fn set_unsaved(&self) {
-        lock(&self.health).unsaved = true;
+        self.health.lock_or_recover().unsaved = true;
         self.wake.notify_one();
     }
 
     /// An injected fault for this kind of write, if a test set one.
     #[cfg(test)]
     fn check(&self, io: Io) -> std::io::Result<()> {
-        match lock(&self.faults).iter().find(|(k, _)| *k == io) {
+        match self.faults.lock_or_recover().iter().find(|(k, _)| *k == io) {
             Some((_, errno)) => Err(std::io::Error::from_raw_os_error(*errno)),
             None => Ok(()),
         }
@@ -440,16 +445,12 @@ impl Shared {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Syncs the segment before `s` if it was not yet known synced or included in the file
 /// (holding `s.prev`'s lock, so no record of `s` is taken as durable before it), then `s` and
 /// its directory entry. A segment whose sync failed once fails every later sync through it.
 fn sync_segment(sh: &Shared, s: &Segment) -> std::io::Result<()> {
     {
-        let mut prev = lock(&s.prev);
+        let mut prev = s.prev.lock_or_recover();
         if let Some(p) = prev.as_ref() {
             if p.last.load(Relaxed) > sh.durable_through.load(Relaxed) {
                 sync_segment(sh, p)?;
@@ -457,7 +458,7 @@ fn sync_segment(sh: &Shared, s: &Segment) -> std::io::Result<()> {
         }
         *prev = None;
     }
-    if let Some(why) = lock(&s.failed).clone() {
+    if let Some(why) = s.failed.lock_or_recover().clone() {
         return Err(std::io::Error::other(format!(
             "a sync of this segment failed before ({why}): it is not trusted again"
         )));
@@ -474,7 +475,7 @@ fn sync_segment(sh: &Shared, s: &Segment) -> std::io::Result<()> {
             Ok(())
         });
     if let Err(e) = &synced {
-        *lock(&s.failed) = Some(e.to_string());
+        *s.failed.lock_or_recover() = Some(e.to_string());
     }
     synced
 }
@@ -483,7 +484,7 @@ fn sync_segment(sh: &Shared, s: &Segment) -> std::io::Result<()> {
 /// lock by the source, written here. Ok(None): no source to render from.
 fn compact(s: &Shared) -> Result<Option<u64>, String> {
     let rendered = {
-        let source = lock(&s.local_source);
+        let source = s.local_source.lock_or_recover();
         source.as_ref().and_then(|f| f())
     };
     match rendered {
@@ -493,7 +494,7 @@ fn compact(s: &Shared) -> Result<Option<u64>, String> {
 }
 
 fn write_whole(s: &Shared, seq: u64, script: &str) -> Result<(), String> {
-    let mut written = lock(&s.local_written);
+    let mut written = s.local_written.lock_or_recover();
     if written.is_some_and(|w| seq <= w) {
         return Ok(());
     }
@@ -508,7 +509,7 @@ fn write_whole(s: &Shared, seq: u64, script: &str) -> Result<(), String> {
             *written = Some(seq);
             s.durable_through.fetch_max(seq, Relaxed);
             {
-                let mut h = lock(&s.health);
+                let mut h = s.health.lock_or_recover();
                 h.failing = false;
                 h.unsaved = false;
             }
@@ -522,14 +523,14 @@ fn write_whole(s: &Shared, seq: u64, script: &str) -> Result<(), String> {
 }
 
 fn write_pending(s: &Shared) {
-    let mut p = std::mem::take(&mut *lock(&s.pending));
+    let mut p = std::mem::take(&mut *s.pending.lock_or_recover());
     if p.compact {
         if let Err(e) = compact(s) {
             warn!("state: {e}");
         }
     }
     if p.derived_dirty {
-        let source = lock(&s.derived_source);
+        let source = s.derived_source.lock_or_recover();
         if let Some(rendered) = source.as_ref().and_then(|f| f()) {
             if p.derived.as_ref().is_none_or(|(g, _)| *g < rendered.0) {
                 p.derived = Some(rendered);
@@ -537,7 +538,7 @@ fn write_pending(s: &Shared) {
         }
     }
     if let Some((generation, text)) = p.derived {
-        let mut last = lock(&s.derived_written);
+        let mut last = s.derived_written.lock_or_recover();
         if generation > *last {
             match s.dir.write(DERIVED, &text) {
                 Ok(()) => *last = generation,
@@ -561,7 +562,7 @@ fn write_pending(s: &Shared) {
 fn background(s: &Shared) {
     while !s.stop.load(Relaxed) {
         {
-            let p = lock(&s.pending);
+            let p = s.pending.lock_or_recover();
             let idle = |p: &mut Pending| {
                 p.derived.is_none()
                     && !p.derived_dirty
@@ -570,17 +571,11 @@ fn background(s: &Shared) {
                     && !s.stop.load(Relaxed)
             };
             // While the running configuration is not saved, a whole write every few seconds.
-            if lock(&s.health).unsaved {
-                let (mut p, _) = s
-                    .wake
-                    .wait_timeout_while(p, RETRY_EVERY, idle)
-                    .unwrap_or_else(|p| p.into_inner());
-                p.compact |= lock(&s.health).unsaved;
+            if s.health.lock_or_recover().unsaved {
+                let (mut p, _) = s.wake.wait_timeout_while_or_recover(p, RETRY_EVERY, idle);
+                p.compact |= s.health.lock_or_recover().unsaved;
             } else {
-                let _unused = s
-                    .wake
-                    .wait_while(p, idle)
-                    .unwrap_or_else(|p| p.into_inner());
+                let _unused = s.wake.wait_while_or_recover(p, idle);
             }
         }
         // Half a second after the first change before writing (a stop cuts the wait short,
@@ -589,11 +584,10 @@ fn background(s: &Shared) {
         // move reaching hundreds of daemons on one machine, a cold start); and at most one
         // write per interval.
         {
-            let p = lock(&s.pending);
+            let p = s.pending.lock_or_recover();
             let _unused = s
                 .wake
-                .wait_timeout_while(p, BACKGROUND_EVERY, |_| !s.stop.load(Relaxed))
-                .unwrap_or_else(|p| p.into_inner());
+                .wait_timeout_while_or_recover(p, BACKGROUND_EVERY, |_| !s.stop.load(Relaxed));
         }
         if s.stop.load(Relaxed) {
             break;

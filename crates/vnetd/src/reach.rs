@@ -15,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
@@ -23,11 +23,12 @@ use socket2::SockAddr;
 use tracing::{debug, info, warn};
 use vnet_cluster::{CandidateRecord, HostId, HostReach, HostRecord, CAP_RELAY};
 use vnet_control::status::{ReachPeer, ReachReport};
+use vnet_core::LockRecover;
 use vnet_crypto::{PrivateKey, PublicKey};
 use vnet_dataplane::reach::for_socket;
 use vnet_dataplane::shared::Shared;
 use vnet_dataplane::sys::IoPart;
-use vnet_dataplane::udp::VxlanSocket;
+use vnet_dataplane::vxlan_socket::VxlanSocket;
 use vnet_dataplane::ReachPath;
 use vnet_reach::{
     Action, Candidate, CandidateKind, NatMapping, Now, OsRandom, Path as ReachRoute, PeerInfo,
@@ -101,27 +102,26 @@ pub struct Handle {
     probe_key: PublicKey,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Handle {
     /// The host records changed (the agent's hook).
     pub fn hosts_changed(&self, hosts: &BTreeMap<HostId, HostRecord>) {
-        *lock(&self.hosts) = Some(hosts.clone());
+        *self.hosts.lock_or_recover() = Some(hosts.clone());
     }
 
     /// The reach part of this host's record to publish: the probe key from the start, the
     /// rest once the machine has said it.
     pub fn to_publish(&self) -> HostReach {
-        lock(&self.publish).clone().unwrap_or_else(|| HostReach {
-            probe_key: Some(self.probe_key.to_string()),
-            ..Default::default()
-        })
+        self.publish
+            .lock_or_recover()
+            .clone()
+            .unwrap_or_else(|| HostReach {
+                probe_key: Some(self.probe_key.to_string()),
+                ..Default::default()
+            })
     }
 
     pub fn report(&self) -> ReachReport {
-        lock(&self.report).clone()
+        self.report.lock_or_recover().clone()
     }
 
     pub fn stop(&self) {
@@ -251,7 +251,7 @@ impl Thread {
             }
             let now = self.now();
             let now_ms = now.mono_ms();
-            let hosts = lock(&self.handle.hosts).take();
+            let hosts = self.handle.hosts.lock_or_recover().take();
             if let Some(hosts) = hosts {
                 self.set_hosts(&hosts, now, &mut out);
             }
@@ -266,7 +266,7 @@ impl Thread {
             self.act(&mut out, now_ms);
             if now_ms >= next_report {
                 if let Some(t) = &self.relay {
-                    lock(t).expire(now_ms);
+                    t.lock_or_recover().expire(now_ms);
                 }
                 self.report(now);
                 next_report = now_ms + REPORT_EVERY_MS;
@@ -368,7 +368,7 @@ impl Thread {
                 .filter_map(HostRecord::probe_key)
                 .map(|k| Tag::of(&k))
                 .collect();
-            lock(t).set_members(members);
+            t.lock_or_recover().set_members(members);
         }
         debug!(peers = peers.len(), "reach: hosts changed");
         self.machine.set_peers(peers, now, &mut self.rng, out);
@@ -446,11 +446,11 @@ impl Thread {
                         relays,
                     };
                     info!(candidates = rec.candidates.len(), nat = ?rec.nat, relays = ?rec.relays, "reach: publishing");
-                    *lock(&self.handle.publish) = Some(rec);
+                    *self.handle.publish.lock_or_recover() = Some(rec);
                 }
                 Action::RelayBind { tag, endpoint } => {
                     if let Some(t) = &self.relay {
-                        if !lock(t).bind(tag, endpoint, now_ms) {
+                        if !t.lock_or_recover().bind(tag, endpoint, now_ms) {
                             warn!(%tag, %endpoint, "reach: relay binding refused");
                         }
                     }
@@ -508,7 +508,7 @@ impl Thread {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         if let Some(t) = &self.relay {
-            let t = lock(t);
+            let t = t.lock_or_recover();
             let r = &t.counters;
             counters.extend(
                 [
@@ -569,7 +569,7 @@ impl Thread {
                 .collect(),
             counters,
         };
-        *lock(&self.handle.report) = report;
+        *self.handle.report.lock_or_recover() = report;
     }
 }
 
@@ -614,7 +614,9 @@ fn mtu_towards(tunnels: &Tunnels, endpoint: SocketAddr) -> Option<usize> {
 
 /// The MTU the kernel knows for the path to `to`, when it knows one.
 fn path_mtu(to: SocketAddr) -> Option<usize> {
-    vnet_dataplane::udp::path_mtu(to).ok().filter(|m| *m >= 576)
+    vnet_dataplane::vxlan_socket::path_mtu(to)
+        .ok()
+        .filter(|m| *m >= 576)
 }
 
 /// This host's addresses (of its network namespace), for its local candidates: never one on a

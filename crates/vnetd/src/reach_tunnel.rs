@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
+use vnet_core::LockRecover;
 use vnet_reach::Tag;
 
 /// Tunnels a relay accepts at once.
@@ -404,9 +405,9 @@ fn pipe(
     let done = AtomicBool::new(false);
     let last_in = std::sync::Mutex::new(Instant::now());
     let touch = || {
-        *last_in.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        *last_in.lock_or_recover() = Instant::now();
     };
-    let idle = || last_in.lock().unwrap_or_else(|p| p.into_inner()).elapsed() >= IDLE;
+    let idle = || last_in.lock_or_recover().elapsed() >= IDLE;
     let over = || done.load(Relaxed) || stop.stopped() || idle();
     std::thread::scope(|s| {
         // Local end -> TCP.

@@ -108,7 +108,7 @@ pub(super) fn parse_link(w: &mut Words) -> Result<LinkSpec, ParseError> {
                     return err("option encrypt is for udp links only".to_string());
                 }
                 let k = w.next("the peer's public key (base64)")?;
-                let key = vnet_crypto::PublicKey::parse(k)
+                let key = vnet_wire::PublicKey::parse(k)
                     .map_err(|e| ParseError(format!("encrypt {}: {e}", quote(k))))?;
                 set_once(&mut encrypt, key, opt)?
             }
@@ -117,7 +117,7 @@ pub(super) fn parse_link(w: &mut Words) -> Result<LinkSpec, ParseError> {
                     return err("option reach is for udp links only".to_string());
                 }
                 let k = w.next("the peer's probe key (base64)")?;
-                let key = vnet_crypto::PublicKey::parse(k)
+                let key = vnet_wire::PublicKey::parse(k)
                     .map_err(|e| ParseError(format!("reach {}: {e}", quote(k))))?;
                 set_once(&mut reach, key, opt)?
             }

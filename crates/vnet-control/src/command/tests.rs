@@ -355,7 +355,7 @@ fn script_reports_line() {
 proptest! {
     #[test]
     fn encrypt_key_round_trips(key in proptest::array::uniform32(any::<u8>()), vni in 1u32..1 << 24) {
-        let k = vnet_crypto::PublicKey(key);
+        let k = vnet_wire::PublicKey(key);
         let line = format!("link add e udp 10.0.0.1 vni {vni} encrypt {k}");
         let cmd = parse_line(&line).unwrap().unwrap();
         let ok = matches!(cmd, Command::LinkAdd(LinkSpec { encrypt: Some(got), vni: Some(v), .. }) if got == k && v == vni);

@@ -16,7 +16,7 @@ use vnet_control::status::{
     LinkState, PortRole, PortStatus,
 };
 use vnet_control::{DestKind, FastPathMode};
-use vnet_core::{MatrixEntry, PortCounters, PortCountersSnapshot, PortId, PortInfo};
+use vnet_core::{LockRecover, MatrixEntry, PortCounters, PortCountersSnapshot, PortId, PortInfo};
 use vnet_fastpath::{CounterSlot, Readout};
 use vnet_offload::VirtioNetHdr;
 
@@ -27,7 +27,7 @@ use crate::guard::PortGuard;
 use crate::ingress::guest::Ingress;
 use crate::port::Port;
 use crate::shared::Shared;
-use crate::udp::VxlanSocket;
+use crate::vxlan_socket::VxlanSocket;
 
 /// One port as readers see it: its counters and guard, and the port itself only weakly. A
 /// view a reader holds must not keep a removed port's device open: a script that removes an
@@ -302,7 +302,7 @@ impl EngineStatus {
     /// The traffic matrix: vnetd's own, with the kernel's share merged in; and the frames of
     /// pairs either had no room for.
     pub fn matrix(&self) -> (Vec<MatrixEntry>, u64) {
-        let m = self.shared.matrix.lock().unwrap_or_else(|p| p.into_inner());
+        let m = self.shared.matrix.lock_or_recover();
         let (mut entries, mut overflow) = (m.entries(), m.overflow());
         drop(m);
         if let Some(r) = self.readout() {

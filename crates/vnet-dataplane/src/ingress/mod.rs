@@ -14,7 +14,7 @@
 pub mod guest;
 pub mod packet;
 pub mod tap;
-pub mod udp;
+pub mod vxlan_reader;
 
 use std::io;
 use std::os::fd::RawFd;
@@ -28,7 +28,7 @@ use crate::batch::TxBatch;
 use crate::forward::{process, Arrival, FwdCtx};
 use crate::shared::{Shared, Snapshot};
 use crate::sys::{MmsgReceiver, Msg};
-use crate::udp::Received;
+use crate::vxlan_socket::Received;
 
 /// Frames (or UDP messages) read from one descriptor per pass.
 pub const BATCH: usize = 32;
@@ -69,7 +69,7 @@ pub struct RxWork {
     pub(crate) msgs: Vec<Msg>,
     pub(crate) recvd: Vec<Received>,
     /// Datagrams of the current receive batch, after decryption (see [`udp`]).
-    pub(crate) plan: Vec<udp::RxItem>,
+    pub(crate) plan: Vec<vxlan_reader::RxItem>,
 }
 
 impl RxWork {

@@ -14,7 +14,7 @@ pub mod netdev;
 pub mod nic;
 pub mod punt;
 pub mod tcp;
-pub mod udp;
+pub mod udp_link;
 pub mod veth;
 
 use std::net::IpAddr;

@@ -5,7 +5,7 @@
 //! [`Coalescer`] for that NIC, which verifies each TCP segment's checksums and merges
 //! consecutive segments of a flow (segments an encrypted link authenticated with their
 //! checksums left partial are merged unverified); at the end of the receive batch
-//! (`gro::flush_coalescers`) each run goes to the guest as one frame with a GSO virtio-net
+//! (`gro_to_guest::flush_coalescers`) each run goes to the guest as one frame with a GSO virtio-net
 //! header. A guest without offloads gets ordinary frames with complete checksums.
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -16,7 +16,7 @@ use vnet_control::DataPathSettings;
 use vnet_core::DropReason;
 use vnet_offload::{GroOutput, Offered, VirtioNetHdr};
 
-use crate::gro::emit;
+use crate::gro_to_guest::emit;
 use crate::ingress::tap::TapReader;
 use crate::ingress::Source;
 use crate::made::{Made, MadeDevice};

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use vnet_control::status::LinkState;
 
 use tracing::{debug, info, warn};
-use vnet_core::{DropReason, PortId};
+use vnet_core::{CondvarRecover, DropReason, LockRecover, PortId};
 use vnet_offload::VirtioNetHdr;
 use vnet_wire::{
     stream_record_prefix, StreamDecoder, StreamHello, VxlanPacket, VxlanRepr, STREAM_HELLO_LEN,
@@ -149,7 +149,7 @@ impl TcpLink {
         for p in parts {
             record.extend_from_slice(p);
         }
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = self.queue.lock_or_recover();
         if q.len() >= TCP_QUEUE_LEN {
             return Err(DropReason::QueueFull);
         }
@@ -161,7 +161,7 @@ impl TcpLink {
 
     fn shutdown(&self) {
         self.stop.store(true, SeqCst);
-        if let Some(c) = self.conn.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(c) = self.conn.lock_or_recover().take() {
             let _ = c.stream.shutdown(Shutdown::Both);
         }
         self.conn_gone.notify_all();
@@ -170,7 +170,7 @@ impl TcpLink {
 
     /// Makes a dialed, greeted connection the link's.
     fn attach(self: &Arc<Self>, stream: TcpStream) {
-        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.conn.lock_or_recover();
         self.install(&mut c, stream);
     }
 
@@ -187,7 +187,7 @@ impl TcpLink {
     /// Blocks the calling handshake thread while the connection is held.
     fn offer(self: &Arc<Self>, mut stream: TcpStream) -> bool {
         let peer = stream.peer_addr().ok();
-        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.conn.lock_or_recover();
         if c.is_some() {
             if self.held.swap(true, SeqCst) {
                 drop(c);
@@ -207,10 +207,7 @@ impl TcpLink {
                 if c.is_none() || self.stop.load(SeqCst) || now >= deadline {
                     break;
                 }
-                c = match self.conn_gone.wait_timeout(c, deadline - now) {
-                    Ok((g, _)) => g,
-                    Err(p) => p.into_inner().0,
-                };
+                c = self.conn_gone.wait_timeout_or_recover(c, deadline - now).0;
             }
             self.held.store(false, SeqCst);
             if c.is_some() || self.stop.load(SeqCst) {
@@ -276,7 +273,7 @@ impl TcpLink {
 
     /// Forgets connection `id` if it is still the current one.
     fn retire(&self, id: u64) {
-        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.conn.lock_or_recover();
         if c.as_ref().map(|c| c.id) == Some(id) {
             if let Some(old) = c.take() {
                 let _ = old.stream.shutdown(Shutdown::Both);
@@ -290,8 +287,7 @@ impl TcpLink {
 
     fn current(&self) -> Option<(Arc<TcpStream>, u64)> {
         self.conn
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_or_recover()
             .as_ref()
             .map(|c| (c.stream.clone(), c.id))
     }
@@ -329,13 +325,12 @@ impl TcpLink {
                 continue;
             };
             {
-                let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                let mut q = self.queue.lock_or_recover();
                 if q.is_empty() {
                     q = self
                         .wake
-                        .wait_timeout(q, Duration::from_millis(200))
-                        .map(|(g, _)| g)
-                        .unwrap_or_else(|p| p.into_inner().0);
+                        .wait_timeout_or_recover(q, Duration::from_millis(200))
+                        .0;
                 }
                 let take = q.len().min(64);
                 batch.extend(q.drain(..take));
@@ -360,16 +355,13 @@ impl TcpLink {
     /// Sleeps for `d` (traffic notifications do not cut it short), or until the link stops.
     fn sleep(&self, d: Duration) {
         let deadline = Instant::now() + d;
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = self.queue.lock_or_recover();
         loop {
             let now = Instant::now();
             if self.stop.load(SeqCst) || now >= deadline || self.current().is_some() {
                 return;
             }
-            q = match self.wake.wait_timeout(q, deadline - now) {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
-            };
+            q = self.wake.wait_timeout_or_recover(q, deadline - now).0;
         }
     }
 

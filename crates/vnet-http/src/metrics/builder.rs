@@ -17,6 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Metric, Registry, Unit};
 use vnet_control::status::PortStatus;
+use vnet_core::LockRecover;
 
 pub(super) type Labels = Vec<(&'static str, String)>;
 pub(super) type Counters = Samples<u64>;
@@ -67,7 +68,7 @@ impl<V> Default for Samples<V> {
 impl<V> Samples<V> {
     fn rows(&self) -> std::sync::MutexGuard<'_, Vec<(Labels, V)>> {
         // A scrape's own lists: a poisoned lock only means a panic elsewhere in this scrape.
-        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+        self.rows.lock_or_recover()
     }
 
     fn push(&self, labels: Labels, v: V) {

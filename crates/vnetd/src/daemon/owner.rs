@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use vnet_control::{Change, Config, Route, RouteChange};
+use vnet_core::LockRecover;
 use vnet_dataplane::Engine;
 
 use super::view::View;
@@ -240,7 +241,7 @@ impl Inbox {
     }
 
     fn send(&self, job: Job) -> bool {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = self.tx.lock_or_recover();
         tx.as_ref().is_some_and(|tx| tx.send(job).is_ok())
     }
 
@@ -276,8 +277,8 @@ impl Inbox {
     /// Stops the owner thread once it has run what it was sent (the state, and the engine
     /// with it, dropped there).
     pub fn stop(&self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let t = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.tx.lock_or_recover().take();
+        let t = self.thread.lock_or_recover().take();
         if let Some(t) = t {
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();

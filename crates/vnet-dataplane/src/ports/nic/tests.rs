@@ -12,7 +12,7 @@ use vnet_wire::MacAddr;
 use super::NicPort;
 use crate::batch::TxBatch;
 use crate::forward::{process, Arrival, FwdCtx};
-use crate::gro::flush_coalescers;
+use crate::gro_to_guest::flush_coalescers;
 use crate::ingress::guest::{GuestFrame, Ingress, GUEST_HEAD};
 use crate::shared::Shared;
 use crate::testing::*;

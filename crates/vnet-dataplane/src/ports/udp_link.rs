@@ -25,8 +25,8 @@ use crate::port::{Frame, Port, Tx};
 use crate::ports::{OpenError, Opened};
 use crate::reach::{LinkPath, PathCell};
 use crate::sys::IoPart;
-use crate::udp::VxlanSocket;
-use crate::udp::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use crate::vxlan_socket::VxlanSocket;
+use crate::vxlan_socket::{GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
 
 /// A udp link (`link add ... udp`): datagrams on the shared VXLAN socket, sealed when it is
 /// encrypted (which needs this host's key). A plain IPv4 link is offered to the kernel fast

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use socket2::SockAddr;
-use vnet_core::{DropReason, PortId};
+use vnet_core::{DropReason, LockRecover, PortId};
 use vnet_crypto::wire::is_crypto;
 use vnet_crypto::Message;
 use vnet_offload::{claimed_frame_len, gso_header, PayloadRef};
@@ -26,11 +26,11 @@ use vnet_wire::{VxlanPacket, VXLAN_HEADER_LEN};
 use crate::batch::TxBatch;
 use crate::crypto::{self, LinkCrypto, OpenCache};
 use crate::forward::{process, Arrival, FwdCtx};
-use crate::gro::flush_coalescers;
+use crate::gro_to_guest::flush_coalescers;
 use crate::ingress::{Reader, RxWork};
 use crate::shared::{Shared, Snapshot};
 use crate::sys::IoPart;
-use crate::udp::VxlanSocket;
+use crate::vxlan_socket::VxlanSocket;
 
 /// The daemon's VXLAN socket, read by one dispatcher.
 pub struct VxlanReader {
@@ -301,10 +301,7 @@ impl RelayOut {
         if let Some(table) = shared.reach.relay() {
             // This host relays: pass it on, naming the source instead of the destination.
             let now = shared.now_ns();
-            let r = table
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .forward(from, tag, len, now);
+            let r = table.lock_or_recover().forward(from, tag, len, now);
             match r {
                 Ok((src, to)) => {
                     vnet_reach::wire::set_relay_tag(&mut buf[off..end], src);
@@ -379,13 +376,13 @@ impl RelayOut {
             // the last, within what one send may carry.
             let mut end = *first_end;
             let mut j = k + 1;
-            while j < self.out.len() && j - k < crate::udp::GSO_MAX_SEGMENTS {
+            while j < self.out.len() && j - k < crate::vxlan_socket::GSO_MAX_SEGMENTS {
                 let (t2, i2, (s2, e2)) = &self.out[j];
                 if t2 != to
                     || i2 != i
                     || *s2 != end
                     || e2 - s2 > size
-                    || e2 - start > crate::udp::GSO_MAX_BYTES
+                    || e2 - start > crate::vxlan_socket::GSO_MAX_BYTES
                 {
                     break;
                 }
