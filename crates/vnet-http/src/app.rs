@@ -14,6 +14,7 @@ use std::time::Instant;
 use serde::Serialize;
 use vnet_control::status::{LinkStatus, MatrixReport, StatsReport};
 use vnet_control::Interface;
+use vnet_core::LockRecover;
 
 use crate::metrics::{self, BuildInfo};
 use crate::overlay::{overlay_view, MatrixTracker};
@@ -156,7 +157,7 @@ impl App {
         };
         let now = self.now_ms();
         let (rates, err) = {
-            let mut t = self.tracker.lock().unwrap_or_else(|p| p.into_inner());
+            let mut t = self.tracker.lock_or_recover();
             let err = match &snap.matrices {
                 Ok(m) => {
                     t.observe(now, m);

@@ -55,7 +55,7 @@ impl DataPlane for Daemon {
 /// records it takes and the reach part of this host's record it gives.
 pub struct WithReach {
     pub daemon: std::sync::Arc<Daemon>,
-    pub reach: std::sync::Arc<crate::reach::Handle>,
+    pub reach: std::sync::Arc<crate::reach_handle::Handle>,
 }
 
 impl DataPlane for WithReach {

@@ -66,7 +66,7 @@ pub struct Daemon {
     /// `show links`' last text (`View::links_text`).
     links_text: view::LinksTextCache,
     /// The reach thread's handle (`--etcd`): `show reach`.
-    pub reach: std::sync::OnceLock<Arc<crate::reach::Handle>>,
+    pub reach: std::sync::OnceLock<Arc<crate::reach_handle::Handle>>,
     /// Called on the caller's thread by a change before it goes to the owner (tests: a
     /// handler that panics).
     #[cfg(test)]

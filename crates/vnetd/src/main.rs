@@ -13,6 +13,7 @@ mod observe;
 mod pending;
 mod persist;
 mod reach;
+mod reach_handle;
 mod reach_tunnel;
 mod restore;
 mod state;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use vnet_cluster::{matrix_prefix, HostId, MatrixRecord, OverlayName};
 use vnet_control::status::MatrixReport;
+use vnet_core::LockRecover;
 use vnet_http::{AgentSnapshot, HostSnapshot, OverlaySnapshot, Source};
 
 use crate::daemon::Daemon;
@@ -21,11 +22,7 @@ const MATRIX_READ_EVERY: Duration = Duration::from_millis(900);
 /// The agent's state for the metrics and the view: what `show cluster` reports, and the age
 /// of the last synchronisation.
 pub fn agent_snapshot(daemon: &Daemon) -> Option<AgentSnapshot> {
-    let status = daemon
-        .cluster_status
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()?;
+    let status = daemon.cluster_status.lock_or_recover().clone()?;
     let last_sync_age = daemon.last_sync(|at, _| at.elapsed());
     Some(AgentSnapshot {
         status,
@@ -55,7 +52,7 @@ impl MatrixReader {
     }
 
     fn read(&self) -> Result<Vec<MatrixRecord>, String> {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.cache.lock_or_recover();
         if let Some((at, m)) = cache.as_ref() {
             if at.elapsed() < MATRIX_READ_EVERY {
                 return m.clone();

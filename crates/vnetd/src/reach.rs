@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -36,6 +36,7 @@ use vnet_reach::{
 };
 
 use crate::daemon::Daemon;
+pub use crate::reach_handle::Handle;
 use crate::reach_tunnel::{TunnelEvent, Tunnels};
 
 /// The probe key's file in the state directory (when there is no `--key-file`).
@@ -93,42 +94,6 @@ pub struct Settings {
     pub relay_rate_mbit: u64,
 }
 
-/// What the daemon and the agent share with the reach thread.
-pub struct Handle {
-    hosts: Mutex<Option<BTreeMap<HostId, HostRecord>>>,
-    publish: Mutex<Option<HostReach>>,
-    report: Mutex<ReachReport>,
-    stop: AtomicBool,
-    probe_key: PublicKey,
-}
-
-impl Handle {
-    /// The host records changed (the agent's hook).
-    pub fn hosts_changed(&self, hosts: &BTreeMap<HostId, HostRecord>) {
-        *self.hosts.lock_or_recover() = Some(hosts.clone());
-    }
-
-    /// The reach part of this host's record to publish: the probe key from the start, the
-    /// rest once the machine has said it.
-    pub fn to_publish(&self) -> HostReach {
-        self.publish
-            .lock_or_recover()
-            .clone()
-            .unwrap_or_else(|| HostReach {
-                probe_key: Some(self.probe_key.to_string()),
-                ..Default::default()
-            })
-    }
-
-    pub fn report(&self) -> ReachReport {
-        self.report.lock_or_recover().clone()
-    }
-
-    pub fn stop(&self) {
-        self.stop.store(true, Relaxed);
-    }
-}
-
 /// Starts the reach thread for `daemon`'s data path.
 pub fn start(
     daemon: Arc<Daemon>,
@@ -152,17 +117,7 @@ pub fn start(
         shared.reach.set_relay(t.clone());
         t
     });
-    let handle = Arc::new(Handle {
-        hosts: Mutex::new(None),
-        publish: Mutex::new(None),
-        report: Mutex::new(ReachReport {
-            enabled: true,
-            relay: s.relay,
-            ..Default::default()
-        }),
-        stop: AtomicBool::new(false),
-        probe_key: key.public(),
-    });
+    let handle = Arc::new(Handle::new(s.relay, key.public()));
     let machine = vnet_reach::Reach::new(ReachConfig {
         key,
         port: s.port,
