@@ -116,7 +116,15 @@ class Bed:
                 self.start_host(name)
             except Exception as e:  # noqa: BLE001 (re-raised below, in the caller's thread)
                 errors.append(e)
+        def relay_joined(r):
+            try:
+                self.joined[r.role] = self.wait_joined(r)
+            except Exception as e:  # noqa: BLE001 (re-raised below, in the caller's thread)
+                errors.append(e)
+        # A relay's agent waits for the burst of starting hosts to settle too (#19): when it
+        # has read the overlay is when it can admit them (``joined`` of ``R1``...).
         threads = [threading.Thread(target=one, args=(n,)) for n in self.hosts]
+        threads += [threading.Thread(target=relay_joined, args=(r,)) for r in self.relays]
         for t in threads:
             t.start()
         for t in threads:
