@@ -17,8 +17,10 @@ line and answer (`route replace any MAC link hK`: a guest moving to another host
   time;
 - show and /metrics latency: a second storm of E events with a second connection sending
   `show links` in a loop beside it and a third client fetching `/metrics` (vnetd's `--http`
-  listener) in a loop, each loop a process of its own (as threads of one Python process they
-  would wait on each other's interpreter lock, up to 5 ms), and for comparison the same
+  listener) in a loop (back to back, or one every `--scrape-every-ms`: a back-to-back
+  scraper is one more CPU hog on the host, a Prometheus scrapes every 15 s by default), each
+  loop a process of its own (as threads of one Python process they would wait on each
+  other's interpreter lock, up to 5 ms), and for comparison the same
   requests with no storm first; p50/p99/max in ms. (`show links` renders every link,
   `/metrics` every port's counters: their own cost grows with H.)
 
@@ -136,10 +138,18 @@ def show_loop(port: int, stop, out) -> None:
     out.put(("show", lat))
 
 
-def scrape_loop(port: int, stop, out) -> None:
-    """`GET /metrics` until `stop` is set; the latencies to `out`."""
+def scrape_loop(port: int, stop, out, every_s: float = 0.0) -> None:
+    """`GET /metrics` until `stop` is set, back to back, or one every `every_s` as a Prometheus
+    does (a scrape that takes longer is followed at once); the latencies to `out`."""
     lat = []
+    start = time.perf_counter()
+    k = 0
     while not stop.is_set():
+        if every_s > 0:
+            k += 1
+            wait = start + k * every_s - time.perf_counter()
+            if wait > 0 and stop.wait(wait):
+                break
         t = time.perf_counter()
         metrics(port)
         lat.append(time.perf_counter() - t)
@@ -151,7 +161,8 @@ def latency(xs: list[float]) -> dict:
             "max": round(1e3 * max(xs), 3) if xs else None}
 
 
-def run_size(vnetd: str, hosts: int, events: int, shows: int, state_parent: str = "/dev/shm") -> dict:
+def run_size(vnetd: str, hosts: int, events: int, shows: int, state_parent: str = "/dev/shm",
+             scrape_every_s: float = 0.0) -> dict:
     ns = f"vnbench{os.getpid()}"
     state = tempfile.mkdtemp(prefix="vnet-bench-", dir=state_parent)
     cfg = os.path.join(state, "config.vnet.in")
@@ -230,7 +241,7 @@ def run_size(vnetd: str, hosts: int, events: int, shows: int, state_parent: str 
             mp = multiprocessing.get_context("fork")
             stop, got = mp.Event(), mp.Queue()
             loops = [mp.Process(target=show_loop, args=(port, stop, got)),
-                     mp.Process(target=scrape_loop, args=(http_port, stop, got))]
+                     mp.Process(target=scrape_loop, args=(http_port, stop, got, scrape_every_s))]
             t2 = time.perf_counter()
             for p in loops:
                 p.start()
@@ -280,11 +291,16 @@ def main() -> int:
     ap.add_argument("--label", default="")
     ap.add_argument("--state-parent", default="/dev/shm",
                     help="where the state directory is made (default /dev/shm: no disk in the figures)")
+    ap.add_argument("--scrape-every-ms", type=float, default=0.0,
+                    help="the storm's scraper fetches /metrics this often (default 0: back to "
+                         "back, a scraper that is a CPU hog of its own; a Prometheus scrapes "
+                         "every 15 s by default)")
     a = ap.parse_args()
     rows = []
     for h in [int(x) for x in a.sizes.split(",")]:
-        r = run_size(a.vnetd, h, a.events, a.shows, a.state_parent)
+        r = run_size(a.vnetd, h, a.events, a.shows, a.state_parent, a.scrape_every_ms / 1e3)
         r["label"] = a.label
+        r["scrape_every_ms"] = a.scrape_every_ms
         print(json.dumps(r), flush=True)
         rows.append(r)
     with open(a.out, "w") as f:

@@ -1,3 +1,6 @@
+//! The route list's tests: its counting tree and index, squeezing out empty slots, and a
+//! property test that it behaves as a plain list under generated operations.
+
 use super::*;
 use crate::command::DestKind;
 use proptest::prelude::*;

@@ -45,7 +45,7 @@
 //! checksums stay complete.
 //!
 //! v3: MACs and cookies (as WireGuard's, whitepaper section 5.4.4; the computations are in
-//! [`crate::cookie`]). Reading an initiation or a response costs two X25519 operations; v3 lets
+//! `cookie.rs`). Reading an initiation or a response costs two X25519 operations; v3 lets
 //! the receiver refuse a forgery before any of them:
 //!
 //! - `mac1` = BLAKE2s-128, keyed with BLAKE2s-256("vnet-mac1-v3----" | receiver's static

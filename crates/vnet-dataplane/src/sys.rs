@@ -440,32 +440,53 @@ fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> Option<std::net::SocketAddr> 
     sa.as_socket()
 }
 
-/// Runs `work` with the calling thread under `SCHED_IDLE`, then puts the thread back under
-/// `SCHED_OTHER`: for work that must take no core from the daemon's own threads, only what they
-/// leave (vnetd's HTTP listener renders a `/metrics` scrape so, `vnet_http::Source::background`;
-/// at 1,000 links a scrape is milliseconds of CPU, and a `show links` waiting behind it for a
-/// core is what the control port's tail latency is made of). Any other thread that wakes takes
-/// the core at once. Only pure work belongs here: no lock that anything else waits for may be
-/// held by a thread everything preempts. Where the kernel refuses the policy, `work` runs as
-/// it is.
-pub fn run_idle<T>(work: impl FnOnce() -> T) -> T {
-    let lowered = set_sched_policy(libc::SCHED_IDLE).is_ok();
+/// Runs `work` with the calling thread under `SCHED_IDLE` for at most `limit`, then under
+/// `SCHED_OTHER` until it is done, and leaves the thread under `SCHED_OTHER`: for work that
+/// should take no core from the daemon's own threads, only what they leave, but must not wait
+/// for them without end (vnetd's HTTP listener renders a `/metrics` scrape so,
+/// `vnet_http::Source::background`: a `show links` waiting behind a scrape for a core is what
+/// the control port's tail latency is made of, and a scrape that waits out a whole route storm
+/// on a saturated host is a second or more). Any other thread that wakes takes the core at once
+/// while the work is idle. A watcher thread, started before the policy drops (a thread inherits
+/// its creator's policy, and an idle watcher would be starved as well), moves the worker back at
+/// `limit`. Only pure work belongs here: no lock that anything else waits for may be held by a
+/// thread everything preempts. Where the kernel refuses the policy or no watcher can be
+/// started, `work` runs as it is.
+pub fn run_idle_at_most<T>(limit: Duration, work: impl FnOnce() -> T) -> T {
+    use std::sync::mpsc::{channel, RecvTimeoutError};
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    let (done, finished) = channel::<()>();
+    let watcher = std::thread::Builder::new()
+        .name("idle-limit".into())
+        .spawn(move || {
+            if finished.recv_timeout(limit) == Err(RecvTimeoutError::Timeout) {
+                // The worker may be done by now; then this only repeats what it does.
+                let _ = set_sched_policy_of(tid, libc::SCHED_OTHER);
+            }
+        });
+    let Ok(watcher) = watcher else {
+        return work();
+    };
+    let lowered = set_sched_policy_of(0, libc::SCHED_IDLE).is_ok();
     let out = work();
     if lowered {
         // Back to normal for whatever the thread does next; a refusal here leaves it idle,
         // which costs it only speed.
-        let _ = set_sched_policy(libc::SCHED_OTHER);
+        let _ = set_sched_policy_of(0, libc::SCHED_OTHER);
     }
+    drop(done);
+    let _ = watcher.join();
     out
 }
 
-/// The calling thread's scheduling policy becomes `policy` (priority 0: `SCHED_OTHER`,
-/// `SCHED_BATCH`, `SCHED_IDLE`).
-fn set_sched_policy(policy: libc::c_int) -> io::Result<()> {
+/// Thread `tid`'s scheduling policy (0: the calling thread) becomes `policy` (priority 0:
+/// `SCHED_OTHER`, `SCHED_BATCH`, `SCHED_IDLE`).
+fn set_sched_policy_of(tid: libc::pid_t, policy: libc::c_int) -> io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 is the calling thread only; `param` is a valid sched_param that outlives
-    // the call, and the kernel only reads it.
-    cvt(unsafe { libc::sched_setscheduler(0, policy, &param) }).map(|_| ())
+    // SAFETY: `tid` names a thread of this process (or 0, the calling thread); `param` is a
+    // valid sched_param that outlives the call, and the kernel only reads it.
+    cvt(unsafe { libc::sched_setscheduler(tid, policy, &param) }).map(|_| ())
 }
 
 #[cfg(test)]
@@ -481,12 +502,41 @@ mod sched_tests {
     fn idle_work_runs_idle_and_the_thread_comes_back() {
         std::thread::spawn(|| {
             assert_eq!(policy(), libc::SCHED_OTHER);
-            let inside = run_idle(policy);
+            let inside = run_idle_at_most(Duration::from_secs(60), policy);
             // A sandbox may refuse the change; then nothing moved either.
             assert!(inside == libc::SCHED_IDLE || inside == libc::SCHED_OTHER);
             if running_as_root() {
                 assert_eq!(inside, libc::SCHED_IDLE);
             }
+            assert_eq!(policy(), libc::SCHED_OTHER);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn idle_work_that_outlasts_its_limit_goes_on_at_normal_priority() {
+        if !running_as_root() {
+            return;
+        }
+        std::thread::spawn(|| {
+            let (early, late) = run_idle_at_most(Duration::from_millis(20), || {
+                let early = policy();
+                // Waits on the clock, not the CPU: the watcher moves it back meanwhile.
+                let t = std::time::Instant::now();
+                let mut late = policy();
+                while late == libc::SCHED_IDLE && t.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(5));
+                    late = policy();
+                }
+                (early, late)
+            });
+            assert_eq!(early, libc::SCHED_IDLE);
+            assert_eq!(
+                late,
+                libc::SCHED_OTHER,
+                "still idle 10 s after a 20 ms limit"
+            );
             assert_eq!(policy(), libc::SCHED_OTHER);
         })
         .join()

@@ -6,7 +6,7 @@
 //! - [`server`]: the listener, bounded in connections, head size and time, every refusal
 //!   counted;
 //! - [`app`]: the resources, the token and `Host` checks;
-//! - [`metrics`]: the status structs as OpenMetrics text (`prometheus-client`);
+//! - [`metrics`]: the status structs as OpenMetrics text, written directly;
 //! - [`overlay`]: the overlay's picture from the agent's state and the published traffic
 //!   matrices (pure);
 //! - [`source`]: what the listener reads from the daemon.

@@ -1,5 +1,4 @@
-//! `/metrics`: the daemon's status structs in the Prometheus/OpenMetrics text format, through
-//! `prometheus-client`.
+//! `/metrics`: the daemon's status structs in the Prometheus/OpenMetrics text format.
 //!
 //! A fresh registry is filled from one snapshot per scrape, so a port that was removed
 //! disappears from the next scrape and nothing is kept between scrapes. Names follow the
@@ -12,8 +11,6 @@
 //! This file is the scrape as a whole (build info, ports, the VXLAN socket, the listener); each
 //! other part of the status has its module (`datapath`, `agent`), all over `builder`.
 
-use prometheus_client::encoding::text::encode;
-use prometheus_client::registry::{Registry, Unit};
 use vnet_core::{DropReason, PortCountersSnapshot};
 
 use crate::server::{HttpCounters, Refusal};
@@ -25,7 +22,7 @@ mod datapath;
 #[cfg(test)]
 mod tests;
 
-use builder::{gset, port_labels, set, with, Builder, Field, FieldCounters};
+use builder::{port_labels, Builder, Field, FieldCounters, Labels, Unit};
 
 /// The content type of the exposition.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -68,12 +65,10 @@ const PORT_TRAFFIC: &[Field<PortCountersSnapshot>] = &[
 
 /// The whole exposition for one snapshot.
 pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> String {
-    let mut b = Builder {
-        reg: Registry::with_prefix("vnet"),
-    };
+    let mut b = Builder::default();
 
     let build = b.gauge("build_info", "vnetd's version (always 1).", None);
-    gset(&build, vec![("version", info.version.clone())], 1.0);
+    build.set(&Labels::of("version", &info.version), 1.0);
     b.gauge1(
         "start_time",
         "When vnetd started, seconds since the Unix epoch.",
@@ -98,17 +93,21 @@ pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> Str
         "Bytes the port's token bucket holds now (may be below zero by one frame).",
         Some(Unit::Bytes),
     );
+    let reasons: Vec<Labels> = DropReason::ALL
+        .iter()
+        .map(|r| Labels::of("reason", r.as_str()))
+        .collect();
     for p in &snap.stats.ports {
         let l = port_labels(p);
         traffic.set(&l, &p.counters);
         // Every reason, zeros included, so that rate() sees a drop's first occurrence.
-        for r in DropReason::ALL {
+        for (r, reason) in DropReason::ALL.iter().zip(&reasons) {
             let n = p.counters.drops.get(r.as_str()).copied().unwrap_or(0);
-            set(&drops, with(l.clone(), "reason", r.as_str()), n);
+            drops.set_with(&l, reason, n);
         }
         if let Some(rate) = &p.policy.rate {
-            gset(&rate_limit, l.clone(), rate.mbit as f64 * 125_000.0);
-            gset(&bucket, l.clone(), rate.available_bytes as f64);
+            rate_limit.set(&l, rate.mbit as f64 * 125_000.0);
+            bucket.set(&l, rate.available_bytes as f64);
         }
     }
 
@@ -133,11 +132,7 @@ pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> Str
     );
     for r in DropReason::ALL {
         let n = d.drops.get(r.as_str()).copied().unwrap_or(0);
-        set(
-            &unmatched_drops,
-            vec![("reason", r.as_str().to_string())],
-            n,
-        );
+        unmatched_drops.set(&Labels::of("reason", r.as_str()), n);
     }
     b.counter1(
         "control_errors",
@@ -192,7 +187,7 @@ pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> Str
         None,
     );
     for (code, n) in http.responses() {
-        set(&responses, vec![("code", code.to_string())], n);
+        responses.set(&Labels::of("code", &code.to_string()), n);
     }
     let refused = b.counter(
         "http_refused",
@@ -200,11 +195,7 @@ pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> Str
         None,
     );
     for r in Refusal::ALL {
-        set(
-            &refused,
-            vec![("reason", r.as_str().to_string())],
-            http.refused(r),
-        );
+        refused.set(&Labels::of("reason", r.as_str()), http.refused(r));
     }
     b.counter1(
         "http_connections",
@@ -219,8 +210,5 @@ pub fn render(snap: &HostSnapshot, http: &HttpCounters, info: &BuildInfo) -> Str
         http.active() as f64,
     );
 
-    let mut out = String::new();
-    // Writing into a String cannot fail.
-    let _ = encode(&mut out, &b.reg);
-    out
+    b.finish()
 }

@@ -9,7 +9,7 @@
 //! `/metrics`. Why not a crate: the resources are a few read-only GETs, and the servers that
 //! work without an async runtime do not bound the head's size and time this way.
 
-use std::io::{Read, Write};
+use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -191,8 +191,8 @@ fn reason_phrase(status: u16) -> &'static str {
     }
 }
 
-/// The bytes of a response; the body is left out for HEAD.
-pub fn render(resp: &Response, head_only: bool) -> Vec<u8> {
+/// A response's status line and headers, up to the blank line that ends them.
+pub fn head(resp: &Response) -> Vec<u8> {
     let mut out = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\
          Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n",
@@ -207,11 +207,29 @@ pub fn render(resp: &Response, head_only: bool) -> Vec<u8> {
         out.push_str(&format!("{k}: {v}\r\n"));
     }
     out.push_str("\r\n");
-    let mut bytes = out.into_bytes();
-    if !head_only {
-        bytes.extend_from_slice(&resp.body);
+    out.into_bytes()
+}
+
+/// Writes a response: its head, then its body unless `head_only` (HEAD). The body is written
+/// from where it is, not copied behind the head (a scrape at 1,000 links is 2 MB).
+pub fn write_response(mut w: impl Write, resp: &Response, head_only: bool) -> std::io::Result<()> {
+    let head = head(resp);
+    let body: &[u8] = if head_only { &[] } else { &resp.body };
+    let (mut a, mut b) = (&head[..], body);
+    while !a.is_empty() || !b.is_empty() {
+        let n = match w.write_vectored(&[IoSlice::new(a), IoSlice::new(b)]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
     }
-    bytes
+    Ok(())
 }
 
 /// Serves `listener` on a thread of its own until the process ends.
@@ -250,7 +268,7 @@ fn accept_loop(
             // A fresh socket's send buffer takes this at once; never block the accept loop.
             let _ = stream.set_nonblocking(true);
             let resp = Response::error(503, "too many connections");
-            let _ = (&stream).write_all(&render(&resp, false));
+            let _ = write_response(&stream, &resp, false);
             let _ = stream.shutdown(Shutdown::Both);
             continue;
         }
@@ -352,7 +370,7 @@ fn serve_connection(
         c.refuse(r);
     }
     c.respond(resp.status);
-    if let Err(e) = stream.write_all(&render(&resp, head_only)) {
+    if let Err(e) = write_response(&stream, &resp, head_only) {
         debug!("http: writing the response: {e}");
         return;
     }
@@ -382,6 +400,47 @@ const DRAIN_BYTES: usize = 2 << 20;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer that takes at most `max` bytes per call, as a socket with a full buffer does.
+    struct Trickle {
+        out: Vec<u8>,
+        max: usize,
+    }
+
+    impl Write for Trickle {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.max);
+            self.out.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_response_is_written_whole_however_the_socket_takes_it() {
+        let resp = Response::new(200, "text/plain", b"0123456789".repeat(100));
+        for max in [1, 7, 64, 100_000] {
+            let mut w = Trickle {
+                out: Vec::new(),
+                max,
+            };
+            write_response(&mut w, &resp, false).unwrap();
+            let head = head(&resp);
+            assert_eq!(&w.out[..head.len()], &head[..]);
+            assert_eq!(&w.out[head.len()..], &resp.body[..], "max {max}");
+            let mut h = Trickle {
+                out: Vec::new(),
+                max,
+            };
+            write_response(&mut h, &resp, true).unwrap();
+            assert_eq!(
+                h.out, head,
+                "HEAD: the head alone, its Content-Length the body's"
+            );
+        }
+    }
 
     struct Hello;
     impl Handler for Hello {

@@ -62,7 +62,8 @@ pub trait Source: Send + Sync + 'static {
     /// None without `--etcd`.
     fn overlay(&self) -> Option<OverlaySnapshot>;
     /// Runs `work`, pure rendering of a snapshot already taken, where it takes no core from the
-    /// daemon's own threads (vnetd: under `SCHED_IDLE`). By default, as it is.
+    /// daemon's own threads for a while (vnetd: under `SCHED_IDLE`, for at most 50 ms for one
+    /// scrape each half second, 10 s for the rest). By default, as it is.
     fn background(&self, work: &mut dyn FnMut()) {
         work()
     }

@@ -298,47 +298,6 @@ mod tests {
             })
     }
 
-    #[test]
-    fn known_frames() {
-        let (f, _) = crate::test_frames::tso_frame(100, false);
-        let l = parse_l3l4(&f).unwrap();
-        assert_eq!(
-            (l.l2_len, l.l3, l.l3_len, l.l4, l.l4_len),
-            (14, L3::V4, 20, L4::Tcp, 32)
-        );
-        assert_eq!(
-            l.ip_end,
-            f.len(),
-            "a TSO frame's total length 0: the frame's end"
-        );
-        let (p, _) = crate::test_frames::partial_csum_frame(100);
-        assert!(parse_l3l4(&p).unwrap().ip_checksum_ok(&p));
-        assert!(
-            !l.ip_checksum_ok(&f),
-            "a TSO frame's IP checksum is left to us"
-        );
-        let (f6, _) = crate::test_frames::tso_frame(100, true);
-        let l6 = parse_l3l4(&f6).unwrap();
-        assert_eq!((l6.l3, l6.l3_len, l6.ip_end), (L3::V6, 40, f6.len()));
-        assert_eq!(claimed_frame_len(&f6), Some(f6.len()));
-        assert_eq!(
-            claimed_frame_len(&f6[..20]),
-            Some(f6.len()),
-            "a cut datagram says its length"
-        );
-        assert_eq!(claimed_frame_len(&f6[..19]), None);
-        assert_eq!(parse_l3l4(&[0xffu8; 42]), Err(OffloadError::Unsupported));
-        // An empty UDP datagram padded to the Ethernet minimum: the IP length ends it.
-        let mut padded = vec![0u8; 60];
-        padded[12..14].copy_from_slice(&[0x08, 0x00]);
-        padded[14] = 0x45;
-        padded[16..18].copy_from_slice(&28u16.to_be_bytes());
-        padded[23] = 17;
-        let l = parse_l3l4(&padded).unwrap();
-        assert_eq!((l.l4, l.hdr_len(), l.ip_end), (L4::Udp, 42, 42));
-        assert_eq!(parse_l3l4_raw(&padded), Ok(l));
-    }
-
     proptest! {
         #[test]
         fn agrees_with_the_raw_offsets(f in frame_strategy()) {
@@ -369,5 +328,19 @@ mod tests {
                 prop_assert!(a == b || frag_past_end, "{:?} vs {:?}", a, b);
             }
         }
+    }
+
+    #[test]
+    fn garbage_is_refused_and_a_padded_datagram_ends_at_its_ip_length() {
+        assert_eq!(parse_l3l4(&[0xffu8; 42]), Err(OffloadError::Unsupported));
+        // An empty UDP datagram padded to the Ethernet minimum: the IP length ends it.
+        let mut padded = vec![0u8; 60];
+        padded[12..14].copy_from_slice(&[0x08, 0x00]);
+        padded[14] = 0x45;
+        padded[16..18].copy_from_slice(&28u16.to_be_bytes());
+        padded[23] = 17;
+        let l = parse_l3l4(&padded).unwrap();
+        assert_eq!((l.l4, l.hdr_len(), l.ip_end), (L4::Udp, 42, 42));
+        assert_eq!(parse_l3l4_raw(&padded), Ok(l));
     }
 }

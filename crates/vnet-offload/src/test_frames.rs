@@ -70,3 +70,42 @@ pub fn valid(frame: &[u8]) -> bool {
     let s = l.pseudo_sum(frame, l.ip_end - l.l4_off()) + sum(&frame[l.l4_off()..l.ip_end], 0);
     ip_ok && fold(s) == 0xffff
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::headers::{claimed_frame_len, L4};
+
+    /// The header parser on the frames these builders make (here, not in `headers`, so that
+    /// the parser's module does not depend on its test frames).
+    #[test]
+    fn known_frames() {
+        let (f, _) = tso_frame(100, false);
+        let l = parse_l3l4(&f).unwrap();
+        assert_eq!(
+            (l.l2_len, l.l3, l.l3_len, l.l4, l.l4_len),
+            (14, L3::V4, 20, L4::Tcp, 32)
+        );
+        assert_eq!(
+            l.ip_end,
+            f.len(),
+            "a TSO frame's total length 0: the frame's end"
+        );
+        let (p, _) = partial_csum_frame(100);
+        assert!(parse_l3l4(&p).unwrap().ip_checksum_ok(&p));
+        assert!(
+            !l.ip_checksum_ok(&f),
+            "a TSO frame's IP checksum is left to us"
+        );
+        let (f6, _) = tso_frame(100, true);
+        let l6 = parse_l3l4(&f6).unwrap();
+        assert_eq!((l6.l3, l6.l3_len, l6.ip_end), (L3::V6, 40, f6.len()));
+        assert_eq!(claimed_frame_len(&f6), Some(f6.len()));
+        assert_eq!(
+            claimed_frame_len(&f6[..20]),
+            Some(f6.len()),
+            "a cut datagram says its length"
+        );
+        assert_eq!(claimed_frame_len(&f6[..19]), None);
+    }
+}

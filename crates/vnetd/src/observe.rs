@@ -16,6 +16,40 @@ use vnet_http::{AgentSnapshot, HostSnapshot, OverlaySnapshot, Source};
 
 use crate::daemon::Daemon;
 
+/// How long a scrape renders under `SCHED_IDLE` before it goes on at normal priority, when
+/// no other scrape did so within `PROMPT_SCRAPE_EVERY`: on a host whose cores a route storm
+/// saturates, what such a scrape waits at most (a scrape at 1,000 links is about 7 ms of CPU).
+const PROMPT_SCRAPE_IDLE: Duration = Duration::from_millis(50);
+
+/// At most one scrape this often is moved to normal priority at `PROMPT_SCRAPE_IDLE`: two a
+/// second, a Prometheus pair scraping every second. More scrapes than that (a scraper in a
+/// loop) would take from the control port's and the data path's cores what the scraper
+/// asks for; they wait under `SCHED_IDLE` for what those leave, up to `SLOW_SCRAPE_IDLE`.
+const PROMPT_SCRAPE_EVERY: Duration = Duration::from_millis(500);
+
+/// What a scrape beyond the prompt ones waits at most: Prometheus's default scrape timeout.
+const SLOW_SCRAPE_IDLE: Duration = Duration::from_secs(10);
+
+/// Which scrapes are prompt: at most one per `PROMPT_SCRAPE_EVERY`.
+#[derive(Debug, Default)]
+pub struct ScrapeBudget {
+    last_prompt: Mutex<Option<Instant>>,
+}
+
+impl ScrapeBudget {
+    /// How long the scrape starting `now` may render under `SCHED_IDLE`.
+    pub fn idle_limit(&self, now: Instant) -> Duration {
+        let mut last = self.last_prompt.lock_or_recover();
+        match *last {
+            Some(t) if now.saturating_duration_since(t) < PROMPT_SCRAPE_EVERY => SLOW_SCRAPE_IDLE,
+            _ => {
+                *last = Some(now);
+                PROMPT_SCRAPE_IDLE
+            }
+        }
+    }
+}
+
 /// How long one read of the published matrices is reused.
 const MATRIX_READ_EVERY: Duration = Duration::from_millis(900);
 
@@ -77,6 +111,7 @@ impl MatrixReader {
 pub struct DaemonSource {
     pub daemon: Arc<Daemon>,
     pub matrices: Option<MatrixReader>,
+    pub scrapes: ScrapeBudget,
 }
 
 impl Source for DaemonSource {
@@ -94,7 +129,8 @@ impl Source for DaemonSource {
     }
 
     fn background(&self, work: &mut dyn FnMut()) {
-        vnet_dataplane::sys::run_idle(work)
+        let limit = self.scrapes.idle_limit(Instant::now());
+        vnet_dataplane::sys::run_idle_at_most(limit, work)
     }
 
     fn overlay(&self) -> Option<OverlaySnapshot> {
@@ -105,5 +141,37 @@ impl Source for DaemonSource {
             state,
             matrices: reader.read(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_scrape_per_period_is_prompt_the_rest_wait_for_idle_cores() {
+        let b = ScrapeBudget::default();
+        let t = Instant::now();
+        assert_eq!(b.idle_limit(t), PROMPT_SCRAPE_IDLE);
+        assert_eq!(
+            b.idle_limit(t + Duration::from_millis(10)),
+            SLOW_SCRAPE_IDLE
+        );
+        assert_eq!(
+            b.idle_limit(t + Duration::from_millis(499)),
+            SLOW_SCRAPE_IDLE
+        );
+        assert_eq!(
+            b.idle_limit(t + Duration::from_millis(500)),
+            PROMPT_SCRAPE_IDLE
+        );
+        assert_eq!(
+            b.idle_limit(t + Duration::from_millis(600)),
+            SLOW_SCRAPE_IDLE
+        );
+        // Every second, as a Prometheus: every one prompt.
+        for k in 2..10 {
+            assert_eq!(b.idle_limit(t + Duration::from_secs(k)), PROMPT_SCRAPE_IDLE);
+        }
     }
 }

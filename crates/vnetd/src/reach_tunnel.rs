@@ -78,15 +78,26 @@ impl Deframer {
     }
 }
 
+/// The bytes in front of a datagram on a tunnel: its length.
+const FRAME_HEADER: usize = 2;
+
 /// One datagram as it goes over TCP; None for one a tunnel cannot carry (empty, too large).
+#[cfg(test)]
 pub fn frame(datagram: &[u8]) -> Option<Vec<u8>> {
-    if datagram.is_empty() || datagram.len() > MAX_DATAGRAM {
+    let mut v = vec![0; FRAME_HEADER + datagram.len()];
+    v[FRAME_HEADER..].copy_from_slice(datagram);
+    frame_in_place(&mut v, datagram.len()).map(|f| f.to_vec())
+}
+
+/// The datagram of `n` bytes at `buf[FRAME_HEADER..]` framed where it is (its length written
+/// in front): what goes over TCP, without a copy or an allocation per datagram. None for one a
+/// tunnel cannot carry (empty, too large).
+pub fn frame_in_place(buf: &mut [u8], n: usize) -> Option<&[u8]> {
+    if n == 0 || n > MAX_DATAGRAM || buf.len() < FRAME_HEADER + n {
         return None;
     }
-    let mut v = Vec::with_capacity(2 + datagram.len());
-    v.extend_from_slice(&(datagram.len() as u16).to_be_bytes());
-    v.extend_from_slice(datagram);
-    Some(v)
+    buf[..FRAME_HEADER].copy_from_slice(&(n as u16).to_be_bytes());
+    Some(&buf[..FRAME_HEADER + n])
 }
 
 /// What the tunnels tell the reach thread.
@@ -412,12 +423,14 @@ fn pipe(
     std::thread::scope(|s| {
         // Local end -> TCP.
         s.spawn(|| {
-            let mut buf = vec![0u8; MAX_DATAGRAM];
+            let mut buf = vec![0u8; FRAME_HEADER + MAX_DATAGRAM];
             while !over() {
-                match udp.recv(&mut buf) {
+                match udp.recv(&mut buf[FRAME_HEADER..]) {
                     Ok(n) => {
-                        let Some(f) = frame(&buf[..n]) else { continue };
-                        if writer.write_all(&f).is_err() {
+                        let Some(f) = frame_in_place(&mut buf, n) else {
+                            continue;
+                        };
+                        if writer.write_all(f).is_err() {
                             break;
                         }
                         counters.datagrams_out.fetch_add(1, Relaxed);

@@ -1,3 +1,7 @@
+//! `derive`'s tests: the links and routes each topology and placement gives a host (mesh,
+//! star, explicit, encrypted, reach), the local configuration's precedence, and properties over
+//! generated overlays (the event order does not matter; applying the diff reaches the target).
+
 use super::*;
 use crate::schema::{
     ClusterEntry, InterfaceRecord, OperatorRoute, RouteRecord, CAP_NOISE, SCHEMA_VERSION,

@@ -1,3 +1,6 @@
+//! `incremental`'s tests: the incremental derivation against the whole one, on generated
+//! sequences of etcd events (the property that makes the incremental path safe to use).
+
 use super::*;
 use crate::schema::{ClusterEntry, InterfaceRecord, OperatorRoute, RouteRecord, SCHEMA_VERSION};
 use proptest::prelude::*;

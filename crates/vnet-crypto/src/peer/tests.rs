@@ -1,3 +1,7 @@
+//! `peer`'s tests: two peers driven against each other's messages and a shared clock:
+//! handshakes, retransmission, rekeying, replays, expiry, forgeries, and generated hostile or
+//! truncated messages.
+
 use super::*;
 use proptest::prelude::*;
 

@@ -1,8 +1,6 @@
 //! The etcd agent (`vnetd --etcd`): its session, what it derived, and its counters.
 
-use prometheus_client::registry::Unit;
-
-use super::builder::{gset, Builder};
+use super::builder::{Builder, Labels, Unit};
 use crate::source::HostSnapshot;
 
 pub(super) fn agent(b: &mut Builder, snap: &HostSnapshot) {
@@ -15,12 +13,8 @@ pub(super) fn agent(b: &mut Builder, snap: &HostSnapshot) {
         "The overlay and host id of this daemon's etcd agent (always 1).",
         None,
     );
-    gset(
-        &info,
-        vec![
-            ("overlay", s.overlay.clone()),
-            ("host_id", s.host_id.clone()),
-        ],
+    info.set(
+        &Labels::of("overlay", &s.overlay).with("host_id", &s.host_id),
         1.0,
     );
     let flag = |v: bool| if v { 1.0 } else { 0.0 };

@@ -1,10 +1,9 @@
 //! The data path under the ports: the links (state, kind, an encrypted link's sessions), the
 //! kernel fast path, the dispatcher threads and offloads, and the vhost-user devices.
 
-use prometheus_client::registry::Unit;
 use vnet_control::status::{CryptoStatus, DataPathKind, KernelPortStatus, LinkState, NicStatus};
 
-use super::builder::{gset, port_labels, set, with, Builder, Field, FieldCounters};
+use super::builder::{port_labels, Builder, Field, FieldCounters, Labels, Unit};
 use crate::source::HostSnapshot;
 
 /// An encrypted link's counters, by its [`CryptoStatus`] field.
@@ -102,32 +101,34 @@ pub(super) fn links(b: &mut Builder, snap: &HostSnapshot) {
         "Age of the encrypted link's current session.",
         Some(Unit::Seconds),
     );
+    let states = [LinkState::Up, LinkState::Connecting, LinkState::Down]
+        .map(|s| (s, Labels::of("state", s.as_str())));
     for l in &snap.links {
-        let ll = vec![("link", l.name.clone())];
-        for s in [LinkState::Up, LinkState::Connecting, LinkState::Down] {
-            let v = if l.state == s { 1.0 } else { 0.0 };
-            gset(&state, with(ll.clone(), "state", s.as_str()), v);
+        let ll = Labels::of("link", &l.name);
+        for (s, labels) in &states {
+            let v = if l.state == *s { 1.0 } else { 0.0 };
+            state.set_with(&ll, labels, v);
         }
-        gset(
-            &info,
-            vec![
-                ("link", l.name.clone()),
-                ("kind", l.kind.to_string()),
-                ("peer", l.peer().to_string()),
-                ("vni", l.vni.to_string()),
-                ("encrypted", l.encrypted.is_some().to_string()),
-            ],
+        info.set(
+            &ll.clone()
+                .with("kind", l.kind)
+                .with("peer", l.peer())
+                .with("vni", itoa::Buffer::new().format(l.vni))
+                .with(
+                    "encrypted",
+                    if l.encrypted.is_some() {
+                        "true"
+                    } else {
+                        "false"
+                    },
+                ),
             1.0,
         );
         if let Some(e) = &l.encrypted {
             crypto.set(&ll, e);
-            gset(
-                &session,
-                ll.clone(),
-                if e.session_age_ms.is_some() { 1.0 } else { 0.0 },
-            );
+            session.set(&ll, if e.session_age_ms.is_some() { 1.0 } else { 0.0 });
             if let Some(ms) = e.session_age_ms {
-                gset(&age, ll.clone(), ms as f64 / 1000.0);
+                age.set(&ll, ms as f64 / 1000.0);
             }
         }
     }
@@ -142,11 +143,13 @@ pub(super) fn kernel(b: &mut Builder, snap: &HostSnapshot) {
         None,
     );
     let counters = FieldCounters::new(b, KERNEL_PORT);
+    let paths =
+        [DataPathKind::Kernel, DataPathKind::User].map(|x| (x, Labels::of("path", x.as_str())));
     for p in &snap.stats.ports {
         let l = port_labels(p);
-        for x in [DataPathKind::Kernel, DataPathKind::User] {
-            let v = if p.path == x { 1.0 } else { 0.0 };
-            gset(&path, with(l.clone(), "path", x.as_str()), v);
+        for (x, labels) in &paths {
+            let v = if p.path == *x { 1.0 } else { 0.0 };
+            path.set_with(&l, labels, v);
         }
         if let Some(k) = &p.kernel {
             counters.set(&l, k);
@@ -160,7 +163,7 @@ pub(super) fn kernel(b: &mut Builder, snap: &HostSnapshot) {
         "The kernel fast path's mode (kernel, off) while it is loaded (always 1).",
         None,
     );
-    gset(&info, vec![("mode", k.mode.to_string())], 1.0);
+    info.set(&Labels::of("mode", &k.mode.to_string()), 1.0);
     for (name, help, v) in [
         (
             "kernel_table_entries",
@@ -236,29 +239,26 @@ pub(super) fn dispatch(b: &mut Builder, snap: &HostSnapshot) {
         None,
     );
     for x in &d.dispatchers {
-        let l = vec![("dispatcher", x.index.to_string())];
+        let l = Labels::of("dispatcher", itoa::Buffer::new().format(x.index));
         for m in ["polling", "guest-driven"] {
             let v = if x.mode == m { 1.0 } else { 0.0 };
-            gset(&mode, with(l.clone(), "mode", m), v);
+            mode.set_with(&l, &Labels::of("mode", m), v);
         }
-        set(&switches, l.clone(), x.switches);
-        set(&wakeups, l.clone(), x.wakeups);
-        set(&frames, l.clone(), x.frames);
-        set(&restarts, l.clone(), x.restarts);
-        gset(&sources, l, x.sources as f64);
+        switches.set(&l, x.switches);
+        wakeups.set(&l, x.wakeups);
+        frames.set(&l, x.frames);
+        restarts.set(&l, x.restarts);
+        sources.set(&l, x.sources as f64);
     }
     let configured = b.gauge(
         "datapath_info",
         "The configured dispatch mode and yield strategy (always 1).",
         None,
     );
-    gset(
-        &configured,
-        vec![
-            ("mode", d.settings.mode.to_string()),
-            ("yield", d.settings.yield_strategy.to_string()),
-            ("dispatchers", d.settings.dispatchers.to_string()),
-        ],
+    configured.set(
+        &Labels::of("mode", &d.settings.mode.to_string())
+            .with("yield", &d.settings.yield_strategy.to_string())
+            .with("dispatchers", &d.settings.dispatchers.to_string()),
         1.0,
     );
     let o = &d.offload;
@@ -386,14 +386,14 @@ pub(super) fn vhost(b: &mut Builder, snap: &HostSnapshot) {
         let Some(NicStatus::VhostUser(v)) = &p.nic else {
             continue;
         };
-        let l = vec![("interface", p.name.clone())];
-        gset(&connected, l.clone(), if v.connected { 1.0 } else { 0.0 });
-        gset(&qp, l.clone(), v.queue_pairs_started as f64);
-        gset(&backlog, l.clone(), v.rx_backlog as f64);
-        set(&conns, l.clone(), v.connections);
-        set(&perr, l.clone(), v.protocol_errors);
-        set(&mfault, l.clone(), v.memory_faults);
-        set(&bad, l.clone(), v.bad_chains);
+        let l = Labels::of("interface", &p.name);
+        connected.set(&l, if v.connected { 1.0 } else { 0.0 });
+        qp.set(&l, v.queue_pairs_started as f64);
+        backlog.set(&l, v.rx_backlog as f64);
+        conns.set(&l, v.connections);
+        perr.set(&l, v.protocol_errors);
+        mfault.set(&l, v.memory_faults);
+        bad.set(&l, v.bad_chains);
         for (dir, path, n) in [
             ("tx", "cut_through", v.tx_cut_through),
             ("tx", "copied", v.tx_copied),
@@ -402,25 +402,16 @@ pub(super) fn vhost(b: &mut Builder, snap: &HostSnapshot) {
             ("rx", "direct", v.rx_direct),
             ("rx", "direct_fallback", v.rx_direct_fallback),
         ] {
-            let ll = with(with(l.clone(), "direction", dir), "path", path);
-            set(&frames, ll, n);
+            frames.set(&l.clone().with("direction", dir).with("path", path), n);
         }
-        set(&kicks, l.clone(), v.kicks);
-        set(
-            &notes,
-            with(l.clone(), "direction", "tx"),
-            v.tx_notifications,
-        );
-        set(
-            &notes,
-            with(l.clone(), "direction", "rx"),
-            v.rx_notifications,
-        );
-        set(&early, l.clone(), v.rx_early);
-        set(&masked, l.clone(), v.rx_early_masked);
-        set(&eob, l.clone(), v.rx_end_of_burst);
-        set(&skipped, with(l.clone(), "why", "cold"), v.rx_skipped_cold);
-        set(&skipped, with(l.clone(), "why", "hot"), v.rx_skipped_hot);
-        set(&nothing, l, v.rx_early_found_nothing);
+        kicks.set(&l, v.kicks);
+        notes.set_with(&l, &Labels::of("direction", "tx"), v.tx_notifications);
+        notes.set_with(&l, &Labels::of("direction", "rx"), v.rx_notifications);
+        early.set(&l, v.rx_early);
+        masked.set(&l, v.rx_early_masked);
+        eob.set(&l, v.rx_end_of_burst);
+        skipped.set_with(&l, &Labels::of("why", "cold"), v.rx_skipped_cold);
+        skipped.set_with(&l, &Labels::of("why", "hot"), v.rx_skipped_hot);
+        nothing.set(&l, v.rx_early_found_nothing);
     }
 }

@@ -196,3 +196,98 @@ fn render_time() {
         times[7], times[0], times[14]
     );
 }
+
+/// Every part of the exposition present: a kernel fast path, an encrypted link, a rate, a
+/// vhost-user interface, the etcd agent, and a label value with characters to escape.
+fn rich_snapshot() -> HostSnapshot {
+    use crate::source::AgentSnapshot;
+    use vnet_control::status::{
+        ClusterStatus, CryptoStatus, KernelPathStatus, KernelPortStatus, NicStatus, RateStatus,
+        VhostUserStatus,
+    };
+    let mut snap = host_with_links(2);
+    snap.stats.ports[0].path = DataPathKind::Kernel;
+    snap.stats.ports[0].kernel = Some(KernelPortStatus {
+        rx_frames: 11,
+        rx_bytes: 1_100,
+        tx_frames: 12,
+        tx_bytes: 1_200,
+        punted_frames: 1,
+        ..Default::default()
+    });
+    snap.stats.ports[1].policy.rate = Some(RateStatus {
+        mbit: 100,
+        burst_kb: 64,
+        available_bytes: -1_500,
+    });
+    snap.stats.ports[3].nic = Some(NicStatus::VhostUser(VhostUserStatus {
+        connected: true,
+        connections: 2,
+        queue_pairs_started: 1,
+        rx_backlog: 3,
+        tx_cut_through: 40,
+        rx_direct: 5,
+        rx_skipped_hot: 6,
+        ..Default::default()
+    }));
+    snap.stats.kernel = Some(KernelPathStatus {
+        mode: vnet_control::FastPathMode::Kernel,
+        table_entries: 4,
+        table_size: 65_536,
+        table_left_out: 0,
+        matrix_size: 4_096,
+        unknown_link: 7,
+        not_vxlan: 8,
+        fib_fail: 0,
+        vni_mismatch: 0,
+        table_full: 0,
+    });
+    snap.links[1].encrypted = Some(CryptoStatus {
+        peer_key: "k".into(),
+        session: "established",
+        session_age_ms: Some(1_250),
+        session_sent: Some(3),
+        session_received: Some(4),
+        sealed: 30,
+        opened: 31,
+        initiations_sent: 1,
+        responses_sent: 0,
+        handshakes_received: 1,
+        handshakes_completed: 1,
+        rekeys: 0,
+        initiations_replayed: 0,
+        initiations_throttled: 0,
+        bad_handshakes: 2,
+    });
+    snap.agent = Some(AgentSnapshot {
+        status: ClusterStatus {
+            overlay: "lab \"one\"\\\n".into(),
+            host_id: "h1".into(),
+            connected: true,
+            revision: 42,
+            hosts: 1_000,
+            sessions: 2,
+            ..Default::default()
+        },
+        last_sync_age: Some(std::time::Duration::from_millis(2_500)),
+    });
+    snap
+}
+
+#[test]
+fn the_whole_exposition_is_as_prometheus_client_wrote_it() {
+    let http = HttpCounters::default();
+    http.refuse(Refusal::Timeout);
+    let text = render(
+        &rich_snapshot(),
+        &http,
+        &BuildInfo {
+            version: "9.9".into(),
+            start_time: 1_700_000_000.5,
+        },
+    );
+    if std::env::var_os("VNET_WRITE_GOLDEN").is_some() {
+        let _ = std::fs::write("src/metrics/golden.txt", &text);
+    }
+    assert_eq!(text, include_str!("golden.txt"));
+}

@@ -1,3 +1,7 @@
+//! `path`'s tests: one peer's endpoints over time (discovery's schedule, which endpoint carries
+//! data, heartbeats and silence, a faster endpoint, tunnels), with a counting random source so
+//! each schedule of pings is reproducible.
+
 use super::*;
 use crate::CountingRandom;
 
