@@ -22,8 +22,9 @@ use vnet_core::LockRecover;
 
 /// Sample buffers of earlier scrapes, emptied, their capacity kept: a scrape at 1,000 links
 /// fills 2 MB of them, and memory fresh from the allocator each time is memory the kernel
-/// zeroes page by page (a third of a scrape's CPU before they were kept). At most
-/// `SPARE_BUFFERS` buffers of at most `SPARE_BYTES` each: about one scrape's worth.
+/// zeroes page by page (page faults and zeroing were about a fifth of a scrape's CPU in a
+/// profile before they were kept). At most `SPARE_BUFFERS` buffers of at most `SPARE_BYTES`
+/// each: a scrape has about 100 families, so this keeps two or three scrapes' buffers.
 static SPARE: Mutex<Vec<String>> = Mutex::new(Vec::new());
 const SPARE_BUFFERS: usize = 256;
 const SPARE_BYTES: usize = 16 << 20;
