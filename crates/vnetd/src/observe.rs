@@ -152,23 +152,20 @@ mod tests {
     fn one_scrape_per_period_is_prompt_the_rest_wait_for_idle_cores() {
         let b = ScrapeBudget::default();
         let t = Instant::now();
-        assert_eq!(b.idle_limit(t), PROMPT_SCRAPE_IDLE);
-        assert_eq!(
-            b.idle_limit(t + Duration::from_millis(10)),
-            SLOW_SCRAPE_IDLE
-        );
-        assert_eq!(
-            b.idle_limit(t + Duration::from_millis(499)),
-            SLOW_SCRAPE_IDLE
-        );
-        assert_eq!(
-            b.idle_limit(t + Duration::from_millis(500)),
-            PROMPT_SCRAPE_IDLE
-        );
-        assert_eq!(
-            b.idle_limit(t + Duration::from_millis(600)),
-            SLOW_SCRAPE_IDLE
-        );
+        // (a scrape this many ms after `t`, the limit it gets): one prompt scrape per period.
+        for (ms, want) in [
+            (0, PROMPT_SCRAPE_IDLE),
+            (10, SLOW_SCRAPE_IDLE),
+            (499, SLOW_SCRAPE_IDLE),
+            (500, PROMPT_SCRAPE_IDLE),
+            (600, SLOW_SCRAPE_IDLE),
+        ] {
+            assert_eq!(
+                b.idle_limit(t + Duration::from_millis(ms)),
+                want,
+                "at {ms} ms"
+            );
+        }
         // Every second, as a Prometheus: every one prompt.
         for k in 2..10 {
             assert_eq!(b.idle_limit(t + Duration::from_secs(k)), PROMPT_SCRAPE_IDLE);
