@@ -37,7 +37,11 @@ from .session import Progress, arguments, begin, finish, guarded, plots_note, ru
 
 KINDS = wanlab.NAT_KINDS
 OVERLAY_MATRIX, OVERLAY_WAN = "reach", "wan"
-OVERLAY_TRIES, OVERLAY_TPUT = "tries", "tput"
+OVERLAY_TRIES, OVERLAY_TPUT, OVERLAY_BUDGET = "tries", "tput", "budget"
+# The throughput phase's relay: a budget per pair above what the lab's paths carry, so the
+# relayed figure is the relay's data path; a second relay keeps vnetd's default budget.
+TPUT_RELAY_MBIT = 20_000
+THROUGHPUT_PAIRS = ("no NAT", "punched", "relayed", "relayed, default budget")
 WAN_PATH = dict(delay="10ms", loss="0.5%")
 # TCP congestion control: this machine's default is BBR, which does not take random loss for
 # congestion; CUBIC (Linux's usual default) does. Both, so the figures mean something either way.
@@ -161,9 +165,12 @@ def host_view(h: netlab.Host) -> dict:
     return view
 
 
-def start_relay(r: netlab.Host, etcd: EtcdServer, overlay: str) -> None:
-    """A public host relaying for the others (``--relay``), as the README has it."""
-    r.start_vnetd(config="", args=["--etcd", etcd.endpoint, "--overlay", overlay, "--host-id", r.role, "--relay"])
+def start_relay(r: netlab.Host, etcd: EtcdServer, overlay: str, rate_mbit: int | None = None) -> None:
+    """A public host relaying for the others (``--relay``), as the README has it; each pair's
+    budget ``rate_mbit`` (``--relay-rate``) when given."""
+    extra = ["--relay-rate", str(rate_mbit)] if rate_mbit else []
+    r.start_vnetd(config="", args=["--etcd", etcd.endpoint, "--overlay", overlay, "--host-id", r.role, "--relay"]
+                  + extra)
 
 
 def path_of(h: netlab.Host, peer: str) -> str | None:
@@ -287,18 +294,24 @@ def run_tries(lab, wan, etcd, a, prog: Progress, doc: dict) -> None:
 
 
 def run_throughput(lab, wan, etcd, a, prog: Progress, doc: dict, rng) -> None:
-    """TCP between the guests of three pairs on the same lab, interleaved rounds: no NAT,
-    punched through two port-restricted NATs (the kernel fast path), relayed between two
-    symmetric ones (vnetd at both ends and the relay). Guests' MTU 1450: a relayed path's 12
-    bytes more are told to the guest (path MTU)."""
+    """TCP between the guests of four pairs on the same lab, interleaved rounds: no NAT,
+    punched through two port-restricted NATs, relayed between two symmetric ones (the kernel
+    fast path at both ends and on the relay, whose budget per pair is above the paths'), and
+    relayed the same way in an overlay of its own whose relay has vnetd's default budget (1
+    Gbit/s per pair: a policer TCP meets). Guests' MTU 1450: a relayed path's 12 bytes more
+    are told to the guest (path MTU)."""
     relay = wan.public_host("R3")
-    start_relay(relay, etcd, OVERLAY_TPUT)
-    pairs = {"no NAT": ("none", "none"), "punched": ("port-restricted", "port-restricted"),
-             "relayed": ("symmetric", "symmetric")}
+    start_relay(relay, etcd, OVERLAY_TPUT, rate_mbit=TPUT_RELAY_MBIT)
+    relay_default = wan.public_host("R4")
+    start_relay(relay_default, etcd, OVERLAY_BUDGET)
+    pairs = {"no NAT": (("none", "none"), OVERLAY_TPUT),
+             "punched": (("port-restricted", "port-restricted"), OVERLAY_TPUT),
+             "relayed": (("symmetric", "symmetric"), OVERLAY_TPUT),
+             "relayed, default budget": (("symmetric", "symmetric"), OVERLAY_BUDGET)}
     built = {}
-    for n, (name, kinds) in enumerate(pairs.items()):
-        p = fresh_pair(lab, wan, etcd, OVERLAY_TPUT, kinds, f"P{n}", a)
-        start_pair(p, etcd, OVERLAY_TPUT, a)
+    for n, (name, (kinds, overlay)) in enumerate(pairs.items()):
+        p = fresh_pair(lab, wan, etcd, overlay, kinds, f"P{n}", a)
+        start_pair(p, etcd, overlay, a)
         built[name] = p
     for p in built.values():
         lab.wait_ping(p["guests"][0], p["guests"][1].ip_addr, timeout=30)
@@ -321,7 +334,9 @@ def run_throughput(lab, wan, etcd, a, prog: Progress, doc: dict, rng) -> None:
         for h in p["hosts"]:
             h.stop_vnetd()
     relay.stop_vnetd()
+    relay_default.stop_vnetd()
     doc["throughput"] = samples
+    doc["throughput_relay_mbit"] = {"relayed": TPUT_RELAY_MBIT, "relayed, default budget": 1000}
 
 
 WAN_PAIRS = (("vnet", False), ("vnet-encrypted", True))
@@ -586,10 +601,13 @@ def summary(doc: dict) -> str:
         base = med(s["mbps"] for s in t if s["pair"] == "no NAT" and s["mbps"])
         punched = med(s["mbps"] for s in t if s["pair"] == "punched" and s["mbps"])
         lines += ["## Throughput: direct, punched, relayed", "",
-                  "TCP guest to guest (iperf3), interleaved rounds on the same lab; guests' MTU 1450.", "",
+                  "TCP guest to guest (iperf3), interleaved rounds on the same lab; guests' MTU 1450. "
+                  f"The `relayed` pair's relay lets each pair send {TPUT_RELAY_MBIT:,} Mbit/s "
+                  "(`--relay-rate`), above what the lab's paths carry; the last pair's relay has vnetd's "
+                  "default, 1,000 Mbit/s, which TCP meets as a policer.", "",
                   md_row(["pair", "path", "TCP Mbit/s median [min-max]", "x no NAT", "x punched"]),
                   md_row(["---"] * 5)]
-        for name in ("no NAT", "punched", "relayed"):
+        for name in THROUGHPUT_PAIRS:
             ss = [s for s in t if s["pair"] == name and s["mbps"]]
             v = med(s["mbps"] for s in ss)
             lines.append(md_row([name, ", ".join(sorted({s.get("path") or "-" for s in ss})) or "-",
@@ -751,10 +769,10 @@ def main(argv=None) -> int:
                     "rounds": a.rounds, "notes": plots_note()}}
     npairs = len(KINDS) * (len(KINDS) - 1) // 2
     prog = Progress(a.deadline + 30 + npairs * a.tcp_seconds + a.rounds * (4 * a.tcp_seconds + 4)
-                    + a.rounds * 3 * (a.tcp_seconds + 1) + 40 + len(TRY_PAIRS) * a.tries * 4
+                    + a.rounds * len(THROUGHPUT_PAIRS) * (a.tcp_seconds + 1) + 40 + len(TRY_PAIRS) * a.tries * 4
                     + a.rounds * (4 * a.tcp_seconds + 4 * (2 + MPI_REPEATS * 0.16))
                     + a.rounds * 3 * a.tcp_seconds,
-                    1 + npairs + 9 * a.rounds + len(TRY_PAIRS) * a.tries + 3 * a.rounds + 6 * a.rounds)
+                    1 + npairs + 9 * a.rounds + len(TRY_PAIRS) * a.tries + len(THROUGHPUT_PAIRS) * a.rounds + 6 * a.rounds)
     with guarded(doc["meta"]["notes"], prog):
         lab = wanlab.new_lab("reach")
         wan = wanlab.WanLab(lab)

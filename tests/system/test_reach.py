@@ -332,6 +332,42 @@ def test_a_punched_link_runs_on_the_kernel_fast_path(lab, record):
     assert mappings, ct
 
 
+def test_a_relayed_link_runs_on_the_kernel_fast_path_at_both_ends_and_the_relay(lab, record):
+    """Guests behind two symmetric NATs, relayed (a relay whose budget is above the path): their
+    TCP stream is carried by the kernel fast path on both hosts (the links' kernel share holds
+    the bytes) and on the relay, whose vnetd admitted the pair and then read almost none of it
+    (its socket's bytes a small share of what it counts forwarded, the kernel's counts added
+    to its own); against the same run's no-NAT pair (recorded; bench.reach measures the ratio
+    over interleaved rounds)."""
+    bed = reachlab.Bed(lab, ["symmetric", "symmetric", "none", "none"], relays=1, relay_rate=20000)
+    bed.start()
+    bed.wait_paths(timeout=15)
+    assert bed.path("h1", "h2") == "relayed", bed.reach("h1")["peers"]
+    g = bed.guests
+    relay = bed.relays[0]
+    before = dict(bed.reach("R1")["counters"])
+    rx_before = relay.ctl_json("show", "stats", "json")["daemon"]["rx_bytes"]
+    relayed = lab.iperf(g["h2"], g["h2"].ip_addr, g["h1"], seconds=3)
+    plain = lab.iperf(g["h4"], g["h4"].ip_addr, g["h3"], seconds=3)
+    time.sleep(0.6)  # the relay adds the kernel's counts to its own every 250 ms
+    after = dict(bed.reach("R1")["counters"])
+    rx_after = relay.ctl_json("show", "stats", "json")["daemon"]["rx_bytes"]
+    forwarded = after["relay_forwarded_bytes"] - before["relay_forwarded_bytes"]
+    read = rx_after - rx_before
+    record("relayed", {"tcp_gbps": {"relayed": round(relayed.gbps, 2), "no_nat": round(plain.gbps, 2)},
+                       "relay_forwarded_bytes": forwarded, "relay_socket_bytes": read,
+                       "rate_limited": after["relay_rate_limited"] - before["relay_rate_limited"]})
+    for h, peer in (("h1", "c-h2-v1"), ("h2", "c-h1-v1")):
+        st = bed.hosts[h].ctl_json("show", "stats", "json")
+        link = next(p for p in st["ports"] if p["name"] == peer)
+        k = link.get("kernel") or {}
+        assert k, link
+        moved = k["tx_bytes"] + k["rx_bytes"]
+        assert moved > 0.9 * relayed.bytes, (h, k, relayed.bytes)
+    assert forwarded > 0.9 * relayed.bytes, (forwarded, relayed.bytes)
+    assert read < 0.1 * forwarded, (read, forwarded)
+
+
 def test_no_black_hole_on_a_small_mtu_path_that_drops_fragments(lab, record):
     """Guests with MTU 1500 behind NATs, one site's path 1280 bytes and its firewall dropping
     IP fragments: reach links carry DF, the path's MTU is learned from the router's ICMP, and a

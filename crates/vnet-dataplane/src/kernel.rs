@@ -4,8 +4,8 @@
 //! slow path: whatever the kernel does not decide reaches vnetd's ordinary ports (a fast-path
 //! port's punt TAP, the VXLAN socket), so the kernel can only ever make a frame faster.
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use tracing::{info, warn};
@@ -13,8 +13,9 @@ use vnet_control::{FastPathMode, PortPolicy};
 use vnet_core::{FastMap, ForwardingTable, MatrixEntry, PortId, RouteRule};
 use vnet_fastpath::{
     compile, recompile, CompilePort, CompiledTable, Counters, Delivery, Egress, FastPath,
-    FastPathConfig, LinkSpec, PortSpec, Rate, Touched, Unavailable,
+    FastPathConfig, LinkSpec, PortSpec, Rate, RelayCounts, RelayPair, Touched, Unavailable,
 };
+use vnet_reach::{KernelPair, Tag};
 use vnet_wire::MacAddr;
 
 use crate::netlink::Rtnl;
@@ -40,6 +41,15 @@ pub enum KernelAttach {
     },
 }
 
+/// A relay's pair in the kernel: its entry, the counts last read of it, and the device its
+/// datagrams arrive by.
+#[derive(Debug, Clone, Copy)]
+struct RelayEntry {
+    pair: RelayPair,
+    last: RelayCounts,
+    ingress: Option<u32>,
+}
+
 /// The kernel fast path of one engine.
 pub struct KernelPath {
     fp: FastPath,
@@ -54,6 +64,10 @@ pub struct KernelPath {
     /// The address vnetd's VXLAN socket is bound to, when it is one (then it is every link's
     /// outer source: peers filter on it).
     bound: Option<Ipv4Addr>,
+    /// A relay's pairs the kernel forwards.
+    relay_pairs: BTreeMap<KernelPair, RelayEntry>,
+    /// Underlay devices the decapsulation program is on for the relay's pairs.
+    relay_devices: BTreeSet<u32>,
     /// Forgets the programs' cached outer next hops when the underlay changes.
     _underlay_watch: Option<UnderlayWatch>,
 }
@@ -76,7 +90,10 @@ impl KernelPath {
     /// Loads and verifies the programs; the error says in words why the kernel path is not
     /// available (vnetd then runs everything in user space).
     pub fn open(cfg: &FastPathConfig, bound: IpAddr) -> Result<KernelPath, Unavailable> {
-        let fp = FastPath::open(cfg)?;
+        let mut fp = FastPath::open(cfg)?;
+        // A relay's pairs an earlier vnetd left in pinned maps go: this one admits its own
+        // (a host that no longer relays must not go on relaying).
+        fp.retain_relay_pairs(|_| false);
         let bound = match bound.to_canonical() {
             IpAddr::V4(a) if !a.is_unspecified() => Some(a),
             _ => None,
@@ -108,6 +125,8 @@ impl KernelPath {
             link_underlay: FastMap::default(),
             left_out: 0,
             bound,
+            relay_pairs: BTreeMap::new(),
+            relay_devices: BTreeSet::new(),
             _underlay_watch: watch,
         })
     }
@@ -179,6 +198,7 @@ impl KernelPath {
                     src_port,
                     punt: under.is_none(),
                     path_mtu: None,
+                    relay_tag: None,
                 };
                 if let Some((_, dev)) = under {
                     self.use_underlay(id, dev)?;
@@ -214,13 +234,22 @@ impl KernelPath {
         *n = n.saturating_sub(1);
         if *n == 0 {
             self.underlays.remove(&dev);
-            let _ = self.fp.detach_underlay(dev);
+            if !self.relay_devices.contains(&dev) {
+                let _ = self.fp.detach_underlay(dev);
+            }
         }
     }
 
-    /// Reach moved link `id`: straight to `to`, or (None) through vnetd, which sends through a
-    /// relay. A link the kernel does not serve is left alone.
-    pub fn set_link_path(&mut self, id: PortId, to: Option<SocketAddr>, mtu: Option<usize>) {
+    /// Reach moved link `id`: straight to `to`, through the relay at `to` (`relay_tag`: the
+    /// peer's tag, which the relay header carries), or (None) through vnetd (a TCP tunnel, or
+    /// no path). A link the kernel does not serve is left alone.
+    pub fn set_link_path(
+        &mut self,
+        id: PortId,
+        to: Option<SocketAddr>,
+        relay_tag: Option<Tag>,
+        mtu: Option<usize>,
+    ) {
         let Some(mut spec) = self.links.get(&id).copied() else {
             return;
         };
@@ -242,15 +271,136 @@ impl KernelPath {
                     spec.udp_port = port;
                     spec.local = local;
                     spec.punt = false;
+                    spec.relay_tag = relay_tag.map(|t| t.0);
                 }
             }
             None => spec.punt = true,
+        }
+        if spec.punt {
+            // vnetd sends and takes the link's datagrams, relayed or not.
+            spec.relay_tag = None;
         }
         match self.fp.set_link(&spec) {
             Ok(()) => {
                 self.links.insert(id, spec);
             }
             Err(e) => warn!(port = id.0, "kernel fast path: link path: {e}"),
+        }
+    }
+
+    /// A relay's pairs the kernel forwards from now on are `wanted` (each pair's budget
+    /// `rate_bps`, bursts of `burst_bytes`); the others go back to vnetd. Returns what the
+    /// kernel forwarded and refused over the budget of each pair since the last call (the
+    /// counts of a pair removed now included). A pair the kernel cannot take (an endpoint that is
+    /// not IPv4, a tunnel's loopback end, no underlay device) stays with vnetd.
+    pub fn sync_relay_pairs(
+        &mut self,
+        wanted: &[KernelPair],
+        (rate_bps, burst_bytes): (u64, u64),
+    ) -> Vec<(Tag, Tag, RelayCounts)> {
+        let mut counted = Vec::new();
+        let wanted_set: BTreeSet<&KernelPair> = wanted.iter().collect();
+        let current: Vec<KernelPair> = self.relay_pairs.keys().copied().collect();
+        for kp in current {
+            let Some(e) = self.relay_pairs.get(&kp).copied() else {
+                continue;
+            };
+            let now = self.fp.relay_pair_counts(&e.pair).ok().flatten();
+            if let Some(now) = now {
+                let last = e.last;
+                let d = RelayCounts {
+                    frames: now.frames.saturating_sub(last.frames),
+                    bytes: now.bytes.saturating_sub(last.bytes),
+                    rate_limited: now.rate_limited.saturating_sub(last.rate_limited),
+                };
+                if d != RelayCounts::default() {
+                    counted.push((kp.src, kp.dst, d));
+                }
+                if let Some(e) = self.relay_pairs.get_mut(&kp) {
+                    e.last = now;
+                }
+            }
+            if !wanted_set.contains(&kp) {
+                let _ = self.fp.del_relay_pair(&e.pair);
+                self.relay_pairs.remove(&kp);
+            }
+        }
+        for kp in wanted {
+            if self.relay_pairs.contains_key(kp) {
+                continue;
+            }
+            let Some(pair) = self.relay_pair(kp, rate_bps, burst_bytes) else {
+                continue;
+            };
+            let ingress = underlay_for(*pair.from.ip(), self.bound).map(|(_, dev)| dev);
+            match self.fp.set_relay_pair(&pair) {
+                Ok(()) => {
+                    self.relay_pairs.insert(
+                        *kp,
+                        RelayEntry {
+                            pair,
+                            last: RelayCounts::default(),
+                            ingress,
+                        },
+                    );
+                }
+                Err(e) => warn!("kernel fast path: relay pair: {e}"),
+            }
+        }
+        self.relay_underlays();
+        counted
+    }
+
+    /// The kernel's entry for pair `kp`, when the kernel can forward it.
+    fn relay_pair(&self, kp: &KernelPair, rate_bps: u64, burst_bytes: u64) -> Option<RelayPair> {
+        let v4 = |a: SocketAddr| match a.ip().to_canonical() {
+            IpAddr::V4(ip) if !ip.is_loopback() => Some(SocketAddrV4::new(ip, a.port())),
+            _ => None,
+        };
+        let (from, to) = (v4(kp.from)?, v4(kp.to)?);
+        let (local, ifindex) = underlay_for(*to.ip(), self.bound)?;
+        Some(RelayPair {
+            from,
+            dst_tag: kp.dst.0,
+            to,
+            src_tag: kp.src.0,
+            local,
+            ifindex,
+            rate_bps,
+            burst_bytes,
+        })
+    }
+
+    /// The decapsulation program, which also relays, on each device the relay's pairs' datagrams
+    /// arrive by (their route out: the device their sources are reached by), and off the
+    /// devices no pair and no link needs any more.
+    fn relay_underlays(&mut self) {
+        let needed: BTreeSet<u32> = self
+            .relay_pairs
+            .values()
+            .filter_map(|e| e.ingress)
+            .collect();
+        for dev in needed.difference(&self.relay_devices.clone()) {
+            if self.underlays.contains_key(dev) {
+                self.relay_devices.insert(*dev);
+                continue;
+            }
+            match self.fp.attach_underlay(*dev) {
+                Ok(()) => {
+                    info!(
+                        ifindex = dev,
+                        "kernel fast path: relaying on the underlay device"
+                    );
+                    self.relay_devices.insert(*dev);
+                }
+                Err(e) => warn!(ifindex = dev, "kernel fast path: relay: {e}"),
+            }
+        }
+        for dev in self.relay_devices.clone().difference(&needed) {
+            self.relay_devices.remove(dev);
+            if !self.underlays.contains_key(dev) {
+                let _ = self.fp.detach_underlay(*dev);
+            }
         }
     }
 

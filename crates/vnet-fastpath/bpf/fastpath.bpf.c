@@ -4,7 +4,8 @@
  * everything else to vnetd, the slow path, through a punt TAP (ports) or the stack (underlay).
  *
  *   port_ingress      tcx ingress of a port's host-side netdev: what the guest sends
- *   underlay_ingress  tcx ingress of an underlay netdev: VXLAN for local fast-path ports
+ *   underlay_ingress  tcx ingress of an underlay netdev: VXLAN for local fast-path ports,
+ *                     directly or through a relay, and on a relay what it forwards
  *   punt_ingress      tcx ingress of a port's punt TAP: what vnetd sends to the guest
  *   tunnel_ingress    tcx ingress of a collect-metadata VXLAN device (variant (a), measured)
  *
@@ -74,6 +75,10 @@ FP_MAP(BPF_MAP_TYPE_ARRAY, 256, __u32, struct port_val) port_slots SEC(".maps");
 FP_MAP(BPF_MAP_TYPE_HASH, 256, __u32, __u32) punts SEC(".maps");
 FP_MAP(BPF_MAP_TYPE_HASH, 256, struct link_key, __u32) links_rx SEC(".maps"); /* -> link slot */
 FP_MAP(BPF_MAP_TYPE_ARRAY, 256, __u32, struct link_val) links SEC(".maps"); /* by link slot */
+/* Relayed links by (relay endpoint, VNI, peer's tag) -> link slot. */
+FP_MAP(BPF_MAP_TYPE_HASH, 256, struct relay_rx_key, __u32) relay_rx SEC(".maps");
+/* A relay's pairs that vnetd admitted: (source member's endpoint, destination's tag). */
+FP_MAP(BPF_MAP_TYPE_HASH, 1024, struct relay_fwd_key, struct relay_val) relay_fwd SEC(".maps");
 /* by link slot */
 FP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, 256, __u32, struct link_cache) link_cache SEC(".maps");
 /* Bumped by vnetd when the underlay's routes, neighbours, links or addresses change: a cached
@@ -139,6 +144,17 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 		(a[5] ^ b[5])) == 0;
 }
 
+/* Whether two relay tags are the same (bytewise: no memcmp in BPF). */
+static __always_inline int tag_eq(const __u8 *a, const __u8 *b)
+{
+	__u8 d = 0;
+
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		d |= a[i] ^ b[i];
+	return d == 0;
+}
+
 static __always_inline void mac_copy(__u8 *d, const __u8 *s)
 {
 	__builtin_memcpy(d, s, 6);
@@ -158,15 +174,12 @@ static __always_inline __u32 gso_type_of(struct __sk_buff *ctx)
 	return type;
 }
 
-/* The token bucket of slot `idx`: whether a frame of `len` bytes may pass now. */
-static __always_inline int rate_admit(__u32 idx, __u64 len)
+/* Whether the token bucket `r` (in a map value) lets `len` bytes pass now; takes them. */
+static __always_inline int bucket_take(struct rate_val *r, __u64 len)
 {
-	struct rate_val *r = bpf_map_lookup_elem(&rates, &idx);
 	__u64 now = bpf_ktime_get_ns();
 	int ok;
 
-	if (!r)
-		return 1;
 	bpf_spin_lock(&r->lock);
 	if (now > r->last_ns) {
 		__u64 elapsed = now - r->last_ns;
@@ -185,6 +198,14 @@ static __always_inline int rate_admit(__u32 idx, __u64 len)
 		r->tokens -= (__s64)(len * 8000000000ULL);
 	bpf_spin_unlock(&r->lock);
 	return ok;
+}
+
+/* The token bucket of slot `idx`: whether a frame of `len` bytes may pass now. */
+static __always_inline int rate_admit(__u32 idx, __u64 len)
+{
+	struct rate_val *r = bpf_map_lookup_elem(&rates, &idx);
+
+	return r ? bucket_take(r, len) : 1;
 }
 
 /* Counts a frame of (vni, src, dst) in this CPU's traffic matrix. A pair that is not there
@@ -397,6 +418,23 @@ struct vxlan_outer {
 	__u32 vx_vni;
 } __attribute__((packed));
 
+/* What follows the UDP header of a relay datagram whose payload is VXLAN. */
+struct relay_vxlan {
+	__u32 word; /* RELAY_WORD */
+	__u8 tag[8];
+	__u32 vx_flags;
+	__u32 vx_vni;
+} __attribute__((packed));
+
+/* Everything a relayed link's datagram carries in front of the guest's frame. */
+struct relay_outer {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct udphdr udp;
+	struct relay_vxlan r;
+	struct ethhdr inner;
+} __attribute__((packed));
+
 /* Encapsulates the frame in VXLAN to link `l` and sends it out of the underlay. Returns the
  * tc verdict, or -counter to punt with. */
 static __always_inline int encap_to_link(struct __sk_buff *skb, const struct link_val *l, __u32 lslot,
@@ -408,6 +446,8 @@ static __always_inline int encap_to_link(struct __sk_buff *skb, const struct lin
 	} __attribute__((packed)) h;
 	struct link_cache hop;
 	__u32 len = skb->len, hash, tot, mtu;
+	/* A relayed link's datagrams carry the relay header too. */
+	__u32 extra = (l->flags & LINK_RELAYED) ? RELAY_HLEN : 0;
 	__u64 flags;
 	int rc;
 
@@ -446,7 +486,7 @@ static __always_inline int encap_to_link(struct __sk_buff *skb, const struct lin
 
 			seg = hdrs ? skb->gso_size + hdrs + ETH_HLEN : from->mtu + ETH_HLEN;
 		}
-		if ((skb->gso_size ? seg + OUTER_LEN : len + OUTER_LEN) > mtu)
+		if ((skb->gso_size ? seg + OUTER_LEN : len + OUTER_LEN) + extra > mtu)
 			return -C_ENCAP_FAIL;
 	}
 
@@ -455,7 +495,7 @@ static __always_inline int encap_to_link(struct __sk_buff *skb, const struct lin
 	 * the link's is fixed (a reach link: a NAT keeps one mapping, for the socket's port). */
 	hash ^= hash << 16;
 
-	tot = len + OUTER_LEN;
+	tot = len + OUTER_LEN + extra;
 	mac_copy(h.o.eth.h_dest, hop.dmac);
 	mac_copy(h.o.eth.h_source, hop.smac);
 	h.o.eth.h_proto = bpf_htons(ETH_P_IP);
@@ -486,6 +526,24 @@ static __always_inline int encap_to_link(struct __sk_buff *skb, const struct lin
 	flags = BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 |
 		BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
 		ADJ_ROOM_ENCAP_L2(ETH_HLEN);
+	if (extra) {
+		/* The relay header between UDP and VXLAN: the kernel's UDP tunnel GSO copies
+		 * everything from the outer UDP header to the inner MAC header into each segment. */
+		struct relay_outer r;
+
+		__builtin_memcpy(&r, &h.o, sizeof(struct ethhdr) + sizeof(struct iphdr) +
+						   sizeof(struct udphdr));
+		r.r.word = bpf_htonl(RELAY_WORD);
+		__builtin_memcpy(r.r.tag, l->relay_tag, sizeof(r.r.tag));
+		r.r.vx_flags = h.o.vx_flags;
+		r.r.vx_vni = h.o.vx_vni;
+		r.inner = h.inner;
+		if (bpf_skb_adjust_room(skb, ENCAP_LEN + RELAY_HLEN, BPF_ADJ_ROOM_MAC, flags))
+			return -C_ENCAP_FAIL;
+		if (bpf_skb_store_bytes(skb, 0, &r, sizeof(r), 0))
+			return TCX_DROP;
+		return bpf_redirect(hop.ifindex, 0);
+	}
 	if (bpf_skb_adjust_room(skb, ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags))
 		return -C_ENCAP_FAIL;
 	if (bpf_skb_store_bytes(skb, 0, &h, sizeof(h), 0))
@@ -555,7 +613,7 @@ int port_ingress(struct __sk_buff *skb)
 		struct link_val *l = bpf_map_lookup_elem(&links, &slot);
 
 		if (!l || !l->remote_be || (l->flags & LINK_PUNT))
-			goto punt; /* vnetd sends it (a relay's path, or none known yet) */
+			goto punt; /* vnetd sends it (no path known yet, or a TCP tunnel's) */
 		if (l->vni != p->vni) {
 			count_global(G_VNI_MISMATCH);
 			goto punt;
@@ -581,10 +639,10 @@ punt:
 
 /* Delivers a decapsulated frame arriving from link `l` if the table sends it to a local
  * fast-path port; returns TCX_NEXT for anything vnetd must see. `off` is where the inner
- * Ethernet header starts, `decap` whether the outer headers are still in the packet. The
- * caller has charged the link's rate. */
+ * Ethernet header starts, `decap` how many bytes of outer headers after the outer Ethernet
+ * header are still in the packet (0: none). The caller has charged the link's rate. */
 static __always_inline int from_link(struct __sk_buff *skb, __u32 lslot, const struct link_val *l,
-				     __u32 off, int decap)
+				     __u32 off, __u32 decap)
 {
 	struct ethhdr in;
 	struct port_val *to;
@@ -613,7 +671,7 @@ static __always_inline int from_link(struct __sk_buff *skb, __u32 lslot, const s
 
 		if (in.h_proto == bpf_htons(ETH_P_IPV6))
 			flags |= ADJ_ROOM_DECAP_L3_IPV6;
-		if (bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags)) {
+		if (bpf_skb_adjust_room(skb, -(__s32)decap, BPF_ADJ_ROOM_MAC, flags)) {
 			count(lc, C_ENCAP_FAIL, 1);
 			return TCX_NEXT;
 		}
@@ -633,13 +691,92 @@ static __always_inline int link_admit(__u32 lslot, const struct link_val *l, __s
 	return 0;
 }
 
+/* The UDP payload bytes of a datagram, or about those of the datagrams a GSO skb becomes: each
+ * segment beyond the first counted 34 bytes more (the relay, VXLAN and inner Ethernet headers
+ * a tunnel aggregate's segments repeat; not their inner IP and TCP headers). */
+static __always_inline __u64 payload_bytes(struct __sk_buff *skb, __u32 ihl)
+{
+	__u64 segs = skb->gso_segs > 1 ? skb->gso_segs : 1;
+	__u64 hdrs = ETH_HLEN + ihl + sizeof(struct udphdr);
+
+	if (skb->len <= hdrs)
+		return 0;
+	return skb->len - hdrs + (segs - 1) * (RELAY_HLEN + VXLAN_HLEN + ETH_HLEN);
+}
+
+#define UDP_CSUM_OFF (ETH_HLEN + sizeof(struct iphdr) + __builtin_offsetof(struct udphdr, check))
+
+/* A relay forwards a datagram of a pair vnetd admitted (`relay_fwd`): from the source
+ * member's endpoint to the destination member's binding, from this host's address and VXLAN
+ * port, the destination's tag replaced by the source's; one datagram out per datagram in, the
+ * same size, within the pair's budget. The payload is not read (an encrypted link stays end
+ * to end). Over the budget: dropped and counted, as vnetd drops (a datagram passed on instead
+ * could be a tunnel GSO aggregate, which vnetd's socket cannot take apart). TCX_NEXT: not
+ * such a pair here, or not a plain datagram to this host (vnetd decides, as it does for every
+ * relay datagram the kernel does not take). */
+static __always_inline int relay_forward(struct __sk_buff *skb, const struct vxlan_outer *h,
+					 __u32 ihl, const struct relay_vxlan *r)
+{
+	struct relay_fwd_key k = { .src_be = h->ip.saddr, .src_port_be = h->udp.source };
+	struct relay_val *v;
+	struct iphdr ip;
+	__be16 ports[2];
+	__u64 segs, bytes;
+	__s64 diff;
+
+	__builtin_memcpy(k.dst_tag, r->tag, sizeof(k.dst_tag));
+	v = bpf_map_lookup_elem(&relay_fwd, &k);
+	if (!v)
+		return TCX_NEXT;
+	if (ihl != sizeof(struct iphdr) || (h->ip.frag_off & bpf_htons(0x3fff)) ||
+	    skb->pkt_type != PACKET_HOST)
+		return TCX_NEXT;
+	segs = skb->gso_segs > 1 ? skb->gso_segs : 1;
+	bytes = payload_bytes(skb, ihl);
+	if (!bucket_take((struct rate_val *)v, bytes)) {
+		__sync_fetch_and_add(&v->rate_limited, segs);
+		return TCX_DROP;
+	}
+	/* The UDP checksum follows each change (left 0 when it is 0: VXLAN's usual), the IP
+	 * header's is computed anew. */
+	diff = bpf_csum_diff((__be32 *)r->tag, sizeof(r->tag), (__be32 *)v->src_tag,
+			     sizeof(v->src_tag), 0);
+	ports[0] = h->udp.dest;
+	ports[1] = v->dst_port_be;
+	if (bpf_l4_csum_replace(skb, UDP_CSUM_OFF, h->ip.saddr, v->local_be,
+				BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | 4) ||
+	    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, h->ip.daddr, v->dst_be,
+				BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | 4) ||
+	    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, h->udp.source, ports[0],
+				BPF_F_MARK_MANGLED_0 | 2) ||
+	    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, h->udp.dest, ports[1],
+				BPF_F_MARK_MANGLED_0 | 2) ||
+	    bpf_l4_csum_replace(skb, UDP_CSUM_OFF, 0, diff, BPF_F_MARK_MANGLED_0))
+		return TCX_DROP; /* cannot happen on a header loaded above; never half rewritten */
+	ip = h->ip;
+	ip.saddr = v->local_be;
+	ip.daddr = v->dst_be;
+	ip.ttl = 64;
+	ip.check = 0;
+	ip.check = ip_csum(&ip);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip), ports, sizeof(ports), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip) + sizeof(struct udphdr) + 4,
+				v->src_tag, sizeof(v->src_tag), 0))
+		return TCX_DROP; /* half rewritten: never sent */
+	__sync_fetch_and_add(&v->frames, segs);
+	__sync_fetch_and_add(&v->bytes, bytes);
+	/* The route and neighbour towards the member, as the relay's own send would take. */
+	return bpf_redirect_neigh(v->ifindex, 0, 0, 0);
+}
+
 SEC("tcx/ingress")
 int underlay_ingress(struct __sk_buff *skb)
 {
 	struct vxlan_outer h;
 	struct link_key key;
 	struct link_val *l;
-	__u32 *lslot, gso, ihl, wire, tot, ulen;
+	__u32 *lslot, gso, ihl, wire, tot, ulen, extra = 0;
 	__s64 inner;
 
 	/* What the stack would hand to vnetd's socket: IPv4 UDP to its port, not for another
@@ -660,28 +797,61 @@ int underlay_ingress(struct __sk_buff *skb)
 		count_global(G_NOT_VXLAN);
 		return TCX_NEXT;
 	}
-	/* vnetd takes any datagram with the I flag (RFC 7348: reserved bits are ignored on
-	 * receipt), so the link is found as vnetd finds it; the others it drops (bad_vxlan). */
-	if (!(h.vx_flags & bpf_htonl(0x08000000)))
-		return TCX_NEXT;
-	/* A reach link is found by its peer's port too (two hosts behind one NAT share its
-	 * address), any other link by address. */
-	key.remote_be = h.ip.saddr;
-	key.vni = bpf_ntohl(h.vx_vni) >> 8;
-	key.sport_be = h.udp.source;
-	key.pad = 0;
-	lslot = bpf_map_lookup_elem(&links_rx, &key);
-	if (!lslot) {
-		key.sport_be = 0;
+	if (h.vx_flags == bpf_htonl(RELAY_WORD)) {
+		/* A relay datagram: this host relays it, or it is a relayed link's. */
+		struct relay_vxlan r;
+		struct relay_rx_key rk = {};
+		int rc;
+
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + ihl + sizeof(struct udphdr), &r, sizeof(r)))
+			return TCX_NEXT;
+		rc = relay_forward(skb, &h, ihl, &r);
+		if (rc != TCX_NEXT)
+			return rc;
+		if (!(r.vx_flags & bpf_htonl(0x08000000)))
+			return TCX_NEXT; /* not VXLAN (an encrypted link's message): vnetd's */
+		rk.relay_be = h.ip.saddr;
+		rk.vni = bpf_ntohl(r.vx_vni) >> 8;
+		rk.relay_port_be = h.udp.source;
+		__builtin_memcpy(rk.tag, r.tag, sizeof(rk.tag));
+		lslot = bpf_map_lookup_elem(&relay_rx, &rk);
+		if (!lslot) {
+			count_global(G_UNKNOWN_LINK);
+			return TCX_NEXT;
+		}
+		l = bpf_map_lookup_elem(&links, lslot);
+		/* Only the link relayed for that peer in that VNI (an entry an earlier vnetd left
+		 * never names another link). */
+		if (!l || !(l->flags & LINK_RELAYED) || l->vni != rk.vni || !tag_eq(l->relay_tag, rk.tag))
+			return TCX_NEXT;
+		h.vx_flags = r.vx_flags;
+		h.vx_vni = r.vx_vni;
+		extra = RELAY_HLEN;
+	} else {
+		/* vnetd takes any datagram with the I flag (RFC 7348: reserved bits are ignored
+		 * on receipt), so the link is found as vnetd finds it; the others it drops
+		 * (bad_vxlan). */
+		if (!(h.vx_flags & bpf_htonl(0x08000000)))
+			return TCX_NEXT;
+		/* A reach link is found by its peer's port too (two hosts behind one NAT share
+		 * its address), any other link by address. */
+		key.remote_be = h.ip.saddr;
+		key.vni = bpf_ntohl(h.vx_vni) >> 8;
+		key.sport_be = h.udp.source;
+		key.pad = 0;
 		lslot = bpf_map_lookup_elem(&links_rx, &key);
+		if (!lslot) {
+			key.sport_be = 0;
+			lslot = bpf_map_lookup_elem(&links_rx, &key);
+		}
+		if (!lslot) {
+			count_global(G_UNKNOWN_LINK);
+			return TCX_NEXT;
+		}
+		l = bpf_map_lookup_elem(&links, lslot);
+		if (!l)
+			return TCX_NEXT;
 	}
-	if (!lslot) {
-		count_global(G_UNKNOWN_LINK);
-		return TCX_NEXT;
-	}
-	l = bpf_map_lookup_elem(&links, lslot);
-	if (!l)
-		return TCX_NEXT;
 	/* The link's rate is charged here for every datagram vnetd would take from it, delivered
 	 * here or passed on (vnetd leaves the rate of the links the kernel serves to this bucket):
 	 * the inner bytes, as vnetd counts them. The stack delivers at most the UDP length (of the
@@ -691,12 +861,12 @@ int underlay_ingress(struct __sk_buff *skb)
 	ulen = bpf_ntohs(h.udp.len);
 	gso = gso_type_of(skb);
 	if (!skb->gso_size)
-		inner = (__s64)ulen - sizeof(struct udphdr) - VXLAN_HLEN;
+		inner = (__s64)ulen - sizeof(struct udphdr) - VXLAN_HLEN - extra;
 	else if (gso & (SKB_GSO_UDP_TUNNEL | SKB_GSO_UDP_TUNNEL_CSUM))
-		inner = (__s64)wire - ihl - sizeof(struct udphdr) - VXLAN_HLEN;
+		inner = (__s64)wire - ihl - sizeof(struct udphdr) - VXLAN_HLEN - extra;
 	else
 		inner = (__s64)wire - ihl - sizeof(struct udphdr) -
-			VXLAN_HLEN * (__s64)(skb->gso_segs ? skb->gso_segs : 1);
+			(VXLAN_HLEN + extra) * (__s64)(skb->gso_segs ? skb->gso_segs : 1);
 	if (!link_admit(*lslot, l, inner))
 		return TCX_DROP;
 	/* Decapsulated here only: a whole datagram without IP options, sent to this host's MAC
@@ -710,7 +880,8 @@ int underlay_ingress(struct __sk_buff *skb)
 	 * would deliver. Passed on: the stack trims or drops, vnetd decides. An aggregate larger
 	 * than 64 KB cannot state its length there. */
 	if (!(skb->gso_size && wire > 0xffff) &&
-	    (tot != wire || ulen != tot - sizeof(struct iphdr) || tot < OUTER_LEN + ETH_HLEN)) {
+	    (tot != wire || ulen != tot - sizeof(struct iphdr) ||
+	     tot < OUTER_LEN + extra + ETH_HLEN)) {
 		count(counters_of(cfg_max_ports + *lslot), C_BAD_LENGTH, 1);
 		return TCX_NEXT;
 	}
@@ -721,7 +892,7 @@ int underlay_ingress(struct __sk_buff *skb)
 		count(counters_of(cfg_max_ports + *lslot), C_GRO_PASSED, 1);
 		return TCX_NEXT;
 	}
-	return from_link(skb, *lslot, l, sizeof(h), 1);
+	return from_link(skb, *lslot, l, sizeof(h) + extra, ENCAP_LEN + extra);
 }
 
 SEC("tcx/ingress")

@@ -146,6 +146,7 @@ fn main() -> Result<()> {
             src_port: None,
             punt: false,
             path_mtu: None,
+            relay_tag: None,
         })?;
         cports.push(CompilePort {
             id,

@@ -276,6 +276,32 @@ impl LinkKey {
     }
 }
 
+impl RelayRxKey {
+    /// The key of datagrams a relay at `relay`:`port` sends in `vni` from the peer tagged
+    /// `tag`.
+    pub fn new(relay: Ipv4Addr, port: u16, vni: u32, tag: [u8; 8]) -> RelayRxKey {
+        RelayRxKey {
+            relay_be: ip_be(relay),
+            vni,
+            relay_port_be: port.to_be(),
+            pad: 0,
+            tag,
+        }
+    }
+}
+
+impl RelayFwdKey {
+    /// The key of relay datagrams from `src`:`port` for the member tagged `dst_tag`.
+    pub fn new(src: Ipv4Addr, port: u16, dst_tag: [u8; 8]) -> RelayFwdKey {
+        RelayFwdKey {
+            src_be: ip_be(src),
+            src_port_be: port.to_be(),
+            pad: 0,
+            dst_tag,
+        }
+    }
+}
+
 impl LinkVal {
     pub fn remote(&self) -> Ipv4Addr {
         ip_of_be(self.remote_be)

@@ -22,6 +22,15 @@ bpf_layout! {
         /// vnetd sends the link's frames (its path goes through a relay, or is not known yet):
         /// punt (`link_val.flags`).
         LINK_PUNT: u16 = 8;
+        /// The link's path goes through a relay: its datagrams go to the relay's endpoint with
+        /// the relay header (`link_val.relay_tag`) between the UDP and the VXLAN headers
+        /// (`link_val.flags`).
+        LINK_RELAYED: u16 = 16;
+        /// The relay header's first word: MSG_RELAY (0x22), version 1, two zero bytes (as
+        /// vnet_reach::wire writes it).
+        RELAY_WORD: u32 = 0x2201_0000;
+        /// The relay header's length: that word and the 8-byte tag.
+        RELAY_HLEN: u32 = 12;
         /// Forwarding action kinds, in the top byte of an action (`ACT_KIND << ACT_SHIFT | slot`):
         /// no rule of this rank, look at the next rank.
         ACT_NONE: u32 = 0;
@@ -157,6 +166,51 @@ bpf_layout! {
             /// which the outer header cache may not know yet); 0: the route's alone. A frame
             /// that does not fit goes to vnetd, which tells its sender.
             path_mtu: u32,
+            /// LINK_RELAYED: the tag the relay header carries (the peer's: the relay finds the
+            /// destination by it, and writes the source's into what it forwards).
+            relay_tag: [u8; 8],
+        }
+        /// A relayed link by what its datagrams carry (`relay_rx`): the relay's endpoint, the
+        /// VNI and the tag the relay wrote (the peer's).
+        relay_rx_key as RelayRxKey {
+            relay_be: u32,
+            vni: u32,
+            relay_port_be: u16,
+            pad: u16,
+            tag: [u8; 8],
+        }
+        /// A relay's forwarding entry, by the endpoint a member's datagrams come from and the
+        /// destination's tag they carry (`relay_fwd`).
+        relay_fwd_key as RelayFwdKey {
+            src_be: u32,
+            src_port_be: u16,
+            pad: u16,
+            dst_tag: [u8; 8],
+        }
+        /// Where a relay sends a pair's datagrams, the pair's budget and what it forwarded.
+        /// The first seven fields are a `rate_val` (the same token bucket code runs on both).
+        relay_val as RelayVal {
+            lock: BpfSpinLock,
+            pad: u32,
+            rate_bps: u64,
+            cap: i64,
+            fill_ns: u64,
+            tokens: i64,
+            last_ns: u64,
+            /// The destination member's binding.
+            dst_be: u32,
+            dst_port_be: u16,
+            pad2: u16,
+            /// The source member's tag, written over the destination's.
+            src_tag: [u8; 8],
+            /// The relay's address towards the destination (the outer source).
+            local_be: u32,
+            /// The device towards the destination.
+            ifindex: u32,
+            /// Datagrams (segments) and their bytes forwarded, and dropped over the budget.
+            frames: u64,
+            bytes: u64,
+            rate_limited: u64,
         }
         /// ONCache-style cached outer header state, per CPU, filled by the program from
         /// bpf_fib_lookup and expired after `outer_cache_ns`, or as soon as `outer_epoch` moves

@@ -43,6 +43,7 @@
 //! fp.set_link(&LinkSpec {
 //!     id: PortId(2), vni: 1, remote: Ipv4Addr::new(10, 0, 0, 2), local: Ipv4Addr::new(10, 0, 0, 1),
 //!     udp_port: 4789, rate: None, via_device: None, src_port: None, punt: false, path_mtu: None,
+//!     relay_tag: None,
 //! })?;
 //! let ports = [
 //!     CompilePort { id: PortId(1), vni: 1, egress: Egress::FastPort },
@@ -82,6 +83,8 @@ mod progs;
 #[cfg(feature = "kernel")]
 mod readout;
 #[cfg(feature = "kernel")]
+mod relay;
+#[cfg(feature = "kernel")]
 mod slots;
 #[cfg(feature = "kernel")]
 mod table;
@@ -101,7 +104,8 @@ pub use fastpath::{FastPath, OuterCacheInvalidator};
 pub use readout::{CounterSlot, Readout};
 pub use spec::{
     ApplyReport, Counters, Delivery, FastPathConfig, GlobalCounters, LinkSpec, PortPolicy,
-    PortSpec, Program, Rate, TestRun, TCX_DROP, TCX_NEXT, TCX_PASS, TCX_REDIRECT,
+    PortSpec, Program, Rate, RelayCounts, RelayPair, TestRun, TCX_DROP, TCX_NEXT, TCX_PASS,
+    TCX_REDIRECT,
 };
 pub use sysctl::{restore_forwarding, ForwardingOriginal};
 #[cfg(not(feature = "kernel"))]

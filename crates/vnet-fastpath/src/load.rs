@@ -87,6 +87,7 @@ impl FastPath {
             || cfg.max_links == 0
             || cfg.max_table == 0
             || cfg.max_matrix == 0
+            || cfg.max_relay_pairs == 0
             || cfg.max_ports > 0x00ff_ffff
             || cfg.max_links > 0x00ff_ffff
         {

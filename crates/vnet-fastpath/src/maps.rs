@@ -15,7 +15,7 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle, OpenMapMut};
 use crate::error::Error;
 use crate::layout::{
     counter, global, BpfType, FwdMapKey, FwdVal, LinkCache, LinkKey, LinkVal, MatrixKey, MatrixVal,
-    PortVal, RateVal,
+    PortVal, RateVal, RelayFwdKey, RelayRxKey, RelayVal,
 };
 use crate::spec::FastPathConfig;
 
@@ -229,6 +229,10 @@ maps! {
     links_rx: LinkKey => u32 = |c| Some(c.max_links);
     /// Links by slot.
     links: u32 => LinkVal = |c| Some(c.max_links);
+    /// Relayed links' slots by (relay endpoint, VNI, peer's tag).
+    relay_rx: RelayRxKey => u32 = |c| Some(c.max_links);
+    /// A relay's admitted pairs: where each goes, its budget and counts.
+    relay_fwd: RelayFwdKey => RelayVal = |c| Some(c.max_relay_pairs);
     /// Cached outer next hops by link slot (per CPU).
     link_cache: u32 => LinkCache = |c| Some(c.max_links);
     /// Moved on to make every cached next hop stale.

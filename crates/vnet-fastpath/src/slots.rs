@@ -10,7 +10,7 @@ use vnet_core::PortId;
 use crate::attach::link_pin_name;
 use crate::error::Error;
 use crate::fastpath::{FastPath, LinkState, PortState};
-use crate::layout::{self, LinkKey, LinkVal, PortVal, RateVal};
+use crate::layout::{self, LinkKey, LinkVal, PortVal, RateVal, RelayRxKey};
 use crate::spec::{Delivery, LinkSpec, PortPolicy, PortSpec, Program, Rate};
 use crate::sysctl::{enable_forwarding, restore_forwarding};
 
@@ -49,7 +49,7 @@ impl FastPath {
         }
     }
 
-    fn now_ns() -> u64 {
+    pub(crate) fn now_ns() -> u64 {
         // bpf_ktime_get_ns is CLOCK_MONOTONIC.
         let mut ts = libc::timespec {
             tv_sec: 0,
@@ -300,21 +300,27 @@ impl FastPath {
                 layout::LINK_RATE
             } else {
                 0
-            } | if spec.punt { layout::LINK_PUNT } else { 0 },
+            } | if spec.punt { layout::LINK_PUNT } else { 0 }
+                | if spec.relay_tag.is_some() {
+                    layout::LINK_RELAYED
+                } else {
+                    0
+                },
             sport_be: spec.src_port.unwrap_or(0).to_be(),
             via_ifindex: spec.via_device.unwrap_or(0),
             path_mtu: spec.path_mtu.unwrap_or(0),
+            relay_tag: spec.relay_tag.unwrap_or_default(),
             ..LinkVal::default()
         };
         self.maps.links.update(&slot, &val)?;
         if earlier.is_none() {
             self.maps.link_cache.zero_percpu(&slot)?;
         }
-        self.maps.links_rx.update(&new_key, &slot)?;
+        self.insert_rx(&new_key, slot)?;
         if let Some(o) = old {
             let old_key = rx_key(&o);
             if old_key != new_key {
-                let _ = self.maps.links_rx.delete(&old_key);
+                self.delete_rx(&old_key);
             }
         }
         self.links.insert(spec.id, LinkState { spec: *spec, slot });
@@ -328,19 +334,43 @@ impl FastPath {
     pub fn del_link(&mut self, id: PortId) -> Result<(), Error> {
         let st = self.links.remove(&id).ok_or(Error::UnknownLink(id))?;
         let res = self.reapply();
-        let _ = self.maps.links_rx.delete(&rx_key(&st.spec));
+        self.delete_rx(&rx_key(&st.spec));
         self.maps.links.update(&st.slot, &LinkVal::default())?;
         res.map(|_| ())
     }
+
+    fn insert_rx(&self, key: &RxKey, slot: u32) -> Result<(), Error> {
+        match key {
+            RxKey::Plain(k) => self.maps.links_rx.update(k, &slot),
+            RxKey::Relayed(k) => self.maps.relay_rx.update(k, &slot),
+        }
+    }
+
+    fn delete_rx(&self, key: &RxKey) {
+        let _ = match key {
+            RxKey::Plain(k) => self.maps.links_rx.delete(k),
+            RxKey::Relayed(k) => self.maps.relay_rx.delete(k),
+        };
+    }
 }
 
-/// How the underlay program finds a link's datagrams: by (remote, VNI), and the remote's port
-/// when the link's ports are fixed.
-fn rx_key(spec: &LinkSpec) -> LinkKey {
+/// How the underlay program finds a link's datagrams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RxKey {
+    /// By (remote, VNI), and the remote's port when the link's ports are fixed.
+    Plain(LinkKey),
+    /// Through a relay: by (relay endpoint, VNI, the peer's tag).
+    Relayed(RelayRxKey),
+}
+
+fn rx_key(spec: &LinkSpec) -> RxKey {
+    if let Some(tag) = spec.relay_tag {
+        return RxKey::Relayed(RelayRxKey::new(spec.remote, spec.udp_port, spec.vni, tag));
+    }
     let sport = if spec.src_port.is_some() {
         spec.udp_port
     } else {
         0
     };
-    LinkKey::new(spec.remote, sport, spec.vni)
+    RxKey::Plain(LinkKey::new(spec.remote, sport, spec.vni))
 }

@@ -5,7 +5,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -26,6 +26,8 @@ pub struct FastPathConfig {
     /// pairs are counted (`GlobalCounters::matrix_full`), as vnetd's own matrix counts its
     /// overflow.
     pub max_matrix: u32,
+    /// Pairs of members a relay forwards in the kernel; the pairs beyond stay with vnetd.
+    pub max_relay_pairs: u32,
     /// The UDP port VXLAN arrives on and is decapsulated from (vnetd's `--udp-port`).
     pub vxlan_port: u16,
     /// How long each CPU keeps a link's outer next hop (MACs, egress device) before asking
@@ -43,6 +45,7 @@ impl Default for FastPathConfig {
             max_links: 1024,
             max_table: 16384,
             max_matrix: 65536,
+            max_relay_pairs: 16384,
             vxlan_port: 4789,
             outer_cache: Some(Duration::from_secs(1)),
             pin_dir: None,
@@ -108,11 +111,39 @@ pub struct LinkSpec {
     /// path may cross NATs), and the remote's come from `udp_port`: the link is found by
     /// (remote, port, VNI). None: the source port from the flow hash, found by (remote, VNI).
     pub src_port: Option<u16>,
-    /// vnetd sends its frames (the path is through a relay, or not known yet).
+    /// vnetd sends its frames (no path known yet, or a TCP tunnel's).
     pub punt: bool,
+    /// The path goes through the relay at `remote`:`udp_port`: every datagram carries the relay
+    /// header with this tag (the peer's), and the relay's datagrams with it are the link's.
+    pub relay_tag: Option<[u8; 8]>,
     /// The path's MTU when vnetd learned one smaller than the route's (larger frames go to
     /// vnetd, which tells their senders).
     pub path_mtu: Option<u32>,
+}
+
+/// A pair of members a relay forwards in the kernel: datagrams from the source member's
+/// endpoint `from` carrying the destination's tag go to the destination's binding `to`,
+/// from `local` out of device `ifindex`, carrying the source's tag; within a token bucket of
+/// `rate_bps` (bursts of `burst_bytes`) of their UDP payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayPair {
+    pub from: SocketAddrV4,
+    pub dst_tag: [u8; 8],
+    pub to: SocketAddrV4,
+    pub src_tag: [u8; 8],
+    pub local: Ipv4Addr,
+    pub ifindex: u32,
+    pub rate_bps: u64,
+    pub burst_bytes: u64,
+}
+
+/// What the kernel did with a relay pair's datagrams (segments of an aggregate each count).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayCounts {
+    pub frames: u64,
+    pub bytes: u64,
+    /// Dropped over the pair's budget.
+    pub rate_limited: u64,
 }
 
 /// The kernel path's counters of one port or link, summed over CPUs.

@@ -210,7 +210,16 @@ impl FastPath {
             let _ = self.maps.port_slots.update(&pv.slot, &PortVal::default());
         }
         for (slot, lv) in &earlier.links {
-            let _ = self.maps.links_rx.delete(&LinkKey::of(lv));
+            if lv.flags & crate::layout::LINK_RELAYED != 0 {
+                let _ = self.maps.relay_rx.delete(&crate::layout::RelayRxKey::new(
+                    lv.remote(),
+                    u16::from_be(lv.dport_be),
+                    lv.vni,
+                    lv.relay_tag,
+                ));
+            } else {
+                let _ = self.maps.links_rx.delete(&LinkKey::of(lv));
+            }
             let _ = self.maps.links.update(slot, &LinkVal::default());
         }
         for (name, fd) in held {

@@ -11,7 +11,7 @@ use crate::compile::CompiledTable;
 use crate::error::{Error, Unavailable};
 use crate::spec::{
     ApplyReport, Counters, FastPathConfig, GlobalCounters, LinkSpec, PortPolicy, PortSpec, Program,
-    TestRun,
+    RelayCounts, RelayPair, TestRun,
 };
 use crate::sysctl::ForwardingOriginal;
 
@@ -162,6 +162,22 @@ impl FastPath {
     }
 
     pub fn set_link(&mut self, _spec: &LinkSpec) -> Result<(), Error> {
+        match *self {}
+    }
+
+    pub fn set_relay_pair(&mut self, _pair: &RelayPair) -> Result<(), Error> {
+        match *self {}
+    }
+
+    pub fn relay_pair_counts(&self, _pair: &RelayPair) -> Result<Option<RelayCounts>, Error> {
+        match *self {}
+    }
+
+    pub fn del_relay_pair(&mut self, _pair: &RelayPair) -> Result<(), Error> {
+        match *self {}
+    }
+
+    pub fn retain_relay_pairs(&mut self, _keep: impl Fn(&crate::layout::RelayFwdKey) -> bool) {
         match *self {}
     }
 

@@ -24,7 +24,7 @@ pub use machine::{
     Action, Path, PathUpdate, PeerInfo, PeerStatus, PmtuStatus, Reach, ReachConfig, ReachCounters,
     ReachStatus, SelfRecord,
 };
-pub use relay::{RelayRefusal, RelayTable};
+pub use relay::{KernelPair, RelayRefusal, RelayTable};
 
 /// Why a datagram of this crate's kinds was refused; each is counted by whoever read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

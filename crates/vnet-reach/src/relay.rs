@@ -3,7 +3,10 @@
 //! in, the same size, only between current members, within a token bucket per (source,
 //! destination) pair: a relay cannot be used to amplify, nor to reach a host outside the
 //! overlay, and one member can cost it only its pair's budget. The data path's VXLAN reader
-//! calls [`RelayTable::forward`] per datagram; the reach thread binds and expires.
+//! calls [`RelayTable::forward`] per datagram; the reach thread binds and expires, and hands
+//! the pairs admitted here to the kernel ([`RelayTable::kernel_pairs`]), which forwards their
+//! datagrams from then on within a budget of its own and reports what it did
+//! ([`RelayTable::kernel_counted`]).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -60,12 +63,24 @@ pub struct RelayCounters {
     pub refused_bindings: u64,
 }
 
+/// A pair the kernel may forward: datagrams from `from` (member `src`'s binding) carrying
+/// `dst`'s tag go to `to` (member `dst`'s binding) carrying `src`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KernelPair {
+    pub from: SocketAddr,
+    pub src: Tag,
+    pub dst: Tag,
+    pub to: SocketAddr,
+}
+
 #[derive(Debug)]
 pub struct RelayTable {
     members: HashSet<Tag>,
     by_tag: HashMap<Tag, Binding>,
     by_endpoint: HashMap<SocketAddr, Tag>,
     pairs: HashMap<(Tag, Tag), (TokenBucket, u64)>,
+    /// A pair was admitted for the first time since [`RelayTable::take_new_pairs`].
+    new_pairs: bool,
     rate_bps: u64,
     burst_bytes: u64,
     max_bindings: usize,
@@ -81,6 +96,7 @@ impl RelayTable {
             by_tag: HashMap::new(),
             by_endpoint: HashMap::new(),
             pairs: HashMap::new(),
+            new_pairs: false,
             rate_bps,
             burst_bytes,
             max_bindings,
@@ -162,6 +178,58 @@ impl RelayTable {
         self.by_tag.len()
     }
 
+    /// Each pair's budget: bits per second and burst bytes.
+    pub fn budget(&self) -> (u64, u64) {
+        (self.rate_bps, self.burst_bytes)
+    }
+
+    /// The pairs admitted here that the kernel may forward now: both members bound (where to
+    /// as the bindings say now), their budget not forgotten (used within the last minute, here
+    /// or in the kernel). A pair not listed is one the kernel must stop forwarding.
+    pub fn kernel_pairs(&self) -> Vec<KernelPair> {
+        let mut v: Vec<KernelPair> = self
+            .pairs
+            .keys()
+            .filter_map(|&(src, dst)| {
+                Some(KernelPair {
+                    from: self.by_tag.get(&src)?.endpoint,
+                    src,
+                    dst,
+                    to: self.by_tag.get(&dst)?.endpoint,
+                })
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Whether a pair was admitted for the first time since the last call (the kernel should
+    /// take it now: until then its datagrams cost vnetd a read and a send each).
+    pub fn take_new_pairs(&mut self) -> bool {
+        std::mem::take(&mut self.new_pairs)
+    }
+
+    /// The kernel forwarded `frames` datagrams (`bytes`) of pair (`src`, `dst`) and refused
+    /// `rate_limited` over its budget since it last said: counted as if done here, and the
+    /// pair is in use.
+    pub fn kernel_counted(
+        &mut self,
+        src: Tag,
+        dst: Tag,
+        (frames, bytes, rate_limited): (u64, u64, u64),
+        now_ms: u64,
+    ) {
+        let c = &mut self.counters;
+        c.forwarded += frames;
+        c.forwarded_bytes += bytes;
+        c.rate_limited += rate_limited;
+        if frames + rate_limited > 0 {
+            if let Some((_, last)) = self.pairs.get_mut(&(src, dst)) {
+                *last = now_ms;
+            }
+        }
+    }
+
     /// Whether `tag` is bound here now.
     pub fn is_bound(&self, tag: Tag) -> bool {
         self.by_tag.contains_key(&tag)
@@ -212,10 +280,11 @@ impl RelayTable {
             .endpoint;
         let now_ms = now_ns / 1_000_000;
         let (rate, burst) = (self.rate_bps, self.burst_bytes);
-        let (bucket, last) = self
-            .pairs
-            .entry((src, dst))
-            .or_insert_with(|| (TokenBucket::new(rate, burst, now_ns), now_ms));
+        let new_pairs = &mut self.new_pairs;
+        let (bucket, last) = self.pairs.entry((src, dst)).or_insert_with(|| {
+            *new_pairs = true;
+            (TokenBucket::new(rate, burst, now_ns), now_ms)
+        });
         *last = now_ms;
         if !bucket.admit(now_ns, len) {
             return Err(RelayRefusal::RateLimited);
@@ -317,6 +386,55 @@ mod tests {
         // B leaves the overlay: unbound at once.
         t.set_members([A]);
         assert_eq!(t.bindings(), 0);
+    }
+
+    #[test]
+    fn the_kernel_gets_admitted_pairs_of_bound_members_and_keeps_them_alive() {
+        let mut t = table();
+        assert!(t.kernel_pairs().is_empty(), "nothing admitted yet");
+        assert!(!t.take_new_pairs());
+        // Refused datagrams admit no pair the kernel could take.
+        let _ = t.forward(ep("203.0.113.1:4790"), B, 100, 0);
+        let _ = t.forward(ep("203.0.113.1:4789"), X, 100, 0);
+        assert!(t.kernel_pairs().is_empty());
+        assert!(t.forward(ep("203.0.113.1:4789"), B, 100, 0).is_ok());
+        assert!(
+            t.take_new_pairs(),
+            "a new pair: the kernel should take it now"
+        );
+        assert!(t.forward(ep("203.0.113.1:4789"), B, 100, 0).is_ok());
+        assert!(!t.take_new_pairs(), "said once");
+        let ab = KernelPair {
+            from: ep("203.0.113.1:4789"),
+            src: A,
+            dst: B,
+            to: ep("198.51.100.2:50000"),
+        };
+        assert_eq!(t.kernel_pairs(), vec![ab]);
+        // B's binding moves: the pair follows it.
+        assert!(t.bind(B, ep("198.51.100.2:50001"), 1_000));
+        assert_eq!(t.kernel_pairs()[0].to, ep("198.51.100.2:50001"));
+        // What the kernel forwarded and refused is counted here and keeps the pair's budget
+        // alive.
+        t.kernel_counted(A, B, (10, 15_000, 2), 50_000);
+        assert_eq!(t.counters.forwarded, 12, "2 here, 10 in the kernel");
+        assert_eq!(t.counters.forwarded_bytes, 15_200);
+        assert_eq!(t.counters.rate_limited, 2);
+        t.bind(A, ep("203.0.113.1:4789"), 100_000);
+        t.bind(B, ep("198.51.100.2:50001"), 100_000);
+        t.expire(100_000);
+        assert_eq!(t.kernel_pairs().len(), 1, "used 50 s ago: kept");
+        t.bind(A, ep("203.0.113.1:4789"), 115_000);
+        t.bind(B, ep("198.51.100.2:50001"), 115_000);
+        t.expire(115_000);
+        assert!(t.kernel_pairs().is_empty(), "idle a minute: forgotten");
+        // A member whose binding lapses takes its pairs out of the kernel.
+        assert!(t
+            .forward(ep("203.0.113.1:4789"), B, 100, 120_000_000_000)
+            .is_ok());
+        assert_eq!(t.kernel_pairs().len(), 1);
+        t.expire(115_000 + BINDING_TTL_MS + 1);
+        assert!(t.kernel_pairs().is_empty());
     }
 
     #[test]

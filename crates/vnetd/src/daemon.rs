@@ -446,6 +446,13 @@ impl Daemon {
             .post(move |o| o.st.engine.set_reach_path(key, path));
     }
 
+    /// A relay's admitted pairs to the kernel, and what the kernel forwarded into the relay's
+    /// counts, without waiting (`Engine::sync_relay_pairs`).
+    pub fn sync_relay_pairs(&self, now_ms: u64) {
+        self.inbox
+            .post(move |o| o.st.engine.sync_relay_pairs(now_ms));
+    }
+
     /// Stops the data path: with [`Leave::Keep`] what vnetd made stays for the next vnetd,
     /// with [`Leave::Remove`] it goes.
     pub fn shutdown(&self, leave: Leave) {

@@ -50,6 +50,15 @@ const REPORT_EVERY_MS: u64 = 250;
 /// Each path's MTU is asked of the kernel again this often: a smaller one learned from ICMP
 /// reaches the data path within this (probing's answers reach it at once).
 const MTU_EVERY_MS: u64 = 500;
+/// A pair's burst through a relay: what its budget carries in 100 ms, and at least a few TSO
+/// frames' segments in one go (256 KB). The kernel forwards a pair's datagrams as fast as they
+/// come, so a pair's TCP meets the budget as a policer: with 25 ms of burst TCP through a 1
+/// Gbit/s budget fell to a quarter of it, with 100 ms it gets about two thirds
+/// (`docs/results/2026-11-29-stop40-relay`).
+fn relay_burst_bytes(rate_bps: u64) -> u64 {
+    (rate_bps / 8 / 10).max(256 * 1024)
+}
+
 /// A relay's bindings, at most.
 const MAX_RELAY_BINDINGS: usize = 4096;
 
@@ -108,10 +117,10 @@ pub fn start(
         .open_inbox()
         .context("reach: the data path's inbox is taken")?;
     let relay = s.relay.then(|| {
+        let rate_bps = s.relay_rate_mbit.saturating_mul(1_000_000);
         let t = Arc::new(Mutex::new(RelayTable::new(
-            s.relay_rate_mbit.saturating_mul(1_000_000),
-            // A burst of a few dozen large datagrams: a TSO frame's segments in one go.
-            256 * 1024,
+            rate_bps,
+            relay_burst_bytes(rate_bps),
             MAX_RELAY_BINDINGS,
         )));
         shared.reach.set_relay(t.clone());
@@ -219,9 +228,19 @@ impl Thread {
                 self.machine.tick(now, &mut self.rng, &mut out);
             }
             self.act(&mut out, now_ms);
+            if let Some(t) = &self.relay {
+                // A pair admitted for the first time goes to the kernel at once (within this
+                // loop's 50 ms), the rest at each report: budgets and counts brought together.
+                let new = t.lock_or_recover().take_new_pairs();
+                if new && now_ms < next_report {
+                    self.daemon.sync_relay_pairs(now_ms);
+                }
+            }
             if now_ms >= next_report {
                 if let Some(t) = &self.relay {
                     t.lock_or_recover().expire(now_ms);
+                    // The pairs admitted so far forwarded in the kernel from now on.
+                    self.daemon.sync_relay_pairs(now_ms);
                 }
                 self.report(now);
                 next_report = now_ms + REPORT_EVERY_MS;
@@ -615,6 +634,13 @@ fn on_overlay(name: &str, alias: Option<&str>, interfaces: &[String]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relays_burst_is_a_tenth_of_a_second_of_its_budget_and_never_tiny() {
+        assert_eq!(relay_burst_bytes(1_000_000_000), 12_500_000);
+        assert_eq!(relay_burst_bytes(20_000_000), 256 * 1024);
+        assert_eq!(relay_burst_bytes(100_000_000_000), 1_250_000_000);
+    }
 
     #[test]
     fn overlay_devices_give_no_candidates() {

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use tracing::info;
-use vnet_core::{FastMap, FastSet, PortId};
+use vnet_core::{FastMap, FastSet, LockRecover, PortId};
 
 use super::{Engine, PortRuntime, ReachPath};
 use crate::reach::LinkPath;
@@ -32,14 +32,17 @@ impl Engine {
         }
         if let Some(k) = &mut self.kernel {
             for (id, configured) in in_kernel {
-                // A relay's path goes through vnetd; no path known yet: the configured address.
-                let to = match (path.direct, path.relay) {
-                    // A TCP tunnel's local end (loopback) goes through vnetd, as a relay does.
-                    (Some(ep), _) if !ep.ip().is_loopback() => Some(ep),
-                    (Some(_), _) | (None, Some(_)) => None,
-                    (None, None) => configured,
+                // No path known yet: the configured address. A TCP tunnel's local end
+                // (loopback), direct or to a relay, goes through vnetd.
+                let (to, tag) = match (path.direct, path.relay) {
+                    (Some(ep), _) if !ep.ip().is_loopback() => (Some(ep), None),
+                    (None, Some(r)) if !r.ip().is_loopback() => {
+                        (Some(r), Some(vnet_reach::Tag::of(&peer)))
+                    }
+                    (Some(_), _) | (None, Some(_)) => (None, None),
+                    (None, None) => (configured, None),
                 };
-                k.set_link_path(id, to, path.mtu);
+                k.set_link_path(id, to, tag, path.mtu);
             }
         }
         info!(peer = %vnet_reach::Tag::of(&peer), direct = ?path.direct, relay = ?path.relay,
@@ -48,6 +51,27 @@ impl Engine {
         // `show links` says each reach link's path.
         self.ports_changed();
         self.refresh_reach_maps();
+    }
+
+    /// A relay hands the pairs its table admitted to the kernel, which forwards their
+    /// datagrams from then on, and counts in the table what the kernel forwarded and refused
+    /// since the last call. Nothing without the kernel fast path, or on a host that does not
+    /// relay.
+    pub fn sync_relay_pairs(&mut self, now_ms: u64) {
+        let (Some(k), Some(table)) = (&mut self.kernel, self.shared.reach.relay()) else {
+            return;
+        };
+        let (wanted, budget) = {
+            let t = table.lock_or_recover();
+            (t.kernel_pairs(), t.budget())
+        };
+        let counted = k.sync_relay_pairs(&wanted, budget);
+        if !counted.is_empty() {
+            let mut t = table.lock_or_recover();
+            for (src, dst, c) in counted {
+                t.kernel_counted(src, dst, (c.frames, c.bytes, c.rate_limited), now_ms);
+            }
+        }
     }
 
     /// Publishes the snapshot with its reach maps made from the reach links and paths now.

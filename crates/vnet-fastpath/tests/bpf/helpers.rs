@@ -191,6 +191,7 @@ pub fn link_spec(id: PortId, vni: u32, remote: Ipv4Addr, rate: Option<Rate>) -> 
         src_port: None,
         punt: false,
         path_mtu: None,
+        relay_tag: None,
     }
 }
 

@@ -14,6 +14,7 @@
 mod forwarding;
 mod helpers;
 mod lifecycle;
+mod relay;
 mod tables;
 mod timing;
 mod vxlan;
