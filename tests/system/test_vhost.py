@@ -74,8 +74,9 @@ def failed(g, host=None, peer=None):
 
 def iperf_to_vm(client, ip, seconds=2, reverse=False, extra=()):
     """iperf3 from a namespace to a VM's ``iperf3 -s -D``. The guest's server re-opens its
-    listening socket after each test, slowly under TCG: a refused or busy connection is
-    retried for a few seconds."""
+    listening socket after each test, slowly under TCG: a refused or busy connection, or a
+    control connection it reset while still closing the last test, is retried for a few
+    seconds."""
     args = ["iperf3", "-c", ip, "-t", seconds, "-J", *extra] + (["-R"] if reverse else [])
     deadline = time.monotonic() + 15
     while True:
@@ -83,7 +84,8 @@ def iperf_to_vm(client, ip, seconds=2, reverse=False, extra=()):
         try:
             return netlab.parse_iperf(r.stdout)
         except (ValueError, KeyError, netlab.LabError) as e:
-            if ("unable to connect" in str(e) or "busy" in str(e)) and time.monotonic() < deadline:
+            retry = ("unable to connect", "busy", "unable to receive control message")
+            if any(w in str(e) for w in retry) and time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue
             raise AssertionError(f"iperf3 {'-R ' if reverse else ''}failed ({e}): {r.stdout[-1500:]} {r.stderr[-500:]}")
