@@ -68,6 +68,8 @@ pub struct KernelPath {
     relay_pairs: BTreeMap<KernelPair, RelayEntry>,
     /// Underlay devices the decapsulation program is on for the relay's pairs.
     relay_devices: BTreeSet<u32>,
+    /// The relay's map was full at the last sync (said once, not at every sync).
+    relay_full: bool,
     /// Forgets the programs' cached outer next hops when the underlay changes.
     _underlay_watch: Option<UnderlayWatch>,
 }
@@ -127,6 +129,7 @@ impl KernelPath {
             bound,
             relay_pairs: BTreeMap::new(),
             relay_devices: BTreeSet::new(),
+            relay_full: false,
             _underlay_watch: watch,
         })
     }
@@ -325,6 +328,7 @@ impl KernelPath {
                 self.relay_pairs.remove(&kp);
             }
         }
+        let mut full = false;
         for kp in wanted {
             if self.relay_pairs.contains_key(kp) {
                 continue;
@@ -344,9 +348,21 @@ impl KernelPath {
                         },
                     );
                 }
-                Err(e) => warn!("kernel fast path: relay pair: {e}"),
+                Err(e) => {
+                    // The map is full (or the kernel refused): the rest stay with vnetd until
+                    // a pair leaves; no more tries in this sync.
+                    if !self.relay_full {
+                        warn!(
+                            pairs = self.relay_pairs.len(),
+                            "kernel fast path: a relay's further pairs stay in user space: {e}"
+                        );
+                    }
+                    full = true;
+                    break;
+                }
             }
         }
+        self.relay_full = full;
         self.relay_underlays();
         counted
     }
