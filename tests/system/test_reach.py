@@ -307,6 +307,18 @@ def probe_key_of(bed, host: str) -> bytes:
     return base64.b64decode(json.loads(out)["probe_key"])
 
 
+def assert_kernel_carried(bed, nbytes: int) -> None:
+    """h1's and h2's links to each other: the kernel fast path's share of them holds at least
+    nine tenths of a stream of ``nbytes`` between their guests."""
+    for h, peer in (("h1", "c-h2-v1"), ("h2", "c-h1-v1")):
+        st = bed.hosts[h].ctl_json("show", "stats", "json")
+        link = next(p for p in st["ports"] if p["name"] == peer)
+        k = link.get("kernel") or {}
+        assert k, link
+        moved = k["tx_bytes"] + k["rx_bytes"]
+        assert moved > 0.9 * nbytes, (h, k, nbytes)
+
+
 def test_a_punched_link_runs_on_the_kernel_fast_path(lab, record):
     """Guests behind two port-restricted NATs, punched: their TCP stream is carried by the
     kernel fast path on both hosts (the links' kernel share holds the bytes), every datagram
@@ -319,13 +331,7 @@ def test_a_punched_link_runs_on_the_kernel_fast_path(lab, record):
     punched = lab.iperf(g["h2"], g["h2"].ip_addr, g["h1"], seconds=3)
     plain = lab.iperf(g["h4"], g["h4"].ip_addr, g["h3"], seconds=3)
     record("tcp_gbps", {"punched": round(punched.gbps, 2), "no_nat": round(plain.gbps, 2)})
-    for h, peer in (("h1", "c-h2-v1"), ("h2", "c-h1-v1")):
-        st = bed.hosts[h].ctl_json("show", "stats", "json")
-        link = next(p for p in st["ports"] if p["name"] == peer)
-        k = link.get("kernel") or {}
-        assert k, link
-        moved = k["tx_bytes"] + k["rx_bytes"]
-        assert moved > 0.9 * punched.bytes, (h, k, punched.bytes)
+    assert_kernel_carried(bed, punched.bytes)
     # The NAT kept one mapping per host for the link: the VXLAN port, as reach published it.
     ct = bed.sites[0].router.conntrack()
     mappings = [line for line in ct.splitlines() if "dport=4789" in line and "udp" in line]
@@ -357,13 +363,7 @@ def test_a_relayed_link_runs_on_the_kernel_fast_path_at_both_ends_and_the_relay(
     record("relayed", {"tcp_gbps": {"relayed": round(relayed.gbps, 2), "no_nat": round(plain.gbps, 2)},
                        "relay_forwarded_bytes": forwarded, "relay_socket_bytes": read,
                        "rate_limited": after["relay_rate_limited"] - before["relay_rate_limited"]})
-    for h, peer in (("h1", "c-h2-v1"), ("h2", "c-h1-v1")):
-        st = bed.hosts[h].ctl_json("show", "stats", "json")
-        link = next(p for p in st["ports"] if p["name"] == peer)
-        k = link.get("kernel") or {}
-        assert k, link
-        moved = k["tx_bytes"] + k["rx_bytes"]
-        assert moved > 0.9 * relayed.bytes, (h, k, relayed.bytes)
+    assert_kernel_carried(bed, relayed.bytes)
     assert forwarded > 0.9 * relayed.bytes, (forwarded, relayed.bytes)
     assert read < 0.1 * forwarded, (read, forwarded)
 

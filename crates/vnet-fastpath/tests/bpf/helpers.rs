@@ -276,14 +276,14 @@ pub fn csum(b: &[u8]) -> u16 {
     !(s as u16)
 }
 
-/// A VXLAN datagram from `src_ip` to 10.9.0.1:4789 carrying `inner` in `vni`, as a frame on
-/// the underlay.
-pub fn vxlan(src_ip: Ipv4Addr, vni: u32, flags: u8, inner: &[u8]) -> Vec<u8> {
+/// A UDP datagram from `src_ip`:`sport` to 10.9.0.1:4789 carrying `payload`, as a frame on
+/// the underlay; with a valid UDP checksum when `with_csum` (else 0, as VXLAN sends).
+pub fn udp_to_u0(src_ip: Ipv4Addr, sport: u16, payload: &[u8], with_csum: bool) -> Vec<u8> {
     let mut f = Vec::new();
     f.extend_from_slice(&U0_MAC);
     f.extend_from_slice(&NEIGH_MAC);
     f.extend_from_slice(&[0x08, 0x00]);
-    let tot = (20 + 8 + 8 + inner.len()) as u16;
+    let tot = (20 + 8 + payload.len()) as u16;
     let mut ip = [
         0x45, 0, 0, 0, 0, 1, 0, 0, 64, 17, 0, 0, 0, 0, 0, 0, 10, 9, 0, 1,
     ];
@@ -292,13 +292,38 @@ pub fn vxlan(src_ip: Ipv4Addr, vni: u32, flags: u8, inner: &[u8]) -> Vec<u8> {
     let c = csum(&ip);
     ip[10..12].copy_from_slice(&c.to_be_bytes());
     f.extend_from_slice(&ip);
-    f.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb5]);
-    f.extend_from_slice(&((8 + 8 + inner.len()) as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 0]);
-    f.extend_from_slice(&[flags, 0, 0, 0]);
-    f.extend_from_slice(&(vni << 8).to_be_bytes());
-    f.extend_from_slice(inner);
+    let mut udp = Vec::new();
+    udp.extend_from_slice(&sport.to_be_bytes());
+    udp.extend_from_slice(&4789u16.to_be_bytes());
+    udp.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    udp.extend_from_slice(&[0, 0]);
+    udp.extend_from_slice(payload);
+    if with_csum {
+        let c = udp_csum(src_ip, Ipv4Addr::new(10, 9, 0, 1), &udp);
+        udp[6..8].copy_from_slice(&c.to_be_bytes());
+    }
+    f.extend_from_slice(&udp);
     f
+}
+
+/// The UDP checksum of `udp` (its checksum field zero) between `src` and `dst`.
+pub fn udp_csum(src: Ipv4Addr, dst: Ipv4Addr, udp: &[u8]) -> u16 {
+    let mut b = Vec::new();
+    b.extend_from_slice(&src.octets());
+    b.extend_from_slice(&dst.octets());
+    b.extend_from_slice(&[0, 17]);
+    b.extend_from_slice(&(udp.len() as u16).to_be_bytes());
+    b.extend_from_slice(udp);
+    csum(&b)
+}
+
+/// A VXLAN datagram from `src_ip` to 10.9.0.1:4789 carrying `inner` in `vni`, as a frame on
+/// the underlay.
+pub fn vxlan(src_ip: Ipv4Addr, vni: u32, flags: u8, inner: &[u8]) -> Vec<u8> {
+    let mut p = vec![flags, 0, 0, 0];
+    p.extend_from_slice(&(vni << 8).to_be_bytes());
+    p.extend_from_slice(inner);
+    udp_to_u0(src_ip, 0xc000, &p, false)
 }
 
 /// How many tcx ingress programs `ifindex` has.

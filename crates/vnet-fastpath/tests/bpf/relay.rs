@@ -4,52 +4,11 @@
 //! pair's budget, leaving every other relay datagram to vnetd untouched.
 
 use crate::helpers::*;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::SocketAddrV4;
 use vnet_fastpath::*;
 
 const PEER_TAG: [u8; 8] = [0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8];
 const OTHER_TAG: [u8; 8] = [0xb1; 8];
-
-/// A frame on the underlay from `src`:`sport` to 10.9.0.1:4789 whose UDP payload is `payload`,
-/// with a valid UDP checksum when `with_csum`.
-fn udp_datagram(src: Ipv4Addr, sport: u16, payload: &[u8], with_csum: bool) -> Vec<u8> {
-    let mut f = Vec::new();
-    f.extend_from_slice(&U0_MAC);
-    f.extend_from_slice(&NEIGH_MAC);
-    f.extend_from_slice(&[0x08, 0x00]);
-    let tot = (20 + 8 + payload.len()) as u16;
-    let mut ip = [
-        0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 17, 0, 0, 0, 0, 0, 0, 10, 9, 0, 1,
-    ];
-    ip[2..4].copy_from_slice(&tot.to_be_bytes());
-    ip[12..16].copy_from_slice(&src.octets());
-    let c = csum(&ip);
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
-    f.extend_from_slice(&ip);
-    let mut udp = Vec::new();
-    udp.extend_from_slice(&sport.to_be_bytes());
-    udp.extend_from_slice(&4789u16.to_be_bytes());
-    udp.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
-    udp.extend_from_slice(&[0, 0]);
-    udp.extend_from_slice(payload);
-    if with_csum {
-        let c = udp_csum(src, Ipv4Addr::new(10, 9, 0, 1), &udp);
-        udp[6..8].copy_from_slice(&c.to_be_bytes());
-    }
-    f.extend_from_slice(&udp);
-    f
-}
-
-/// The UDP checksum of `udp` (its checksum field zero) between `src` and `dst`.
-fn udp_csum(src: Ipv4Addr, dst: Ipv4Addr, udp: &[u8]) -> u16 {
-    let mut b = Vec::new();
-    b.extend_from_slice(&src.octets());
-    b.extend_from_slice(&dst.octets());
-    b.extend_from_slice(&[0, 17]);
-    b.extend_from_slice(&(udp.len() as u16).to_be_bytes());
-    b.extend_from_slice(udp);
-    csum(&b)
-}
 
 /// The relay header with `tag`, then `rest`.
 fn relay_payload(tag: [u8; 8], rest: &[u8]) -> Vec<u8> {
@@ -100,7 +59,7 @@ fn a_relayed_link_carries_the_relay_header_both_ways() {
 
     // From the relay, with the peer's tag: decapsulated to port A.
     let inner = frame(A, C, 300);
-    let from_relay = udp_datagram(
+    let from_relay = udp_to_u0(
         REMOTE,
         4789,
         &relay_payload(PEER_TAG, &vxlan_payload(1, &inner)),
@@ -113,31 +72,31 @@ fn a_relayed_link_carries_the_relay_header_both_ways() {
     // Another peer's tag, another VNI, the relay's other port, an encrypted link's message,
     // or plain VXLAN from the relay's address: vnetd's, untouched.
     let cases = [
-        udp_datagram(
+        udp_to_u0(
             REMOTE,
             4789,
             &relay_payload(OTHER_TAG, &vxlan_payload(1, &inner)),
             false,
         ),
-        udp_datagram(
+        udp_to_u0(
             REMOTE,
             4789,
             &relay_payload(PEER_TAG, &vxlan_payload(2, &inner)),
             false,
         ),
-        udp_datagram(
+        udp_to_u0(
             REMOTE,
             4790,
             &relay_payload(PEER_TAG, &vxlan_payload(1, &inner)),
             false,
         ),
-        udp_datagram(
+        udp_to_u0(
             REMOTE,
             4789,
             &relay_payload(PEER_TAG, &[4, 0, 0, 0, 9, 9, 9, 9]),
             false,
         ),
-        udp_datagram(REMOTE, 4789, &vxlan_payload(1, &inner), false),
+        udp_to_u0(REMOTE, 4789, &vxlan_payload(1, &inner), false),
     ];
     for (i, c) in cases.iter().enumerate() {
         let r = l.run_from_underlay(c);
@@ -153,7 +112,7 @@ fn a_relayed_link_carries_the_relay_header_both_ways() {
     })
     .expect("direct link");
     assert_eq!(l.run_from_underlay(&from_relay).verdict, TCX_NEXT);
-    let plain = udp_datagram(REMOTE, 4789, &vxlan_payload(1, &inner), false);
+    let plain = udp_to_u0(REMOTE, 4789, &vxlan_payload(1, &inner), false);
     assert_eq!(l.run_from_underlay(&plain).verdict, TCX_REDIRECT);
 }
 
@@ -181,7 +140,7 @@ fn a_relay_forwards_admitted_pairs_rewritten_within_their_budget() {
     let payload = relay_payload(PEER_TAG, &body);
     for with_csum in [true, false] {
         l.fp.set_relay_pair(&p).expect("pair, full bucket");
-        let d = udp_datagram(REMOTE, 5000, &payload, with_csum);
+        let d = udp_to_u0(REMOTE, 5000, &payload, with_csum);
         let r = l.run_from_underlay(&d);
         assert_eq!(r.verdict, TCX_REDIRECT, "forwarded (checksum {with_csum})");
         let o = &r.data;
@@ -221,7 +180,7 @@ fn a_relay_forwards_admitted_pairs_rewritten_within_their_budget() {
     // The budget (the pair set anew: a full bucket, counts from zero): 3 pass, the rest are
     // dropped and counted; tokens again after a while.
     l.fp.set_relay_pair(&p).expect("pair, full bucket");
-    let d = udp_datagram(REMOTE, 5000, &payload, false);
+    let d = udp_to_u0(REMOTE, 5000, &payload, false);
     let verdicts: Vec<i32> = (0..6).map(|_| l.run_from_underlay(&d).verdict).collect();
     assert_eq!(&verdicts[..3], &[TCX_REDIRECT; 3], "{verdicts:?}");
     assert!(verdicts[3..].iter().all(|v| *v == TCX_DROP), "{verdicts:?}");
@@ -234,8 +193,8 @@ fn a_relay_forwards_admitted_pairs_rewritten_within_their_budget() {
     let mut frag = d.clone();
     frag[20] |= 0x20; // more fragments
     let cases = [
-        udp_datagram(REMOTE, 5001, &payload, false),
-        udp_datagram(REMOTE, 5000, &relay_payload(OTHER_TAG, &body), false),
+        udp_to_u0(REMOTE, 5001, &payload, false),
+        udp_to_u0(REMOTE, 5000, &relay_payload(OTHER_TAG, &body), false),
         frag,
     ];
     for (i, c) in cases.iter().enumerate() {
